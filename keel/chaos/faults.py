@@ -1,0 +1,63 @@
+"""Named fault points: off by default and free when off.
+
+The crash harness arms a point for one occurrence through the environment of a worker
+subprocess, e.g. ``KEEL_FAULTS=effect.after_perform@2`` kills the process with SIGKILL the
+second time any effect returns, before the ledger records it. ``point:label@n`` narrows a point
+to one label (an effect name, a node). Nothing but the harness should set it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+ENV = "KEEL_FAULTS"
+
+POINTS = (
+    "effect.before_reserve",  # the effect is about to be reserved
+    "effect.after_perform",  # the provider accepted it; the ledger has not recorded it
+    "effect.after_record",  # recorded as sent; the step's checkpoint is not written yet
+    "checkpoint.before_write",  # inside the fenced checkpoint transaction, before the write
+    "run.before_first_checkpoint",  # claimed and admitted, nothing checkpointed yet
+    "wait.after_interrupt",  # interrupt() paused the graph; the wait is not registered yet
+    "decision.after_record",  # a decision is recorded; the run has not resumed
+    "artifact.before_rename",  # the temp file is written and fsynced, not yet renamed
+    "lease.renew",  # a heartbeat is about to renew leases
+)
+
+
+def _parse(spec: str) -> dict[str, int]:
+    armed: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, occurrence = item.partition("@")
+        if name.split(":", 1)[0] not in POINTS:
+            raise ValueError(f"{ENV}: unknown fault point {name!r}; known: {', '.join(POINTS)}")
+        armed[name] = int(occurrence or 1)
+    return armed
+
+
+_armed: dict[str, int] = _parse(os.environ.get(ENV, ""))
+_seen: Counter[str] = Counter()
+reached: Counter[str] = Counter()
+_recording = bool(os.environ.get("KEEL_FAULTS_RECORD"))
+
+
+def fault_point(name: str, label: str = "") -> None:
+    """Kill this process here if the harness armed this point for this occurrence."""
+    if not _armed and not _recording:
+        return
+    for key in (name, f"{name}:{label}") if label else (name,):
+        if _recording:
+            reached[key] += 1
+        if key in _armed:
+            _seen[key] += 1
+            if _seen[key] == _armed[key]:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(spec: str) -> None:
+    """Arm points in this process (tests of the harness itself)."""
+    _armed.clear()
+    _seen.clear()
+    _armed.update(_parse(spec))

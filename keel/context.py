@@ -1,0 +1,51 @@
+"""The run a node is executing in: set by the executor, read by effects, approvals, artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from keel.errors import NotInRun
+from keel.ids import StepRef
+
+if TYPE_CHECKING:
+    from keel.runtime import Runtime
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    job_id: str
+    workflow: str
+    token: int
+    worker_id: str
+    runtime: Runtime
+    locate: Callable[[], StepRef]
+    """Where the calling node is (run, node, step, task path): the parts of every key."""
+    pause: Callable[[Any], Any]
+    """Pause the graph for a wait (LangGraph's interrupt); returns the resume value."""
+    inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+
+
+_current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)
+
+
+def current(what: str = "this") -> RunContext:
+    ctx = _current.get()
+    if ctx is None:
+        raise NotInRun(
+            f"{what} must be called inside a node of a run that Keel executes "
+            "(submit the run and let a Keel worker execute it)"
+        )
+    return ctx
+
+
+def enter(ctx: RunContext) -> object:
+    return _current.set(ctx)
+
+
+def leave(token: object) -> None:
+    _current.reset(token)  # type: ignore[arg-type]

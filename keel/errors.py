@@ -1,0 +1,83 @@
+"""Keel's exceptions. Each class's docstring is its default message."""
+
+from __future__ import annotations
+
+
+class KeelError(Exception):
+    """Keel error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class InvalidId(KeelError, ValueError):
+    """The id is not valid."""
+
+
+class InvalidInput(KeelError, ValueError):
+    """The input is not valid."""
+
+
+class InputTooLarge(InvalidInput):
+    """The input is larger than the configured limit."""
+
+
+class UnknownWorkflow(KeelError, LookupError):
+    """No workflow of that name (and version) is registered."""
+
+
+class RunNotFound(KeelError, LookupError):
+    """No run with that id."""
+
+
+class WaitNotFound(KeelError, LookupError):
+    """No wait with that id on that run."""
+
+
+class InvalidTransition(KeelError):
+    """That lifecycle transition is not allowed."""
+
+
+class RunFinished(KeelError):
+    """The run has finished; it takes no more decisions."""
+
+
+class NoPendingWait(KeelError):
+    """The run is not waiting for a decision."""
+
+
+class LeaseLost(KeelError):
+    """This worker no longer owns the run: another worker took it over."""
+
+
+class RunCancelled(KeelError):
+    """The run was cancelled."""
+
+
+class SchemaMismatch(KeelError):
+    """The database schema is not the version this Keel expects: run `keel migrate`."""
+
+
+class NotInRun(KeelError, RuntimeError):
+    """This must be called inside a node of a run executed by Keel."""
+
+
+class UsageError(KeelError, RuntimeError):
+    """Keel was used in a way it does not support."""
+
+
+class EffectFailed(KeelError):
+    """The effect failed permanently; its error is recorded in the ledger."""
+
+    def __init__(self, key: str, error: str) -> None:
+        super().__init__(f"effect {key} failed: {error}")
+        self.key = key
+        self.error = error
+
+
+class TransientError(KeelError):
+    """A transient failure (rate limit, 5xx): retry with backoff under the same key."""
+
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,0 +1,164 @@
+"""Identity: readable job ids, deterministic run ids and idempotency keys, canonical hashing.
+
+Nothing here reads the clock or a random source: the same inputs give the same ids on every
+machine and every replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from keel.errors import InvalidId, InvalidInput
+
+MAX_JOB_ID = 100
+MAX_RUN_ID = 128
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_SLUG_STRIP = re.compile(r"[^a-z0-9]+")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | decimal.Decimal):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
+
+
+def canonical_json(value: Any) -> str:
+    """One text per value: sorted keys, no spaces, UTF-8, no NaN."""
+    try:
+        return json.dumps(
+            value,
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            default=_json_default,
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"value is not canonical JSON: {exc}") from None
+
+
+def digest(*parts: str) -> str:
+    """sha256 over length-prefixed parts, so ("ab","c") and ("a","bc") differ."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def slug(text: str) -> str:
+    return _SLUG_STRIP.sub("-", text.lower()).strip("-")
+
+
+def job_id(*parts: str | dt.date | int) -> str:
+    """A readable, stable job id from its parts.
+
+    >>> job_id("newsletter", dt.date(2026, 8, 7), "AI Signals")
+    'newsletter-2026-08-07-ai-signals'
+    """
+    pieces = [slug(p.isoformat() if isinstance(p, dt.date) else str(p)) for p in parts]
+    value = "-".join(p for p in pieces if p)
+    return validate_job_id(value)
+
+
+def validate_job_id(value: str) -> str:
+    return _validate(value, "job_id", MAX_JOB_ID)
+
+
+def validate_run_id(value: str) -> str:
+    return _validate(value, "run_id", MAX_RUN_ID)
+
+
+def _validate(value: object, what: str, limit: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidId(f"{what} must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidId(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if not _ID_RE.match(value):
+        raise InvalidId(
+            f"{what} {value[:60]!r} may only contain lowercase letters, digits, '.', '_' and '-', "
+            "and must start with a letter or digit"
+        )
+    return value
+
+
+def input_hash(workflow: str, version: str, input_json: str) -> str:
+    return digest(workflow, version, input_json)
+
+
+def run_id(job: str, workflow: str, version: str, input_json: str, attempt: int = 1) -> str:
+    """job_id + 16 hex of sha256(job, workflow, version, canonical input) [+ -aN for reruns]."""
+    validate_job_id(job)
+    if attempt < 1:
+        raise InvalidId("attempt starts at 1")
+    base = f"{job}-{digest(job, workflow, version, input_json)[:16]}"
+    return base if attempt == 1 else f"{base}-a{attempt}"
+
+
+def args_hash(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    return digest(canonical_json({"args": list(args), "kwargs": dict(kwargs)}))[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRef:
+    """Where in a run a call happens: the parts an idempotency key is made of."""
+
+    run_id: str
+    node: str
+    step: int
+    path: str
+    namespace: str = ""
+
+    def key(self, kind: str, name: str, content_hash: str) -> str:
+        return (
+            f"{kind}:{name}:"
+            + digest(
+                self.run_id,
+                self.namespace,
+                self.node,
+                str(self.step),
+                self.path,
+                name,
+                content_hash,
+            )[:32]
+        )
+
+
+_NS_TASK = re.compile(r":[^|]*")
+
+
+def namespace_without_task_ids(checkpoint_ns: str) -> str:
+    """'outer:<task-id>|inner:<task-id>' -> 'outer|inner' (task ids embed checkpoint ids)."""
+    return _NS_TASK.sub("", checkpoint_ns)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_name(value: str, what: str = "name") -> str:
+    """A single path component that cannot escape its folder."""
+    cleaned = _UNSAFE.sub("_", value)[:200]
+    if cleaned.strip(".") == "" or cleaned.startswith("."):
+        raise InvalidId(f"{what} {value!r} cannot be used as a file or folder name")
+    return cleaned

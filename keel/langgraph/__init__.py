@@ -1,0 +1,1 @@
+"""The LangGraph adapter: fenced official savers, the executor, node-side helpers."""

@@ -1,0 +1,177 @@
+"""The one execution seam: run or resume one claimed run under its lease.
+
+Every path (first execution, crash recovery, resume after a decision) comes here: the executor
+decides the graph's input from what is durable — the admitted input when nothing was
+checkpointed, LangGraph's resume map for decided waits, or None to continue from the last
+checkpoint — then records the outcome (waiting, completed, failed) fenced by the lease.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from langgraph.config import get_config
+from langgraph.types import Command, interrupt
+
+from keel import waits
+from keel.chaos.faults import fault_point
+from keel.context import RunContext, enter, leave
+from keel.errors import LeaseLost, NotInRun, RunCancelled
+from keel.ids import StepRef, namespace_without_task_ids
+from keel.lifecycle import Decision, Status, TerminationReason
+from keel.runs import transition
+from keel.store.base import Row
+from keel.store.store import Lease, dumps, loads
+
+if TYPE_CHECKING:
+    from keel.runtime import Runtime, Workflow
+
+log = logging.getLogger("keel.executor")
+MAX_OUTPUT_BYTES = 1_000_000
+
+
+def locate() -> StepRef:
+    """The calling node's place in its run, from LangGraph's runnable config."""
+    try:
+        config = get_config()
+    except RuntimeError:
+        raise NotInRun("this must be called inside a LangGraph node") from None
+    meta = config.get("metadata", {})
+    path = meta.get("langgraph_path", ())
+    return StepRef(
+        run_id=str(config["configurable"]["thread_id"]),
+        node=str(meta.get("langgraph_node", "")),
+        step=int(meta.get("langgraph_step", -1)),
+        path="/".join(str(p) for p in path),
+        namespace=namespace_without_task_ids(str(meta.get("langgraph_checkpoint_ns", ""))),
+    )
+
+
+class Executor:
+    def __init__(self, runtime: Runtime, worker_id: str) -> None:
+        self.runtime = runtime
+        self.worker_id = worker_id
+        self._graphs: dict[str, Any] = {}
+
+    def graph(self, workflow: Workflow) -> Any:
+        key = workflow.key
+        if key not in self._graphs:
+            builder = workflow.factory()
+            self._graphs[key] = builder.compile(checkpointer=self.runtime.saver)
+        return self._graphs[key]
+
+    async def execute(self, lease: Lease, run: Row) -> str:
+        """Execute until the run finishes or waits; return the status it reached."""
+        rt = self.runtime
+        workflow = rt.workflows.get(run["workflow"], run["workflow_version"])
+        graph = self.graph(workflow)
+        config: dict[str, Any] = {
+            "configurable": {"thread_id": lease.run_id},
+            "recursion_limit": workflow.recursion_limit,
+            "metadata": {"keel_job_id": run["job_id"], "keel_worker": self.worker_id},
+        }
+        ctx = RunContext(
+            run_id=lease.run_id,
+            job_id=run["job_id"],
+            workflow=workflow.name,
+            token=lease.token,
+            worker_id=self.worker_id,
+            runtime=rt,
+            locate=locate,
+            pause=interrupt,
+        )
+        rt.saver.hold(lease.run_id, lease.token, self.worker_id)
+        entered = enter(ctx)
+        try:
+            graph_input = await self._input(graph, config, run, workflow)
+            await graph.ainvoke(graph_input, config, durability=workflow.durability)
+            state = await graph.aget_state(config)
+            if state.interrupts:
+                fault_point("wait.after_interrupt", workflow.name)
+                return (await waits.register(ctx, state.interrupts)).value
+            return await self._complete(ctx, workflow, state.values)
+        except LeaseLost as exc:
+            log.warning("run %s: lease lost (token %s): %s", lease.run_id, lease.token, exc)
+            return "lease_lost"
+        except RunCancelled:
+            return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
+        except Exception as exc:
+            log.exception("run %s failed", lease.run_id)
+            return await self._end(
+                ctx,
+                Status.FAILED,
+                TerminationReason.EXECUTION_ERROR,
+                f"{type(exc).__name__}: {exc}",
+            )
+        finally:
+            leave(entered)
+            rt.saver.drop(lease.run_id)
+
+    async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
+        if await self.runtime.saver.aget_tuple(config) is None:
+            # Admitted, never checkpointed (perhaps a crash right after the claim): start from
+            # the admitted input; LangGraph alone would raise EmptyInputError on invoke(None).
+            fault_point("run.before_first_checkpoint", workflow.name)
+            return loads(run["input"])
+        state = await graph.aget_state(config)
+        pending = {i.id for i in state.interrupts}
+        if pending:
+            resume = await waits.resume_map(self.runtime, run["run_id"], pending)
+            if resume:
+                return Command(resume=resume)
+        return None
+
+    async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> str:
+        run = await self.runtime.store.get_run(ctx.run_id)
+        assert run is not None
+        reason = workflow.termination(values) if workflow.termination else None
+        if reason is None:
+            decision = run["decision"]
+            reason = (
+                decision
+                if decision in (Decision.APPROVED, Decision.REJECTED)
+                else TerminationReason.COMPLETED
+            )
+        return await self._end(
+            ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
+        )
+
+    async def _end(
+        self,
+        ctx: RunContext,
+        status: Status,
+        reason: TerminationReason,
+        error: str | None,
+        output: str | None = None,
+    ) -> str:
+        rt = self.runtime
+        try:
+            async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
+                run = await tx.one("get_run", {"run_id": ctx.run_id})
+                assert run is not None
+                await transition(
+                    rt.store,
+                    tx,
+                    run,
+                    status,
+                    rt.clock.now(),
+                    worker_id=ctx.worker_id,
+                    token=ctx.token,
+                    termination_reason=reason.value,
+                    error=error,
+                    output=output,
+                )
+        except LeaseLost as exc:
+            log.warning("run %s: lease lost before it could end: %s", ctx.run_id, exc)
+            return "lease_lost"
+        return status.value
+
+
+def _output(values: Any) -> str | None:
+    try:
+        text = dumps(values)
+    except (TypeError, ValueError):
+        return None
+    return text if len(text) <= MAX_OUTPUT_BYTES else json.dumps({"truncated": True})

@@ -1,0 +1,158 @@
+"""LangGraph's official savers, extended only where fencing needs it.
+
+Each checkpoint write (`aput`, `aput_writes`) runs inside Keel's fenced transaction: the run's
+lease token is checked (and, on PostgreSQL, its row locked FOR SHARE) in the same transaction
+as the write, together with the timeline's `step` event. A worker that lost its lease gets
+LeaseLost instead of forking the run's history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import aiosqlite
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from psycopg import AsyncConnection, AsyncCursor
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from keel.chaos.faults import fault_point
+from keel.clock import Clock
+from keel.errors import LeaseLost
+from keel.store.base import Tx
+from keel.store.locks import TaskReentrantLock
+from keel.store.store import Store
+
+
+class Fencing:
+    """The leases this process holds, and the fenced transaction around each write."""
+
+    store: Store
+    clock: Clock
+
+    def bind(self, store: Store, clock: Clock) -> None:
+        self.store, self.clock = store, clock
+        self.holders: dict[str, tuple[int, str]] = {}
+
+    def hold(self, run_id: str, token: int, worker_id: str) -> None:
+        self.holders[run_id] = (token, worker_id)
+
+    def drop(self, run_id: str) -> None:
+        self.holders.pop(run_id, None)
+
+    @asynccontextmanager
+    async def fenced_write(
+        self, config: RunnableConfig, step: dict[str, Any] | None = None
+    ) -> AsyncIterator[Tx]:
+        run_id = str(config["configurable"]["thread_id"])
+        held = self.holders.get(run_id)
+        if held is None:
+            raise LeaseLost(f"run {run_id}: this process holds no lease for a checkpoint write")
+        token, worker_id = held
+        async with self.store.fenced(run_id, token) as tx:
+            fault_point("checkpoint.before_write")
+            if step is not None:
+                await self.store.add_event(
+                    tx, run_id, "step", self.clock.now(), step, worker_id=worker_id, token=token
+                )
+            yield tx
+
+
+def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str) -> dict:
+    parts = [p.strip() for p in task_path.lstrip("~").split(",")]
+    node = parts[1] if len(parts) > 1 and parts[0] == "__pregel_pull" else task_path
+    data: dict[str, Any] = {
+        "node": node,
+        "writes": sorted({c for c, _ in writes if not c.startswith("branch:")}),
+    }
+    if ns := config["configurable"].get("checkpoint_ns"):
+        data["namespace"] = ns.split(":", 1)[0]
+    return data
+
+
+class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
+    """AsyncSqliteSaver on Keel's own connection; writes fenced under BEGIN IMMEDIATE."""
+
+    def __init__(self, conn: aiosqlite.Connection, lock: TaskReentrantLock) -> None:
+        super().__init__(conn)
+        # One lock for every user of the connection; the saver re-enters it inside our txn.
+        self.lock = lock  # type: ignore[assignment]
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        async with self.fenced_write(config):
+            return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        async with self.fenced_write(config, step_event(config, writes, task_path)):
+            await super().aput_writes(config, writes, task_id, task_path)
+
+
+_fenced_conn: ContextVar[AsyncConnection[DictRow] | None] = ContextVar(
+    "keel_fenced_conn", default=None
+)
+
+
+class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
+    """AsyncPostgresSaver whose writes join Keel's fenced transaction on one connection."""
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
+        super().__init__(pool)
+
+    @asynccontextmanager
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        conn = _fenced_conn.get()
+        if conn is None:
+            async with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+            return
+        async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+            yield cur
+
+    @asynccontextmanager
+    async def _joined(
+        self, config: RunnableConfig, step: dict[str, Any] | None = None
+    ) -> AsyncIterator[None]:
+        async with self.fenced_write(config, step) as tx:
+            token = _fenced_conn.set(tx.connection)  # type: ignore[attr-defined]
+            try:
+                yield
+            finally:
+                _fenced_conn.reset(token)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        async with self._joined(config):
+            return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        async with self._joined(config, step_event(config, writes, task_path)):
+            await super().aput_writes(config, writes, task_id, task_path)

@@ -1,0 +1,103 @@
+"""Admission and lifecycle transitions: the only code that changes a run's status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keel.errors import InputTooLarge
+from keel.ids import canonical_json, input_hash, run_id, validate_job_id
+from keel.lifecycle import FINISHED, Status, check_transition
+from keel.store.base import Row, Tx
+from keel.store.store import Store
+
+
+async def admit(
+    store: Store,
+    *,
+    workflow: str,
+    version: str,
+    job_id: str,
+    input: Any,
+    now: float,
+    rerun: bool,
+    max_input_bytes: int,
+) -> tuple[Row, bool]:
+    """Write the run before anything executes it; the same job+input+version is one run."""
+    validate_job_id(job_id)
+    input_json = canonical_json(input)
+    size = len(input_json.encode())
+    if size > max_input_bytes:
+        raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
+    content = input_hash(workflow, version, input_json)
+    async with store.db.transaction() as tx:
+        attempt = 1
+        if rerun:
+            row = await tx.one(
+                "max_attempt", {"job_id": job_id, "workflow": workflow, "input_hash": content}
+            )
+            attempt = int(row["attempt"]) + 1 if row else 1
+        rid = run_id(job_id, workflow, version, input_json, attempt)
+        inserted = await tx.one(
+            "insert_run",
+            {
+                "run_id": rid,
+                "job_id": job_id,
+                "workflow": workflow,
+                "workflow_version": version,
+                "attempt": attempt,
+                "input_hash": content,
+                "input": input_json,
+                "now": now,
+            },
+        )
+        if inserted is not None:
+            await store.add_event(
+                tx,
+                rid,
+                "admitted",
+                now,
+                {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt},
+            )
+        row = await tx.one("get_run", {"run_id": rid})
+    assert row is not None
+    return row, inserted is not None
+
+
+async def transition(
+    store: Store,
+    tx: Tx,
+    current: Row,
+    target: Status,
+    now: float,
+    *,
+    worker_id: str | None = None,
+    token: int | None = None,
+    decision: str | None = None,
+    termination_reason: str | None = None,
+    error: str | None = None,
+    output: str | None = None,
+    event: dict[str, Any] | None = None,
+) -> None:
+    """Move a run along the transition table and record the move on its timeline."""
+    check_transition(current["status"], target)
+    await tx.execute(
+        "update_run_status",
+        {
+            "run_id": current["run_id"],
+            "status": target.value,
+            "decision": decision,
+            "termination_reason": termination_reason,
+            "error": error,
+            "output": output,
+            "finished_at": now if target in FINISHED else None,
+            "now": now,
+        },
+    )
+    data = {"from": current["status"], "to": target.value, **(event or {})}
+    if termination_reason:
+        data["termination_reason"] = termination_reason
+    if error:
+        data["error"] = error[:2000]
+    await store.add_event(
+        tx, current["run_id"], f"status.{target.value}", now, data, worker_id=worker_id, token=token
+    )

@@ -1,0 +1,1 @@
+"""Storage: one Store over a connector per dialect (SQLite embedded, PostgreSQL to scale out)."""

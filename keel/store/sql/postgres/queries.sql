@@ -1,0 +1,186 @@
+-- name: schema_version
+-- The highest migration applied (the table may not exist yet: the store checks first).
+SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
+
+-- name: schema_table_exists
+-- Whether the migrations table exists.
+SELECT COUNT(*) AS n FROM information_schema.tables WHERE table_name = 'keel_schema_migrations' AND table_schema = current_schema();
+
+-- name: create_schema_table
+-- The migrations bookkeeping table.
+CREATE TABLE IF NOT EXISTS keel_schema_migrations (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL);
+
+-- name: migration_lock
+-- Serialize concurrent `keel migrate` calls until this transaction ends.
+SELECT pg_advisory_xact_lock(74213001) IS NOT NULL AS locked;
+
+-- name: record_migration
+-- Remember that a migration was applied.
+INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s);
+
+-- name: fence
+-- The current lease of a run, locked against a takeover until this transaction ends.
+SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = %(run_id)s
+FOR SHARE;
+
+-- name: insert_run
+-- Admit a run unless it already exists (admission is idempotent).
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at)
+VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s, %(input)s,
+        'queued', %(now)s, %(now)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: get_run
+-- One run.
+SELECT * FROM keel_runs WHERE run_id = %(run_id)s;
+
+-- name: list_runs
+-- Runs, newest first, optionally filtered.
+SELECT * FROM keel_runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s::text)
+ORDER BY created_at DESC, run_id
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: max_attempt
+-- The latest attempt of a job with this workflow and input.
+SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
+WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_hash)s;
+
+-- name: claim_candidate
+-- The oldest run this worker may take: queued, or running under an expired lease.
+SELECT run_id, status, lease_token, lease_owner FROM keel_runs
+WHERE (status = 'queued' OR (status = 'running' AND lease_expires_at < %(now)s))
+  AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+ORDER BY created_at, run_id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: claim_run
+-- Take the lease: a new token fences out every earlier owner.
+UPDATE keel_runs
+SET status = 'running', lease_owner = %(worker_id)s, lease_token = lease_token + 1,
+    lease_expires_at = %(expires_at)s, heartbeat_at = %(now)s,
+    started_at = COALESCE(started_at, %(now)s), updated_at = %(now)s
+WHERE run_id = %(run_id)s
+RETURNING *;
+
+-- name: renew_lease
+-- Extend a lease this worker still holds.
+UPDATE keel_runs SET lease_expires_at = %(expires_at)s, heartbeat_at = %(now)s
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING run_id, cancel_requested;
+
+-- name: set_heartbeat_details
+-- Progress details from keel.heartbeat(), readable by a later attempt.
+UPDATE keel_runs SET heartbeat_details = %(details)s, heartbeat_at = %(now)s
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
+
+-- name: update_run_status
+-- A lifecycle transition (checked in Python against the transition table first).
+UPDATE keel_runs
+SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
+    termination_reason = COALESCE(%(termination_reason)s::text, termination_reason),
+    error = COALESCE(%(error)s::text, error), output = COALESCE(%(output)s::text, output),
+    lease_owner = CASE WHEN %(status)s::text = 'running' THEN lease_owner ELSE NULL END,
+    lease_expires_at = CASE WHEN %(status)s::text = 'running' THEN lease_expires_at ELSE NULL END,
+    finished_at = %(finished_at)s, updated_at = %(now)s
+WHERE run_id = %(run_id)s;
+
+-- name: request_cancel
+-- Ask a running run to stop at its next step boundary.
+UPDATE keel_runs SET cancel_requested = 1, updated_at = %(now)s WHERE run_id = %(run_id)s;
+
+-- name: insert_event
+-- Append to a run's timeline.
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (%(run_id)s, %(now)s, %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s);
+
+-- name: list_events
+-- A run's timeline in order.
+SELECT * FROM keel_events WHERE run_id = %(run_id)s ORDER BY event_id;
+
+-- name: get_effect
+-- One ledger row.
+SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
+
+-- name: insert_effect
+-- Reserve an idempotency key (pending) unless it is already in the ledger.
+INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
+                          status, attempts, lease_token, created_at, updated_at)
+VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
+        'pending', 0, %(lease_token)s, %(now)s, %(now)s)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: update_effect
+-- Move a ledger row on: attempts, outcome, result or error.
+UPDATE keel_effects
+SET status = %(status)s, attempts = %(attempts)s, result = %(result)s, error = %(error)s,
+    lease_token = %(lease_token)s, updated_at = %(now)s
+WHERE idempotency_key = %(key)s
+RETURNING *;
+
+-- name: list_effects
+-- A run's ledger.
+SELECT * FROM keel_effects WHERE run_id = %(run_id)s ORDER BY created_at, idempotency_key;
+
+-- name: insert_wait
+-- Register a wait unless it is already registered (replays register it again).
+INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
+                        deadline, on_timeout, created_at)
+VALUES (%(wait_id)s, %(run_id)s, %(interrupt_id)s, %(kind)s, %(name)s, %(payload)s, %(approvers)s, 'pending',
+        %(deadline)s, %(on_timeout)s, %(now)s)
+ON CONFLICT (wait_id) DO NOTHING
+RETURNING wait_id;
+
+-- name: get_wait
+-- One wait.
+SELECT * FROM keel_waits WHERE wait_id = %(wait_id)s;
+
+-- name: list_waits
+-- A run's waits.
+SELECT * FROM keel_waits WHERE run_id = %(run_id)s ORDER BY created_at, wait_id;
+
+-- name: list_pending_waits
+-- Every open wait, oldest deadline first.
+SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at LIMIT %(limit)s;
+
+-- name: decide_wait
+-- The first decision wins: only a pending wait can be decided.
+UPDATE keel_waits
+SET status = 'decided', decision = %(decision)s, value = %(value)s, decided_by = %(decided_by)s,
+    action_id = %(action_id)s, channel = %(channel)s, comment = %(comment)s, decided_at = %(now)s
+WHERE wait_id = %(wait_id)s AND status = 'pending'
+RETURNING *;
+
+-- name: record_decision_on_run
+-- A decision wakes its waiting run (and, for approvals, sets the run's decision).
+UPDATE keel_runs
+SET status = CASE WHEN status = 'waiting' THEN 'queued' ELSE status END,
+    decision = COALESCE(%(decision)s::text, decision), updated_at = %(now)s
+WHERE run_id = %(run_id)s;
+
+-- name: upsert_worker
+-- A worker says it is alive.
+INSERT INTO keel_workers (worker_id, host, pid, concurrency, started_at, heartbeat_at)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(now)s, %(now)s)
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = %(now)s, stopped_at = NULL;
+
+-- name: stop_worker
+-- A worker says it stopped.
+UPDATE keel_workers SET stopped_at = %(now)s WHERE worker_id = %(worker_id)s;
+
+-- name: list_workers
+-- Workers that heartbeated since a moment.
+SELECT * FROM keel_workers WHERE heartbeat_at >= %(since)s AND stopped_at IS NULL ORDER BY started_at;
+
+-- name: count_unfinished
+-- Runs some worker still has to execute (waiting runs need a person first).
+SELECT COUNT(*) AS n FROM keel_runs
+WHERE status IN ('queued', 'running')
+  AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb));

@@ -1,0 +1,184 @@
+-- name: schema_version
+-- The highest migration applied (the table may not exist yet: the store checks first).
+SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
+
+-- name: schema_table_exists
+-- Whether the migrations table exists.
+SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = 'keel_schema_migrations';
+
+-- name: create_schema_table
+-- The migrations bookkeeping table.
+CREATE TABLE IF NOT EXISTS keel_schema_migrations (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);
+
+-- name: migration_lock
+-- Serialize concurrent `keel migrate` calls (BEGIN IMMEDIATE already holds the write lock).
+SELECT 1 AS locked;
+
+-- name: record_migration
+-- Remember that a migration was applied.
+INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);
+
+-- name: fence
+-- The current lease of a run, locked against a takeover until this transaction ends.
+SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = :run_id;
+
+-- name: insert_run
+-- Admit a run unless it already exists (admission is idempotent).
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at)
+VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
+        'queued', :now, :now)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: get_run
+-- One run.
+SELECT * FROM keel_runs WHERE run_id = :run_id;
+
+-- name: list_runs
+-- Runs, newest first, optionally filtered.
+SELECT * FROM keel_runs
+WHERE (:status IS NULL OR status = :status)
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:job_id IS NULL OR job_id = :job_id)
+ORDER BY created_at DESC, run_id
+LIMIT :limit OFFSET :offset;
+
+-- name: max_attempt
+-- The latest attempt of a job with this workflow and input.
+SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
+WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
+
+-- name: claim_candidate
+-- The oldest run this worker may take: queued, or running under an expired lease.
+SELECT run_id, status, lease_token, lease_owner FROM keel_runs
+WHERE (status = 'queued' OR (status = 'running' AND lease_expires_at < :now))
+  AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))
+ORDER BY created_at, run_id
+LIMIT 1;
+
+-- name: claim_run
+-- Take the lease: a new token fences out every earlier owner.
+UPDATE keel_runs
+SET status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
+    lease_expires_at = :expires_at, heartbeat_at = :now,
+    started_at = COALESCE(started_at, :now), updated_at = :now
+WHERE run_id = :run_id
+RETURNING *;
+
+-- name: renew_lease
+-- Extend a lease this worker still holds.
+UPDATE keel_runs SET lease_expires_at = :expires_at, heartbeat_at = :now
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
+RETURNING run_id, cancel_requested;
+
+-- name: set_heartbeat_details
+-- Progress details from keel.heartbeat(), readable by a later attempt.
+UPDATE keel_runs SET heartbeat_details = :details, heartbeat_at = :now
+WHERE run_id = :run_id AND lease_token = :lease_token;
+
+-- name: update_run_status
+-- A lifecycle transition (checked in Python against the transition table first).
+UPDATE keel_runs
+SET status = :status, decision = COALESCE(:decision, decision),
+    termination_reason = COALESCE(:termination_reason, termination_reason),
+    error = COALESCE(:error, error), output = COALESCE(:output, output),
+    lease_owner = CASE WHEN :status = 'running' THEN lease_owner ELSE NULL END,
+    lease_expires_at = CASE WHEN :status = 'running' THEN lease_expires_at ELSE NULL END,
+    finished_at = :finished_at, updated_at = :now
+WHERE run_id = :run_id;
+
+-- name: request_cancel
+-- Ask a running run to stop at its next step boundary.
+UPDATE keel_runs SET cancel_requested = 1, updated_at = :now WHERE run_id = :run_id;
+
+-- name: insert_event
+-- Append to a run's timeline.
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (:run_id, :now, :kind, :worker_id, :lease_token, :data);
+
+-- name: list_events
+-- A run's timeline in order.
+SELECT * FROM keel_events WHERE run_id = :run_id ORDER BY event_id;
+
+-- name: get_effect
+-- One ledger row.
+SELECT * FROM keel_effects WHERE idempotency_key = :key;
+
+-- name: insert_effect
+-- Reserve an idempotency key (pending) unless it is already in the ledger.
+INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
+                          status, attempts, lease_token, created_at, updated_at)
+VALUES (:key, :run_id, :name, :node, :step, :task_path, :args_hash,
+        'pending', 0, :lease_token, :now, :now)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: update_effect
+-- Move a ledger row on: attempts, outcome, result or error.
+UPDATE keel_effects
+SET status = :status, attempts = :attempts, result = :result, error = :error,
+    lease_token = :lease_token, updated_at = :now
+WHERE idempotency_key = :key
+RETURNING *;
+
+-- name: list_effects
+-- A run's ledger.
+SELECT * FROM keel_effects WHERE run_id = :run_id ORDER BY created_at, idempotency_key;
+
+-- name: insert_wait
+-- Register a wait unless it is already registered (replays register it again).
+INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
+                        deadline, on_timeout, created_at)
+VALUES (:wait_id, :run_id, :interrupt_id, :kind, :name, :payload, :approvers, 'pending',
+        :deadline, :on_timeout, :now)
+ON CONFLICT (wait_id) DO NOTHING
+RETURNING wait_id;
+
+-- name: get_wait
+-- One wait.
+SELECT * FROM keel_waits WHERE wait_id = :wait_id;
+
+-- name: list_waits
+-- A run's waits.
+SELECT * FROM keel_waits WHERE run_id = :run_id ORDER BY created_at, wait_id;
+
+-- name: list_pending_waits
+-- Every open wait, oldest deadline first.
+SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at LIMIT :limit;
+
+-- name: decide_wait
+-- The first decision wins: only a pending wait can be decided.
+UPDATE keel_waits
+SET status = 'decided', decision = :decision, value = :value, decided_by = :decided_by,
+    action_id = :action_id, channel = :channel, comment = :comment, decided_at = :now
+WHERE wait_id = :wait_id AND status = 'pending'
+RETURNING *;
+
+-- name: record_decision_on_run
+-- A decision wakes its waiting run (and, for approvals, sets the run's decision).
+UPDATE keel_runs
+SET status = CASE WHEN status = 'waiting' THEN 'queued' ELSE status END,
+    decision = COALESCE(:decision, decision), updated_at = :now
+WHERE run_id = :run_id;
+
+-- name: upsert_worker
+-- A worker says it is alive.
+INSERT INTO keel_workers (worker_id, host, pid, concurrency, started_at, heartbeat_at)
+VALUES (:worker_id, :host, :pid, :concurrency, :now, :now)
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = :now, stopped_at = NULL;
+
+-- name: stop_worker
+-- A worker says it stopped.
+UPDATE keel_workers SET stopped_at = :now WHERE worker_id = :worker_id;
+
+-- name: list_workers
+-- Workers that heartbeated since a moment.
+SELECT * FROM keel_workers WHERE heartbeat_at >= :since AND stopped_at IS NULL ORDER BY started_at;
+
+-- name: count_unfinished
+-- Runs some worker still has to execute (waiting runs need a person first).
+SELECT COUNT(*) AS n FROM keel_runs
+WHERE status IN ('queued', 'running')
+  AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows));

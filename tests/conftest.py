@@ -1,0 +1,103 @@
+"""One backend fixture for every store-touching test: SQLite files and a real PostgreSQL.
+
+PostgreSQL tests use $KEEL_TEST_POSTGRES_URL (default: the role `.ci/run` creates). Each test
+gets its own database, copied from a migrated template. Without a server they are skipped and
+the run says so at the end; with KEEL_REQUIRE_POSTGRES=1 (as in CI) they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import keel
+
+PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
+REQUIRE_PG = os.environ.get("KEEL_REQUIRE_POSTGRES") == "1"
+_pg_problem: list[str] = []
+
+
+def _with_db(url: str, dbname: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{dbname}"
+
+
+def _admin() -> psycopg.Connection[Any]:
+    return psycopg.connect(PG_URL, autocommit=True, connect_timeout=3)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    try:
+        with _admin() as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        reason = f"PostgreSQL unreachable at {PG_URL}: {str(exc).strip().splitlines()[0]}"
+        _pg_problem.append(reason)
+        if REQUIRE_PG:
+            pytest.fail(f"{reason} (KEEL_REQUIRE_POSTGRES=1)")
+        pytest.skip(reason)
+    name = f"keel_tpl_{os.getpid()}"
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    with keel.App(_with_db(PG_URL, name)) as app:
+        app.migrate()
+    yield name
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A migrated, empty Keel database of the test's backend."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/keel.db"
+        with keel.App(url) as app:
+            app.migrate()
+        yield url
+        return
+    template = request.getfixturevalue("pg_template")
+    name = f"keel_t_{uuid.uuid4().hex[:12]}"
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+    yield _with_db(PG_URL, name)
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def make_app(db_url: str, tmp_path: Path) -> Iterator[Callable[..., keel.App]]:
+    """Build Apps on the test database; each is closed when the test ends."""
+    apps: list[keel.App] = []
+
+    def make(**kwargs: Any) -> keel.App:
+        kwargs.setdefault("artifacts_dir", tmp_path / "artifacts")
+        app = keel.App(db_url, **kwargs)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _pg_problem:
+        terminalreporter.write_sep("!", "PostgreSQL suite SKIPPED", yellow=True)
+        terminalreporter.write_line(_pg_problem[0])
+        terminalreporter.write_line("Start a server and set KEEL_TEST_POSTGRES_URL to run it.")
+    else:
+        passed = [r for r in terminalreporter.stats.get("passed", []) if "postgres" in r.keywords]
+        terminalreporter.write_line(f"PostgreSQL tests passed: {len(passed)}")

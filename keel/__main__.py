@@ -1,0 +1,3 @@
+from keel.cli import main
+
+main()

@@ -21,6 +21,7 @@ from keel.errors import (
     UnknownWorkflow,
     WaitNotFound,
 )
+from keel.heartbeat import heartbeat, last_heartbeat
 from keel.ids import job_id
 from keel.ledger import Retry, effect
 from keel.lifecycle import Decision, Status, TerminationReason
@@ -54,5 +55,7 @@ __all__ = [
     "approval",
     "artifacts",
     "effect",
+    "heartbeat",
     "job_id",
+    "last_heartbeat",
 ]

@@ -56,12 +56,25 @@ class App:
         durability: str = "sync",
         termination: Callable[[Any], str | None] | None = None,
         recursion_limit: int = 100,
+        max_concurrency: int | None = None,
     ) -> Callable[[F], F]:
-        """Register a function returning an uncompiled LangGraph builder (a StateGraph)."""
+        """Register a function returning an uncompiled LangGraph builder (a StateGraph).
+
+        `termination(final_state)` may name the run's termination reason (e.g.
+        "max_revisions_exceeded"); `max_concurrency` caps running runs across all workers.
+        """
 
         def register(factory: F) -> F:
             self.aio.workflows.add(
-                Workflow(name, version, factory, durability, termination, recursion_limit)
+                Workflow(
+                    name,
+                    version,
+                    factory,
+                    durability,
+                    termination,
+                    recursion_limit,
+                    max_concurrency,
+                )
             )
             return factory
 
@@ -97,6 +110,14 @@ class App:
 
     def reject(self, run_id: str, **kwargs: Any) -> DecisionResult:
         return self._portal.call(self.aio.decide(run_id, decision="rejected", **kwargs))
+
+    def workers(self) -> list[Row]:
+        """Live workers (host, pid, concurrency, last heartbeat)."""
+        return self._portal.call(self.aio.workers())
+
+    def cancel(self, run_id: str, *, by: str | None = None) -> Row:
+        """Cancel a run: queued or waiting at once, running at its next step boundary."""
+        return self._portal.call(self.aio.cancel(run_id, by=by))
 
     def resolve_effect(
         self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any

@@ -27,7 +27,10 @@ class RunContext:
     """Where the calling node is (run, node, step, task path): the parts of every key."""
     pause: Callable[[Any], Any]
     """Pause the graph for a wait (LangGraph's interrupt); returns the resume value."""
+    last_heartbeat: Any = None
+    """Details the previous attempt stored with keel.heartbeat(), if any."""
     inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    pending_heartbeat: asyncio.Task[Any] | None = None
 
 
 _current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)

@@ -54,6 +54,10 @@ class RunCancelled(KeelError):
     """The run was cancelled."""
 
 
+class Released(KeelError):
+    """The worker is stopping: it gave the run back at a step boundary for another to resume."""
+
+
 class SchemaMismatch(KeelError):
     """The database schema is not the version this Keel expects: run `keel migrate`."""
 

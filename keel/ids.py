@@ -95,7 +95,7 @@ def _validate(value: object, what: str, limit: int) -> str:
         raise InvalidId(f"{what} must be a non-empty string")
     if len(value) > limit:
         raise InvalidId(f"{what} is {len(value)} characters long; the limit is {limit}")
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         raise InvalidId(
             f"{what} {value[:60]!r} may only contain lowercase letters, digits, '.', '_' and '-', "
             "and must start with a letter or digit"

@@ -9,7 +9,7 @@ picked up by whoever claims next.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from keel.chaos.faults import fault_point
 from keel.lifecycle import Status
@@ -19,11 +19,24 @@ from keel.store.store import Lease, Store
 
 
 async def claim(
-    store: Store, worker_id: str, workflows: Iterable[str], now: float, ttl: float
+    store: Store,
+    worker_id: str,
+    workflows: Iterable[str],
+    now: float,
+    ttl: float,
+    limits: Mapping[str, int] | None = None,
 ) -> tuple[Lease, Row] | None:
+    """Take the oldest claimable run; `limits` caps running runs per workflow key, cluster-wide."""
+    keys = sorted(workflows)
     async with store.db.transaction() as tx:
+        startable = keys
+        if limits:
+            await tx.one("claim_lock")
+            running = {r["workflow_key"]: int(r["n"]) for r in await tx.all("running_counts")}
+            startable = [k for k in keys if running.get(k, 0) < limits.get(k, 1 << 30)]
         candidate = await tx.one(
-            "claim_candidate", {"now": now, "workflows": json.dumps(sorted(workflows))}
+            "claim_candidate",
+            {"now": now, "workflows": json.dumps(keys), "startable": json.dumps(startable)},
         )
         if candidate is None:
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keel.errors import InputTooLarge
+from keel.errors import InputTooLarge, RunFinished, RunNotFound
 from keel.ids import canonical_json, input_hash, run_id, validate_job_id
 from keel.lifecycle import FINISHED, Status, check_transition
 from keel.store.base import Row, Tx
@@ -58,6 +58,7 @@ async def admit(
                 now,
                 {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt},
             )
+            await tx.one("notify_wake", {"run_id": rid})
         row = await tx.one("get_run", {"run_id": rid})
     assert row is not None
     return row, inserted is not None
@@ -101,3 +102,60 @@ async def transition(
     await store.add_event(
         tx, current["run_id"], f"status.{target.value}", now, data, worker_id=worker_id, token=token
     )
+
+
+async def wake_after_wait(
+    store: Store,
+    tx: Tx,
+    run: Row,
+    now: float,
+    *,
+    decision: str | None,
+    cause: dict[str, Any],
+) -> None:
+    """A wait was answered: record the run's decision and queue it to resume if it waits."""
+    if decision is not None:
+        await tx.execute(
+            "set_run_decision", {"run_id": run["run_id"], "decision": decision, "now": now}
+        )
+    if run["status"] == Status.WAITING:
+        await transition(store, tx, run, Status.QUEUED, now, event=cause)
+    await tx.one("notify_wake", {"run_id": run["run_id"]})
+
+
+async def cancel(store: Store, run_id: str, now: float, *, by: str | None) -> Row:
+    """Cancel a run: at once if it is queued or waiting, at its next step boundary if running."""
+    async with store.db.transaction() as tx:
+        run = await tx.one("get_run", {"run_id": run_id})
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        status = Status(run["status"])
+        if status in FINISHED:
+            raise RunFinished(f"run {run_id} is already {status.value}")
+        if status == Status.RUNNING:
+            await tx.execute("set_cancel_requested", {"run_id": run_id, "now": now})
+            await store.add_event(tx, run_id, "cancel.requested", now, {"by": by})
+        else:
+            for wait in await tx.all("list_waits", {"run_id": run_id}):
+                if wait["status"] == "pending":
+                    await tx.one(
+                        "expire_wait",
+                        {
+                            "wait_id": wait["wait_id"],
+                            "decision": "cancelled",
+                            "value": "null",
+                            "now": now,
+                        },
+                    )
+            await transition(
+                store,
+                tx,
+                run,
+                Status.CANCELLED,
+                now,
+                termination_reason="cancelled",
+                event={"by": by},
+            )
+        row = await tx.one("get_run", {"run_id": run_id})
+    assert row is not None
+    return row

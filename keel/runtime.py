@@ -29,6 +29,8 @@ class Workflow:
     durability: str = "sync"
     termination: Callable[[Any], str | None] | None = None
     recursion_limit: int = 100
+    max_concurrency: int | None = None
+    """At most this many runs of this workflow execute at once, across all workers."""
 
     @property
     def key(self) -> str:
@@ -56,6 +58,9 @@ class Workflows:
 
     def keys(self) -> list[str]:
         return sorted(self._by_key)
+
+    def limits(self) -> dict[str, int]:
+        return {k: w.max_concurrency for k, w in self._by_key.items() if w.max_concurrency}
 
 
 def connect(url: str) -> Connector:
@@ -199,6 +204,16 @@ class Runtime:
     async def list_runs(self, **filters: Any) -> list[Row]:
         await self.open()
         return await self.store.list_runs(**filters)
+
+    async def workers(self) -> list[Row]:
+        """Workers that announced themselves within three heartbeat intervals."""
+        await self.open()
+        return await self.store.workers(self.clock.now() - 3 * self.heartbeat_interval)
+
+    async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
+        await self.open()
+        validate_run_id(run_id)
+        return await runs.cancel(self.store, run_id, self.clock.now(), by=by)
 
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()

@@ -19,7 +19,7 @@ from keel.context import current
 from keel.errors import NoPendingWait, RunFinished, RunNotFound, UsageError, WaitNotFound
 from keel.ids import digest, validate_run_id
 from keel.lifecycle import FINISHED, Status
-from keel.runs import transition
+from keel.runs import transition, wake_after_wait
 from keel.store.base import Row
 from keel.store.store import dumps, loads
 
@@ -237,8 +237,13 @@ async def decide(
             )
             else None
         )
-        await tx.execute(
-            "record_decision_on_run", {"run_id": run_id, "decision": run_decision, "now": now}
+        await wake_after_wait(
+            store,
+            tx,
+            run,
+            now,
+            decision=run_decision,
+            cause={"wait_id": wait["wait_id"], "decision": decision},
         )
         await store.add_event(
             tx,

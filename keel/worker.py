@@ -21,6 +21,7 @@ from keel import leases
 from keel.langgraph.executor import Executor
 from keel.runtime import Runtime
 from keel.store.store import Lease
+from keel.sweeper import sweep_deadlines
 
 log = logging.getLogger("keel.worker")
 
@@ -47,8 +48,10 @@ class Worker:
         max_poll_interval: float = 1.0,
         stop_when_idle: bool = False,
         grace: float = 30.0,
+        sweep_interval: float = 1.0,
     ) -> None:
         self.runtime = runtime
+        self.sweep_interval = sweep_interval
         self.concurrency = max(1, concurrency)
         self.worker_id = worker_id or new_worker_id()
         self.poll_interval = poll_interval
@@ -61,9 +64,11 @@ class Worker:
         self._stop_requests = 0
 
     def stop(self) -> None:
-        """First call: drain gracefully. Second call: stop now."""
+        """First call: drain (runs stop at their next step boundary). Second call: stop now."""
         self._stop_requests += 1
         self._stopping.set()
+        if self.runtime.saver is not None:
+            self.runtime.saver.draining = True
         if self._stop_requests > 1:
             for _, task in self._tasks.values():
                 task.cancel()
@@ -74,10 +79,16 @@ class Worker:
         executor = Executor(rt, self.worker_id)
         wake = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
+        listener = asyncio.create_task(rt.connector.listen("keel_wake", wake.set))
         await self._announce()
         delay = self.poll_interval
+        next_sweep = 0.0
+        loop = asyncio.get_running_loop()
         try:
             while not self._stopping.is_set():
+                if loop.time() >= next_sweep:
+                    next_sweep = loop.time() + self.sweep_interval
+                    await self._sweep()
                 claimed = await self._fill(executor)
                 if (
                     self.stop_when_idle
@@ -103,7 +114,8 @@ class Worker:
         finally:
             await self._drain()
             heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            listener.cancel()
+            await asyncio.gather(heartbeat, listener, return_exceptions=True)
             await self._goodbye()
         return self.stats
 
@@ -112,7 +124,12 @@ class Worker:
         claimed = 0
         while len(self._tasks) < self.concurrency and not self._stopping.is_set():
             got = await leases.claim(
-                rt.store, self.worker_id, rt.workflows.keys(), rt.clock.now(), rt.lease_ttl
+                rt.store,
+                self.worker_id,
+                rt.workflows.keys(),
+                rt.clock.now(),
+                rt.lease_ttl,
+                rt.workflows.limits(),
             )
             if got is None:
                 break
@@ -134,10 +151,19 @@ class Worker:
         if task.exception() is not None:
             log.error("run %s: executor crashed: %r", run_id, task.exception())
             return
-        if task.result() == "lease_lost":
+        if task.result() in ("lease_lost", "released"):
             self.stats.lost += 1
         else:
             self.stats.finished += 1
+
+    async def _sweep(self) -> None:
+        try:
+            applied = await sweep_deadlines(self.runtime)
+        except Exception:
+            log.exception("deadline sweep failed; the next pass retries")
+            return
+        if applied:
+            log.info("applied %d deadline policies", applied)
 
     async def _heartbeat(self) -> None:
         rt = self.runtime

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from langgraph.config import get_config
 from langgraph.types import Command, interrupt
 
-from keel import waits
+from keel import leases, waits
 from keel.chaos.faults import fault_point
 from keel.context import RunContext, enter, leave
-from keel.errors import LeaseLost, NotInRun, RunCancelled
+from keel.errors import LeaseLost, NotInRun, Released, RunCancelled
 from keel.ids import StepRef, namespace_without_task_ids
 from keel.lifecycle import Decision, Status, TerminationReason
 from keel.runs import transition
@@ -81,6 +81,7 @@ class Executor:
             runtime=rt,
             locate=locate,
             pause=interrupt,
+            last_heartbeat=loads(run.get("heartbeat_details")),
         )
         rt.saver.hold(lease.run_id, lease.token, self.worker_id)
         entered = enter(ctx)
@@ -97,6 +98,9 @@ class Executor:
             return "lease_lost"
         except RunCancelled:
             return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
+        except Released:
+            await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
+            return "released"
         except Exception as exc:
             log.exception("run %s failed", lease.run_id)
             return await self._end(
@@ -129,11 +133,14 @@ class Executor:
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
             decision = run["decision"]
-            reason = (
-                decision
-                if decision in (Decision.APPROVED, Decision.REJECTED)
-                else TerminationReason.COMPLETED
-            )
+            if decision in (Decision.APPROVED, Decision.REJECTED):
+                reason = decision
+            elif any(
+                w["decision"] == "timed_out" for w in await self.runtime.store.waits(ctx.run_id)
+            ):
+                reason = TerminationReason.TIMED_OUT
+            else:
+                reason = TerminationReason.COMPLETED
         return await self._end(
             ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
         )

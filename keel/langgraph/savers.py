@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from keel.chaos.faults import fault_point
 from keel.clock import Clock
-from keel.errors import LeaseLost
+from keel.errors import LeaseLost, Released, RunCancelled
 from keel.store.base import Tx
 from keel.store.locks import TaskReentrantLock
 from keel.store.store import Store
@@ -46,22 +46,33 @@ class Fencing:
     def drop(self, run_id: str) -> None:
         self.holders.pop(run_id, None)
 
+    draining: bool = False
+    """Set when the worker stops: runs give their lease back at their next step boundary."""
+
     @asynccontextmanager
     async def fenced_write(
         self, config: RunnableConfig, step: dict[str, Any] | None = None
     ) -> AsyncIterator[Tx]:
+        """The write's transaction, fenced; a checkpoint (step is None) is a step boundary."""
         run_id = str(config["configurable"]["thread_id"])
         held = self.holders.get(run_id)
         if held is None:
             raise LeaseLost(f"run {run_id}: this process holds no lease for a checkpoint write")
         token, worker_id = held
-        async with self.store.fenced(run_id, token) as tx:
+        async with self.store.db.transaction() as tx:
+            fence = await self.store.check_fence(tx, run_id, token)
             fault_point("checkpoint.before_write")
             if step is not None:
                 await self.store.add_event(
                     tx, run_id, "step", self.clock.now(), step, worker_id=worker_id, token=token
                 )
             yield tx
+        if step is None:
+            # The checkpoint is durable: a cancelled or released run stops here and loses nothing.
+            if fence["cancel_requested"]:
+                raise RunCancelled(f"run {run_id} was cancelled")
+            if self.draining:
+                raise Released(f"run {run_id} released at a step boundary")
 
 
 def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str) -> dict:

@@ -7,6 +7,7 @@ in every dialect (a test enforces it). Migrations live in `sql/<dialect>/migrati
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from importlib import resources
@@ -78,6 +79,11 @@ class Connector(Protocol):
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
         """Reads outside a write transaction."""
+        ...
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """Call `on_notify` whenever another process wakes `channel` (returns at once if the
+        database cannot notify)."""
         ...
 
     def checkpointer(self) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -11,6 +13,8 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from keel.store.base import Params, Row, load_queries
+
+log = logging.getLogger("keel.store")
 
 
 class PostgresTx:
@@ -80,6 +84,22 @@ class PostgresConnector:
     async def read(self) -> AsyncIterator[PostgresTx]:
         async with self.pool.connection() as conn:
             yield PostgresTx(conn, self._queries)
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """Call `on_notify` for every NOTIFY on `channel` until cancelled; reconnect on errors."""
+        while True:
+            try:
+                conn = await AsyncConnection.connect(self.url, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {channel}")
+                    on_notify()  # anything sent while we were not listening
+                    async for _ in conn.notifies():
+                        on_notify()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN %s failed (%r); polling until it reconnects", channel, exc)
+                await asyncio.sleep(1.0)
 
     def checkpointer(self) -> Any:
         from keel.langgraph.savers import FencedPostgresSaver

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,10 @@ class SqliteConnector:
     async def read(self) -> AsyncIterator[SqliteTx]:
         async with self.lock:
             yield SqliteTx(self.connection, self._queries)
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """SQLite has no notifications: workers in other processes poll with backoff."""
+        return None
 
     def checkpointer(self) -> Any:
         from keel.langgraph.savers import FencedSqliteSaver

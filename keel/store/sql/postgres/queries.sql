@@ -52,13 +52,26 @@ SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
 WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_hash)s;
 
 -- name: claim_candidate
--- The oldest run this worker may take: queued, or running under an expired lease.
+-- The oldest run this worker may take: queued (of a workflow below its concurrency limit),
+-- or running under an expired lease (a takeover never raises a workflow's count).
 SELECT run_id, status, lease_token, lease_owner FROM keel_runs
-WHERE (status = 'queued' OR (status = 'running' AND lease_expires_at < %(now)s))
-  AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+WHERE ((status = 'queued'
+        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(startable)s::jsonb)))
+    OR (status = 'running' AND lease_expires_at < %(now)s
+        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))))
 ORDER BY created_at, run_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
+
+-- name: claim_lock
+-- Serialize claims while a workflow has a concurrency limit, so counts cannot race.
+SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
+
+-- name: running_counts
+-- Runs executing now, per workflow key.
+SELECT workflow || '@' || workflow_version AS workflow_key, COUNT(*) AS n FROM keel_runs
+WHERE status = 'running'
+GROUP BY workflow, workflow_version;
 
 -- name: claim_run
 -- Take the lease: a new token fences out every earlier owner.
@@ -90,10 +103,6 @@ SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
     lease_expires_at = CASE WHEN %(status)s::text = 'running' THEN lease_expires_at ELSE NULL END,
     finished_at = %(finished_at)s, updated_at = %(now)s
 WHERE run_id = %(run_id)s;
-
--- name: request_cancel
--- Ask a running run to stop at its next step boundary.
-UPDATE keel_runs SET cancel_requested = 1, updated_at = %(now)s WHERE run_id = %(run_id)s;
 
 -- name: insert_event
 -- Append to a run's timeline.
@@ -158,12 +167,9 @@ SET status = 'decided', decision = %(decision)s, value = %(value)s, decided_by =
 WHERE wait_id = %(wait_id)s AND status = 'pending'
 RETURNING *;
 
--- name: record_decision_on_run
--- A decision wakes its waiting run (and, for approvals, sets the run's decision).
-UPDATE keel_runs
-SET status = CASE WHEN status = 'waiting' THEN 'queued' ELSE status END,
-    decision = COALESCE(%(decision)s::text, decision), updated_at = %(now)s
-WHERE run_id = %(run_id)s;
+-- name: set_run_decision
+-- An approval's decision is also the run's (status moves separately, through the table).
+UPDATE keel_runs SET decision = %(decision)s, updated_at = %(now)s WHERE run_id = %(run_id)s;
 
 -- name: upsert_worker
 -- A worker says it is alive.
@@ -184,3 +190,34 @@ SELECT * FROM keel_workers WHERE heartbeat_at >= %(since)s AND stopped_at IS NUL
 SELECT COUNT(*) AS n FROM keel_runs
 WHERE status IN ('queued', 'running')
   AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb));
+
+-- name: notify_wake
+-- Wake idle workers at once (delivered on commit).
+SELECT pg_notify('keel_wake', %(run_id)s) IS NULL AS sent;
+
+-- name: expired_waits
+-- Open waits whose deadline has passed, oldest first.
+SELECT * FROM keel_waits
+WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < %(now)s
+ORDER BY deadline
+LIMIT %(limit)s;
+
+-- name: expire_wait
+-- Apply a deadline's final policy exactly once, however many sweepers race.
+UPDATE keel_waits
+SET status = 'expired', decision = %(decision)s, value = %(value)s, decided_by = 'keel:deadline',
+    channel = 'deadline', decided_at = %(now)s
+WHERE wait_id = %(wait_id)s AND status = 'pending'
+RETURNING *;
+
+-- name: escalate_wait
+-- Move an open wait to its next escalation level with a new deadline, exactly once per level.
+UPDATE keel_waits
+SET deadline = %(deadline)s, escalation_level = escalation_level + 1
+WHERE wait_id = %(wait_id)s AND status = 'pending' AND escalation_level = %(level)s
+RETURNING *;
+
+-- name: set_cancel_requested
+-- Ask a running run to stop at its next step boundary.
+UPDATE keel_runs SET cancel_requested = 1, updated_at = %(now)s
+WHERE run_id = %(run_id)s AND status = 'running';

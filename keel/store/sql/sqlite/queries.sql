@@ -51,12 +51,25 @@ SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
 WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
 
 -- name: claim_candidate
--- The oldest run this worker may take: queued, or running under an expired lease.
+-- The oldest run this worker may take: queued (of a workflow below its concurrency limit),
+-- or running under an expired lease (a takeover never raises a workflow's count).
 SELECT run_id, status, lease_token, lease_owner FROM keel_runs
-WHERE (status = 'queued' OR (status = 'running' AND lease_expires_at < :now))
-  AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))
+WHERE ((status = 'queued'
+        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:startable)))
+    OR (status = 'running' AND lease_expires_at < :now
+        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))))
 ORDER BY created_at, run_id
 LIMIT 1;
+
+-- name: claim_lock
+-- Serialize claims while a workflow has a concurrency limit, so counts cannot race.
+SELECT 1 AS locked;
+
+-- name: running_counts
+-- Runs executing now, per workflow key.
+SELECT workflow || '@' || workflow_version AS workflow_key, COUNT(*) AS n FROM keel_runs
+WHERE status = 'running'
+GROUP BY workflow, workflow_version;
 
 -- name: claim_run
 -- Take the lease: a new token fences out every earlier owner.
@@ -88,10 +101,6 @@ SET status = :status, decision = COALESCE(:decision, decision),
     lease_expires_at = CASE WHEN :status = 'running' THEN lease_expires_at ELSE NULL END,
     finished_at = :finished_at, updated_at = :now
 WHERE run_id = :run_id;
-
--- name: request_cancel
--- Ask a running run to stop at its next step boundary.
-UPDATE keel_runs SET cancel_requested = 1, updated_at = :now WHERE run_id = :run_id;
 
 -- name: insert_event
 -- Append to a run's timeline.
@@ -156,12 +165,9 @@ SET status = 'decided', decision = :decision, value = :value, decided_by = :deci
 WHERE wait_id = :wait_id AND status = 'pending'
 RETURNING *;
 
--- name: record_decision_on_run
--- A decision wakes its waiting run (and, for approvals, sets the run's decision).
-UPDATE keel_runs
-SET status = CASE WHEN status = 'waiting' THEN 'queued' ELSE status END,
-    decision = COALESCE(:decision, decision), updated_at = :now
-WHERE run_id = :run_id;
+-- name: set_run_decision
+-- An approval's decision is also the run's (status moves separately, through the table).
+UPDATE keel_runs SET decision = :decision, updated_at = :now WHERE run_id = :run_id;
 
 -- name: upsert_worker
 -- A worker says it is alive.
@@ -182,3 +188,34 @@ SELECT * FROM keel_workers WHERE heartbeat_at >= :since AND stopped_at IS NULL O
 SELECT COUNT(*) AS n FROM keel_runs
 WHERE status IN ('queued', 'running')
   AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows));
+
+-- name: notify_wake
+-- Wake idle workers at once (SQLite has no notifications: workers poll with backoff).
+SELECT :run_id AS sent;
+
+-- name: expired_waits
+-- Open waits whose deadline has passed, oldest first.
+SELECT * FROM keel_waits
+WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < :now
+ORDER BY deadline
+LIMIT :limit;
+
+-- name: expire_wait
+-- Apply a deadline's final policy exactly once, however many sweepers race.
+UPDATE keel_waits
+SET status = 'expired', decision = :decision, value = :value, decided_by = 'keel:deadline',
+    channel = 'deadline', decided_at = :now
+WHERE wait_id = :wait_id AND status = 'pending'
+RETURNING *;
+
+-- name: escalate_wait
+-- Move an open wait to its next escalation level with a new deadline, exactly once per level.
+UPDATE keel_waits
+SET deadline = :deadline, escalation_level = escalation_level + 1
+WHERE wait_id = :wait_id AND status = 'pending' AND escalation_level = :level
+RETURNING *;
+
+-- name: set_cancel_requested
+-- Ask a running run to stop at its next step boundary.
+UPDATE keel_runs SET cancel_requested = 1, updated_at = :now
+WHERE run_id = :run_id AND status = 'running';

@@ -1,4 +1,5 @@
--- Live workers and heartbeat progress details (what a retried attempt can read back).
+-- Live workers, heartbeat progress details (what a retried attempt can read back),
+-- and escalation levels of waits.
 CREATE TABLE keel_workers (
     worker_id TEXT PRIMARY KEY,
     host TEXT NOT NULL,
@@ -10,3 +11,4 @@ CREATE TABLE keel_workers (
 );
 ALTER TABLE keel_runs ADD COLUMN heartbeat_at REAL;
 ALTER TABLE keel_runs ADD COLUMN heartbeat_details TEXT;
+ALTER TABLE keel_waits ADD COLUMN escalation_level INTEGER NOT NULL DEFAULT 0;

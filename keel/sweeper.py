@@ -1,0 +1,112 @@
+"""Deadlines: every wait has one, and its policy is applied exactly once.
+
+Runs whose lease expired need no sweep of their own: claiming takes them over (see leases).
+Waits past their deadline are swept here, by every worker, bounded per pass; each policy is a
+conditional UPDATE on the wait, so when several sweepers race only one applies it.
+
+Policies (`on_timeout`): `reject` resumes the graph with a rejection, `timeout` resumes it with a
+`timed_out` decision, `cancel` cancels the run, `fail` fails it (termination reason timed_out),
+`escalate` first extends the deadline once (an `wait.escalated` event for whoever watches), then
+rejects.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from keel.lifecycle import Status, TerminationReason
+from keel.runs import transition, wake_after_wait
+from keel.store.base import Row, Tx
+from keel.store.store import dumps
+
+if TYPE_CHECKING:
+    from keel.runtime import Runtime
+
+DECISION_ON_TIMEOUT = {
+    "reject": "rejected",
+    "escalate": "rejected",
+    "timeout": "timed_out",
+    "cancel": "cancelled",
+    "fail": "timed_out",
+}
+
+
+async def sweep_deadlines(runtime: Runtime, limit: int = 100) -> int:
+    """Apply the policy of each wait past its deadline; return how many this call applied."""
+    store = runtime.store
+    now = runtime.clock.now()
+    async with store.db.read() as tx:
+        expired = await tx.all("expired_waits", {"now": now, "limit": limit})
+    applied = 0
+    for wait in expired:
+        async with store.db.transaction() as tx:
+            if await _apply(runtime, tx, wait, now):
+                applied += 1
+    if applied:
+        runtime.wake()
+    return applied
+
+
+async def _apply(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
+    store = runtime.store
+    policy = str(wait["on_timeout"])
+    if policy == "escalate" and int(wait["escalation_level"]) == 0:
+        window = float(wait["deadline"]) - float(wait["created_at"])
+        row = await tx.one(
+            "escalate_wait",
+            {"wait_id": wait["wait_id"], "deadline": now + max(window, 1.0), "level": 0},
+        )
+        if row is not None:
+            await store.add_event(
+                tx, wait["run_id"], "wait.escalated", now, {"wait_id": wait["wait_id"], "level": 1}
+            )
+        return row is not None
+    decision = DECISION_ON_TIMEOUT.get(policy, "timed_out")
+    value: dict[str, Any] = {
+        "decision": decision,
+        "wait_id": wait["wait_id"],
+        "by": "keel:deadline",
+        "channel": "deadline",
+        "comment": f"deadline passed; policy {policy}",
+        "at": now,
+        "performed": False,
+    }
+    row = await tx.one(
+        "expire_wait",
+        {"wait_id": wait["wait_id"], "decision": decision, "value": dumps(value), "now": now},
+    )
+    if row is None:  # a person or another sweeper got there first
+        return False
+    await store.add_event(
+        tx,
+        wait["run_id"],
+        "wait.expired",
+        now,
+        {"wait_id": wait["wait_id"], "policy": policy, "decision": decision},
+    )
+    run = await tx.one("get_run", {"run_id": wait["run_id"]})
+    if run is None or Status(run["status"]).finished:
+        return True
+    if policy in ("cancel", "fail") and run["status"] == Status.WAITING:
+        target = Status.CANCELLED if policy == "cancel" else Status.FAILED
+        reason = TerminationReason.CANCELLED if policy == "cancel" else TerminationReason.TIMED_OUT
+        await transition(
+            store,
+            tx,
+            run,
+            target,
+            now,
+            termination_reason=reason.value,
+            error=None if policy == "cancel" else f"wait {wait['wait_id']} passed its deadline",
+        )
+        return True
+    run_decision = "rejected" if decision == "rejected" and wait["kind"] == "approval" else None
+    await wake_after_wait(
+        store,
+        tx,
+        run,
+        now,
+        decision=run_decision,
+        cause={"wait_id": wait["wait_id"], "decision": decision, "policy": policy},
+    )
+    return True

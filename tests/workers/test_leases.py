@@ -1,0 +1,171 @@
+"""Leases on an injectable clock: expiry, takeover with a new token, renewal, cancellation,
+and a workflow's cluster-wide concurrency limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+
+import keel
+from keel import leases
+
+
+class State(TypedDict, total=False):
+    n: int
+
+
+def noop(state: State) -> State:
+    return {"n": state.get("n", 0) + 1}
+
+
+def chain() -> StateGraph:
+    g = StateGraph(State)
+    g.add_node("a", noop)
+    g.add_node("b", noop)
+    g.add_edge(START, "a")
+    g.add_edge("a", "b")
+    g.add_edge("b", END)
+    return g
+
+
+def _call(app: keel.App, coro_fn: Callable[..., object]) -> object:
+    async def go() -> object:
+        await app.aio.open()
+        return await coro_fn()  # type: ignore[misc]
+
+    return app.aio.portal.call(go())
+
+
+def test_expired_lease_is_taken_over_with_a_higher_token_and_the_old_one_cannot_renew(
+    make_app,
+) -> None:
+    clock = keel.ManualClock()
+    app = make_app(clock=clock, lease_ttl=10)
+    app.workflow("chain")(chain)
+    run_id = app.submit("chain", job_id="lease", input={"n": 0})["run_id"]
+    store, keys = app.aio.store, app.aio.workflows.keys()
+    first = _call(app, lambda: leases.claim(store, "w-a", keys, clock.now(), 10))
+    assert first is not None
+    lease_a, _ = first
+    assert _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 10)) is None
+    clock.advance(9)
+    assert _call(app, lambda: leases.renew(store, [lease_a], clock.now(), 10)) == []
+    clock.advance(9)  # renewed at t=9: still held at t=18
+    assert _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 10)) is None
+    clock.advance(2)  # t=20 > 19: expired
+    second = _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 10))
+    assert second is not None
+    lease_b, row = second
+    assert (lease_b.run_id, lease_b.token) == (run_id, lease_a.token + 1)
+    assert row["lease_owner"] == "w-b"
+    assert _call(app, lambda: leases.renew(store, [lease_a], clock.now(), 10)) == [lease_a]
+    with pytest.raises(keel.LeaseLost):
+        _call(app, lambda: leases.release(store, lease_a, clock.now(), "stale"))
+    kinds = [e["kind"] for e in app.get_run(run_id).timeline]
+    assert kinds == ["admitted", "lease.claimed", "lease.takeover"]
+
+
+def test_cancel_queued_waiting_and_finished_runs(make_app) -> None:
+    app = make_app()
+
+    def ask(state: State) -> State:
+        keel.approval("boss")
+        return {"n": 1}
+
+    def waits() -> StateGraph:
+        g = StateGraph(State)
+        g.add_node("ask", ask)
+        g.add_edge(START, "ask")
+        g.add_edge("ask", END)
+        return g
+
+    app.workflow("waits")(waits)
+    queued = app.submit("waits", job_id="q", input={"n": 0})["run_id"]
+    assert app.cancel(queued, by="ops")["status"] == "cancelled"
+    waiting = app.submit("waits", job_id="w", input={"n": 0})["run_id"]
+    app.run_worker(stop_when_idle=True, handle_signals=False)
+    assert app.get_run(waiting).status == "waiting"
+    cancelled = app.cancel(waiting, by="ops")
+    assert (cancelled["status"], cancelled["termination_reason"]) == ("cancelled", "cancelled")
+    with pytest.raises(keel.RunFinished):
+        app.approve(waiting, by="late")
+    with pytest.raises(keel.RunFinished):
+        app.cancel(waiting)
+    with pytest.raises(keel.RunNotFound):
+        app.cancel("no-such-run")
+
+
+def test_cancel_of_a_running_run_stops_it_at_the_next_step_boundary(make_app) -> None:
+    app = make_app()
+    started = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def slow(state: State) -> State:
+        ran.append("slow")
+        started.set()
+        release.wait(10)
+        return {"n": 1}
+
+    def after(state: State) -> State:
+        ran.append("after")
+        return {"n": 2}
+
+    def build() -> StateGraph:
+        g = StateGraph(State)
+        g.add_node("slow", slow)
+        g.add_node("after", after)
+        g.add_edge(START, "slow")
+        g.add_edge("slow", "after")
+        g.add_edge("after", END)
+        return g
+
+    app.workflow("slow")(build)
+    run_id = app.submit("slow", job_id="c", input={"n": 0})["run_id"]
+    worker = threading.Thread(
+        target=lambda: app.run_worker(stop_when_idle=True, handle_signals=False)
+    )
+    worker.start()
+    assert started.wait(10)
+    assert app.cancel(run_id, by="ops")["status"] == "running"  # requested, not yet applied
+    release.set()
+    worker.join(30)
+    details = app.get_run(run_id)
+    assert (details.status, details.termination_reason) == ("cancelled", "cancelled")
+    assert ran == ["slow"], "the next step must not run after a cancel"
+    assert any(e["kind"] == "cancel.requested" for e in details.timeline)
+
+
+def test_workflow_concurrency_limit_holds_across_the_worker(make_app) -> None:
+    app = make_app()
+    lock = threading.Lock()
+    now_running = [0]
+    peak = [0]
+
+    def busy(state: State) -> State:
+        with lock:
+            now_running[0] += 1
+            peak[0] = max(peak[0], now_running[0])
+        time.sleep(0.15)
+        with lock:
+            now_running[0] -= 1
+        return {"n": 1}
+
+    def build() -> StateGraph:
+        g = StateGraph(State)
+        g.add_node("busy", busy)
+        g.add_edge(START, "busy")
+        g.add_edge("busy", END)
+        return g
+
+    app.workflow("limited", max_concurrency=2)(build)
+    ids = [app.submit("limited", job_id=f"l-{i}", input={"n": i})["run_id"] for i in range(6)]
+    stats = app.run_worker(concurrency=6, stop_when_idle=True, handle_signals=False)
+    assert stats.finished == 6
+    assert {app.get_run(r).status for r in ids} == {"completed"}
+    assert peak[0] == 2

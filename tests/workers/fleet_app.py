@@ -90,3 +90,30 @@ def ticket() -> StateGraph:
     g.add_edge("close", "archive")
     g.add_edge("archive", END)
     return g
+
+
+class Batch(TypedDict, total=False):
+    items: int
+    resumed_from: int
+    processed: list[int]
+
+
+def process_batch(state: Batch) -> Batch:
+    """A long tool call that heartbeats its progress; the first attempt dies half-way."""
+    start = int((keel.last_heartbeat() or {}).get("next", 0))
+    processed = []
+    for item in range(start, state["items"]):
+        processed.append(item)
+        keel.heartbeat({"next": item + 1})
+        if start == 0 and item == state["items"] // 2:
+            os.kill(os.getpid(), 9)  # the worker dies in the middle of the step
+    return {"resumed_from": start, "processed": processed}
+
+
+@app.workflow("batch")
+def batch() -> StateGraph:
+    g = StateGraph(Batch)
+    g.add_node("process", process_batch)
+    g.add_edge(START, "process")
+    g.add_edge("process", END)
+    return g

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from keel.clock import Clock
+from keel.errors import UsageError
+from keel.outbox import Notifier
 from keel.runtime import DEFAULT_URL, RunDetails, Runtime, Workflow
 from keel.store.base import Row
 from keel.waits import DecisionResult
@@ -79,6 +81,13 @@ class App:
             return factory
 
         return register
+
+    def add_notifier(self, notifier: Notifier) -> Notifier:
+        """Deliver wait notifications (request, remind, escalate, decided, expired) through it."""
+        if not isinstance(notifier, Notifier):
+            raise UsageError("a notifier needs `name`, `kinds` and `send(notification)`")
+        self.aio.notifiers[notifier.name] = notifier
+        return notifier
 
     def migrate(self) -> list[str]:
         return self._portal.call(self.aio.migrate())

@@ -13,6 +13,7 @@ from keel.artifacts import RunArtifacts
 from keel.clock import Clock, SystemClock
 from keel.errors import RunNotFound, UnknownWorkflow, UsageError
 from keel.ids import validate_run_id
+from keel.outbox import Notifier
 from keel.portal import Portal
 from keel.store.base import Connector, Row
 from keel.store.store import Store, loads
@@ -84,6 +85,7 @@ class RunDetails:
     effects: list[Row]
     waits: list[Row]
     artifacts: list[Any]
+    notifications: list[Row] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -122,6 +124,7 @@ class Runtime:
         self.max_input_bytes = max_input_bytes
         self.portal = portal or Portal()
         self.workflows = Workflows()
+        self.notifiers: dict[str, Notifier] = {}
         self.connector = connect(url)
         self.store = Store(self.connector)
         self.saver: Any = None
@@ -199,6 +202,7 @@ class Runtime:
             effects=await self.store.effects(run_id),
             waits=await self.store.waits(run_id),
             artifacts=for_run,
+            notifications=await self.store.intents(run_id),
         )
 
     async def list_runs(self, **filters: Any) -> list[Row]:

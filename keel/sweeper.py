@@ -6,18 +6,20 @@ conditional UPDATE on the wait, so when several sweepers race only one applies i
 
 Policies (`on_timeout`): `reject` resumes the graph with a rejection, `timeout` resumes it with a
 `timed_out` decision, `cancel` cancels the run, `fail` fails it (termination reason timed_out),
-`escalate` first extends the deadline once (an `wait.escalated` event for whoever watches), then
-rejects.
+`escalate` first extends the deadline once (a `wait.escalated` event and notification), then
+rejects. Before the deadline, a wait's schedule (`remind_after`, `escalate_after`) sends its
+reminders and escalations through the outbox, each once.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from keel import outbox
 from keel.lifecycle import Status, TerminationReason
 from keel.runs import transition, wake_after_wait
 from keel.store.base import Row, Tx
-from keel.store.store import dumps
+from keel.store.store import dumps, loads
 
 if TYPE_CHECKING:
     from keel.runtime import Runtime
@@ -32,12 +34,17 @@ DECISION_ON_TIMEOUT = {
 
 
 async def sweep_deadlines(runtime: Runtime, limit: int = 100) -> int:
-    """Apply the policy of each wait past its deadline; return how many this call applied."""
+    """Apply due reminders/escalations and the policy of each wait past its deadline;
+    return how many this call applied."""
     store = runtime.store
     now = runtime.clock.now()
     async with store.db.read() as tx:
+        staged = await tx.all("due_stages", {"now": now, "limit": limit})
         expired = await tx.all("expired_waits", {"now": now, "limit": limit})
     applied = 0
+    for wait in staged:
+        async with store.db.transaction() as tx:
+            applied += await _advance(runtime, tx, wait, now)
     for wait in expired:
         async with store.db.transaction() as tx:
             if await _apply(runtime, tx, wait, now):
@@ -47,19 +54,67 @@ async def sweep_deadlines(runtime: Runtime, limit: int = 100) -> int:
     return applied
 
 
+async def _advance(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
+    """Deliver the wait's next reminder or escalation, once."""
+    schedule = loads(wait["schedule"])
+    level = int(wait["escalation_level"])
+    if level >= len(schedule):
+        return False
+    following = level + 1
+    next_at = (
+        float(wait["created_at"]) + float(schedule[following]["after"])
+        if following < len(schedule)
+        else None
+    )
+    row = await tx.one(
+        "advance_stage", {"wait_id": wait["wait_id"], "level": level, "next_stage_at": next_at}
+    )
+    if row is None:  # another sweeper advanced it, or it was decided meanwhile
+        return False
+    stage = schedule[level]
+    await runtime.store.add_event(
+        tx,
+        wait["run_id"],
+        "wait.reminded" if stage["kind"] == "remind" else "wait.escalated",
+        now,
+        {"wait_id": wait["wait_id"], "level": following, "to": stage.get("to", [])},
+    )
+    run = await tx.one("get_run", {"run_id": wait["run_id"]})
+    assert run is not None
+    await outbox.record(
+        runtime,
+        tx,
+        run,
+        row,
+        stage["kind"],
+        now,
+        stage=following,
+        details={"to": stage.get("to", [])},
+    )
+    return True
+
+
 async def _apply(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
     store = runtime.store
     policy = str(wait["on_timeout"])
-    if policy == "escalate" and int(wait["escalation_level"]) == 0:
+    stages = len(loads(wait["schedule"]))
+    if policy == "escalate" and int(wait["escalation_level"]) == stages:
         window = float(wait["deadline"]) - float(wait["created_at"])
         row = await tx.one(
             "escalate_wait",
-            {"wait_id": wait["wait_id"], "deadline": now + max(window, 1.0), "level": 0},
+            {"wait_id": wait["wait_id"], "deadline": now + max(window, 1.0), "level": stages},
         )
         if row is not None:
             await store.add_event(
-                tx, wait["run_id"], "wait.escalated", now, {"wait_id": wait["wait_id"], "level": 1}
+                tx,
+                wait["run_id"],
+                "wait.escalated",
+                now,
+                {"wait_id": wait["wait_id"], "level": stages + 1},
             )
+            run = await tx.one("get_run", {"run_id": wait["run_id"]})
+            assert run is not None
+            await outbox.record(runtime, tx, run, row, "escalate", now, stage=stages + 1)
         return row is not None
     decision = DECISION_ON_TIMEOUT.get(policy, "timed_out")
     value: dict[str, Any] = {
@@ -87,6 +142,7 @@ async def _apply(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
     run = await tx.one("get_run", {"run_id": wait["run_id"]})
     if run is None or Status(run["status"]).finished:
         return True
+    await outbox.record(runtime, tx, run, row, "expired", now, details={"policy": policy})
     if policy in ("cancel", "fail") and run["status"] == Status.WAITING:
         target = Status.CANCELLED if policy == "cancel" else Status.FAILED
         reason = TerminationReason.CANCELLED if policy == "cancel" else TerminationReason.TIMED_OUT

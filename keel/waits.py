@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from keel import outbox
 from keel.chaos.faults import fault_point
 from keel.clock import parse_duration
 from keel.context import current
@@ -67,14 +68,28 @@ def approval(
     timeout: float | str = "24h",
     on_timeout: str = "reject",
     approvers: Sequence[str] = (),
+    remind_after: float | str | None = None,
+    escalate_after: float | str | None = None,
+    escalate_to: Sequence[str] = (),
 ) -> ApprovalDecision:
     """Pause the run until someone approves or rejects (or the deadline's policy applies).
 
-    Code before this call re-runs when the run resumes: keep side effects in effects.
+    `remind_after` and `escalate_after` (durations from when the wait was registered) schedule a
+    reminder to `approvers` and an escalation to `escalate_to`, delivered once each through the
+    App's notifiers; at `timeout` the `on_timeout` policy applies. Code before this call re-runs
+    when the run resumes: keep side effects in effects.
     """
     if on_timeout not in POLICIES:
         raise UsageError(f"on_timeout must be one of {', '.join(POLICIES)}, not {on_timeout!r}")
     ctx = current("keel.approval()")
+    schedule: list[dict[str, Any]] = []
+    if remind_after is not None:
+        schedule.append({"after": parse_duration(remind_after), "kind": "remind"})
+    if escalate_after is not None:
+        schedule.append(
+            {"after": parse_duration(escalate_after), "kind": "escalate", "to": list(escalate_to)}
+        )
+    schedule.sort(key=lambda stage: stage["after"])
     spec = {
         "kind": "approval",
         "name": name,
@@ -82,6 +97,7 @@ def approval(
         "timeout": parse_duration(timeout),
         "on_timeout": on_timeout,
         "approvers": list(approvers),
+        "schedule": schedule,
     }
     return ApprovalDecision.from_value(ctx.pause({"keel_wait": spec}))
 
@@ -108,12 +124,14 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     rt = ctx.runtime
     now = rt.clock.now()
     ids = []
+    run: Row | None = None
     async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
         for intr in interrupts:
             spec = _spec(intr.value)
             wid = wait_id_for(ctx.run_id, intr.id)
             ids.append(wid)
             timeout = spec.get("timeout")
+            schedule = spec.get("schedule", [])
             inserted = await tx.one(
                 "insert_wait",
                 {
@@ -126,10 +144,17 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                     "approvers": dumps(spec.get("approvers", [])),
                     "deadline": now + float(timeout) if timeout is not None else None,
                     "on_timeout": spec.get("on_timeout", "fail"),
+                    "schedule": dumps(schedule),
+                    "next_stage_at": now + float(schedule[0]["after"]) if schedule else None,
                     "now": now,
                 },
             )
             if inserted is not None:
+                if run is None:
+                    run = await tx.one("get_run", {"run_id": ctx.run_id})
+                wait_row = await tx.one("get_wait", {"wait_id": wid})
+                assert run is not None and wait_row is not None
+                await outbox.record(rt, tx, run, wait_row, "request", now)
                 await rt.store.add_event(
                     tx,
                     ctx.run_id,
@@ -244,6 +269,15 @@ async def decide(
             now,
             decision=run_decision,
             cause={"wait_id": wait["wait_id"], "decision": decision},
+        )
+        await outbox.record(
+            runtime,
+            tx,
+            run,
+            updated,
+            "decided",
+            now,
+            details={"decision": decision, "by": by, "channel": channel, "comment": comment},
         )
         await store.add_event(
             tx,

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from keel import leases
+from keel import leases, outbox
 from keel.langgraph.executor import Executor
 from keel.runtime import Runtime
 from keel.store.store import Lease
@@ -159,8 +159,10 @@ class Worker:
     async def _sweep(self) -> None:
         try:
             applied = await sweep_deadlines(self.runtime)
+            if self.runtime.notifiers:
+                await outbox.dispatch(self.runtime, self.worker_id)
         except Exception:
-            log.exception("deadline sweep failed; the next pass retries")
+            log.exception("sweep failed; the next pass retries")
             return
         if applied:
             log.info("applied %d deadline policies", applied)

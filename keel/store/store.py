@@ -174,6 +174,10 @@ class Store:
         async with self.db.read() as tx:
             return await tx.all("list_effects", {"run_id": run_id})
 
+    async def intents(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("list_intents", {"run_id": run_id})
+
     async def waits(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:
             return await tx.all("list_waits", {"run_id": run_id})

@@ -141,9 +141,9 @@ SELECT * FROM keel_effects WHERE run_id = %(run_id)s ORDER BY created_at, idempo
 -- name: insert_wait
 -- Register a wait unless it is already registered (replays register it again).
 INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
-                        deadline, on_timeout, created_at)
+                        deadline, on_timeout, schedule, next_stage_at, created_at)
 VALUES (%(wait_id)s, %(run_id)s, %(interrupt_id)s, %(kind)s, %(name)s, %(payload)s, %(approvers)s, 'pending',
-        %(deadline)s, %(on_timeout)s, %(now)s)
+        %(deadline)s, %(on_timeout)s, %(schedule)s, %(next_stage_at)s, %(now)s)
 ON CONFLICT (wait_id) DO NOTHING
 RETURNING wait_id;
 
@@ -221,3 +221,59 @@ RETURNING *;
 -- Ask a running run to stop at its next step boundary.
 UPDATE keel_runs SET cancel_requested = 1, updated_at = %(now)s
 WHERE run_id = %(run_id)s AND status = 'running';
+
+-- name: insert_intent
+-- Record a notification to deliver (idempotent: replays record the same intent once).
+INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
+                         available_at, created_at, updated_at)
+VALUES (%(intent_id)s, %(run_id)s, %(wait_id)s, %(notifier)s, %(kind)s, %(payload)s, 'queued',
+        %(now)s, %(now)s, %(now)s)
+ON CONFLICT (intent_id) DO NOTHING
+RETURNING intent_id;
+
+-- name: claim_intent_candidate
+-- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
+SELECT * FROM keel_outbox
+WHERE (status = 'queued' AND available_at <= %(now)s)
+   OR (status = 'sending' AND claim_expires_at < %(now)s)
+ORDER BY available_at, intent_id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: claim_intent
+-- Take an intent for delivery; the status says whether an earlier attempt may have sent it.
+UPDATE keel_outbox
+SET status = %(status)s, claimed_by = %(worker_id)s, claim_expires_at = %(expires_at)s,
+    attempts = attempts + 1, updated_at = %(now)s
+WHERE intent_id = %(intent_id)s
+RETURNING *;
+
+-- name: settle_intent
+-- Record an intent's outcome, only by the dispatcher that holds its claim.
+UPDATE keel_outbox
+SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = %(available_at)s,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = %(now)s
+WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
+RETURNING *;
+
+-- name: list_intents
+-- A run's notifications.
+SELECT * FROM keel_outbox WHERE run_id = %(run_id)s ORDER BY created_at, intent_id;
+
+-- name: intents_for_wait
+-- Earlier notifications about one wait (e.g. the message a decision updates).
+SELECT * FROM keel_outbox WHERE wait_id = %(wait_id)s ORDER BY created_at, intent_id;
+
+-- name: due_stages
+-- Open waits whose next reminder or escalation is due.
+SELECT * FROM keel_waits
+WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= %(now)s
+ORDER BY next_stage_at
+LIMIT %(limit)s;
+
+-- name: advance_stage
+-- Move a wait to its next schedule stage, exactly once per stage however many sweepers race.
+UPDATE keel_waits
+SET escalation_level = escalation_level + 1, next_stage_at = %(next_stage_at)s
+WHERE wait_id = %(wait_id)s AND status = 'pending' AND escalation_level = %(level)s
+RETURNING *;

@@ -120,6 +120,14 @@ class App:
     def reject(self, run_id: str, **kwargs: Any) -> DecisionResult:
         return self._portal.call(self.aio.decide(run_id, decision="rejected", **kwargs))
 
+    def get_wait(self, wait_id: str) -> Row:
+        """One wait (approval, in-doubt effect, signal) by id; WaitNotFound if unknown."""
+        return self._portal.call(self.aio.get_wait(wait_id))
+
+    def pending_waits(self, limit: int = 100) -> list[Row]:
+        """Open waits, oldest deadline first."""
+        return self._portal.call(self.aio.pending_waits(limit))
+
     def workers(self) -> list[Row]:
         """Live workers (host, pid, concurrency, last heartbeat)."""
         return self._portal.call(self.aio.workers())

@@ -11,7 +11,7 @@ from typing import Any
 from keel import runs, waits
 from keel.artifacts import RunArtifacts
 from keel.clock import Clock, SystemClock
-from keel.errors import RunNotFound, UnknownWorkflow, UsageError
+from keel.errors import RunNotFound, UnknownWorkflow, UsageError, WaitNotFound
 from keel.ids import validate_run_id
 from keel.outbox import Notifier
 from keel.portal import Portal
@@ -208,6 +208,17 @@ class Runtime:
     async def list_runs(self, **filters: Any) -> list[Row]:
         await self.open()
         return await self.store.list_runs(**filters)
+
+    async def get_wait(self, wait_id: str) -> Row:
+        await self.open()
+        wait = await self.store.get_wait(wait_id)
+        if wait is None:
+            raise WaitNotFound(f"no wait {wait_id!r}")
+        return wait
+
+    async def pending_waits(self, limit: int = 100) -> list[Row]:
+        await self.open()
+        return await self.store.pending_waits(limit)
 
     async def workers(self) -> list[Row]:
         """Workers that announced themselves within three heartbeat intervals."""

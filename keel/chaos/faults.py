@@ -8,6 +8,8 @@ to one label (an effect name, a node). Nothing but the harness should set it.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import signal
 from collections import Counter
@@ -40,16 +42,27 @@ def _parse(spec: str) -> dict[str, int]:
 _armed: dict[str, int] = _parse(os.environ.get(ENV, ""))
 _seen: Counter[str] = Counter()
 reached: Counter[str] = Counter()
-_recording = bool(os.environ.get("KEEL_FAULTS_RECORD"))
+# The harness's clean run sets a file path: each process appends what it reached at exit.
+_record_to = os.environ.get("KEEL_FAULTS_RECORD", "")
+_recording = bool(_record_to)
+
+
+def _dump() -> None:
+    with open(_record_to, "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "reached": dict(reached)}) + "\n")
+
+
+if _recording:
+    atexit.register(_dump)
 
 
 def fault_point(name: str, label: str = "") -> None:
     """Kill this process here if the harness armed this point for this occurrence."""
     if not _armed and not _recording:
         return
+    if _recording:
+        reached[name] += 1
     for key in (name, f"{name}:{label}") if label else (name,):
-        if _recording:
-            reached[key] += 1
         if key in _armed:
             _seen[key] += 1
             if _seen[key] == _armed[key]:

@@ -274,3 +274,7 @@ UPDATE keel_waits
 SET escalation_level = escalation_level + 1, next_stage_at = :next_stage_at
 WHERE wait_id = :wait_id AND status = 'pending' AND escalation_level = :level
 RETURNING *;
+
+-- name: expire_deadline_now
+-- The crash harness's "let the deadline pass": the sweeper then applies the wait's policy.
+UPDATE keel_waits SET deadline = :now - 1 WHERE wait_id = :wait_id AND status = 'pending';

@@ -1,0 +1,89 @@
+"""`keel chaos APP --workflow NAME --input FILE`: the crash matrix from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from keel.chaos.faults import POINTS
+from keel.chaos.matrix import ChaosConfig, run_matrix
+from keel.chaos.report import render, write_json, write_junit
+
+
+def chaos(
+    app: Annotated[str, typer.Argument(help="MODULE:ATTRIBUTE of the keel.App")],
+    workflow: Annotated[str, typer.Option(help="The registered workflow to test.")],
+    input_file: Annotated[
+        Path, typer.Option("--input", exists=True, dir_okay=False, help="JSON input file.")
+    ],
+    backend: Annotated[str, typer.Option(help="sqlite or postgres.")] = "sqlite",
+    db: Annotated[
+        str | None,
+        typer.Option(help="PostgreSQL URL; each cell gets a throwaway database on that server."),
+    ] = None,
+    decide: Annotated[str, typer.Option(help="Answer approvals: approve, reject or timeout.")] = (
+        "approve"
+    ),
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KEY=VALUE for the workers; VALUE may use {smtp_url}, {smtp_spool}, {http_url}."
+        ),
+    ] = None,
+    point: Annotated[list[str] | None, typer.Option(help="Only these fault points.")] = None,
+    max_occurrences: Annotated[
+        int | None, typer.Option(help="At most this many occurrences per point.")
+    ] = None,
+    soak: Annotated[int, typer.Option(help="Also run N runs with random kills.")] = 0,
+    json_report: Annotated[Path | None, typer.Option("--json", help="Write a JSON report.")] = None,
+    junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report.")] = None,
+    cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take.")] = 90.0,
+) -> None:
+    """Kill a worker at every fault point the workflow reaches and check every invariant."""
+    console = Console()
+    if backend not in ("sqlite", "postgres"):
+        raise typer.BadParameter("--backend is sqlite or postgres")
+    if decide not in ("approve", "reject", "timeout"):
+        raise typer.BadParameter("--decide is approve, reject or timeout")
+    unknown = [p for p in point or [] if p not in POINTS]
+    if unknown:
+        raise typer.BadParameter(f"unknown fault points {unknown}; known: {', '.join(POINTS)}")
+    try:
+        data = json.loads(input_file.read_text())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{input_file} is not JSON: {exc}") from None
+    extra = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--env takes KEY=VALUE, not {item!r}")
+        extra[key] = value
+    config = ChaosConfig(
+        app=app,
+        workflow=workflow,
+        input=data,
+        backend=backend,
+        postgres_url=db or os.environ.get("KEEL_DATABASE_URL") if backend == "postgres" else None,
+        decide=decide,
+        env=extra,
+        points=tuple(point or ()),
+        max_occurrences=max_occurrences,
+        cell_timeout=cell_timeout,
+    )
+    with console.status("clean run and crash matrix…"):
+        report = run_matrix(
+            config,
+            soak=soak,
+            on_cell=lambda c: console.log(f"{c.name}: {c.verdict} ({c.seconds:.1f}s)"),
+        )
+    render(report, console)
+    if json_report:
+        write_json(report, json_report)
+    if junit:
+        write_junit(report, junit)
+    raise typer.Exit(0 if report.ok else 1)

@@ -91,7 +91,8 @@ class Effect(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        # Typed loosely on purpose: callers omit `idempotency_key`, which Keel supplies.
         ctx = current(f"effect {self.name!r}")
         if self.is_async:
             return cast(R, self._run(ctx, args, kwargs, None))

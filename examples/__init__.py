@@ -1,0 +1,1 @@
+"""Worked examples of Keel workflows (support_ticket, newsletter)."""

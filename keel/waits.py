@@ -252,24 +252,8 @@ async def decide(
             again = await tx.one("get_wait", {"wait_id": wait["wait_id"]})
             assert again is not None
             return DecisionResult(again, recorded=False)
-        run_decision = (
-            decision
-            if wait["kind"] == "approval"
-            and decision
-            in (
-                "approved",
-                "rejected",
-            )
-            else None
-        )
-        await wake_after_wait(
-            store,
-            tx,
-            run,
-            now,
-            decision=run_decision,
-            cause={"wait_id": wait["wait_id"], "decision": decision},
-        )
+        is_verdict = wait["kind"] == "approval" and decision in ("approved", "rejected")
+        run_decision = decision if is_verdict else None
         await outbox.record(
             runtime,
             tx,
@@ -291,6 +275,14 @@ async def decide(
                 "channel": channel,
                 "action_id": action_id,
             },
+        )
+        await wake_after_wait(
+            store,
+            tx,
+            run,
+            now,
+            decision=run_decision,
+            cause={"wait_id": wait["wait_id"], "decision": decision},
         )
     fault_point("decision.after_record")
     runtime.wake()

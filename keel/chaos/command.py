@@ -40,6 +40,9 @@ def chaos(
         int | None, typer.Option(help="At most this many occurrences per point.")
     ] = None,
     soak: Annotated[int, typer.Option(help="Also run N runs with random kills.")] = 0,
+    matrix: Annotated[
+        bool, typer.Option(help="Run the matrix (--no-matrix: only the clean run and the soak).")
+    ] = True,
     json_report: Annotated[Path | None, typer.Option("--json", help="Write a JSON report.")] = None,
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report.")] = None,
     cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take.")] = 90.0,
@@ -79,6 +82,7 @@ def chaos(
         report = run_matrix(
             config,
             soak=soak,
+            matrix=matrix,
             on_cell=lambda c: console.log(f"{c.name}: {c.verdict} ({c.seconds:.1f}s)"),
         )
     render(report, console)

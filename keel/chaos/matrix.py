@@ -333,6 +333,7 @@ def run_matrix(
     *,
     on_cell: Callable[[Cell], None] | None = None,
     soak: int = 0,
+    matrix: bool = True,
 ) -> Report:
     """Run the clean run, then every cell; return the report (see keel.chaos.report)."""
     started = time.monotonic()
@@ -347,13 +348,17 @@ def run_matrix(
         record = root / "reached"
         clean = harness.execute(None, record=record)
         reached = _read_reached(record)
-        cells = [
-            Cell(phase, point, occurrence)
-            for phase, points in enumerate(reached)
-            for point, count in sorted(points.items())
-            if not config.points or point in config.points
-            for occurrence in _occurrences(count, config.max_occurrences)
-        ]
+        cells = (
+            [
+                Cell(phase, point, occurrence)
+                for phase, points in enumerate(reached)
+                for point, count in sorted(points.items())
+                if not config.points or point in config.points
+                for occurrence in _occurrences(count, config.max_occurrences)
+            ]
+            if matrix
+            else []
+        )
         for cell in cells:
             t0 = time.monotonic()
             try:

@@ -66,8 +66,16 @@ class PostgresConnector:
             open=False,
             # The LangGraph saver needs autocommit and dict rows; Keel opens its own transactions.
             kwargs={"autocommit": True, "row_factory": dict_row},
+            # A connection the server dropped (restart, failover, proxy timeout) is replaced at
+            # checkout instead of failing the run whose write drew it.
+            check=AsyncConnectionPool.check_connection,
         )
-        await pool.open(wait=True, timeout=15)
+        try:
+            await pool.open(wait=True, timeout=15)
+        except BaseException:
+            # A pool that never opened keeps reconnecting in the background unless closed.
+            await pool.close()
+            raise
         self._pool = pool
 
     async def close(self) -> None:

@@ -1,0 +1,330 @@
+"""Keel's HTTP API: admit and inspect runs, download artifacts, decide approvals.
+
+Keel's async core lives on the App's own event loop (keel.portal), not on uvicorn's. So every
+endpoint that touches Keel is a plain `def`: FastAPI runs it in its threadpool, and it calls the
+App's blocking facade, which hands the work to the App's loop. A decision only records itself
+and wakes a worker; no graph ever runs inside a request.
+
+(No `from __future__ import annotations` here: FastAPI must resolve the per-router dependency
+aliases, which are local names, from real annotation objects.)
+"""
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from importlib import metadata
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi.responses import FileResponse
+
+import keel
+from keel.artifacts import RunArtifacts
+from keel.errors import InvalidId, RunFinished
+from keel.ids import safe_name, validate_run_id
+from keel.lifecycle import Status
+from keel.service import models as m
+from keel.service.auth import Authenticator, Principal, load_tokens
+from keel.service.errors import BodyLimit, Refused, install
+from keel.service.health import health_router
+
+SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
+MAX_PAGE = 500
+_APPROVAL_ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": m.Problem, "description": "No token, or an unknown one."},
+    403: {"model": m.Problem, "description": "The token lacks the endpoint's scope."},
+    413: {"model": m.Problem, "description": "The request body is over the size limit."},
+    422: {"model": m.Problem, "description": "The body or a parameter is invalid."},
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    400: {"model": m.Problem, "description": "A malformed id."},
+    404: {"model": m.Problem, "description": "No such run, approval or artifact."},
+}
+
+
+def create_app(
+    keel_app: keel.App,
+    *,
+    tokens: Mapping[str, Iterable[str]] | None = None,
+    max_body_bytes: int = 65536,
+    slack_signing_secret: str | None = None,
+) -> FastAPI:
+    """The FastAPI app serving `keel_app` (see docs/http.md).
+
+    `tokens` maps bearer tokens to scopes (runs:read, runs:write, approvals:read,
+    approvals:write, or * for all); None reads $KEEL_API_TOKENS. A Slack signing secret (or
+    $KEEL_SLACK_SIGNING_SECRET) adds `POST /slack/actions`.
+    """
+    auth = Authenticator(load_tokens(tokens))
+    api = FastAPI(
+        title="Keel",
+        version=_version(),
+        description="Admit and inspect crash-safe LangGraph runs; decide their approvals.",
+        responses=ERRORS,
+    )
+    api.state.keel = keel_app
+    install(api)
+    api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    api.include_router(health_router(keel_app))
+    api.include_router(runs_router(keel_app, auth))
+    api.include_router(approvals_router(keel_app, auth))
+    secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
+    if secret:
+        try:
+            from keel.service.slack import slack_router
+        except ImportError as exc:
+            raise ImportError(
+                "a Slack signing secret is configured, but Slack actions are not available: "
+                f"importing keel.service.slack.slack_router failed ({exc})"
+            ) from exc
+        api.include_router(slack_router(keel_app, secret))
+    return api
+
+
+def _version() -> str:
+    try:
+        return metadata.version("keel")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def _run_url(request: Request, run_id: str) -> str:
+    return str(request.url_for("get_run", run_id=run_id))
+
+
+def _page_end(offset: int, limit: int, fetched: int) -> int | None:
+    return offset + limit if fetched > limit else None
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
+    router = APIRouter(tags=["runs"])
+    Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
+    Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
+    RunId = Annotated[str, Path(description="The run's id.", max_length=200)]
+
+    @router.post(
+        "/runs",
+        status_code=201,
+        response_model=m.Run,
+        responses={
+            200: {"model": m.Run, "description": "That job was already admitted: its run."},
+            201: {"description": "A new run, queued for a worker."},
+        },
+    )
+    def submit_run(body: m.SubmitIn, request: Request, response: Response, _: Writer) -> m.Run:
+        """Admit a run (idempotent: the same job, input and version return the same run)."""
+        rt = keel_app.aio
+        # The facade's submit() drops "was it new"; the same call on the App's loop keeps it.
+        row, created = rt.portal.call(
+            rt.submit(
+                body.workflow,
+                job_id=body.job_id,
+                input=body.input,
+                version=body.version,
+                rerun=body.rerun,
+            )
+        )
+        url = _run_url(request, row["run_id"])
+        response.status_code = 201 if created else 200
+        if created:
+            response.headers["Location"] = url
+        return m.run_model(row, url)
+
+    @router.get("/runs", response_model=m.RunPage)
+    def list_runs(
+        request: Request,
+        _: Reader,
+        workflow: str | None = None,
+        status: Status | None = None,
+        job_id: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> m.RunPage:
+        """Runs, newest first; `next_offset` is null on the last page."""
+        rows = keel_app.list_runs(
+            workflow=workflow,
+            status=status.value if status else None,
+            job_id=job_id,
+            limit=limit + 1,  # one more tells whether there is a next page
+            offset=offset,
+        )
+        return m.RunPage(
+            runs=[m.run_model(r, _run_url(request, r["run_id"])) for r in rows[:limit]],
+            limit=limit,
+            offset=offset,
+            next_offset=_page_end(offset, limit, len(rows)),
+        )
+
+    @router.get("/runs/{run_id}", response_model=m.RunDetail, responses=NOT_FOUND)
+    def get_run(run_id: RunId, request: Request, _: Reader) -> m.RunDetail:
+        """Status, decision, termination reason, timeline, effects, waits, artifacts."""
+        details = keel_app.get_run(run_id)
+        url = _run_url(request, run_id)
+        files = [
+            m.Artifact(
+                name=a.name,
+                size=a.size,
+                download_url=str(request.url_for("download_artifact", run_id=run_id, name=a.name)),
+            )
+            for a in details.artifacts
+        ]
+        return m.run_detail(
+            details.run,
+            url=url,
+            run_url=url,
+            timeline=details.timeline,
+            effects=details.effects,
+            waits=details.waits,
+            notifications=details.notifications,
+            artifacts=files,
+        )
+
+    @router.get(
+        "/runs/{run_id}/artifacts/{name}",
+        response_class=FileResponse,
+        responses={**NOT_FOUND, 200: {"description": "The file.", "content": {"*/*": {}}}},
+    )
+    def download_artifact(
+        run_id: RunId,
+        name: Annotated[str, Path(max_length=200)],
+        _: Reader,
+    ) -> FileResponse:
+        """One file of the run's artifacts folder."""
+        validate_run_id(run_id)
+        keel_app.get_run(run_id)  # 404 for an unknown run, before looking at any folder
+        try:
+            clean = safe_name(name, "artifact name")
+        except InvalidId as exc:
+            raise Refused(400, "invalid_id", str(exc)) from None
+        if clean != name:
+            # safe_name() maps unsafe characters to '_'; serving the mapped file would answer
+            # for a name that was never asked for.
+            raise Refused(400, "invalid_id", f"artifact name {name!r} is not a plain file name")
+        path = RunArtifacts(keel_app.aio.artifacts_root, run_id).path(name)
+        if not path.is_file():
+            raise Refused(404, "artifact_not_found", f"run {run_id} has no artifact {name!r}")
+        return FileResponse(path, filename=name)
+
+    @router.post("/runs/{run_id}/cancel", response_model=m.Run, responses=NOT_FOUND)
+    def cancel_run(
+        run_id: RunId,
+        request: Request,
+        principal: Writer,
+        body: Annotated[m.CancelIn | None, Body()] = None,
+    ) -> m.Run:
+        """Cancel a run: queued or waiting at once, running at its next step boundary."""
+        row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
+        return m.run_model(row, _run_url(request, run_id))
+
+    return router
+
+
+# -- approvals -----------------------------------------------------------------------------
+
+
+def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
+    router = APIRouter(tags=["approvals"])
+    Reader = Annotated[Principal, Depends(auth.require("approvals:read"))]
+    Writer = Annotated[Principal, Depends(auth.require("approvals:write"))]
+    ApprovalId = Annotated[str, Path(description="The approval's (wait's) id.", max_length=200)]
+
+    @router.get("/approvals", response_model=m.ApprovalPage)
+    def list_approvals(
+        request: Request,
+        _: Reader,
+        status: Annotated[
+            Literal["pending"], Query(description="Only open waits are listed here.")
+        ] = "pending",
+        kind: Annotated[
+            str, Query(max_length=50, description="approval, effect, interrupt, or all.")
+        ] = "approval",
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> m.ApprovalPage:
+        """Open waits, oldest deadline first (decided ones are on their run's page)."""
+        want = offset + limit + 1
+        fetch = want
+        while True:
+            rows = keel_app.pending_waits(limit=fetch)
+            matching = [w for w in rows if kind == "all" or w["kind"] == kind]
+            if len(matching) >= want or len(rows) < fetch:
+                break
+            fetch *= 4
+        page = matching[offset : offset + limit + 1]
+        return m.ApprovalPage(
+            approvals=[m.approval_model(w, _run_url(request, w["run_id"])) for w in page[:limit]],
+            limit=limit,
+            offset=offset,
+            next_offset=_page_end(offset, limit, len(page)),
+        )
+
+    @router.get("/approvals/{approval_id}", response_model=m.Approval, responses=NOT_FOUND)
+    def get_approval(approval_id: ApprovalId, request: Request, _: Reader) -> m.Approval:
+        """One wait, open or decided."""
+        wait = keel_app.get_wait(_checked(approval_id))
+        return m.approval_model(wait, _run_url(request, wait["run_id"]))
+
+    @router.post(
+        "/approvals/{approval_id}/decision",
+        response_model=m.DecisionOut,
+        responses={
+            **NOT_FOUND,
+            409: {
+                "model": m.Problem,
+                "description": "The run finished or the wait expired; `approval` shows what "
+                "was recorded instead.",
+            },
+        },
+    )
+    def decide(
+        approval_id: ApprovalId,
+        body: m.DecisionIn,
+        request: Request,
+        principal: Writer,
+        idempotency_key: Annotated[
+            str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
+        ] = None,
+    ) -> m.DecisionOut:
+        """Approve or reject; the first decision wins and every request is told which it was."""
+        wait = keel_app.get_wait(_checked(approval_id))
+        run_url = _run_url(request, wait["run_id"])
+        if wait["kind"] == "effect":
+            raise Refused(
+                409,
+                "wrong_kind",
+                f"{approval_id} is an in-doubt effect, not an approval: tell Keel whether it "
+                "reached the provider (`keel resolve-effect`), do not approve it",
+                approval=m.approval_fields(wait, run_url),
+            )
+        record = keel_app.approve if body.decision == "approve" else keel_app.reject
+        try:
+            result = record(
+                wait["run_id"],
+                wait_id=approval_id,
+                by=body.by or principal.label,
+                action_id=idempotency_key or body.action_id,
+                comment=body.comment,
+                channel="http",
+            )
+        except RunFinished as exc:
+            now = keel_app.get_wait(approval_id)
+            raise Refused(
+                409, "run_finished", str(exc), approval=m.approval_fields(now, run_url)
+            ) from None
+        return m.DecisionOut(**m.approval_fields(result.wait, run_url), recorded=result.recorded)
+
+    return router
+
+
+def _checked(approval_id: str) -> str:
+    if not _APPROVAL_ID.fullmatch(approval_id):
+        raise InvalidId(
+            f"approval_id {approval_id[:60]!r} may only contain lowercase letters, digits, '.', "
+            "'_' and '-'"
+        )
+    return approval_id

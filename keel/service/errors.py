@@ -1,0 +1,218 @@
+"""Errors as HTTP answers, and the request-size limit.
+
+Every error response has the same shape, `{"error": code, "message": sentence}` (plus the
+recorded `approval` on a refused decision). Keel's exceptions are mapped in one table.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from keel.errors import (
+    InputTooLarge,
+    InvalidId,
+    InvalidInput,
+    InvalidTransition,
+    KeelError,
+    LeaseLost,
+    NoPendingWait,
+    RunFinished,
+    RunNotFound,
+    SchemaMismatch,
+    UnknownWorkflow,
+    UsageError,
+    WaitNotFound,
+)
+from keel.service.auth import AuthError
+
+log = logging.getLogger("keel.service")
+
+# Most specific first: InputTooLarge is an InvalidInput, both are ValueErrors.
+KEEL_ERRORS: tuple[tuple[type[KeelError], int, str], ...] = (
+    (InputTooLarge, 413, "input_too_large"),
+    (InvalidId, 400, "invalid_id"),
+    (InvalidInput, 422, "invalid_input"),
+    (UnknownWorkflow, 422, "unknown_workflow"),
+    (RunNotFound, 404, "run_not_found"),
+    (WaitNotFound, 404, "approval_not_found"),
+    (RunFinished, 409, "run_finished"),
+    (NoPendingWait, 409, "no_pending_wait"),
+    (InvalidTransition, 409, "invalid_transition"),
+    (LeaseLost, 409, "lease_lost"),
+    (SchemaMismatch, 503, "schema_mismatch"),
+    (UsageError, 400, "bad_request"),
+)
+
+
+class Refused(Exception):
+    """An answer the service decides itself (unknown artifact, decision on the wrong kind)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, approval: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.approval = approval
+
+
+def problem(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    approval: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {"error": code, "message": message}
+    if approval is not None:
+        body["approval"] = approval
+    return JSONResponse(jsonable_encoder(body), status_code=status, headers=headers)
+
+
+def keel_status(exc: KeelError) -> tuple[int, str]:
+    for cls, status, code in KEEL_ERRORS:
+        if isinstance(exc, cls):
+            return status, code
+    return 500, "keel_error"
+
+
+def _where(loc: Any) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            # Its loc is (body, character offset): say that in words.
+            reason = (err.get("ctx") or {}).get("error", "invalid JSON")
+            offset = err.get("loc", ("body", "?"))[-1]
+            parts.append(f"the body is not valid JSON: {reason} (at character {offset})")
+            continue
+        where = _where(err.get("loc", ()))
+        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else err.get("msg", ""))
+    return "; ".join(parts) or "invalid request"
+
+
+def install(api: FastAPI) -> None:
+    async def on_keel(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, KeelError)
+        status, code = keel_status(exc)
+        if status >= 500:
+            log.error("%s %s: %r", request.method, request.url.path, exc)
+        approval = getattr(exc, "approval", None)
+        return problem(status, code, str(exc), approval=approval)
+
+    async def on_refused(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Refused)
+        return problem(exc.status, exc.code, exc.message, approval=exc.approval)
+
+    async def on_auth(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, AuthError)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return problem(exc.status, exc.code, exc.message, headers=headers)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return problem(422, "invalid_request", validation_message(exc))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return problem(
+            exc.status_code,
+            codes.get(exc.status_code, "http_error"),
+            str(exc.detail),
+            headers=dict(exc.headers or {}),
+        )
+
+    async def on_database(request: Request, exc: Exception) -> JSONResponse:
+        # The database is down or locked past its timeout: the request may be retried.
+        log.warning("%s %s: database unavailable: %r", request.method, request.url.path, exc)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return problem(503, "database_unavailable", f"the database is unavailable: {first}")
+
+    api.add_exception_handler(KeelError, on_keel)
+    api.add_exception_handler(Refused, on_refused)
+    api.add_exception_handler(AuthError, on_auth)
+    api.add_exception_handler(RequestValidationError, on_validation)
+    api.add_exception_handler(StarletteHTTPException, on_http)
+    api.add_exception_handler(psycopg.OperationalError, on_database)
+    api.add_exception_handler(sqlite3.OperationalError, on_database)
+
+
+class BodyLimit:
+    """Refuse request bodies over `max_bytes` with 413 before anything parses them.
+
+    The declared Content-Length is checked first; the body is then read (at most `max_bytes`
+    plus one chunk, whatever the client declared or did not) and handed on whole, so a chunked
+    upload cannot slip past the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem(
+            413, "body_too_large", f"the request body is larger than {self.max_bytes} bytes"
+        )
+        # The unread rest of the body makes the connection unusable for another request.
+        response.headers["Connection"] = "close"
+        await response(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

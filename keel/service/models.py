@@ -1,0 +1,293 @@
+"""The HTTP service's request and response bodies, and how Keel's rows become them.
+
+Rows store JSON columns as text; the API returns them parsed. Fields a client should not rely
+on (lease owners, internal hashes) stay in the timeline, not in these models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from keel.store.base import Row
+from keel.store.store import loads
+
+
+class Body(BaseModel):
+    # A misspelled field is an error, not silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitIn(Body):
+    workflow: str = Field(min_length=1, max_length=200, description="A registered workflow name.")
+    job_id: str = Field(min_length=1, description="Readable, stable id of the job.")
+    input: Any = Field(description="The run's input (any JSON value; a dict for most graphs).")
+    version: str | None = Field(None, description="Workflow version; the latest when omitted.")
+    rerun: bool = Field(False, description="Admit a new attempt even if this job already ran.")
+
+
+class CancelIn(Body):
+    by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
+
+
+class DecisionIn(Body):
+    decision: Literal["approve", "reject"]
+    comment: str | None = Field(None, max_length=10_000)
+    by: str | None = Field(None, max_length=200, description="Who decides; defaults to the token.")
+    action_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Deduplication key; the Idempotency-Key header takes precedence.",
+    )
+
+
+class Run(BaseModel):
+    run_id: str
+    job_id: str
+    workflow: str
+    workflow_version: str
+    attempt: int
+    status: str
+    decision: str
+    termination_reason: str | None
+    error: str | None
+    cancel_requested: bool
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+    url: str
+
+
+class RunPage(BaseModel):
+    runs: list[Run]
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="Offset of the next page; null on the last one.")
+
+
+class Event(BaseModel):
+    event_id: int
+    at: float
+    kind: str
+    worker_id: str | None
+    lease_token: int | None
+    data: Any
+
+
+class Effect(BaseModel):
+    idempotency_key: str
+    name: str
+    node: str
+    step: int
+    status: str
+    attempts: int
+    result: Any
+    error: str | None
+    created_at: float
+    updated_at: float
+
+
+class Approval(BaseModel):
+    """A wait: an approval, an in-doubt effect, or a plain interrupt."""
+
+    approval_id: str
+    run_id: str
+    kind: str
+    name: str
+    status: str
+    payload: Any
+    approvers: list[str]
+    deadline: float | None
+    on_timeout: str
+    escalation_level: int
+    decision: str | None
+    decided_by: str | None
+    channel: str | None
+    comment: str | None
+    action_id: str | None
+    decided_at: float | None
+    created_at: float
+    run_url: str
+
+
+class ApprovalPage(BaseModel):
+    approvals: list[Approval]
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class DecisionOut(Approval):
+    recorded: bool = Field(
+        description="True for the request that recorded the decision; false when an earlier one "
+        "had (the recorded decision is returned either way)."
+    )
+
+
+class Notification(BaseModel):
+    intent_id: str
+    wait_id: str | None
+    notifier: str
+    kind: str
+    status: str
+    attempts: int
+    error: str | None
+    created_at: float
+    updated_at: float
+
+
+class Artifact(BaseModel):
+    name: str
+    size: int
+    download_url: str
+
+
+class RunDetail(Run):
+    input: Any
+    output: Any
+    timeline: list[Event]
+    effects: list[Effect]
+    waits: list[Approval]
+    notifications: list[Notification]
+    artifacts: list[Artifact]
+
+
+class Problem(BaseModel):
+    """Every error response: a stable code and a sentence for people."""
+
+    error: str
+    message: str
+    approval: Approval | None = None
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    database: str
+    schema_version: int | None = None
+    expected_schema_version: int | None = None
+    reason: str | None = None
+
+
+# -- rows to models -------------------------------------------------------------------------
+
+
+def run_model(row: Row, url: str) -> Run:
+    return Run(**_run_fields(row), url=url)
+
+
+def _run_fields(row: Row) -> dict[str, Any]:
+    return {
+        "run_id": row["run_id"],
+        "job_id": row["job_id"],
+        "workflow": row["workflow"],
+        "workflow_version": row["workflow_version"],
+        "attempt": row["attempt"],
+        "status": row["status"],
+        "decision": row["decision"],
+        "termination_reason": row["termination_reason"],
+        "error": row["error"],
+        "cancel_requested": bool(row["cancel_requested"]),
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "started_at": row["started_at"],
+        "finished_at": row["finished_at"],
+    }
+
+
+def approval_fields(row: Row, run_url: str) -> dict[str, Any]:
+    return {
+        "approval_id": row["wait_id"],
+        "run_id": row["run_id"],
+        "kind": row["kind"],
+        "name": row["name"],
+        "status": row["status"],
+        "payload": loads(row["payload"]),
+        "approvers": loads(row["approvers"]) or [],
+        "deadline": row["deadline"],
+        "on_timeout": row["on_timeout"],
+        "escalation_level": row.get("escalation_level") or 0,
+        "decision": row["decision"],
+        "decided_by": row["decided_by"],
+        "channel": row["channel"],
+        "comment": row["comment"],
+        "action_id": row["action_id"],
+        "decided_at": row["decided_at"],
+        "created_at": row["created_at"],
+        "run_url": run_url,
+    }
+
+
+def approval_model(row: Row, run_url: str) -> Approval:
+    return Approval(**approval_fields(row, run_url))
+
+
+def event_model(row: Row) -> Event:
+    data = row["data"]
+    return Event(
+        event_id=row["event_id"],
+        at=row["at"],
+        kind=row["kind"],
+        worker_id=row["worker_id"],
+        lease_token=row["lease_token"],
+        data=loads(data) if isinstance(data, str) else data,
+    )
+
+
+def effect_model(row: Row) -> Effect:
+    return Effect(
+        idempotency_key=row["idempotency_key"],
+        name=row["name"],
+        node=row["node"],
+        step=row["step"],
+        status=row["status"],
+        attempts=row["attempts"],
+        result=loads(row["result"]),
+        error=row["error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def notification_model(row: Row) -> Notification:
+    return Notification(
+        intent_id=row["intent_id"],
+        wait_id=row["wait_id"],
+        notifier=row["notifier"],
+        kind=row["kind"],
+        status=row["status"],
+        attempts=row["attempts"],
+        error=row["error"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def run_detail(
+    run: Row,
+    *,
+    url: str,
+    run_url: str,
+    timeline: list[Row],
+    effects: list[Row],
+    waits: list[Row],
+    notifications: list[Row],
+    artifacts: list[Artifact],
+) -> RunDetail:
+    return RunDetail(
+        **_run_fields(run),
+        url=url,
+        input=loads(run["input"]),
+        output=loads(run["output"]),
+        timeline=[event_model(e) for e in timeline],
+        effects=[effect_model(e) for e in effects],
+        waits=[approval_model(w, run_url) for w in waits],
+        notifications=[notification_model(n) for n in notifications],
+        artifacts=artifacts,
+    )

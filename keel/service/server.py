@@ -1,0 +1,78 @@
+"""`keel serve`: the HTTP API on uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+import keel
+from keel.errors import UsageError
+
+
+def load_app(spec: str) -> keel.App:
+    """Import `module:attribute` (the current folder is importable, as with uvicorn)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"expected MODULE:ATTRIBUTE, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    app = getattr(module, attr, None)
+    if not isinstance(app, keel.App):
+        what = "nothing" if app is None else f"a {type(app).__name__}"
+        raise UsageError(f"{spec} is {what}, not a keel.App")
+    return app
+
+
+def serve(
+    app_spec_or_app: str | keel.App,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log_level: str = "info",
+    **create_app_kwargs: Any,
+) -> None:
+    """Serve the HTTP API of a keel.App (or `module:attribute` naming one) until SIGINT/SIGTERM.
+
+    Requests only record and wake workers: run workers separately (`keel worker APP`).
+    """
+    import uvicorn
+
+    from keel.service.api import create_app
+
+    owned = isinstance(app_spec_or_app, str)
+    keel_app = load_app(app_spec_or_app) if isinstance(app_spec_or_app, str) else app_spec_or_app
+    try:
+        api = create_app(keel_app, **create_app_kwargs)
+        if owned:
+            _close_on_shutdown(api, keel_app)
+        uvicorn.run(api, host=host, port=port, log_level=log_level, ws="none")
+    except BaseException:
+        if owned:
+            keel_app.close()
+        raise
+
+
+def _close_on_shutdown(api: FastAPI, keel_app: keel.App) -> None:
+    """Close the App when uvicorn shuts down gracefully.
+
+    uvicorn re-raises the SIGTERM/SIGINT it caught once it has drained, so code after
+    `uvicorn.run()` never runs on a signal; the lifespan's exit does.
+    """
+    inner = api.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[Any]:
+        async with inner(app) as state:
+            yield state
+        # close() blocks on the App's own loop; keep uvicorn's loop free meanwhile.
+        await asyncio.to_thread(keel_app.close)
+
+    api.router.lifespan_context = lifespan

@@ -21,6 +21,7 @@ import typer
 
 import keel
 from keel import cli_render as render
+from keel.chaos.command import chaos as chaos_command
 from keel.cli_render import (
     BAD_USAGE,
     check_database,
@@ -45,6 +46,10 @@ cli = typer.Typer(
 )
 runs_cli = typer.Typer(no_args_is_help=True, help="Inspect runs: list them, show one in full.")
 cli.add_typer(runs_cli, name="runs")
+approvals_cli = typer.Typer(
+    no_args_is_help=True, help="Approvals and other waits: list the open ones."
+)
+cli.add_typer(approvals_cli, name="approvals")
 
 
 # No `envvar=` on these two: the command line must outrank the environment as a pair (see
@@ -465,6 +470,30 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
         out().print(render.workers_table(rows))
     else:
         say("no live workers")
+
+
+@approvals_cli.command("list")
+@guarded
+def approvals_list(
+    kind: Annotated[str | None, typer.Option(help="approval, effect or interrupt.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 100,
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """List open waits (pending approvals first by deadline) across all runs."""
+    with open_app(app, db) as loaded:
+        rows = [w for w in loaded.pending_waits(limit) if kind is None or w["kind"] == kind]
+    if as_json:
+        typer.echo(render.to_json([render.decoded(w) for w in rows]))
+    elif rows:
+        out().print(render.waits_table(rows))
+    else:
+        say("no open waits")
+
+
+runs_cli.command("cancel")(cancel)
+cli.command("chaos")(chaos_command)
 
 
 def main() -> None:

@@ -388,16 +388,21 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert isinstance(group, typer.core.TyperGroup)
     runs = group.commands["runs"]
     assert isinstance(runs, typer.core.TyperGroup)
-    names = [(n,) for n in group.commands if n != "runs"] + [("runs", n) for n in runs.commands]
+    approvals = group.commands["approvals"]
+    assert isinstance(approvals, typer.core.TyperGroup)
+    names = [(n,) for n in group.commands if n not in ("runs", "approvals")]
+    names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
-    expected |= {"resolve-effect", "cancel", "workers"}
+    expected |= {"resolve-effect", "cancel", "workers", "chaos"}
     assert {n[0] for n in names if len(n) == 1} == expected
-    assert {n[1] for n in names if len(n) == 2} == {"list", "show"}
+    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == {"list", "show", "cancel"}
+    assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
     for name in names:
         result = invoke({}, *name, "--help")
         assert result.exit_code == 0, (name, result.output)
-        command = runs.commands[name[1]] if len(name) == 2 else group.commands[name[0]]
+        parent = {"runs": runs, "approvals": approvals}.get(name[0])
+        command = parent.commands[name[1]] if parent and len(name) == 2 else group.commands[name[0]]
         summary = (command.help or "").split(".")[0].split()
         assert len(summary) >= 3, name
         assert " ".join(summary[:3]) in " ".join(result.output.split()), (name, result.output)

@@ -153,7 +153,12 @@ async def _deliver(runtime: Runtime, worker_id: str, row: Row, in_doubt: bool) -
             )
             await _settle(runtime, worker_id, row, "in_doubt")
             return
-        found = await _call(reconcile, note)
+        try:
+            found = await _call(reconcile, note)
+        except Exception:
+            # Can't tell yet: keep the claim until it expires, then ask again; never resend.
+            log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
+            return
         if found is not None:
             await _settle(runtime, worker_id, row, "delivered", result=found)
             return

@@ -195,17 +195,24 @@ def render_files(run_id: str, state: NewsletterState) -> dict[str, str]:
     """The three artifacts, from the run and its checkpointed state only: the same bytes on
     every re-run (no clock, no randomness)."""
     draft, decision, reviews = state["draft"], state["decision"], state["reviews"]
+    at = decision.get("at")
     approved_at = (
-        dt.datetime.fromtimestamp(decision["at"], dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if decision.get("at") is not None
+        dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if at is not None
         else None
     )
     newsletter = draft["markdown"]
+    summary = {
+        "file": "newsletter.md",
+        "sha256": _sha256(newsletter),
+        "words": len(newsletter.split()),
+    }
+    job_id = newsletter_job_id(state["date"], state["topic"])
     report = {
         "workflow": WORKFLOW,
         "version": VERSION,
         "run_id": run_id,
-        "job_id": newsletter_job_id(state["date"], state["topic"]),
+        "job_id": job_id,
         "topic": state["topic"],
         "date": state["date"],
         "title": draft["title"],
@@ -214,22 +221,17 @@ def render_files(run_id: str, state: NewsletterState) -> dict[str, str]:
         "reviews": reviews,
         "approval": {**decision, "approved_at": approved_at},
         "sources": draft["sources"],
-        "newsletter": {
-            "file": "newsletter.md",
-            "sha256": _sha256(newsletter),
-            "words": len(newsletter.split()),
-        },
+        "newsletter": summary,
     }
     lines = [
         f"# Report: {draft['title']}",
         "",
         f"- run: `{run_id}`",
-        f"- job: `{report['job_id']}`",
+        f"- job: `{job_id}`",
         f"- drafted by: {draft['drafted_by']}",
         f"- revisions: {draft['revision']}",
         f"- approved by: {decision.get('by')} via {decision.get('channel')} at {approved_at}",
-        f"- newsletter.md: {report['newsletter']['words']} words, sha256 "
-        f"`{report['newsletter']['sha256']}`",
+        f"- newsletter.md: {summary['words']} words, sha256 `{summary['sha256']}`",
         "",
         "## Reviews",
         "",
@@ -266,8 +268,8 @@ def newsletter_link(run_id: str) -> str:
 
 def notify(state: NewsletterState, config: RunnableConfig) -> dict[str, Any]:
     run_id = str(config["configurable"]["thread_id"])
-    # Keel derives and passes `idempotency_key`; the Effect's ParamSpec still lists it.
-    result = announce(  # type: ignore[call-arg]
+    # Keel derives and passes `idempotency_key`.
+    result = announce(
         state["notify_to"],
         f"Published: {state['draft']['title']}",
         newsletter_link(run_id),

@@ -145,12 +145,17 @@ class StepRef:
         )
 
 
-_NS_TASK = re.compile(r":[^|]*")
-
-
 def namespace_without_task_ids(checkpoint_ns: str) -> str:
-    """'outer:<task-id>|inner:<task-id>' -> 'outer|inner' (task ids embed checkpoint ids)."""
-    return _NS_TASK.sub("", checkpoint_ns)
+    """'outer:<task-id>|inner:<task-id>' -> 'outer:<task-id>|inner'.
+
+    The calling task's own id is dropped: node, step and task path already locate it, and it
+    embeds the id of a checkpoint that a replay from an earlier checkpoint would not reproduce.
+    Ancestors' task ids are kept: they are what tells two invocations of one subgraph apart
+    (parallel Sends, loop iterations), and they are stable because the parent's checkpoint is
+    durable before the parent task runs.
+    """
+    head, sep, last = checkpoint_ns.rpartition("|")
+    return f"{head}{sep}{last.split(':', 1)[0]}"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

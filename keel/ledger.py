@@ -20,7 +20,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from keel.chaos.faults import fault_point
 from keel.context import RunContext, current
-from keel.errors import EffectFailed, TransientError, UsageError
+from keel.errors import EffectFailed, RunCancelled, TransientError, UsageError
 from keel.ids import StepRef, args_hash
 from keel.portal import Host
 from keel.store.store import Store, dumps, loads
@@ -94,8 +94,9 @@ class Effect(Generic[P, R]):
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         # Typed loosely on purpose: callers omit `idempotency_key`, which Keel supplies.
         ctx = current(f"effect {self.name!r}")
-        if self.is_async:
-            return cast(R, self._run(ctx, args, kwargs, None))
+        if self.is_async and ctx.runtime.portal.on_loop():
+            return cast(R, self._run(ctx, args, kwargs, None))  # the async node awaits it
+        # A sync node's thread blocks until done; an un-awaited coroutine would send nothing.
         return cast(
             R,
             ctx.runtime.portal.call(
@@ -161,6 +162,7 @@ class Effect(Generic[P, R]):
         host: Host | None,
     ) -> Any:
         """A key left pending by a crash: find out, retry under the key, or ask a person."""
+        answered = _answered(row)
         if row["status"] == PENDING:
             if self.reconcile is not None:
                 try:
@@ -175,22 +177,34 @@ class Effect(Generic[P, R]):
                     return found
             elif self.provider_idempotent:
                 return _PERFORM
-            await record(ctx, key, IN_DOUBT, int(row["attempts"]))
-        resolution = ctx.pause(
-            {
-                "keel_wait": {
-                    "kind": "effect",
-                    "name": self.name,
-                    "payload": {"idempotency_key": key, "effect": self.name},
-                    "timeout": 7 * 86400,
-                    "on_timeout": "fail",
-                }
+            kept = {"answered": answered} if answered else None
+            await record(ctx, key, IN_DOUBT, int(row["attempts"]), result=kept)
+        spec = {
+            "keel_wait": {
+                "kind": "effect",
+                "name": self.name,
+                "payload": {"idempotency_key": key, "effect": self.name},
+                "timeout": 7 * 86400,
+                "on_timeout": "fail",
             }
-        )
+        }
+        resolution = ctx.pause(spec)
+        # An answer already acted upon (performed, then a crash before the record) says nothing
+        # about that later attempt: the key is in doubt again and needs a new answer.
+        while isinstance(resolution, dict) and resolution.get("wait_id") in answered:
+            resolution = ctx.pause(spec)
         if isinstance(resolution, dict) and resolution.get("performed"):
             result = resolution.get("result")
             await record(ctx, key, CONFIRMED, int(row["attempts"]), result=result)
             return result
+        if not isinstance(resolution, dict) or resolution.get("decision") != "not_performed":
+            # Not an answer (the deadline passed, an approval landed here): never guess.
+            what = resolution.get("decision") if isinstance(resolution, dict) else resolution
+            raise EffectFailed(key, f"in doubt and not resolved (the wait ended {what!r})")
+        if resolution.get("wait_id"):
+            # Back to pending before performing: a crash now leaves the key in doubt, not answered.
+            answered = [*answered, str(resolution["wait_id"])]
+            await record(ctx, key, PENDING, int(row["attempts"]), result={"answered": answered})
         return _PERFORM
 
     async def _perform(
@@ -222,6 +236,12 @@ class Effect(Generic[P, R]):
             await record(ctx, key, SENT, attempts, result=result)
             fault_point("effect.after_record", self.name)
             return result
+
+
+def _answered(row: dict[str, Any]) -> list[str]:
+    """Waits whose answer about this key was already acted upon (kept while it is unsettled)."""
+    kept = loads(row["result"]) if row["status"] in (PENDING, IN_DOUBT) else None
+    return [str(w) for w in kept.get("answered", [])] if isinstance(kept, dict) else []
 
 
 def effect(
@@ -258,7 +278,11 @@ async def reserve(
 ) -> tuple[dict[str, Any], bool]:
     store: Store = ctx.runtime.store
     now = ctx.runtime.clock.now()
-    async with store.fenced(ctx.run_id, ctx.token) as tx:
+    async with store.db.transaction() as tx:
+        fence = await store.check_fence(tx, ctx.run_id, ctx.token)
+        if fence["cancel_requested"]:
+            # A cancelled run starts no new side effect, whatever its checkpoint cadence.
+            raise RunCancelled(f"run {ctx.run_id} was cancelled")
         row = await tx.one(
             "insert_effect",
             {

@@ -126,7 +126,8 @@ async def wake_after_wait(
 async def cancel(store: Store, run_id: str, now: float, *, by: str | None) -> Row:
     """Cancel a run: at once if it is queued or waiting, at its next step boundary if running."""
     async with store.db.transaction() as tx:
-        run = await tx.one("get_run", {"run_id": run_id})
+        # Locked: a claim committing meanwhile must not be overwritten by a stale "queued".
+        run = await tx.one("lock_run", {"run_id": run_id})
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
         status = Status(run["status"])

@@ -159,7 +159,18 @@ class Runtime:
         applied = await self.store.migrate(self.clock.now())
         saver = self.connector.checkpointer()
         saver.bind(self.store, self.clock)
-        await saver.setup()
+        for attempt in range(1, 6):
+            try:
+                await saver.setup()
+                break
+            except Exception:
+                # LangGraph's setup races a concurrent one on PostgreSQL (both CREATE TABLE IF
+                # NOT EXISTS, both record the same version); the next try sees what the other
+                # created. Not under Keel's lock: its CREATE INDEX CONCURRENTLY would wait on
+                # the lock's waiters forever.
+                if attempt == 5:
+                    raise
+                await asyncio.sleep(0.05 * attempt)
         return applied
 
     # -- runs --------------------------------------------------------------------------------

@@ -96,6 +96,14 @@ async def _advance(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
 
 async def _apply(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
     store = runtime.store
+    # The run first, locked, as decisions do: one lock order, and a status that stays true.
+    run = await tx.one("lock_run", {"run_id": wait["run_id"]})
+    # The wait as it is now, not as the sweep read it: a stage applied since moved its level,
+    # another sweeper may have extended its deadline.
+    fresh = await tx.one("get_wait", {"wait_id": wait["wait_id"]})
+    if fresh is None or fresh["status"] != "pending" or not float(fresh["deadline"]) < now:
+        return False
+    wait = fresh
     policy = str(wait["on_timeout"])
     stages = len(loads(wait["schedule"]))
     if policy == "escalate" and int(wait["escalation_level"]) == stages:
@@ -112,7 +120,6 @@ async def _apply(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
                 now,
                 {"wait_id": wait["wait_id"], "level": stages + 1},
             )
-            run = await tx.one("get_run", {"run_id": wait["run_id"]})
             assert run is not None
             await outbox.record(runtime, tx, run, row, "escalate", now, stage=stages + 1)
         return row is not None
@@ -139,7 +146,6 @@ async def _apply(runtime: Runtime, tx: Tx, wait: Row, now: float) -> bool:
         now,
         {"wait_id": wait["wait_id"], "policy": policy, "decision": decision},
     )
-    run = await tx.one("get_run", {"run_id": wait["run_id"]})
     if run is None or Status(run["status"]).finished:
         return True
     await outbox.record(runtime, tx, run, row, "expired", now, details={"policy": policy})

@@ -126,6 +126,24 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     ids = []
     run: Row | None = None
     async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
+        current_run = await tx.one("get_run", {"run_id": ctx.run_id})
+        if current_run is not None and current_run["cancel_requested"]:
+            # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
+            for wait in await tx.all("list_waits", {"run_id": ctx.run_id}):
+                if wait["status"] == "pending":
+                    params = {"wait_id": wait["wait_id"], "decision": "cancelled", "now": now}
+                    await tx.one("expire_wait", {**params, "value": "null"})
+            await transition(
+                rt.store,
+                tx,
+                current_run,
+                Status.CANCELLED,
+                now,
+                worker_id=ctx.worker_id,
+                token=ctx.token,
+                termination_reason="cancelled",
+            )
+            return Status.CANCELLED
         for intr in interrupts:
             spec = _spec(intr.value)
             wid = wait_id_for(ctx.run_id, intr.id)
@@ -214,11 +232,19 @@ async def decide(
     store = runtime.store
     now = runtime.clock.now()
     async with store.db.transaction() as tx:
-        run = await tx.one("get_run", {"run_id": run_id})
+        # The run first, locked (as registration's fence does): its status stays what we read,
+        # and decisions and registrations take their locks in one order.
+        run = await tx.one("lock_run", {"run_id": run_id})
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
         waits = await tx.all("list_waits", {"run_id": run_id})
         wait = _target(run, waits, wait_id)
+        if (wait["kind"] == "effect") != (decision in ("performed", "not_performed")):
+            # Approving an in-doubt effect would resume it without `performed`: a second send.
+            how = "resolve_effect()" if wait["kind"] == "effect" else "approve() or reject()"
+            raise UsageError(
+                f"wait {wait['wait_id']} is a {wait['kind']} wait: answer it with {how}"
+            )
         if wait["status"] == "decided":
             return DecisionResult(wait, recorded=False)
         if wait["status"] != "pending" or Status(run["status"]) in FINISHED:

@@ -76,6 +76,7 @@ class Worker:
     async def run(self) -> WorkerStats:
         rt = self.runtime
         await rt.open()
+        rt.saver.draining = False  # an earlier worker's stop on this runtime is over
         executor = Executor(rt, self.worker_id)
         wake = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
@@ -145,7 +146,9 @@ class Worker:
         return claimed
 
     def _done(self, run_id: str, task: asyncio.Task[str]) -> None:
-        self._tasks.pop(run_id, None)
+        # A stale execution ending must not forget a newer one of the same run (a re-claim).
+        if (entry := self._tasks.get(run_id)) is not None and entry[1] is task:
+            del self._tasks[run_id]
         if task.cancelled():
             return
         if task.exception() is not None:

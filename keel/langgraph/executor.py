@@ -111,7 +111,7 @@ class Executor:
             )
         finally:
             leave(entered)
-            rt.saver.drop(lease.run_id)
+            rt.saver.drop(lease.run_id, lease.token)
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
         if await self.runtime.saver.aget_tuple(config) is None:

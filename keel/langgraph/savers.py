@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from keel.chaos.faults import fault_point
 from keel.clock import Clock
+from keel.context import _current as _running
 from keel.errors import LeaseLost, Released, RunCancelled
 from keel.store.base import Tx
 from keel.store.locks import TaskReentrantLock
@@ -43,8 +44,10 @@ class Fencing:
     def hold(self, run_id: str, token: int, worker_id: str) -> None:
         self.holders[run_id] = (token, worker_id)
 
-    def drop(self, run_id: str) -> None:
-        self.holders.pop(run_id, None)
+    def drop(self, run_id: str, token: int) -> None:
+        # Only our own hold: this process may already run the same run again under a newer token.
+        if self.holders.get(run_id, (None,))[0] == token:
+            del self.holders[run_id]
 
     draining: bool = False
     """Set when the worker stops: runs give their lease back at their next step boundary."""
@@ -55,7 +58,11 @@ class Fencing:
     ) -> AsyncIterator[Tx]:
         """The write's transaction, fenced; a checkpoint (step is None) is a step boundary."""
         run_id = str(config["configurable"]["thread_id"])
-        held = self.holders.get(run_id)
+        ctx = _running.get()
+        # The writing execution's own token when it is known: a stale execution in this process
+        # must not borrow the newer token a re-claim of the same run holds.
+        held = (ctx.token, ctx.worker_id) if ctx and ctx.run_id == run_id else None
+        held = held or self.holders.get(run_id)
         if held is None:
             raise LeaseLost(f"run {run_id}: this process holds no lease for a checkpoint write")
         token, worker_id = held
@@ -119,6 +126,9 @@ class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
 _fenced_conn: ContextVar[AsyncConnection[DictRow] | None] = ContextVar(
     "keel_fenced_conn", default=None
 )
+_deferred_write: ContextVar[tuple[RunnableConfig, dict[str, Any]] | None] = ContextVar(
+    "keel_deferred_write", default=None
+)
 
 
 class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
@@ -129,6 +139,14 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
+        deferred = _deferred_write.get()
+        if deferred is not None:
+            async with (
+                self.fenced_write(*deferred) as tx,
+                tx.connection.cursor(binary=True, row_factory=dict_row) as cur,  # type: ignore[attr-defined]
+            ):
+                yield cur
+            return
         conn = _fenced_conn.get()
         if conn is None:
             async with super()._cursor(pipeline=pipeline) as cur:
@@ -165,5 +183,11 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        async with self._joined(config, step_event(config, writes, task_path)):
+        # LangGraph serializes the writes in a worker thread, then asks for a cursor: the fenced
+        # transaction opens at that cursor, so its pooled connection never waits for a thread
+        # (sync nodes may hold every thread while they wait for a connection).
+        deferred = _deferred_write.set((config, step_event(config, writes, task_path)))
+        try:
             await super().aput_writes(config, writes, task_id, task_path)
+        finally:
+            _deferred_write.reset(deferred)

@@ -37,6 +37,12 @@ RETURNING run_id;
 -- One run.
 SELECT * FROM keel_runs WHERE run_id = %(run_id)s;
 
+-- name: lock_run
+-- One run, locked until this transaction ends, read before changing it or its waits: what
+-- it says stays true meanwhile, and every writer takes the run before its waits.
+SELECT * FROM keel_runs WHERE run_id = %(run_id)s
+FOR UPDATE;
+
 -- name: list_runs
 -- Runs, newest first, optionally filtered.
 SELECT * FROM keel_runs

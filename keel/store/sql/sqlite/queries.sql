@@ -36,6 +36,11 @@ RETURNING run_id;
 -- One run.
 SELECT * FROM keel_runs WHERE run_id = :run_id;
 
+-- name: lock_run
+-- One run, read before changing it or its waits (BEGIN IMMEDIATE already holds the write lock;
+-- PostgreSQL locks the row FOR UPDATE).
+SELECT * FROM keel_runs WHERE run_id = :run_id;
+
 -- name: list_runs
 -- Runs, newest first, optionally filtered.
 SELECT * FROM keel_runs

@@ -97,7 +97,11 @@ class Worker:
                     and not self._tasks
                     and await rt.store.count_unfinished(rt.workflows.keys()) == 0
                 ):
-                    break
+                    # Deliver what the last runs announced (a wait's request) before leaving,
+                    # and stay if a due deadline queued a run meanwhile.
+                    await self._sweep()
+                    if await rt.store.count_unfinished(rt.workflows.keys()) == 0:
+                        break
                 delay = self.poll_interval if claimed else min(delay * 2, self.max_poll_interval)
                 wake.clear()
                 waiters: list[asyncio.Future[Any]] = [

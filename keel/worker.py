@@ -49,9 +49,11 @@ class Worker:
         stop_when_idle: bool = False,
         grace: float = 30.0,
         sweep_interval: float = 1.0,
+        sweep_before_exit: bool = True,
     ) -> None:
         self.runtime = runtime
         self.sweep_interval = sweep_interval
+        self.sweep_before_exit = sweep_before_exit
         self.concurrency = max(1, concurrency)
         self.worker_id = worker_id or new_worker_id()
         self.poll_interval = poll_interval
@@ -99,6 +101,8 @@ class Worker:
                 ):
                     # Deliver what the last runs announced (a wait's request) before leaving,
                     # and stay if a due deadline queued a run meanwhile.
+                    if not self.sweep_before_exit:
+                        break
                     await self._sweep()
                     if await rt.store.count_unfinished(rt.workflows.keys()) == 0:
                         break

@@ -295,8 +295,14 @@ def on_app_loop(app: keel.App, make: Callable[[], Any]) -> Any:
 
 def run_to_idle(app: keel.App) -> None:
     """Run a worker until no run is left to execute. It sweeps and dispatches once, when it
-    starts (not again while running), so tests decide when notifications go out."""
-    on_app_loop(app, lambda: Worker(app.aio, stop_when_idle=True, sweep_interval=3600).run())
+    starts (not again while running, nor before it exits), so tests decide when notifications
+    go out."""
+    on_app_loop(
+        app,
+        lambda: Worker(
+            app.aio, stop_when_idle=True, sweep_interval=3600, sweep_before_exit=False
+        ).run(),
+    )
 
 
 def deliver(app: keel.App, worker: str = "test-dispatcher") -> int:

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.keel-installed
 
-.PHONY: demo test lint typecheck unit pg-status bench clean
+.PHONY: demo test lint typecheck bench chaos soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,41 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-bench: $(STAMP)
-	$(BIN)/python -m bench
+BENCH_STAMP := $(VENV)/.keel-bench-installed
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf .keel .pytest_cache .mypy_cache .ruff_cache
+
+# The crash matrix on both examples, on SQLite and (when $KEEL_TEST_POSTGRES_URL is set) on
+# PostgreSQL; CHAOS_ARGS may cap occurrences per point (e.g. --max-occurrences 3).
+CHAOS_ARGS ?=
+CHAOS_OUT := .keel/chaos
+CHAOS_TICKET := examples.support_ticket:app --workflow support-ticket \
+	--input examples/support_ticket/sample-ticket.json \
+	--env 'SUPPORT_SMTP_URL={smtp_url}' --env 'SUPPORT_MAIL_SPOOL={smtp_spool}'
+CHAOS_NEWSLETTER := examples.newsletter:app --workflow newsletter \
+	--input examples/newsletter/sample-issue.json \
+	--env 'NEWSLETTER_SMTP_URL={smtp_url}' --env 'NEWSLETTER_MAIL_SPOOL={smtp_spool}'
+
+chaos: $(STAMP)
+	mkdir -p $(CHAOS_OUT)
+	$(BIN)/keel chaos $(CHAOS_TICKET) --backend sqlite $(CHAOS_ARGS) --junit $(CHAOS_OUT)/ticket-sqlite.xml
+	$(BIN)/keel chaos $(CHAOS_NEWSLETTER) --backend sqlite $(CHAOS_ARGS) --junit $(CHAOS_OUT)/newsletter-sqlite.xml
+	if [ -n "$$KEEL_TEST_POSTGRES_URL" ]; then \
+	  $(BIN)/keel chaos $(CHAOS_TICKET) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" $(CHAOS_ARGS) --junit $(CHAOS_OUT)/ticket-postgres.xml && \
+	  $(BIN)/keel chaos $(CHAOS_NEWSLETTER) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" $(CHAOS_ARGS) --junit $(CHAOS_OUT)/newsletter-postgres.xml; \
+	else echo "PostgreSQL chaos matrix SKIPPED: set KEEL_TEST_POSTGRES_URL"; fi
+
+# Many runs at once, workers killed (and on PostgreSQL frozen) at random moments.
+SOAK_RUNS ?= 30
+soak: $(STAMP)
+	$(BIN)/keel chaos $(CHAOS_TICKET) --backend sqlite --no-matrix --soak $(SOAK_RUNS)
+	if [ -n "$$KEEL_TEST_POSTGRES_URL" ]; then \
+	  $(BIN)/keel chaos $(CHAOS_TICKET) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" --no-matrix --soak $(SOAK_RUNS); \
+	fi

@@ -1,0 +1,298 @@
+"""Batches of runs, measured the same way for each contender.
+
+- no checkpointer: `graph.ainvoke(input)`.
+- raw LangGraph: the official async saver (`AsyncSqliteSaver` / `AsyncPostgresSaver`) and
+  `ainvoke(input, config, durability="sync")`, one thread per run.
+- Keel: `app.submit()`, then a standing in-process worker (concurrency 1) executes the run;
+  the time is from just before `submit` to the run's `finished_at`.
+
+Timed measurements take one run per contender per round, so contenders alternate run by run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langgraph.types import Command
+
+import keel
+from bench.common import Commits, Databases, Loop, PgCounters, SqliteTrace, pg_counters
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+class RawRunner:
+    """LangGraph with its official async saver and nothing else, on its own database."""
+
+    def __init__(self, loop: Loop, url: str, trace: SqliteTrace | None = None) -> None:
+        self.loop = loop
+        self.url = url
+        self.saver: Any = None
+        self._cm: Any = None
+        self._graphs: dict[Any, Any] = {}
+        self.loop.run(self._open(trace))
+
+    async def _open(self, trace: SqliteTrace | None) -> None:
+        if self.url.startswith("sqlite:"):
+            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+            self._cm = AsyncSqliteSaver.from_conn_string(self.url.removeprefix("sqlite:///"))
+            self.saver = await self._cm.__aenter__()
+            await self.saver.setup()
+            # Keel's own setting; it is SQLite's default too, so raw gets the same durability.
+            await self.saver.conn.execute("PRAGMA synchronous=FULL")
+            if trace is not None:
+                await self.saver.conn.set_trace_callback(trace)
+        else:
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+            self._cm = AsyncPostgresSaver.from_conn_string(self.url)
+            self.saver = await self._cm.__aenter__()
+            await self.saver.setup()
+
+    def graph(self, factory: Callable[[], Any]) -> Any:
+        if factory not in self._graphs:
+            self._graphs[factory] = factory().compile(checkpointer=self.saver)
+        return self._graphs[factory]
+
+    def one(self, factory: Callable[[], Any], item: Any) -> float:
+        return self.batch(factory, [item])
+
+    def batch(self, factory: Callable[[], Any], inputs: Sequence[Any]) -> float:
+        """Run each input to the end in its own thread; return the elapsed seconds."""
+        graph = self.graph(factory)
+        prefix = uuid.uuid4().hex[:8]
+
+        async def go() -> None:
+            for i, item in enumerate(inputs):
+                config = {"configurable": {"thread_id": f"{prefix}-{i}"}}
+                await graph.ainvoke(item, config, durability="sync")
+
+        start = time.perf_counter()
+        self.loop.run(go())
+        return time.perf_counter() - start
+
+    def approval_batch(self, factory: Callable[[], Any], inputs: Sequence[Any]) -> float:
+        """Each run: invoke until `interrupt()`, then `Command(resume=...)` to the end."""
+        graph = self.graph(factory)
+        prefix = uuid.uuid4().hex[:8]
+
+        async def go() -> None:
+            for i, item in enumerate(inputs):
+                config = {"configurable": {"thread_id": f"{prefix}-{i}"}}
+                await graph.ainvoke(item, config, durability="sync")
+                state = await graph.aget_state(config)
+                if not state.interrupts:
+                    raise BenchError("the raw approval graph did not pause on interrupt()")
+                result = await graph.ainvoke(
+                    Command(resume={"decision": "approved"}), config, durability="sync"
+                )
+                if result.get("decision") != "approved":
+                    raise BenchError(f"raw approval run ended with {result!r}")
+
+        start = time.perf_counter()
+        self.loop.run(go())
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        if self._cm is not None:
+            self.loop.run(self._cm.__aexit__(None, None, None))
+            self._cm = None
+
+
+class PlainRunner:
+    """The same graph without any checkpointer: what the graph itself costs."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self._graphs: dict[Any, Any] = {}
+
+    def one(self, factory: Callable[[], Any], item: Any) -> float:
+        return self.batch(factory, [item])
+
+    def batch(self, factory: Callable[[], Any], inputs: Sequence[Any]) -> float:
+        if factory not in self._graphs:
+            self._graphs[factory] = factory().compile()
+        graph = self._graphs[factory]
+
+        async def go() -> None:
+            for item in inputs:
+                await graph.ainvoke(item)
+
+        start = time.perf_counter()
+        self.loop.run(go())
+        return time.perf_counter() - start
+
+
+class KeelRunner:
+    """A Keel App on its own database.
+
+    Timed runs go through a standing in-process worker (concurrency 1, started by
+    `start_worker`): `one()` submits a run and returns the seconds from just before
+    `app.submit` to the run's `finished_at`. A second App on the same database watches for the
+    end, so the polling neither shares the worker's event loop nor delays its transactions.
+    Commit counting uses `batch()`: admit a batch, then drain it with a worker that stops
+    when idle.
+    """
+
+    def __init__(self, dbs: Databases, url: str, trace: SqliteTrace | None = None, **kw: Any):
+        self.url = url
+        self.dbs = dbs
+        self.app = dbs.app(url, **kw)
+        if trace is not None:
+            attach_sqlite_trace(self.app, trace)
+        self._worker: Any = None
+        self._serving: Any = None
+        self._observer: keel.App | None = None
+        self._prefix = uuid.uuid4().hex[:8]
+        self._count = 0
+
+    # -- one run at a time, through a standing worker -------------------------------------------
+
+    def start_worker(self) -> None:
+        from keel.worker import Worker
+
+        rt = self.app.aio
+        rt.portal.call(rt.open())
+        self._worker = Worker(rt, concurrency=1)
+        self._serving = asyncio.run_coroutine_threadsafe(self._worker.run(), rt.portal.loop)
+        self._observer = self.dbs.app(self.url)
+
+    def stop_worker(self) -> None:
+        if self._worker is not None:
+            self.app.aio.portal.loop.call_soon_threadsafe(self._worker.stop)
+            self._serving.result(timeout=120)
+            self._worker = None
+        if self._observer is not None:
+            self._observer.close()
+            self._observer = None
+
+    def _submit_one(self, workflow: str, item: Any) -> str:
+        self._count += 1
+        job = f"one-{self._prefix}-{self._count}"
+        self.app.submit(workflow, job_id=job, input=item)
+        return job
+
+    def _wait(self, job: str, status: str, timeout: float = 120) -> dict[str, Any]:
+        assert self._observer is not None, "start_worker() first"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self._observer.list_runs(job_id=job, limit=1)
+            if rows and rows[0]["status"] == status:
+                return rows[0]
+            if rows and rows[0]["status"] in ("failed", "cancelled"):
+                raise BenchError(f"run of job {job} ended {rows[0]['status']}: {rows[0]['error']}")
+            time.sleep(0.003)
+        raise BenchError(f"run of job {job} did not become {status} in {timeout:.0f} s")
+
+    def one(self, workflow: str, item: Any) -> float:
+        """Seconds from submitting one run to its `finished_at` (admission included)."""
+        start = time.time()
+        job = self._submit_one(workflow, item)
+        row = self._wait(job, "completed")
+        return float(row["finished_at"]) - start
+
+    def one_approval(self) -> float:
+        """One approval cycle, without the time the approver takes to answer.
+
+        (submit -> the run is waiting) + (app.approve -> the run is completed), from the
+        run's own timestamps.
+        """
+        start = time.time()
+        job = self._submit_one("approval", {"n": 0})
+        waiting = self._wait(job, "waiting")
+        to_wait = float(waiting["updated_at"]) - start
+        decided = time.time()
+        if not self.app.approve(waiting["run_id"], by="bench").recorded:
+            raise BenchError(f"run {waiting['run_id']}: the approval was not recorded")
+        done = self._wait(job, "completed")
+        if done["decision"] != "approved":
+            raise BenchError(f"run {done['run_id']} ended with decision {done['decision']}")
+        return to_wait + float(done["finished_at"]) - decided
+
+    # -- batches (commit counting) ----------------------------------------------------------------
+
+    def submit(self, workflow: str, inputs: Sequence[Any]) -> list[str]:
+        prefix = uuid.uuid4().hex[:8]
+        return [
+            self.app.submit(workflow, job_id=f"bench-{prefix}-{i}", input=item)["run_id"]
+            for i, item in enumerate(inputs)
+        ]
+
+    def drain(self, expect: int) -> None:
+        stats = self.app.run_worker(concurrency=1, stop_when_idle=True, handle_signals=False)
+        if stats.finished != expect:
+            raise BenchError(f"the worker finished {stats.finished} runs, expected {expect}")
+
+    def batch(self, workflow: str, inputs: Sequence[Any]) -> tuple[float, float]:
+        """Admit the inputs, then drain them; return (admission s, execution s)."""
+        start = time.perf_counter()
+        self.submit(workflow, inputs)
+        admitted = time.perf_counter()
+        self.drain(len(inputs))
+        return admitted - start, time.perf_counter() - admitted
+
+    def approval_batch(self, inputs: Sequence[Any]) -> tuple[float, float]:
+        """submit -> run to the approval -> approve -> resume -> done; (admission s, rest s)."""
+        start = time.perf_counter()
+        run_ids = self.submit("approval", inputs)
+        admitted = time.perf_counter()
+        self.drain(len(inputs))
+        for run_id in run_ids:
+            if not self.app.approve(run_id, by="bench").recorded:
+                raise BenchError(f"run {run_id}: the approval was not recorded")
+        self.drain(len(inputs))
+        elapsed = time.perf_counter() - admitted
+        last = self.app.get_run(run_ids[-1])
+        if last.status != "completed" or last.decision != "approved":
+            raise BenchError(f"run {run_ids[-1]} ended {last.status}/{last.decision}")
+        return admitted - start, elapsed
+
+    def close(self) -> None:
+        self.stop_worker()
+        self.app.close()
+
+
+def attach_sqlite_trace(app: keel.App, trace: SqliteTrace) -> None:
+    """Count the commits on the App's SQLite connection (bench instrumentation, not API)."""
+    rt = app.aio
+    rt.portal.call(rt.open())
+    conn = rt.connector.connection
+    rt.portal.call(conn.set_trace_callback(trace))
+
+
+def commits_per_run(
+    dbs: Databases,
+    url: str,
+    run: Callable[[int, SqliteTrace | None], None],
+    small: int,
+    large: int,
+) -> Commits:
+    """Commits per run, from two batches of different sizes.
+
+    `run(n, trace)` opens a fresh client on `url` (with `trace` on its SQLite connection, if
+    given), runs n runs and closes the client. The difference between a small and a large
+    batch cancels what each batch pays once (opening, a worker's start and stop).
+    SQLite: COMMITs on the client's connection, and those whose transaction wrote.
+    PostgreSQL: the database's xact_commit, which counts read-only autocommit statements too
+    (the server cannot tell us, per database, which commits wrote).
+    """
+    sqlite = url.startswith("sqlite:")
+    found: list[Commits] = []
+    for n in (small, large):
+        if sqlite:
+            trace = SqliteTrace()
+            run(n, trace)
+            found.append(Commits(trace.commits, trace.durable))
+        else:
+            before = pg_counters(dbs, url)
+            run(n, None)
+            delta: PgCounters = pg_counters(dbs, url) - before
+            found.append(Commits(delta.xact_commit))
+    return (found[1] - found[0]).scaled(1 / (large - small))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -63,10 +65,24 @@ class SqliteConnector:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = await aiosqlite.connect(self.path, timeout=self._busy_timeout_ms / 1000)
         conn.row_factory = sqlite3.Row
-        await conn.execute("PRAGMA journal_mode=WAL")
+        await self._enable_wal(conn)
         await conn.execute(f"PRAGMA synchronous={self._synchronous}")
         await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
         self._conn = conn
+
+    async def _enable_wal(self, conn: aiosqlite.Connection) -> None:
+        # Switching a new file to WAL takes an exclusive lock and SQLite answers "database is
+        # locked" at once, without its busy handler, when another connection opens it too
+        # (two `keel migrate` on a fresh file): wait here as the busy timeout would.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                await conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.01)
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -1,8 +1,10 @@
 """Keel's operations on its tables: one implementation over any connector.
 
 Every write a run makes goes through `fenced()`: one transaction that first reads the run's
-lease token (PostgreSQL: `FOR SHARE`, so a takeover waits for it; SQLite: under BEGIN
-IMMEDIATE) and raises LeaseLost if another worker has taken the run since.
+lease token and raises LeaseLost if another worker has taken the run since. On PostgreSQL the
+read is `FOR SHARE`: a takeover's claim skips the row (SKIP LOCKED) while a write holds it and
+takes it at a later pass, so no write can commit under a token that was already replaced; on
+SQLite the whole transaction runs under BEGIN IMMEDIATE.
 """
 
 from __future__ import annotations

@@ -145,7 +145,9 @@ class Worker:
             lease, row = got
             claimed += 1
             self.stats.claimed += 1
-            log.info("claimed run %s (token %s)", lease.run_id, lease.token)
+            log.info(
+                "worker %s claimed run %s (token %s)", self.worker_id, lease.run_id, lease.token
+            )
             task = asyncio.create_task(
                 executor.execute(lease, row), name=f"keel-run-{lease.run_id}"
             )
@@ -160,7 +162,9 @@ class Worker:
         if task.cancelled():
             return
         if task.exception() is not None:
-            log.error("run %s: executor crashed: %r", run_id, task.exception())
+            log.error(
+                "worker %s run %s: executor crashed: %r", self.worker_id, run_id, task.exception()
+            )
             return
         if task.result() in ("lease_lost", "released"):
             self.stats.lost += 1
@@ -193,7 +197,10 @@ class Worker:
                 entry = self._tasks.get(lease.run_id)
                 if entry is not None and entry[0].token == lease.token:
                     log.warning(
-                        "run %s: lease %s was taken over; stopping", lease.run_id, lease.token
+                        "worker %s run %s: lease %s was taken over; stopping",
+                        self.worker_id,
+                        lease.run_id,
+                        lease.token,
                     )
                     entry[1].cancel()
 
@@ -212,7 +219,13 @@ class Worker:
             try:
                 await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
             except Exception as exc:  # lost meanwhile, or the database is gone: the TTL decides
-                log.warning("run %s: lease not released: %r", lease.run_id, exc)
+                log.warning(
+                    "worker %s run %s token %s: lease not released: %r",
+                    self.worker_id,
+                    lease.run_id,
+                    lease.token,
+                    exc,
+                )
 
     async def _announce(self) -> None:
         now = self.runtime.clock.now()

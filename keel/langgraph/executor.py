@@ -94,7 +94,13 @@ class Executor:
                 return (await waits.register(ctx, state.interrupts)).value
             return await self._complete(ctx, workflow, state.values)
         except LeaseLost as exc:
-            log.warning("run %s: lease lost (token %s): %s", lease.run_id, lease.token, exc)
+            log.warning(
+                "worker %s run %s: lease lost (token %s): %s",
+                self.worker_id,
+                lease.run_id,
+                lease.token,
+                exc,
+            )
             return "lease_lost"
         except RunCancelled:
             return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
@@ -102,7 +108,9 @@ class Executor:
             await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
             return "released"
         except Exception as exc:
-            log.exception("run %s failed", lease.run_id)
+            log.exception(
+                "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
+            )
             return await self._end(
                 ctx,
                 Status.FAILED,
@@ -171,7 +179,13 @@ class Executor:
                     output=output,
                 )
         except LeaseLost as exc:
-            log.warning("run %s: lease lost before it could end: %s", ctx.run_id, exc)
+            log.warning(
+                "worker %s run %s: lease %s lost before it could end: %s",
+                ctx.worker_id,
+                ctx.run_id,
+                ctx.token,
+                exc,
+            )
             return "lease_lost"
         return status.value
 

@@ -8,46 +8,17 @@ SIGKILL between the provider call and the record leaves behind.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel import leases
+from tests.integration.graphs import pay_graph
+from tests.integration.graphs import steal_lease as take_over
 from tests.review.parts import Provider, claim, drain, execute
 
 AppFactory = Callable[..., keel.App]
-
-
-class PayState(TypedDict, total=False):
-    amount: int
-    receipt: Any
-
-
-def pay_graph(charge: Any) -> StateGraph:
-    async def pay(state: PayState) -> dict[str, Any]:
-        return {"receipt": await charge(state["amount"])}
-
-    g = StateGraph(PayState)
-    g.add_node("pay", pay)
-    g.add_edge(START, "pay")
-    g.add_edge("pay", END)
-    return g
-
-
-async def take_over(app: keel.App, clock: keel.ManualClock) -> None:
-    """What a second worker does when the first stalls past its lease."""
-    rt = app.aio
-    clock.advance(rt.lease_ttl + 1)
-    # PostgreSQL skips a row a concurrent fenced write holds (SKIP LOCKED): poll, as workers do.
-    for _ in range(500):
-        got = await leases.claim(rt.store, "thief", rt.workflows.keys(), clock.now(), rt.lease_ttl)
-        if got is not None:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("nothing to take over")
 
 
 def test_crash_after_performing_a_not_performed_resolution_does_not_send_twice(

@@ -87,12 +87,12 @@ class Executor:
         entered = enter(ctx)
         try:
             graph_input = await self._input(graph, config, run, workflow)
-            await graph.ainvoke(graph_input, config, durability=workflow.durability)
-            state = await graph.aget_state(config)
-            if state.interrupts:
+            output = await graph.ainvoke(graph_input, config, durability=workflow.durability)
+            interrupts, values = await _outcome(graph, config, output)
+            if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
-                return (await waits.register(ctx, state.interrupts)).value
-            return await self._complete(ctx, workflow, state.values)
+                return (await waits.register(ctx, interrupts)).value
+            return await self._complete(ctx, workflow, values)
         except LeaseLost as exc:
             log.warning(
                 "worker %s run %s: lease lost (token %s): %s",
@@ -188,6 +188,21 @@ class Executor:
             )
             return "lease_lost"
         return status.value
+
+
+async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:
+    """The pending interrupts and final state values of the invocation that just returned.
+
+    When the graph's output is its whole state (no separate output schema) the returned dict
+    already carries both, `__interrupt__` included: no second read of the checkpoint.
+    """
+    builder = getattr(graph, "builder", None)
+    whole_state = builder is not None and builder.output_schema is builder.state_schema
+    if whole_state and isinstance(output, dict):
+        values = dict(output)
+        return tuple(values.pop("__interrupt__", ())), values
+    state = await graph.aget_state(config)
+    return state.interrupts, state.values
 
 
 def _output(values: Any) -> str | None:

@@ -39,8 +39,8 @@ clean:
 # PostgreSQL; CHAOS_ARGS may cap occurrences per point (e.g. --max-occurrences 3).
 CHAOS_ARGS ?=
 CHAOS_OUT := .keel/chaos
-CHAOS_TICKET := examples.support_ticket:app --workflow support-ticket \
-	--input examples/support_ticket/sample-ticket.json \
+CHAOS_TICKET := keel.demo.support_ticket:app --workflow support-ticket \
+	--input keel/demo/support_ticket/sample-ticket.json \
 	--env 'SUPPORT_SMTP_URL={smtp_url}' --env 'SUPPORT_MAIL_SPOOL={smtp_spool}'
 CHAOS_NEWSLETTER := examples.newsletter:app --workflow newsletter \
 	--input examples/newsletter/sample-issue.json \

@@ -156,7 +156,7 @@ class KeelRunner:
     # -- one run at a time, through a standing worker -------------------------------------------
 
     def start_worker(self) -> None:
-        from keel.worker import Worker
+        from keel.runtime.worker import Worker
 
         rt = self.app.aio
         rt.portal.call(rt.open())

@@ -1,10 +1,9 @@
 """Keel: crash-safe LangGraph runs. Admitted before they start, resumed from their last step,
 owned by one fenced worker at a time, with side effects that happen once."""
 
-from keel.app import App
-from keel.artifacts import RunArtifacts, artifacts
-from keel.clock import ManualClock, SystemClock
-from keel.errors import (
+from keel.core.artifacts import RunArtifacts, artifacts
+from keel.core.clock import ManualClock, SystemClock
+from keel.core.errors import (
     EffectFailed,
     InputTooLarge,
     InvalidId,
@@ -21,11 +20,12 @@ from keel.errors import (
     UnknownWorkflow,
     WaitNotFound,
 )
-from keel.heartbeat import heartbeat, last_heartbeat
-from keel.ids import job_id
-from keel.ledger import Retry, effect
-from keel.lifecycle import Decision, Status, TerminationReason
-from keel.waits import ApprovalDecision, approval
+from keel.core.heartbeat import heartbeat, last_heartbeat
+from keel.core.ids import job_id
+from keel.core.ledger import Retry, effect
+from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.waits import ApprovalDecision, approval
+from keel.runtime.app import App
 
 __all__ = [
     "App",

@@ -7,7 +7,7 @@ mail server, or with Slack:
   address, e.g. for a local stand-in): approval requests go to Slack with Approve/Reject
   buttons (`keel.service.slack.SlackNotifier`), and the announcement is posted there too.
 - $NEWSLETTER_SMTP_URL (smtp://host:port): approval requests, reminders and escalations are
-  emailed (`keel.notify.EmailNotifier`), and the announcement is emailed to the run's
+  emailed (`keel.notifiers.email.EmailNotifier`), and the announcement is emailed to the run's
   `notify_to`. $NEWSLETTER_MAIL_SPOOL is where the mail server keeps what it accepted (the
   reconciler looks there); $NEWSLETTER_MAIL_FROM is the sender.
 - Neither: nothing leaves the machine; the announcement records that it had nowhere to go.
@@ -25,9 +25,8 @@ from email.message import EmailMessage
 from typing import Any
 
 import keel
-from keel.notify import EmailNotifier, message_id_for, send_message
-from keel.outbox import Notifier
-from keel.testing.smtp import spooled
+from keel.core.notifications import Notifier
+from keel.notifiers.email import EmailNotifier, message_id_for, send_message, spooled
 
 SMTP_ENV = "NEWSLETTER_SMTP_URL"
 SPOOL_ENV = "NEWSLETTER_MAIL_SPOOL"

@@ -37,7 +37,7 @@ from examples.newsletter.content import (
     select_notes,
 )
 from examples.newsletter.delivery import announce
-from keel.clock import parse_duration
+from keel.core.clock import parse_duration
 
 WORKFLOW = "newsletter"
 VERSION = "1"

@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from keel.chaos.faults import POINTS
 from keel.chaos.matrix import ChaosConfig, run_matrix
 from keel.chaos.report import render, write_json, write_junit
+from keel.core.faults import POINTS
 
 
 def chaos(

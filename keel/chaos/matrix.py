@@ -92,7 +92,7 @@ class Harness:
         self.smtp = smtp
         self.http = http
         self.root = root
-        from keel.cli import load_app
+        from keel.cli.commands import load_app
 
         self.user_app = load_app(config.app)
         self.cells_made = 0
@@ -108,7 +108,7 @@ class Harness:
         import psycopg
 
         if not self.config.postgres_url:
-            raise keel.errors.UsageError("--backend postgres needs --db postgresql://...")
+            raise keel.core.errors.UsageError("--backend postgres needs --db postgresql://...")
         name = f"keel_chaos_{uuid.uuid4().hex[:12]}"
         base = self.config.postgres_url.rsplit("/", 1)[0]
         with psycopg.connect(self.config.postgres_url, autocommit=True) as conn:

@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 from langgraph.types import Command, interrupt
 
-from keel import leases, waits
-from keel.chaos.faults import fault_point
-from keel.context import RunContext, enter, leave
-from keel.errors import LeaseLost, NotInRun, Released, RunCancelled
-from keel.ids import StepRef, namespace_without_task_ids
-from keel.lifecycle import Decision, Status, TerminationReason
-from keel.runs import transition
-from keel.store.base import Row
-from keel.store.store import Lease, dumps, loads
-
-if TYPE_CHECKING:
-    from keel.runtime import Runtime, Workflow
+from keel.core import leases, waits
+from keel.core.codec import dumps, loads
+from keel.core.context import RunContext, enter, leave
+from keel.core.errors import LeaseLost, NotInRun, Released, RunCancelled
+from keel.core.faults import fault_point
+from keel.core.ids import StepRef, namespace_without_task_ids
+from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.runs import transition
+from keel.core.services import Services
+from keel.core.store.base import Row
+from keel.core.store.store import Lease
+from keel.core.workflows import Workflow, Workflows
+from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
 MAX_OUTPUT_BYTES = 1_000_000
@@ -50,8 +52,14 @@ def locate() -> StepRef:
 
 
 class Executor:
-    def __init__(self, runtime: Runtime, worker_id: str) -> None:
-        self.runtime = runtime
+    """Executes claimed runs of the registered workflows with the fenced saver."""
+
+    def __init__(
+        self, services: Services, workflows: Workflows, saver: FencedSaver, worker_id: str
+    ) -> None:
+        self.services = services
+        self.workflows = workflows
+        self.saver = saver
         self.worker_id = worker_id
         self._graphs: dict[str, Any] = {}
 
@@ -59,13 +67,13 @@ class Executor:
         key = workflow.key
         if key not in self._graphs:
             builder = workflow.factory()
-            self._graphs[key] = builder.compile(checkpointer=self.runtime.saver)
+            self._graphs[key] = builder.compile(checkpointer=self.saver)
         return self._graphs[key]
 
     async def execute(self, lease: Lease, run: Row) -> str:
         """Execute until the run finishes or waits; return the status it reached."""
-        rt = self.runtime
-        workflow = rt.workflows.get(run["workflow"], run["workflow_version"])
+        rt = self.services
+        workflow = self.workflows.get(run["workflow"], run["workflow_version"])
         graph = self.graph(workflow)
         config: dict[str, Any] = {
             "configurable": {"thread_id": lease.run_id},
@@ -78,12 +86,12 @@ class Executor:
             workflow=workflow.name,
             token=lease.token,
             worker_id=self.worker_id,
-            runtime=rt,
+            services=rt,
             locate=locate,
             pause=interrupt,
             last_heartbeat=loads(run.get("heartbeat_details")),
         )
-        rt.saver.hold(lease.run_id, lease.token, self.worker_id)
+        self.saver.hold(lease.run_id, lease.token, self.worker_id)
         entered = enter(ctx)
         try:
             graph_input = await self._input(graph, config, run, workflow)
@@ -119,10 +127,10 @@ class Executor:
             )
         finally:
             leave(entered)
-            rt.saver.drop(lease.run_id, lease.token)
+            self.saver.drop(lease.run_id, lease.token)
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
-        if await self.runtime.saver.aget_tuple(config) is None:
+        if await self.saver.aget_tuple(cast(RunnableConfig, config)) is None:
             # Admitted, never checkpointed (perhaps a crash right after the claim): start from
             # the admitted input; LangGraph alone would raise EmptyInputError on invoke(None).
             fault_point("run.before_first_checkpoint", workflow.name)
@@ -130,13 +138,13 @@ class Executor:
         state = await graph.aget_state(config)
         pending = {i.id for i in state.interrupts}
         if pending:
-            resume = await waits.resume_map(self.runtime, run["run_id"], pending)
+            resume = await waits.resume_map(self.services.store, run["run_id"], pending)
             if resume:
                 return Command(resume=resume)
         return None
 
     async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> str:
-        run = await self.runtime.store.get_run(ctx.run_id)
+        run = await self.services.store.get_run(ctx.run_id)
         assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
@@ -144,7 +152,7 @@ class Executor:
             if decision in (Decision.APPROVED, Decision.REJECTED):
                 reason = decision
             elif any(
-                w["decision"] == "timed_out" for w in await self.runtime.store.waits(ctx.run_id)
+                w["decision"] == "timed_out" for w in await self.services.store.waits(ctx.run_id)
             ):
                 reason = TerminationReason.TIMED_OUT
             else:
@@ -161,7 +169,7 @@ class Executor:
         error: str | None,
         output: str | None = None,
     ) -> str:
-        rt = self.runtime
+        rt = self.services
         try:
             async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
                 run = await tx.one("get_run", {"run_id": ctx.run_id})

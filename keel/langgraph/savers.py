@@ -22,13 +22,15 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from keel.chaos.faults import fault_point
-from keel.clock import Clock
-from keel.context import _current as _running
-from keel.errors import LeaseLost, Released, RunCancelled
-from keel.store.base import Tx
-from keel.store.locks import TaskReentrantLock
-from keel.store.store import Store
+from keel.backends.locks import TaskReentrantLock
+from keel.backends.postgres import PostgresConnector
+from keel.backends.sqlite import SqliteConnector
+from keel.core.clock import Clock
+from keel.core.context import _current as _running
+from keel.core.errors import LeaseLost, Released, RunCancelled
+from keel.core.faults import fault_point
+from keel.core.store.base import Connector, Tx
+from keel.core.store.store import Store
 
 
 class Fencing:
@@ -191,3 +193,19 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
             await super().aput_writes(config, writes, task_id, task_path)
         finally:
             _deferred_write.reset(deferred)
+
+
+FencedSaver = FencedSqliteSaver | FencedPostgresSaver
+
+
+def make_saver(connector: Connector, store: Store, clock: Clock) -> FencedSaver:
+    """The official LangGraph saver for the connector's database, fenced, on its connections."""
+    saver: FencedSaver
+    if isinstance(connector, SqliteConnector):
+        saver = FencedSqliteSaver(connector.connection, connector.lock)
+    elif isinstance(connector, PostgresConnector):
+        saver = FencedPostgresSaver(connector.pool)
+    else:
+        raise TypeError(f"no LangGraph saver for {type(connector).__name__}")
+    saver.bind(store, clock)
+    return saver

@@ -1,6 +1,6 @@
 """Keel's HTTP API: admit and inspect runs, download artifacts, decide approvals.
 
-Keel's async core lives on the App's own event loop (keel.portal), not on uvicorn's. So every
+Keel's async core lives on the App's own event loop (keel.core.portal), not on uvicorn's. So every
 endpoint that touches Keel is a plain `def`: FastAPI runs it in its threadpool, and it calls the
 App's blocking facade, which hands the work to the App's loop. A decision only records itself
 and wakes a worker; no graph ever runs inside a request.
@@ -19,10 +19,10 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Requ
 from fastapi.responses import FileResponse
 
 import keel
-from keel.artifacts import RunArtifacts
-from keel.errors import InvalidId, RunFinished
-from keel.ids import safe_name, validate_run_id
-from keel.lifecycle import Status
+from keel.core.artifacts import RunArtifacts
+from keel.core.errors import InvalidId, RunFinished
+from keel.core.ids import safe_name, validate_run_id
+from keel.core.lifecycle import Status
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.errors import BodyLimit, Refused, install

@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from keel.errors import UsageError
+from keel.core.errors import UsageError
 
 SCOPES = ("runs:read", "runs:write", "approvals:read", "approvals:write")
 ALL = "*"

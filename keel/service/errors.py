@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keel.errors import (
+from keel.core.errors import (
     InputTooLarge,
     InvalidId,
     InvalidInput,

@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 import keel
-from keel.runtime import Runtime
+from keel.runtime.runtime import Runtime
 from keel.service import models as m
 
 READY_TIMEOUT = 5.0
@@ -25,7 +25,7 @@ class NotReady(Exception):
 
 def _check_file(rt: Runtime) -> None:
     if rt.store.dialect == "sqlite":
-        from keel.store.sqlite import sqlite_path
+        from keel.backends.sqlite import sqlite_path
 
         path = sqlite_path(rt.url)
         # Opening a missing file would create an empty database: a probe must not do that.

@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from keel.store.base import Row
-from keel.store.store import loads
+from keel.core.codec import loads
+from keel.core.store.base import Row
 
 
 class Body(BaseModel):

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 
 import keel
-from keel.errors import UsageError
+from keel.core.errors import UsageError
 
 
 def load_app(spec: str) -> keel.App:

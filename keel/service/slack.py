@@ -1,7 +1,8 @@
 """Slack for approvals: a notifier that posts and updates approval messages, and the endpoint
 that receives the Approve/Reject clicks.
 
-`SlackNotifier` is a Keel notifier (see keel.outbox): the outbox hands it each notification once.
+`SlackNotifier` is a Keel notifier (see keel.core.outbox): the outbox hands it each
+notification once.
 A request becomes a message with the wait's payload and Approve/Reject buttons (their value is
 the wait id); reminders and escalations are replies in its thread; a decision or an expired
 deadline edits the message in place. Every message carries Slack message metadata naming the
@@ -32,13 +33,20 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock as SlackClock
 from slack_sdk.signature import SignatureVerifier
 
-from keel import outbox
-from keel.errors import InvalidId, KeelError, RunFinished, TransientError, UsageError, WaitNotFound
-from keel.outbox import Notification
-from keel.sweeper import DECISION_ON_TIMEOUT
+from keel.core import notifications, outbox
+from keel.core.deadlines import DECISION_ON_TIMEOUT
+from keel.core.errors import (
+    InvalidId,
+    KeelError,
+    RunFinished,
+    TransientError,
+    UsageError,
+    WaitNotFound,
+)
+from keel.core.notifications import Notification
 
 if TYPE_CHECKING:
-    from keel.app import App
+    from keel.runtime.app import App
 
 log = logging.getLogger("keel.slack")
 
@@ -196,7 +204,7 @@ def follow_up_text(note: Notification) -> str:
 class SlackNotifier:
     """Post approval requests to `channel` (a channel id, e.g. C0123ABCD); see module doc."""
 
-    kinds: tuple[str, ...] = outbox.KINDS
+    kinds: tuple[str, ...] = notifications.KINDS
 
     def __init__(
         self, client: WebClient, channel: str, name: str = "slack", *, history_pages: int = 5

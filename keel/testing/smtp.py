@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import hashlib
 import os
 import tempfile
 import threading
@@ -20,6 +19,8 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from keel.notifiers.email import spool_name
 
 
 @dataclass(frozen=True)
@@ -35,15 +36,6 @@ class ReceivedMail:
     @property
     def subject(self) -> str:
         return str(self.message.get("Subject", ""))
-
-
-def spool_name(message_id: str) -> str:
-    return hashlib.sha256(message_id.strip().encode()).hexdigest()[:32] + ".eml"
-
-
-def spooled(spool: str | os.PathLike[str], message_id: str) -> bool:
-    """Whether a sink writing to `spool` accepted a message with this Message-ID."""
-    return (Path(spool) / spool_name(message_id)).exists()
 
 
 class _Handler:

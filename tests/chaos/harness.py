@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import keel
-from keel.runtime import RunDetails
+from keel.runtime.runtime import RunDetails
 from keel.testing.smtp import ReceivedMail, SmtpSink
 from tests.chaos.mailer_app import message_id_for
 

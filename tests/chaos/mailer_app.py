@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.ledger import Effect
-from keel.testing.smtp import spooled
+from keel.core.ledger import Effect
+from keel.notifiers.email import spooled
 
 SENDER = "keel-mailer@example.com"
 REVISIONS = 2

@@ -27,9 +27,8 @@ import uvicorn
 from slack_sdk import WebClient
 
 import keel
-from keel import outbox
-from keel.sweeper import sweep_deadlines
-from keel.worker import Worker
+from keel.core import outbox
+from keel.runtime.worker import Worker
 
 TOKEN = "xoxb-keel-test"
 CHANNEL = "C0KEELTEST"
@@ -307,11 +306,11 @@ def run_to_idle(app: keel.App) -> None:
 
 def deliver(app: keel.App, worker: str = "test-dispatcher") -> int:
     """Deliver every due notification; return how many were settled."""
-    return int(on_app_loop(app, lambda: outbox.dispatch(app.aio, worker, limit=100)))
+    return int(on_app_loop(app, lambda: app.aio.dispatch(worker, limit=100)))
 
 
 def sweep(app: keel.App) -> int:
-    return int(on_app_loop(app, lambda: sweep_deadlines(app.aio)))
+    return int(on_app_loop(app, lambda: app.aio.sweep()))
 
 
 def claim_and_die(app: keel.App, *notifiers: Any) -> tuple[Any, Any]:

@@ -30,9 +30,9 @@ import typer.core
 import typer.main
 from typer.testing import CliRunner, Result
 
-from keel import cli_render as render
-from keel.cli import cli
-from keel.store.base import load_migrations
+from keel.cli import render
+from keel.cli.commands import cli
+from keel.core.store.base import load_migrations
 from keel.testing.smtp import SmtpSink
 from tests.e2e.cli_app import SUBJECT, WORKFLOW
 

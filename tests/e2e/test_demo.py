@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 import keel
-from keel import demo
-from keel.demo import run_demo
+from keel.demo import story as demo
+from keel.demo.story import run_demo
 
 
 def capture() -> tuple[Console, io.StringIO]:

@@ -26,8 +26,8 @@ from examples.newsletter.content import (
 )
 from examples.newsletter.delivery import notifiers_from_env
 from examples.newsletter.graph import render_files
-from keel.notify import EmailNotifier, message_id_for
-from keel.store.store import loads
+from keel.core.codec import loads
+from keel.notifiers.email import EmailNotifier, message_id_for
 from keel.testing.smtp import SmtpSink
 from tests.e2e.slack_fake import (
     CHANNEL,

@@ -20,7 +20,6 @@ import pytest
 
 import keel
 from keel.service import create_app, health
-from keel.sweeper import sweep_deadlines
 from tests.e2e.service_app import PERFORMED, WORKFLOW, LiveServer, register
 from tests.e2e.service_client import (
     ADMIN,
@@ -480,7 +479,7 @@ def test_a_decision_after_the_deadline_policy_is_409(serve: Callable[..., Servic
     clock.advance(2 * 3600)
 
     async def sweep() -> int:
-        return await sweep_deadlines(svc.app.aio)
+        return await svc.app.aio.sweep()
 
     assert svc.app.aio.portal.call(sweep()) == 1
     late = svc.http.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.errors import UsageError
-from keel.outbox import Notification
+from keel.core.errors import UsageError
+from keel.core.notifications import Notification
 from keel.service.slack import APPROVE, REJECT, SlackNotifier, message, parse_action, slack_router
 from tests.e2e.slack_fake import (
     CHANNEL,

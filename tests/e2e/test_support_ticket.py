@@ -14,12 +14,12 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 import keel
-from examples.support_ticket import register, ticket_job_id
-from examples.support_ticket.analysis import analyze, parse_ticket
-from examples.support_ticket.drafter import OFFLINE_LABEL, OfflineDrafter
-from examples.support_ticket.mail import lookup_sent_email, message_id_for, send_email
-from examples.support_ticket.retrieval import load_docs, search
-from keel.store.store import loads
+from keel.core.codec import loads
+from keel.demo.support_ticket import register, ticket_job_id
+from keel.demo.support_ticket.analysis import analyze, parse_ticket
+from keel.demo.support_ticket.drafter import OFFLINE_LABEL, OfflineDrafter
+from keel.demo.support_ticket.mail import lookup_sent_email, message_id_for, send_email
+from keel.demo.support_ticket.retrieval import load_docs, search
 from keel.testing.smtp import SmtpSink
 
 REFUND = {

@@ -32,7 +32,7 @@ def test_keel_db_is_migrated_and_sinks_count(keel_db, keel_smtp_sink, keel_http_
 @pytest.mark.slow
 def test_keel_chaos_on_the_support_ticket_example(keel_chaos) -> None:
     report = keel_chaos(
-        "examples.support_ticket:app",
+        "keel.demo.support_ticket:app",
         "support-ticket",
         {
             "ticket_id": "17",

@@ -19,10 +19,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
 import keel
-from keel import leases
-from keel.langgraph.executor import Executor
-from keel.ledger import Effect
-from keel.worker import Worker, WorkerStats
+from keel.core import leases
+from keel.core.ledger import Effect
+from keel.runtime.worker import Worker, WorkerStats
 
 
 @dataclass
@@ -82,7 +81,7 @@ def execute_once(app: keel.App, worker_id: str) -> str:
         )
         assert got is not None, "nothing to claim"
         lease, row = got
-        return await Executor(rt, worker_id).execute(lease, row)
+        return await rt.executor(worker_id).execute(lease, row)
 
     return app.aio.portal.call(claim_and_execute())
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import keel
-from keel.errors import InputTooLarge, InvalidId, InvalidInput, UnknownWorkflow
+from keel.core.errors import InputTooLarge, InvalidId, InvalidInput, UnknownWorkflow
 from tests.integration.graphs import drain, echo_graph, event_kinds
 
 AppFactory = Callable[..., keel.App]

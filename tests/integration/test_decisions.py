@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import keel
-from keel.errors import InvalidId, NoPendingWait, RunFinished, RunNotFound, WaitNotFound
-from keel.waits import DecisionResult
+from keel.core.errors import InvalidId, NoPendingWait, RunFinished, RunNotFound, WaitNotFound
+from keel.core.waits import DecisionResult
 from tests.integration import deciders
 from tests.integration.graphs import Provider, drain, echo_graph, notify_effect, review_graph
 

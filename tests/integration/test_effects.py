@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import keel
-from keel.errors import NotInRun, UsageError
-from keel.runtime import RunDetails
+from keel.core.errors import NotInRun, UsageError
+from keel.runtime.runtime import RunDetails
 from tests.integration.graphs import (
     Provider,
     charge_effect,

@@ -16,11 +16,11 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.types import Interrupt
 
 import keel
-from keel import leases, ledger, waits
-from keel.context import RunContext
-from keel.errors import LeaseLost
-from keel.ids import StepRef
-from keel.store.store import Lease
+from keel.core import leases, ledger, waits
+from keel.core.context import RunContext
+from keel.core.errors import LeaseLost
+from keel.core.ids import StepRef
+from keel.core.store.store import Lease
 from tests.integration.graphs import echo_graph
 
 AppFactory = Callable[..., keel.App]
@@ -61,7 +61,7 @@ class Takeover:
             workflow="echo",
             token=lease.token,
             worker_id=lease.worker_id,
-            runtime=self.rt,
+            services=self.rt.services,
             locate=nowhere,
             pause=lambda value: None,
         )

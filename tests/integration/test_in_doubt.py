@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import keel
-from keel.errors import UsageError
-from keel.ledger import Effect
+from keel.core.errors import UsageError
+from keel.core.ledger import Effect
 from tests.integration.graphs import (
     Provider,
     charge_effect,

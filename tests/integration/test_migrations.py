@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 import keel
-from keel import runs
-from keel.errors import SchemaMismatch
-from keel.store.base import load_migrations
+from keel.core import runs
+from keel.core.errors import SchemaMismatch
+from keel.core.store.base import load_migrations
 from tests.integration.graphs import drain, echo_graph
 
 PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keel
-from keel.worker import Worker
+from keel.runtime.worker import Worker
 from tests.integration.graphs import Provider, drain, echo_graph, pay_graph
 
 AppFactory = Callable[..., keel.App]

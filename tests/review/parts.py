@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import keel
-from keel import leases
-from keel.langgraph.executor import Executor
-from keel.store.store import Lease
-from keel.worker import Worker, WorkerStats
+from keel.core import leases
+from keel.core.store.store import Lease
+from keel.runtime.worker import Worker, WorkerStats
 
 
 @dataclass
@@ -65,7 +64,7 @@ def claim(app: keel.App, worker_id: str) -> tuple[Lease, dict[str, Any]]:
 
 
 def execute(app: keel.App, lease: Lease, row: dict[str, Any]) -> str:
-    return app.aio.portal.call(Executor(app.aio, lease.worker_id).execute(lease, row))
+    return app.aio.portal.call(app.aio.executor(lease.worker_id).execute(lease, row))
 
 
 def kinds(app: keel.App, run_id: str) -> list[str]:

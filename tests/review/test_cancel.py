@@ -15,7 +15,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.context import current
+from keel.core.context import current
 from tests.review.parts import Provider, claim, execute
 
 AppFactory = Callable[..., keel.App]

@@ -15,7 +15,6 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.sweeper import sweep_deadlines
 from tests.review.parts import drain
 
 AppFactory = Callable[..., keel.App]
@@ -46,7 +45,7 @@ def build() -> StateGraph:
 def sweep(app: keel.App) -> int:
     async def go() -> int:
         await app.aio.open()
-        return await sweep_deadlines(app.aio)
+        return await app.aio.sweep()
 
     return app.aio.portal.call(go())
 

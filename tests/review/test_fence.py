@@ -11,9 +11,8 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel import leases
-from keel.context import current
-from keel.langgraph.executor import Executor
+from keel.core import leases
+from keel.core.context import current
 
 AppFactory = Callable[..., keel.App]
 
@@ -56,7 +55,7 @@ def test_stale_execution_in_the_same_process_cannot_write_checkpoints(
             for _ in range(500):
                 got = await leases.claim(rt.store, worker, rt.workflows.keys(), clock.now(), 30)
                 if got is not None:
-                    return asyncio.create_task(Executor(rt, worker).execute(*got))
+                    return asyncio.create_task(rt.executor(worker).execute(*got))
                 await asyncio.sleep(0.01)
             raise AssertionError("nothing to claim")
 

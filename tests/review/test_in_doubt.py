@@ -133,9 +133,8 @@ def test_in_doubt_deadline_passing_while_queued_is_not_taken_as_not_performed(
     clock.advance(7 * 86400 + 1)  # nobody answered the in-doubt effect within its 7 days
 
     async def sweep() -> int:
-        from keel.sweeper import sweep_deadlines
 
-        return await sweep_deadlines(app.aio)
+        return await app.aio.sweep()
 
     assert app.aio.portal.call(sweep()) == 1
     drain(app)

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.worker import Worker
+from keel.runtime.worker import Worker
 from tests.review.parts import drain
 
 AppFactory = Callable[..., keel.App]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel.artifacts import RunArtifacts
-from keel.errors import InvalidId, NotInRun
+from keel.core.artifacts import RunArtifacts
+from keel.core.errors import InvalidId, NotInRun
 
 ESCAPES = ["../x", "/etc/passwd", "..", ".", ".hidden", "a/../../b", "../../../../tmp/evil", "~"]
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import keel
-from keel.errors import InvalidId, InvalidInput
-from keel.ids import (
+from keel.core.errors import InvalidId, InvalidInput
+from keel.core.ids import (
     MAX_JOB_ID,
     MAX_RUN_ID,
     StepRef,

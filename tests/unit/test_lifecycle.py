@@ -6,13 +6,13 @@ import itertools
 
 import pytest
 
-from keel.errors import InvalidTransition
-from keel.lifecycle import FINISHED, TRANSITIONS, Status, check_transition
+from keel.core.errors import InvalidTransition
+from keel.core.lifecycle import FINISHED, TRANSITIONS, Status, check_transition
 
 Q, R, W = Status.QUEUED, Status.RUNNING, Status.WAITING
 C, F, X = Status.COMPLETED, Status.FAILED, Status.CANCELLED
 
-# The design's table, written out independently of keel.lifecycle so a change there shows here.
+# The design's table, written out independently of keel.core.lifecycle so a change there shows here.
 ALLOWED = {
     (Q, R),  # claimed
     (Q, X),  # cancelled before it started

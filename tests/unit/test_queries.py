@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel.store.base import load_migrations, load_queries
+from keel.core.store.base import load_migrations, load_queries
 
 DIALECTS = ("sqlite", "postgres")
 _LITERAL = re.compile(r"'(?:[^']|'')*'")
@@ -56,7 +56,9 @@ def test_each_dialect_uses_only_its_own_parameter_style(queries) -> None:
 
 def test_no_query_is_empty_or_lost_by_the_loader(queries) -> None:
     for dialect in DIALECTS:
-        text = (Path(keel.__file__).parent / "store" / "sql" / dialect / "queries.sql").read_text()
+        text = (
+            Path(keel.__file__).parent / "core" / "store" / "sql" / dialect / "queries.sql"
+        ).read_text()
         headers = re.findall(r"^-- name: (\S+)\s*$", text, re.MULTILINE)
         assert len(headers) == len(set(headers)), f"{dialect}: a query name is defined twice"
         assert sorted(headers) == sorted(queries[dialect])

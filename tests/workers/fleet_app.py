@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.testing.smtp import spooled
+from keel.notifiers.email import spooled
 
 app = keel.App()
 
@@ -64,7 +64,7 @@ def _step(name: str) -> Any:
 def long_step(state: Ticket) -> Ticket:
     """Simulates slow work (a tool call); drops a marker so a test can freeze the worker here."""
     if markers := os.environ.get("FLEET_MARKERS"):
-        run_id = keel.context.current().run_id
+        run_id = keel.core.context.current().run_id
         Path(markers, f"{run_id}.started").touch()
     time.sleep(float(state.get("work", 0.0)))
     return {"steps": [*state.get("steps", []), "work"]}

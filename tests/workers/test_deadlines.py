@@ -11,7 +11,6 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.sweeper import sweep_deadlines
 
 POLICIES = ["reject", "timeout", "cancel", "fail", "escalate"]
 
@@ -40,7 +39,7 @@ def _sweep_from(apps: list[keel.App]) -> int:
     def sweep(app: keel.App) -> None:
         async def go() -> int:
             await app.aio.open()
-            return await sweep_deadlines(app.aio)
+            return await app.aio.sweep()
 
         applied.append(app.aio.portal.call(go()))
 

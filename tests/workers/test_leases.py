@@ -12,7 +12,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel import leases
+from keel.core import leases
 
 
 class State(TypedDict, total=False):

@@ -11,15 +11,14 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel import outbox
-from keel.outbox import Notification
-from keel.sweeper import sweep_deadlines
+from keel.core import notifications, outbox
+from keel.core.notifications import Notification
 
 
 class Recorder:
     """A notifier standing in for Slack or email: it keeps what it was asked to deliver."""
 
-    kinds = outbox.KINDS
+    kinds = notifications.KINDS
 
     def __init__(self, name: str = "recorder", reconcile: bool = False) -> None:
         self.name = name
@@ -90,10 +89,10 @@ def test_each_notification_is_delivered_once_across_racing_workers(make_app) -> 
     main.run_worker(stop_when_idle=True, handle_signals=False)
 
     def dispatch_all() -> None:
-        _race(apps, lambda a: lambda: outbox.dispatch(a.aio, f"w-{id(a)}"))
+        _race(apps, lambda a: lambda: a.aio.dispatch(f"w-{id(a)}"))
 
     def sweep_all() -> None:
-        _race(apps, lambda a: lambda: sweep_deadlines(a.aio))
+        _race(apps, lambda a: lambda: a.aio.sweep())
 
     dispatch_all()
     assert [n.kind for n in recorder.sent] == ["request"]
@@ -143,7 +142,7 @@ def test_a_notification_whose_sender_died_is_not_sent_twice(make_app) -> None:
     for _ in range(2):
         assert _on_loop(app, lambda: outbox._claim(app.aio.store, "dead", now, 30)) is not None
     clock.advance(31)
-    _on_loop(app, lambda: outbox.dispatch(app.aio, "alive"))
+    _on_loop(app, lambda: app.aio.dispatch("alive"))
     assert [n.kind for n in plain.sent] == [n.kind for n in reconciling.sent] == ["request"]
     decided = {
         r["notifier"]: r["status"]

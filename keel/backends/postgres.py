@@ -1,0 +1,116 @@
+"""PostgreSQL connector: psycopg 3 with a connection pool; row locks fence concurrent owners."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from keel.core.store.base import Params, Row, load_queries
+
+log = logging.getLogger("keel.store")
+
+
+class PostgresTx:
+    def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
+        self.connection = conn
+        self._queries = queries
+
+    async def one(self, name: str, params: Params | None = None) -> Row | None:
+        cur = await self.connection.execute(self._queries[name], params or {})
+        if cur.description is None:
+            return None
+        row = await cur.fetchone()
+        return dict(row) if row is not None else None
+
+    async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        cur = await self.connection.execute(self._queries[name], params or {})
+        return [dict(r) for r in await cur.fetchall()]
+
+    async def execute(self, name: str, params: Params | None = None) -> int:
+        cur = await self.connection.execute(self._queries[name], params or {})
+        return cur.rowcount
+
+    async def script(self, sql: str) -> None:
+        await self.connection.execute(sql.encode())
+
+
+class PostgresConnector:
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = normalize_postgres_url(url)
+        self._queries = load_queries(self.dialect)
+        self._pool: AsyncConnectionPool[AsyncConnection[DictRow]] | None = None
+        self._min_size, self._max_size = min_size, max_size
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
+        if self._pool is None:
+            raise RuntimeError("the PostgreSQL connector is not open")
+        return self._pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
+            self.url,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            open=False,
+            # The LangGraph saver needs autocommit and dict rows; Keel opens its own transactions.
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            # A connection the server dropped (restart, failover, proxy timeout) is replaced at
+            # checkout instead of failing the run whose write drew it.
+            check=AsyncConnectionPool.check_connection,
+        )
+        try:
+            await pool.open(wait=True, timeout=15)
+        except BaseException:
+            # A pool that never opened keeps reconnecting in the background unless closed.
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[PostgresTx]:
+        async with self.pool.connection() as conn, conn.transaction():
+            yield PostgresTx(conn, self._queries)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[PostgresTx]:
+        async with self.pool.connection() as conn:
+            yield PostgresTx(conn, self._queries)
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """Call `on_notify` for every NOTIFY on `channel` until cancelled; reconnect on errors."""
+        while True:
+            try:
+                conn = await AsyncConnection.connect(self.url, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {channel}")
+                    on_notify()  # anything sent while we were not listening
+                    async for _ in conn.notifies():
+                        on_notify()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN %s failed (%r); polling until it reconnects", channel, exc)
+                await asyncio.sleep(1.0)
+
+
+def normalize_postgres_url(url: str) -> str:
+    for prefix in ("postgresql+psycopg://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url.removeprefix(prefix)
+    return url

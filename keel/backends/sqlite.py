@@ -1,0 +1,123 @@
+"""SQLite connector: one connection per process, WAL, BEGIN IMMEDIATE for writes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiosqlite
+
+from keel.backends.locks import TaskReentrantLock
+from keel.core.store.base import Params, Row, load_queries
+
+
+class SqliteTx:
+    def __init__(self, conn: aiosqlite.Connection, queries: dict[str, str]) -> None:
+        self.connection = conn
+        self._queries = queries
+
+    async def one(self, name: str, params: Params | None = None) -> Row | None:
+        async with self.connection.execute(self._queries[name], params or {}) as cur:
+            row = await cur.fetchone()
+        return dict(row) if row is not None else None
+
+    async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        async with self.connection.execute(self._queries[name], params or {}) as cur:
+            rows = await cur.fetchall()
+        return [dict(r) for r in rows]
+
+    async def execute(self, name: str, params: Params | None = None) -> int:
+        async with self.connection.execute(self._queries[name], params or {}) as cur:
+            return cur.rowcount
+
+    async def script(self, sql: str) -> None:
+        await self.connection.execute(sql)
+
+
+class SqliteConnector:
+    dialect = "sqlite"
+
+    def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, synchronous: str = "FULL"):
+        self.url = url
+        self.path = sqlite_path(url)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._synchronous = synchronous
+        self._queries = load_queries(self.dialect)
+        self._conn: aiosqlite.Connection | None = None
+        # Shared with the checkpoint saver, which runs on the same connection.
+        self.lock = TaskReentrantLock()
+
+    @property
+    def connection(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise RuntimeError("the SQLite connector is not open")
+        return self._conn
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = await aiosqlite.connect(self.path, timeout=self._busy_timeout_ms / 1000)
+        conn.row_factory = sqlite3.Row
+        await self._enable_wal(conn)
+        await conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+        self._conn = conn
+
+    async def _enable_wal(self, conn: aiosqlite.Connection) -> None:
+        # Switching a new file to WAL takes an exclusive lock and SQLite answers "database is
+        # locked" at once, without its busy handler, when another connection opens it too
+        # (two `keel migrate` on a fresh file): wait here as the busy timeout would.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                await conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqliteTx]:
+        conn = self.connection
+        async with self.lock:
+            await conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqliteTx(conn, self._queries)
+            except BaseException:
+                await conn.rollback()
+                raise
+            else:
+                await conn.commit()
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[SqliteTx]:
+        async with self.lock:
+            yield SqliteTx(self.connection, self._queries)
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """SQLite has no notifications: workers in other processes poll with backoff."""
+        return None
+
+
+def sqlite_path(url: str) -> str:
+    """`sqlite:///relative/path.db`, `sqlite:////abs/path.db`, `sqlite:///:memory:`."""
+    if not url.startswith("sqlite://"):
+        raise ValueError(f"not a SQLite URL: {url!r}")
+    rest = url.removeprefix("sqlite://")
+    if rest.startswith("/"):
+        rest = rest[1:]
+    if not rest:
+        raise ValueError("a SQLite URL needs a file path: sqlite:///.keel/keel.db")
+    return rest

@@ -1,0 +1,500 @@
+"""The `keel` command: migrate, submit, run workers, inspect runs, decide waits.
+
+Every command reaches its database through `--app MODULE:ATTR` (a keel.App; $KEEL_APP) or
+`--db URL` ($KEEL_DATABASE_URL), defaulting to the App default `sqlite:///.keel/keel.db`.
+Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad usage or input,
+1 for everything else. See docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+import keel
+from keel.chaos.command import chaos as chaos_command
+from keel.cli import render
+from keel.cli.render import (
+    BAD_USAGE,
+    check_database,
+    check_kind,
+    decided_line,
+    fail,
+    guarded,
+    login,
+    out,
+    read_input,
+    say,
+)
+from keel.core.lifecycle import Status
+from keel.runtime.runtime import DEFAULT_URL
+
+cli = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Crash-safe LangGraph runs.",
+    # A traceback's locals could show a database password.
+    pretty_exceptions_show_locals=False,
+)
+runs_cli = typer.Typer(no_args_is_help=True, help="Inspect runs: list them, show one in full.")
+cli.add_typer(runs_cli, name="runs")
+approvals_cli = typer.Typer(
+    no_args_is_help=True, help="Approvals and other waits: list the open ones."
+)
+cli.add_typer(approvals_cli, name="approvals")
+
+
+# No `envvar=` on these two: the command line must outrank the environment as a pair (see
+# open_app), so the environment is read there.
+AppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        show_default=False,
+        help="MODULE:ATTRIBUTE of a keel.App whose database to use (env: KEEL_APP).",
+    ),
+]
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        show_default=False,
+        help="Database URL: sqlite:///path or postgresql://... (env: KEEL_DATABASE_URL; "
+        f"default: {DEFAULT_URL}).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+@cli.callback()
+def root() -> None:
+    """Keel: admitted, resumable LangGraph runs whose side effects happen once."""
+
+
+# -- plumbing ---------------------------------------------------------------------------------
+
+
+def load_app(spec: str) -> keel.App:
+    """Import `module:attribute` (the current folder is importable, as with uvicorn)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise typer.BadParameter(f"expected MODULE:ATTRIBUTE, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+        raise
+    app = getattr(module, attr, None)
+    if app is None:
+        raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(app, keel.App):
+        raise typer.BadParameter(f"{spec} is a {type(app).__name__}, not a keel.App")
+    return app
+
+
+@contextmanager
+def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> Iterator[keel.App]:
+    """The App a command works on (given on the command line), closed afterwards.
+
+    The command line outranks the environment; at the same level --app outranks --db, and an
+    --app and a --db that disagree are an error rather than a guess.
+    """
+    if app_spec:
+        app = load_app(app_spec)
+        if db and db != app.url:
+            app.close()
+            fail(
+                f"--app {app_spec} uses {render.redact(app.url)} but --db says "
+                f"{render.redact(db)}: pass one of them",
+                BAD_USAGE,
+            )
+    elif db:
+        app = keel.App(db)
+    elif os.environ.get("KEEL_APP"):
+        app = load_app(os.environ["KEEL_APP"])
+    else:
+        app = keel.App()  # $KEEL_DATABASE_URL, then the default
+    try:
+        check_database(app, existing=existing)
+        yield app
+    finally:
+        app.close()
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@guarded
+def migrate(app: AppOption = None, db: DbOption = None) -> None:
+    """Create or upgrade Keel's tables (and LangGraph's checkpoint tables). Safe to repeat."""
+    with open_app(app, db, existing=False) as loaded:
+        applied = loaded.migrate()
+        rt = loaded.aio
+        version = rt.portal.call(rt.store.schema_version())
+        latest = rt.store.latest_version
+        where = render.redact(loaded.url)
+        if applied:
+            say(f"applied {', '.join(applied)} to {where}: now at version {version}")
+        elif version > latest:
+            fail(
+                f"{where} is at version {version}, newer than version {latest} that this Keel "
+                "knows: upgrade Keel on this machine"
+            )
+        else:
+            say(f"{where} is already at version {version}: nothing to apply")
+
+
+@cli.command()
+@guarded
+def demo(
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for the demo's database (default: .keel/demo).", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """Run the bundled offline demo end to end: crashes on purpose, emails sent once."""
+    try:
+        module = importlib.import_module("keel.demo.story")
+    except ModuleNotFoundError as exc:
+        if exc.name != "keel.demo.story":
+            raise
+        fail("this installation of Keel has no demo (keel.demo.story is missing)")
+    code = module.run_demo() if workdir is None else module.run_demo(workdir)
+    raise typer.Exit(int(code or 0))
+
+
+@cli.command()
+@guarded
+def worker(
+    app: str = typer.Argument(..., help="MODULE:ATTRIBUTE of a keel.App"),
+    concurrency: int = typer.Option(4, min=1),
+    stop_when_idle: bool = typer.Option(False, help="Exit when no run is queued or running."),
+    grace: float = typer.Option(30.0, help="Seconds running runs get to finish on SIGTERM."),
+) -> None:
+    """Execute runs of APP's workflows until stopped (SIGTERM drains; twice stops now)."""
+    loaded = load_app(app)
+    try:
+        check_database(loaded)
+        stats = loaded.run_worker(
+            concurrency=concurrency, stop_when_idle=stop_when_idle, grace=grace
+        )
+    finally:
+        loaded.close()
+    typer.echo(f"worker stopped: claimed {stats.claimed}, finished {stats.finished}")
+
+
+@cli.command()
+@guarded
+def serve(
+    app: Annotated[str, typer.Argument(help="MODULE:ATTRIBUTE of a keel.App")],
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+) -> None:
+    """Serve APP's HTTP API (runs, approvals, health) until SIGINT/SIGTERM; see docs/http.md.
+
+    Requests only record and wake: run workers separately (`keel worker APP`). Bearer tokens
+    come from $KEEL_API_TOKENS, the Slack signing secret from $KEEL_SLACK_SIGNING_SECRET.
+    """
+    from keel.service.server import serve as serve_http
+
+    check_database(load_app(app))
+    # Given the spec, the server owns the App and closes it when uvicorn shuts down.
+    serve_http(app, host=host, port=port, log_level=log_level)
+
+
+@cli.command()
+@guarded
+def submit(
+    app: Annotated[str, typer.Argument(help="MODULE:ATTRIBUTE of a keel.App")],
+    workflow: Annotated[str, typer.Argument(help="Name of a workflow registered on APP.")],
+    job_id: Annotated[str, typer.Option("--job-id", help="Stable, readable id of the job.")],
+    input_json: Annotated[
+        str | None, typer.Option("--input", help="The run's input as JSON.", show_default=False)
+    ] = None,
+    input_file: Annotated[
+        str | None,
+        typer.Option(
+            "--input-file", help="Read the input JSON from a file ('-': stdin).", show_default=False
+        ),
+    ] = None,
+    version: Annotated[
+        str | None, typer.Option(help="Workflow version (default: the latest registered).")
+    ] = None,
+    rerun: Annotated[
+        bool, typer.Option("--rerun", help="Admit a new attempt even if this job already ran.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
+    value = read_input(input_json, input_file)
+    with open_app(app, None) as loaded:
+        rt = loaded.aio
+        row, created = rt.portal.call(
+            rt.submit(workflow, job_id=job_id, input=value, version=version, rerun=rerun)
+        )
+    if as_json:
+        keys = ("run_id", "job_id", "workflow", "workflow_version", "attempt", "status")
+        typer.echo(render.to_json({"created": created, **{k: row[k] for k in keys}}))
+        return
+    what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
+    if created:
+        attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
+        say(f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker")
+    else:
+        say(
+            f"already admitted: run {row['run_id']} ({what}) exists with the same input and "
+            f"version; status {row['status']} (use --rerun for a new attempt)"
+        )
+
+
+@runs_cli.command("list")
+@guarded
+def runs_list(
+    status: Annotated[
+        Status | None, typer.Option(help="Only runs in this status.", show_default=False)
+    ] = None,
+    workflow: Annotated[
+        str | None, typer.Option(help="Only runs of this workflow.", show_default=False)
+    ] = None,
+    job_id: Annotated[
+        str | None, typer.Option("--job-id", help="Only runs of this job.", show_default=False)
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first.")] = 50,
+    offset: Annotated[int, typer.Option(min=0, help="Skip this many runs first.")] = 0,
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """List runs, newest first."""
+    with open_app(app, db) as loaded:
+        rows = loaded.list_runs(
+            status=status.value if status else None,
+            workflow=workflow,
+            job_id=job_id,
+            limit=limit,
+            offset=offset,
+        )
+    if as_json:
+        typer.echo(render.to_json([render.decoded(r) for r in rows]))
+    elif rows:
+        out().print(render.runs_table(rows))
+    else:
+        say("no runs match")
+
+
+@runs_cli.command("show")
+@guarded
+def runs_show(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Show one run: lifecycle, lease, timeline, effects, waits and artifacts."""
+    with open_app(app, db) as loaded:
+        details = loaded.get_run(run_id)
+    if as_json:
+        typer.echo(render.to_json(render.details_json(details)))
+    else:
+        out().print(render.run_view(details))
+
+
+def _decide(
+    run_id: str,
+    decision: str,
+    by: str | None,
+    comment: str | None,
+    wait_id: str | None,
+    action_id: str | None,
+    app: str | None,
+    db: str | None,
+    *,
+    result: Any = None,
+) -> None:
+    want = "effect" if decision in ("performed", "not_performed") else "approval"
+    by = by or login()
+    with open_app(app, db) as loaded:
+        details = loaded.get_run(run_id)
+        wait_id = check_kind(details, wait_id, want)
+        common: dict[str, Any] = {
+            "by": by,
+            "comment": comment,
+            "wait_id": wait_id,
+            "action_id": action_id,
+            "channel": "cli",
+        }
+        if want == "effect":
+            outcome = loaded.resolve_effect(
+                run_id, performed=decision == "performed", result=result, **common
+            )
+        elif decision == "approved":
+            outcome = loaded.approve(run_id, **common)
+        else:
+            outcome = loaded.reject(run_id, **common)
+    wait = outcome.wait
+    if outcome.recorded:
+        label = decision.replace("_", " ")
+        say(
+            f"recorded: {label} by {by} on wait {wait['wait_id']} ({wait['name']}) of run "
+            f"{run_id}; a worker resumes the run"
+        )
+    elif wait["decision"] == decision:
+        say(decided_line(wait) + "; this call changed nothing")
+    else:
+        fail(f"not {decision.replace('_', ' ')}: {decided_line(wait)} (the first decision wins)")
+
+
+ByOption = Annotated[
+    str | None,
+    typer.Option("--by", help="Who decides (default: your login name).", show_default=False),
+]
+CommentOption = Annotated[
+    str | None, typer.Option(help="A note kept with the decision.", show_default=False)
+]
+WaitOption = Annotated[
+    str | None,
+    typer.Option("--wait-id", help="Which wait, if the run waits on several.", show_default=False),
+]
+ActionOption = Annotated[
+    str | None,
+    typer.Option(
+        "--action-id", help="Id of the click/request, kept for the audit.", show_default=False
+    ),
+]
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
+
+
+@cli.command()
+@guarded
+def approve(
+    run_id: RunArgument,
+    by: ByOption = None,
+    comment: CommentOption = None,
+    wait_id: WaitOption = None,
+    action_id: ActionOption = None,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Approve the run's pending approval. The first decision wins; repeats change nothing."""
+    _decide(run_id, "approved", by, comment, wait_id, action_id, app, db)
+
+
+@cli.command()
+@guarded
+def reject(
+    run_id: RunArgument,
+    by: ByOption = None,
+    comment: CommentOption = None,
+    wait_id: WaitOption = None,
+    action_id: ActionOption = None,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Reject the run's pending approval. The first decision wins; repeats change nothing."""
+    _decide(run_id, "rejected", by, comment, wait_id, action_id, app, db)
+
+
+@cli.command("resolve-effect")
+@guarded
+def resolve_effect(
+    run_id: RunArgument,
+    performed: Annotated[
+        bool,
+        typer.Option(
+            "--performed/--not-performed",
+            help="Whether the in-doubt effect reached the provider (check there first).",
+            show_default=False,
+        ),
+    ],
+    result: Annotated[
+        str | None,
+        typer.Option(help="With --performed: the effect's result as JSON.", show_default=False),
+    ] = None,
+    by: ByOption = None,
+    comment: CommentOption = None,
+    wait_id: WaitOption = None,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Settle an in-doubt effect: --performed (never redo it) or --not-performed (do it once)."""
+    value = None
+    if result is not None:
+        if not performed:
+            fail("--result only goes with --performed", BAD_USAGE)
+        try:
+            value = json.loads(result)
+        except json.JSONDecodeError as exc:
+            fail(f"--result is not valid JSON: {exc.msg} at column {exc.colno}", BAD_USAGE)
+    decision = "performed" if performed else "not_performed"
+    _decide(run_id, decision, by, comment, wait_id, None, app, db, result=value)
+
+
+@cli.command()
+@guarded
+def cancel(
+    run_id: RunArgument, by: ByOption = None, app: AppOption = None, db: DbOption = None
+) -> None:
+    """Cancel a run: queued or waiting at once, running at its next step boundary."""
+    with open_app(app, db) as loaded:
+        row = loaded.cancel(run_id, by=by or login())
+    if row["status"] == "cancelled":
+        say(f"cancelled run {run_id}")
+    else:
+        say(f"cancel requested: run {run_id} is {row['status']}; it stops at its next step")
+
+
+@cli.command()
+@guarded
+def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = None) -> None:
+    """List live workers: host, pid, concurrency, last heartbeat."""
+    with open_app(app, db) as loaded:
+        rows = loaded.workers()
+    if as_json:
+        typer.echo(render.to_json(rows))
+    elif rows:
+        out().print(render.workers_table(rows))
+    else:
+        say("no live workers")
+
+
+@approvals_cli.command("list")
+@guarded
+def approvals_list(
+    kind: Annotated[str | None, typer.Option(help="approval, effect or interrupt.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 100,
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """List open waits (pending approvals first by deadline) across all runs."""
+    with open_app(app, db) as loaded:
+        rows = [w for w in loaded.pending_waits(limit) if kind is None or w["kind"] == kind]
+    if as_json:
+        typer.echo(render.to_json([render.decoded(w) for w in rows]))
+    elif rows:
+        out().print(render.waits_table(rows))
+    else:
+        say("no open waits")
+
+
+runs_cli.command("cancel")(cancel)
+cli.command("chaos")(chaos_command)
+
+
+def main() -> None:
+    cli(prog_name="keel")

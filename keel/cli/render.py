@@ -1,0 +1,456 @@
+"""The `keel` command's helpers: rich tables for people, plain JSON for scripts, one-line
+errors, input parsing and the checks made before a decision.
+
+Rows come from the store with times as floats (epoch seconds) and JSON columns as text; this
+module turns them into readable cells or into JSON objects, and never touches the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import getpass
+import json
+import os
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from keel.core.errors import InvalidId, InvalidInput, KeelError, UnknownWorkflow, UsageError
+from keel.core.store.base import Row
+from keel.runtime.app import App
+from keel.runtime.runtime import RunDetails
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Columns that hold JSON text in Keel's tables; scripts get them decoded.
+JSON_COLUMNS = (
+    "input",
+    "output",
+    "data",
+    "payload",
+    "approvers",
+    "value",
+    "result",
+    "heartbeat_details",
+)
+
+STATUS_STYLE = {
+    "queued": "blue",
+    "running": "cyan",
+    "waiting": "yellow",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "dim",
+    # ledger and wait states
+    "pending": "yellow",
+    "sent": "green",
+    "confirmed": "green",
+    "in_doubt": "bold red",
+    "decided": "green",
+    "timed_out": "red",
+}
+
+_PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
+
+
+def redact(url: str) -> str:
+    """A database URL without its password, fit for a terminal or a log."""
+    return _PASSWORD.sub(r"\1***@", url)
+
+
+def ago(seconds: float) -> str:
+    """'12s ago' / 'in 3h' for a signed distance from now (positive: in the past)."""
+    span = abs(seconds)
+    # Whole units, rounded down: 59.9 minutes is "59m", not "60m".
+    if span < 60:
+        text = f"{int(span)}s"
+    elif span < 3600:
+        text = f"{int(span // 60)}m"
+    elif span < 86400 * 2:
+        text = f"{int(span // 3600)}h"
+    else:
+        text = f"{int(span // 86400)}d"
+    return f"{text} ago" if seconds >= 0 else f"in {text}"
+
+
+def when(ts: float | None, now: float | None = None) -> str:
+    """An epoch time as local 'YYYY-MM-DD HH:MM:SS (3m ago)'; '-' for none."""
+    if ts is None:
+        return "-"
+    now = time.time() if now is None else now
+    stamp = dt.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp} ({ago(now - float(ts))})"
+
+
+def short_when(ts: float | None, now: float | None = None) -> str:
+    """'23:58:41 (4s ago)' today, '2026-11-27 09:12 (2d ago)' before: for narrow columns."""
+    if ts is None:
+        return "-"
+    now = time.time() if now is None else now
+    moment = dt.datetime.fromtimestamp(float(ts))
+    same_day = moment.date() == dt.datetime.fromtimestamp(now).date()
+    stamp = moment.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M")
+    return f"{stamp} ({ago(now - float(ts))})"
+
+
+def clock_time(ts: float | None) -> str:
+    """An epoch time as local 'MM-DD HH:MM:SS.mmm', for timelines where order matters."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(float(ts)).strftime("%m-%d %H:%M:%S.%f")[:-3]
+
+
+def size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover - the loop always returns
+
+
+def compact(value: Any, limit: int = 120) -> str:
+    """One line of JSON, cut to `limit` characters."""
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def status_text(value: str | None) -> Text:
+    if value is None:
+        return Text("-", style="dim")
+    return Text(value, style=STATUS_STYLE.get(value, ""))
+
+
+def decoded(row: Row) -> dict[str, Any]:
+    """A row with its JSON columns decoded (a column that is not valid JSON is kept as text)."""
+    out = dict(row)
+    for column in JSON_COLUMNS:
+        value = out.get(column)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                out[column] = json.loads(value)
+    return out
+
+
+def details_json(details: RunDetails) -> dict[str, Any]:
+    return {
+        "run": decoded(details.run),
+        "timeline": [decoded(e) for e in details.timeline],
+        "effects": [decoded(e) for e in details.effects],
+        "waits": [decoded(w) for w in details.waits],
+        "artifacts": [
+            {"name": a.name, "size": a.size, "path": str(a.path)} for a in details.artifacts
+        ],
+    }
+
+
+def to_json(value: Any) -> str:
+    # Plain text, not rich's JSON highlighter: scripts read this and must get it unwrapped.
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def runs_table(rows: Iterable[Row], now: float | None = None) -> Table:
+    table = Table(title="runs", title_justify="left", expand=False)
+    table.add_column("run_id", no_wrap=True, overflow="fold")
+    table.add_column("workflow@version")
+    table.add_column("status", no_wrap=True)
+    table.add_column("decision", no_wrap=True)
+    table.add_column("termination reason")
+    table.add_column("updated", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            row["run_id"],
+            f"{row['workflow']}@{row['workflow_version']}",
+            status_text(row["status"]),
+            row["decision"] or "-",
+            row["termination_reason"] or "-",
+            short_when(row["updated_at"], now),
+        )
+    return table
+
+
+def run_summary(run: Row, now: float | None = None) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    lease = "-"
+    if run.get("lease_owner"):
+        lease = f"{run['lease_owner']} (token {run['lease_token']}"
+        lease += f", expires {when(run.get('lease_expires_at'), now)})"
+    elif run.get("lease_token"):
+        lease = f"none (last token {run['lease_token']})"
+    fields: list[tuple[str, Any]] = [
+        ("run", run["run_id"]),
+        ("job", run["job_id"]),
+        ("workflow", f"{run['workflow']}@{run['workflow_version']} (attempt {run['attempt']})"),
+        ("status", status_text(run["status"])),
+        ("decision", run["decision"] or "-"),
+        ("termination reason", run["termination_reason"] or "-"),
+        ("lease", lease),
+        ("created", when(run["created_at"], now)),
+        ("started", when(run.get("started_at"), now)),
+        ("updated", when(run["updated_at"], now)),
+        ("finished", when(run.get("finished_at"), now)),
+    ]
+    if run.get("error"):
+        fields.append(("error", Text(run["error"], style="red")))
+    if run.get("output") is not None:
+        fields.append(("output", compact(run["output"], 300)))
+    for label, value in fields:
+        grid.add_row(label, value)
+    return grid
+
+
+def timeline_table(events: Iterable[Row]) -> Table:
+    table = Table(title="timeline", title_justify="left")
+    table.add_column("time", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("worker", overflow="fold")
+    table.add_column("token", justify="right")
+    table.add_column("data", overflow="fold")
+    for e in events:
+        token = e.get("lease_token")
+        table.add_row(
+            clock_time(e["at"]),
+            e["kind"],
+            e.get("worker_id") or "-",
+            "-" if token is None else str(token),
+            compact(e.get("data") or None),
+        )
+    return table
+
+
+def effects_table(effects: Iterable[Row]) -> Table:
+    table = Table(title="effects", title_justify="left")
+    for column in ("key", "name", "node", "step", "status", "attempts", "result/error"):
+        table.add_column(
+            column, overflow="fold", justify="right" if column == "attempts" else "left"
+        )
+    for e in effects:
+        outcome = Text(e["error"], style="red") if e.get("error") else compact(e.get("result"), 80)
+        table.add_row(
+            e["idempotency_key"],
+            e["name"],
+            e["node"],
+            str(e["step"]),
+            status_text(e["status"]),
+            str(e["attempts"]),
+            outcome,
+        )
+    return table
+
+
+def waits_table(waits: Iterable[Row], now: float | None = None) -> Table:
+    table = Table(title="waits", title_justify="left")
+    for column in ("wait_id", "kind", "name", "status", "deadline", "decision", "by", "channel"):
+        table.add_column(column, overflow="fold")
+    for w in waits:
+        deadline: str | Text = when(w.get("deadline"), now)
+        if w["status"] != "pending":
+            # Decided: the deadline no longer applies; keep it, quietly, for the record.
+            deadline = Text(short_when(w.get("deadline"), now).split(" (")[0], style="dim")
+        elif w.get("on_timeout") and w.get("deadline") is not None:
+            deadline = f"{deadline} then {w['on_timeout']}"
+        table.add_row(
+            w["wait_id"],
+            w["kind"],
+            w["name"],
+            status_text(w["status"]),
+            deadline,
+            w.get("decision") or "-",
+            w.get("decided_by") or "-",
+            w.get("channel") or "-",
+        )
+    return table
+
+
+def artifacts_table(artifacts: Iterable[Any]) -> Table:
+    table = Table(title="artifacts", title_justify="left")
+    table.add_column("name", overflow="fold")
+    table.add_column("size", justify="right")
+    for a in artifacts:
+        table.add_row(a.name, size(a.size))
+    return table
+
+
+def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
+    table = Table(title="workers", title_justify="left")
+    for column in ("worker_id", "host", "pid", "concurrency", "started", "heartbeat"):
+        table.add_column(column, overflow="fold")
+    for w in rows:
+        table.add_row(
+            w["worker_id"],
+            w["host"],
+            str(w["pid"]),
+            str(w["concurrency"]),
+            when(w["started_at"], now),
+            short_when(w["heartbeat_at"], now),
+        )
+    return table
+
+
+def run_view(details: RunDetails, now: float | None = None) -> Group:
+    parts: list[Any] = [run_summary(details.run, now), Text(""), timeline_table(details.timeline)]
+    parts.append(effects_table(details.effects) if details.effects else Text("effects: none"))
+    parts.append(waits_table(details.waits, now) if details.waits else Text("waits: none"))
+    parts.append(
+        artifacts_table(details.artifacts) if details.artifacts else Text("artifacts: none")
+    )
+    return Group(*parts)
+
+
+# -- output, errors, input --------------------------------------------------------------------
+
+BAD_USAGE = 2
+USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)
+
+
+def out() -> Console:
+    # Built per call so that the streams in use right now (a test runner's, say) are the ones used.
+    # Piped output is not cut to 80 columns: a grep should see whole ids.
+    piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(highlight=False, soft_wrap=False, width=160 if piped else None)
+
+
+def say(message: str) -> None:
+    """One message line; the terminal, not rich, wraps it."""
+    out().print(message, soft_wrap=True, markup=False)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """One red line on stderr, no traceback, and the exit code."""
+    Console(stderr=True, highlight=False).print(
+        Text(f"error: {message}", style="red"), soft_wrap=True
+    )
+    raise typer.Exit(code)
+
+
+def database_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return isinstance(exc, sqlite3.Error) or module.startswith(("psycopg", "psycopg_pool"))
+
+
+def guarded(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn Keel's errors (and unreachable databases) into `fail()`; let bugs raise."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except KeelError as exc:
+            fail(str(exc), BAD_USAGE if isinstance(exc, USAGE_ERRORS) else 1)
+        except Exception as exc:
+            if not database_error(exc):
+                raise
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            fail(f"database error ({type(exc).__name__}): {redact(first)}")
+
+    return wrapper
+
+
+def read_input(input_json: str | None, input_file: str | None) -> Any:
+    if (input_json is None) == (input_file is None):
+        fail("give the run's input with exactly one of --input JSON or --input-file PATH", 2)
+    if input_file is not None:
+        try:
+            text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read --input-file {input_file}: {exc}", BAD_USAGE)
+        where = f"--input-file {input_file}"
+    else:
+        assert input_json is not None
+        text, where = input_json, "--input"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", 2)
+
+
+def check_kind(details: RunDetails, wait_id: str | None, want: str) -> str | None:
+    """Refuse to answer an approval with an effect resolution or the other way round.
+
+    Returns the wait to decide (None: let the core pick the run's single pending wait).
+    """
+    rid = details.run["run_id"]
+    if wait_id is not None:
+        targets = [w for w in details.waits if w["wait_id"] == wait_id]
+    else:
+        targets = [w for w in details.waits if w["status"] == "pending"]
+        if want == "effect" and not targets:
+            # Nothing pending: answer with the effect wait decided last, if there is one.
+            decided = [w for w in details.waits if w["kind"] == "effect"]
+            if not decided:
+                fail(f"run {rid} ({details.status}) has no in-doubt effect to resolve")
+            return str(decided[-1]["wait_id"])
+    if len(targets) != 1:
+        return wait_id
+    target = targets[0]
+    if want == "approval" and target["kind"] == "effect":
+        fail(
+            f"wait {target['wait_id']} of run {rid} is an in-doubt effect ({target['name']}), "
+            f"not an approval: use `keel resolve-effect {rid} --performed` or `--not-performed`",
+            BAD_USAGE,
+        )
+    if want == "effect" and target["kind"] == "approval":
+        fail(
+            f"wait {target['wait_id']} of run {rid} is an approval ({target['name']}), not an "
+            f"in-doubt effect: use `keel approve {rid}` or `keel reject {rid}`",
+            BAD_USAGE,
+        )
+    return wait_id
+
+
+def decided_line(wait: dict[str, Any]) -> str:
+    by = wait.get("decided_by") or "(unnamed)"
+    channel = f" via {wait['channel']}" if wait.get("channel") else ""
+    return (
+        f"already decided by {by}{channel} at {when(wait.get('decided_at'))}: "
+        f"{wait['decision']} (wait {wait['wait_id']} of run {wait['run_id']})"
+    )
+
+
+def login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in this environment (a bare container)
+        return "cli"
+
+
+def check_database(app: App, *, existing: bool = True) -> None:
+    """Fail fast and clearly where the database is missing or unreachable.
+
+    Reading an SQLite file that is not there would create an empty one; a PostgreSQL server
+    that refuses connections would keep the pool retrying for 15 s before saying why.
+    """
+    url = app.aio.connector.url
+    if url.startswith("sqlite:"):
+        from keel.backends.sqlite import sqlite_path
+
+        path = sqlite_path(url)
+        if existing and path != ":memory:" and not Path(path).exists():
+            fail(f"no Keel database at {path}: run `keel migrate` first (or pass --db/--app)")
+        return
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
+        fail(f"cannot connect to {redact(app.url)}: {redact(reason)}")

@@ -1,0 +1,92 @@
+"""Per-run artifact folders, written atomically.
+
+A write goes to a temp file in the same folder, is flushed and fsynced, renamed over the
+target, and the folder is fsynced: a reader sees the old file or the new one, never half.
+Folder and file names are sanitized and checked to stay under the artifacts root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from keel.core.context import current
+from keel.core.errors import InvalidId
+from keel.core.faults import fault_point
+from keel.core.ids import safe_name
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    name: str
+    size: int
+    path: Path
+
+
+class RunArtifacts:
+    def __init__(self, root: str | os.PathLike[str], run_id: str) -> None:
+        self.root = Path(root).resolve()
+        self.folder = _inside(self.root, self.root / safe_name(run_id, "run id"))
+
+    def path(self, name: str) -> Path:
+        return _inside(self.folder, self.folder / safe_name(name, "artifact name"))
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        target = self.path(name)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.folder)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            fault_point("artifact.before_rename", target.name)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.folder)
+        return target
+
+    def write_text(self, name: str, text: str) -> Path:
+        return self.write_bytes(name, text.encode())
+
+    def write_json(self, name: str, value: Any) -> Path:
+        return self.write_bytes(name, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.path(name).read_bytes()
+
+    def list(self) -> list[ArtifactInfo]:
+        if not self.folder.is_dir():
+            return []
+        return [
+            ArtifactInfo(p.name, p.stat().st_size, p)
+            for p in sorted(self.folder.iterdir())
+            if p.is_file() and not p.name.startswith(".")
+        ]
+
+
+def artifacts() -> RunArtifacts:
+    """The current run's artifact folder (inside a node)."""
+    ctx = current("keel.artifacts()")
+    return RunArtifacts(ctx.services.artifacts_root, ctx.run_id)
+
+
+def _inside(root: Path, candidate: Path) -> Path:
+    resolved = candidate.resolve()
+    if resolved == root or not resolved.is_relative_to(root):
+        raise InvalidId(f"{candidate} is outside {root}")
+    return resolved
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

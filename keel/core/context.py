@@ -1,0 +1,52 @@
+"""The run a node is executing in: set by the executor, read by effects, approvals, artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from keel.core.errors import NotInRun
+from keel.core.ids import StepRef
+from keel.core.services import Services
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    job_id: str
+    workflow: str
+    token: int
+    worker_id: str
+    services: Services
+    locate: Callable[[], StepRef]
+    """Where the calling node is (run, node, step, task path): the parts of every key."""
+    pause: Callable[[Any], Any]
+    """Pause the graph for a wait (LangGraph's interrupt); returns the resume value."""
+    last_heartbeat: Any = None
+    """Details the previous attempt stored with keel.heartbeat(), if any."""
+    inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    pending_heartbeat: asyncio.Task[Any] | None = None
+
+
+_current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)
+
+
+def current(what: str = "this") -> RunContext:
+    ctx = _current.get()
+    if ctx is None:
+        raise NotInRun(
+            f"{what} must be called inside a node of a run that Keel executes "
+            "(submit the run and let a Keel worker execute it)"
+        )
+    return ctx
+
+
+def enter(ctx: RunContext) -> object:
+    return _current.set(ctx)
+
+
+def leave(token: object) -> None:
+    _current.reset(token)  # type: ignore[arg-type]

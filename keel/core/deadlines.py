@@ -1,0 +1,172 @@
+"""Deadlines: every wait has one, and its policy is applied exactly once.
+
+Runs whose lease expired need no sweep of their own: claiming takes them over (see leases).
+Waits past their deadline are swept here, by every worker, bounded per pass; each policy is a
+conditional UPDATE on the wait, so when several sweepers race only one applies it.
+
+Policies (`on_timeout`): `reject` resumes the graph with a rejection, `timeout` resumes it with a
+`timed_out` decision, `cancel` cancels the run, `fail` fails it (termination reason timed_out),
+`escalate` first extends the deadline once (a `wait.escalated` event and notification), then
+rejects. Before the deadline, a wait's schedule (`remind_after`, `escalate_after`) sends its
+reminders and escalations through the outbox, each once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keel.core import outbox
+from keel.core.codec import dumps, loads
+from keel.core.lifecycle import Status, TerminationReason
+from keel.core.runs import transition, wake_after_wait
+from keel.core.services import Services
+from keel.core.store.base import Row, Tx
+
+DECISION_ON_TIMEOUT = {
+    "reject": "rejected",
+    "escalate": "rejected",
+    "timeout": "timed_out",
+    "cancel": "cancelled",
+    "fail": "timed_out",
+}
+
+
+async def sweep_deadlines(services: Services, limit: int = 100) -> int:
+    """Apply due reminders/escalations and the policy of each wait past its deadline;
+    return how many this call applied."""
+    store = services.store
+    now = services.clock.now()
+    async with store.db.read() as tx:
+        staged = await tx.all("due_stages", {"now": now, "limit": limit})
+        expired = await tx.all("expired_waits", {"now": now, "limit": limit})
+    applied = 0
+    for wait in staged:
+        async with store.db.transaction() as tx:
+            applied += await _advance(services, tx, wait, now)
+    for wait in expired:
+        async with store.db.transaction() as tx:
+            if await _apply(services, tx, wait, now):
+                applied += 1
+    if applied:
+        services.wake()
+    return applied
+
+
+async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
+    """Deliver the wait's next reminder or escalation, once."""
+    schedule = loads(wait["schedule"])
+    level = int(wait["escalation_level"])
+    if level >= len(schedule):
+        return False
+    following = level + 1
+    next_at = (
+        float(wait["created_at"]) + float(schedule[following]["after"])
+        if following < len(schedule)
+        else None
+    )
+    row = await tx.one(
+        "advance_stage", {"wait_id": wait["wait_id"], "level": level, "next_stage_at": next_at}
+    )
+    if row is None:  # another sweeper advanced it, or it was decided meanwhile
+        return False
+    stage = schedule[level]
+    await services.store.add_event(
+        tx,
+        wait["run_id"],
+        "wait.reminded" if stage["kind"] == "remind" else "wait.escalated",
+        now,
+        {"wait_id": wait["wait_id"], "level": following, "to": stage.get("to", [])},
+    )
+    run = await tx.one("get_run", {"run_id": wait["run_id"]})
+    assert run is not None
+    await outbox.record(
+        services,
+        tx,
+        run,
+        row,
+        stage["kind"],
+        now,
+        stage=following,
+        details={"to": stage.get("to", [])},
+    )
+    return True
+
+
+async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
+    store = services.store
+    # The run first, locked, as decisions do: one lock order, and a status that stays true.
+    run = await tx.one("lock_run", {"run_id": wait["run_id"]})
+    # The wait as it is now, not as the sweep read it: a stage applied since moved its level,
+    # another sweeper may have extended its deadline.
+    fresh = await tx.one("get_wait", {"wait_id": wait["wait_id"]})
+    if fresh is None or fresh["status"] != "pending" or not float(fresh["deadline"]) < now:
+        return False
+    wait = fresh
+    policy = str(wait["on_timeout"])
+    stages = len(loads(wait["schedule"]))
+    if policy == "escalate" and int(wait["escalation_level"]) == stages:
+        window = float(wait["deadline"]) - float(wait["created_at"])
+        row = await tx.one(
+            "escalate_wait",
+            {"wait_id": wait["wait_id"], "deadline": now + max(window, 1.0), "level": stages},
+        )
+        if row is not None:
+            await store.add_event(
+                tx,
+                wait["run_id"],
+                "wait.escalated",
+                now,
+                {"wait_id": wait["wait_id"], "level": stages + 1},
+            )
+            assert run is not None
+            await outbox.record(services, tx, run, row, "escalate", now, stage=stages + 1)
+        return row is not None
+    decision = DECISION_ON_TIMEOUT.get(policy, "timed_out")
+    value: dict[str, Any] = {
+        "decision": decision,
+        "wait_id": wait["wait_id"],
+        "by": "keel:deadline",
+        "channel": "deadline",
+        "comment": f"deadline passed; policy {policy}",
+        "at": now,
+        "performed": False,
+    }
+    row = await tx.one(
+        "expire_wait",
+        {"wait_id": wait["wait_id"], "decision": decision, "value": dumps(value), "now": now},
+    )
+    if row is None:  # a person or another sweeper got there first
+        return False
+    await store.add_event(
+        tx,
+        wait["run_id"],
+        "wait.expired",
+        now,
+        {"wait_id": wait["wait_id"], "policy": policy, "decision": decision},
+    )
+    if run is None or Status(run["status"]).finished:
+        return True
+    await outbox.record(services, tx, run, row, "expired", now, details={"policy": policy})
+    if policy in ("cancel", "fail") and run["status"] == Status.WAITING:
+        target = Status.CANCELLED if policy == "cancel" else Status.FAILED
+        reason = TerminationReason.CANCELLED if policy == "cancel" else TerminationReason.TIMED_OUT
+        await transition(
+            store,
+            tx,
+            run,
+            target,
+            now,
+            termination_reason=reason.value,
+            error=None if policy == "cancel" else f"wait {wait['wait_id']} passed its deadline",
+        )
+        return True
+    run_decision = "rejected" if decision == "rejected" and wait["kind"] == "approval" else None
+    await wake_after_wait(
+        store,
+        tx,
+        run,
+        now,
+        decision=run_decision,
+        cause={"wait_id": wait["wait_id"], "decision": decision, "policy": policy},
+    )
+    return True

@@ -1,0 +1,63 @@
+"""Heartbeats from inside a long step, as Temporal activities send them.
+
+`keel.heartbeat(details)` renews the run's lease (fenced by its token) and stores `details`, so a
+later attempt (after a crash or a takeover) can read where the work got to with
+`keel.last_heartbeat()` and continue from there. From a sync node it blocks until recorded; from
+an async node it is scheduled on the loop and never blocks it (a lost lease surfaces at the next
+call or the next write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any
+
+from keel.core.codec import dumps
+from keel.core.context import RunContext, current
+from keel.core.errors import LeaseLost
+
+
+async def _beat(ctx: RunContext, details: Any) -> None:
+    rt = ctx.services
+    now = rt.clock.now()
+    async with rt.store.db.transaction() as tx:
+        renewed = await tx.one(
+            "renew_lease",
+            {
+                "run_id": ctx.run_id,
+                "lease_token": ctx.token,
+                "expires_at": now + rt.lease_ttl,
+                "now": now,
+            },
+        )
+        if renewed is None:
+            raise LeaseLost(f"run {ctx.run_id}: lease {ctx.token} was taken over")
+        if details is not None:
+            await tx.execute(
+                "set_heartbeat_details",
+                {
+                    "run_id": ctx.run_id,
+                    "lease_token": ctx.token,
+                    "details": dumps(details),
+                    "now": now,
+                },
+            )
+
+
+def heartbeat(details: Any = None) -> None:
+    """Renew this run's lease and remember `details` (JSON) for a retried attempt."""
+    ctx = current("keel.heartbeat()")
+    previous = ctx.pending_heartbeat
+    if previous is not None and previous.done() and previous.exception() is not None:
+        raise previous.exception()  # type: ignore[misc]
+    portal = ctx.services.portal
+    if portal.on_loop():
+        ctx.pending_heartbeat = asyncio.get_running_loop().create_task(_beat(ctx, details))
+        return
+    portal.call(_beat(ctx, details), context=contextvars.copy_context())
+
+
+def last_heartbeat() -> Any:
+    """The details the previous attempt of this run stored with heartbeat(), or None."""
+    return current("keel.last_heartbeat()").last_heartbeat

@@ -1,0 +1,134 @@
+"""Identity: readable job ids, deterministic run ids and idempotency keys, canonical hashing.
+
+Nothing here reads the clock or a random source: the same inputs give the same ids on every
+machine and every replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from keel.core.codec import canonical_json
+from keel.core.errors import InvalidId
+
+MAX_JOB_ID = 100
+MAX_RUN_ID = 128
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_SLUG_STRIP = re.compile(r"[^a-z0-9]+")
+
+
+def digest(*parts: str) -> str:
+    """sha256 over length-prefixed parts, so ("ab","c") and ("a","bc") differ."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode()
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def slug(text: str) -> str:
+    return _SLUG_STRIP.sub("-", text.lower()).strip("-")
+
+
+def job_id(*parts: str | dt.date | int) -> str:
+    """A readable, stable job id from its parts.
+
+    >>> job_id("newsletter", dt.date(2026, 8, 7), "AI Signals")
+    'newsletter-2026-08-07-ai-signals'
+    """
+    pieces = [slug(p.isoformat() if isinstance(p, dt.date) else str(p)) for p in parts]
+    value = "-".join(p for p in pieces if p)
+    return validate_job_id(value)
+
+
+def validate_job_id(value: str) -> str:
+    return _validate(value, "job_id", MAX_JOB_ID)
+
+
+def validate_run_id(value: str) -> str:
+    return _validate(value, "run_id", MAX_RUN_ID)
+
+
+def _validate(value: object, what: str, limit: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidId(f"{what} must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidId(f"{what} is {len(value)} characters long; the limit is {limit}")
+    if not _ID_RE.fullmatch(value):
+        raise InvalidId(
+            f"{what} {value[:60]!r} may only contain lowercase letters, digits, '.', '_' and '-', "
+            "and must start with a letter or digit"
+        )
+    return value
+
+
+def input_hash(workflow: str, version: str, input_json: str) -> str:
+    return digest(workflow, version, input_json)
+
+
+def run_id(job: str, workflow: str, version: str, input_json: str, attempt: int = 1) -> str:
+    """job_id + 16 hex of sha256(job, workflow, version, canonical input) [+ -aN for reruns]."""
+    validate_job_id(job)
+    if attempt < 1:
+        raise InvalidId("attempt starts at 1")
+    base = f"{job}-{digest(job, workflow, version, input_json)[:16]}"
+    return base if attempt == 1 else f"{base}-a{attempt}"
+
+
+def args_hash(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    return digest(canonical_json({"args": list(args), "kwargs": dict(kwargs)}))[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRef:
+    """Where in a run a call happens: the parts an idempotency key is made of."""
+
+    run_id: str
+    node: str
+    step: int
+    path: str
+    namespace: str = ""
+
+    def key(self, kind: str, name: str, content_hash: str) -> str:
+        return (
+            f"{kind}:{name}:"
+            + digest(
+                self.run_id,
+                self.namespace,
+                self.node,
+                str(self.step),
+                self.path,
+                name,
+                content_hash,
+            )[:32]
+        )
+
+
+def namespace_without_task_ids(checkpoint_ns: str) -> str:
+    """'outer:<task-id>|inner:<task-id>' -> 'outer:<task-id>|inner'.
+
+    The calling task's own id is dropped: node, step and task path already locate it, and it
+    embeds the id of a checkpoint that a replay from an earlier checkpoint would not reproduce.
+    Ancestors' task ids are kept: they are what tells two invocations of one subgraph apart
+    (parallel Sends, loop iterations), and they are stable because the parent's checkpoint is
+    durable before the parent task runs.
+    """
+    head, sep, last = checkpoint_ns.rpartition("|")
+    return f"{head}{sep}{last.split(':', 1)[0]}"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_name(value: str, what: str = "name") -> str:
+    """A single path component that cannot escape its folder."""
+    cleaned = _UNSAFE.sub("_", value)[:200]
+    if cleaned.strip(".") == "" or cleaned.startswith("."):
+        raise InvalidId(f"{what} {value!r} cannot be used as a file or folder name")
+    return cleaned

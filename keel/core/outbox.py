@@ -1,0 +1,211 @@
+"""The outbox: notifications recorded as intents, delivered later, each at most once.
+
+An intent is inserted in the same transaction as the change it announces (a wait registered,
+a reminder or escalation due, a decision recorded, a deadline applied), so it exists if and
+only if the change committed. Every worker runs a dispatcher that claims due intents and hands
+them to the App's notifiers (Slack, email, ...), with the intent id as idempotency key.
+
+Delivery follows the ledger's rule: an intent found `sending` under an expired claim may or
+may not have been delivered by a sender that died. Keel asks the notifier's `reconcile` if it
+has one, and otherwise marks it `in_doubt` rather than sending it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any
+
+from keel.core.codec import dumps, loads
+from keel.core.errors import TransientError
+from keel.core.ids import digest
+from keel.core.notifications import Notification
+from keel.core.services import Services
+from keel.core.store.base import Row, Tx
+from keel.core.store.store import Store
+
+log = logging.getLogger("keel.core.outbox")
+
+
+def intent_id(run_id: str, wait_id: str, kind: str, stage: int, notifier: str) -> str:
+    return "n:" + digest(run_id, wait_id, kind, str(stage), notifier)[:32]
+
+
+async def record(
+    services: Services,
+    tx: Tx,
+    run: Row,
+    wait: Row,
+    kind: str,
+    now: float,
+    *,
+    stage: int = 0,
+    details: dict[str, Any] | None = None,
+) -> int:
+    """Insert one intent per notifier that handles `kind`; return how many were new."""
+    wait_view = {
+        "wait_id": wait["wait_id"],
+        "kind": wait["kind"],
+        "name": wait["name"],
+        "payload": loads(wait["payload"]),
+        "approvers": loads(wait["approvers"]),
+        "deadline": wait["deadline"],
+    }
+    added = 0
+    for notifier in services.notifiers.values():
+        if kind not in notifier.kinds:
+            continue
+        row = await tx.one(
+            "insert_intent",
+            {
+                "intent_id": intent_id(run["run_id"], wait["wait_id"], kind, stage, notifier.name),
+                "run_id": run["run_id"],
+                "wait_id": wait["wait_id"],
+                "notifier": notifier.name,
+                "kind": kind,
+                "payload": dumps(
+                    {
+                        "job_id": run["job_id"],
+                        "workflow": run["workflow"],
+                        "wait": wait_view,
+                        "details": {"stage": stage, **(details or {})},
+                    }
+                ),
+                "now": now,
+            },
+        )
+        added += row is not None
+    return added
+
+
+async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
+    """Deliver up to `limit` due intents; return how many were settled."""
+    settled = 0
+    for _ in range(limit):
+        claimed = await _claim(services.store, worker_id, services.clock.now(), services.lease_ttl)
+        if claimed is None:
+            break
+        await _deliver(services, worker_id, *claimed)
+        settled += 1
+    return settled
+
+
+async def _claim(store: Store, worker_id: str, now: float, ttl: float) -> tuple[Row, bool] | None:
+    async with store.db.transaction() as tx:
+        candidate = await tx.one("claim_intent_candidate", {"now": now})
+        if candidate is None:
+            return None
+        in_doubt = candidate["status"] == "sending"
+        row = await tx.one(
+            "claim_intent",
+            {
+                "intent_id": candidate["intent_id"],
+                "status": "sending",
+                "worker_id": worker_id,
+                "expires_at": now + ttl,
+                "now": now,
+            },
+        )
+    assert row is not None
+    return row, in_doubt
+
+
+async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool) -> None:
+    notifier = services.notifiers.get(row["notifier"])
+    if notifier is None:
+        await _settle(services, worker_id, row, "failed", error="no such notifier registered")
+        return
+    note = await _notification(services, row)
+    if in_doubt:
+        reconcile = getattr(notifier, "reconcile", None)
+        if reconcile is None:
+            log.warning(
+                "notification %s may have been sent by a dead worker: in doubt", row["intent_id"]
+            )
+            await _settle(services, worker_id, row, "in_doubt")
+            return
+        try:
+            found = await _call(reconcile, note)
+        except Exception:
+            # Can't tell yet: keep the claim until it expires, then ask again; never resend.
+            log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
+            return
+        if found is not None:
+            await _settle(services, worker_id, row, "delivered", result=found)
+            return
+    try:
+        result = await _call(notifier.send, note)
+    except TransientError as exc:
+        delay = (
+            exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** row["attempts"])
+        )
+        await _settle(services, worker_id, row, "queued", error=repr(exc), delay=delay)
+        return
+    except Exception as exc:
+        log.exception("notification %s failed", row["intent_id"])
+        await _settle(services, worker_id, row, "failed", error=repr(exc))
+        return
+    await _settle(services, worker_id, row, "delivered", result=result)
+
+
+async def _notification(services: Services, row: Row) -> Notification:
+    payload = loads(row["payload"])
+    async with services.store.db.read() as tx:
+        related = await tx.all("intents_for_wait", {"wait_id": row["wait_id"]})
+    earlier = {
+        r["kind"]: loads(r["result"])
+        for r in related
+        if r["notifier"] == row["notifier"] and r["status"] == "delivered"
+    }
+    return Notification(
+        intent_id=row["intent_id"],
+        kind=row["kind"],
+        run_id=row["run_id"],
+        job_id=payload["job_id"],
+        workflow=payload["workflow"],
+        wait=payload["wait"],
+        details=payload.get("details", {}),
+        earlier=earlier,
+    )
+
+
+async def _call(fn: Any, note: Notification) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(note)
+    return await asyncio.to_thread(fn, note)
+
+
+async def _settle(
+    services: Services,
+    worker_id: str,
+    row: Row,
+    status: str,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    delay: float = 0.0,
+) -> None:
+    now = services.clock.now()
+    async with services.store.db.transaction() as tx:
+        settled = await tx.one(
+            "settle_intent",
+            {
+                "intent_id": row["intent_id"],
+                "worker_id": worker_id,
+                "status": status,
+                "result": dumps(result),
+                "error": error,
+                "available_at": now + delay,
+                "now": now,
+            },
+        )
+        if settled is not None and status != "queued":
+            await services.store.add_event(
+                tx,
+                row["run_id"],
+                f"notification.{status}",
+                now,
+                {"intent_id": row["intent_id"], "notifier": row["notifier"], "kind": row["kind"]},
+                worker_id=worker_id,
+            )

@@ -1,0 +1,29 @@
+"""What the core's operations need from the process around them, and nothing more.
+
+The runtime builds one `Services` and hands it down: to the executor's `RunContext` (what a node
+may use: the store, the clock, the portal for sync calls), to the sweeper, the outbox and
+decisions. Core code never sees the Runtime, so it cannot reach upward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keel.core.clock import Clock
+from keel.core.notifications import Notifier
+from keel.core.portal import Portal
+from keel.core.store.store import Store
+
+
+@dataclass
+class Services:
+    store: Store
+    clock: Clock
+    portal: Portal
+    lease_ttl: float
+    artifacts_root: Path
+    notifiers: dict[str, Notifier] = field(default_factory=dict)
+    wake: Callable[[], None] = lambda: None
+    """Wake this process's workers (a run was queued, a decision recorded)."""

@@ -1,0 +1,87 @@
+"""The backend seam: a connector runs named queries; everything else talks to it.
+
+SQL lives in `sql/<dialect>/queries.sql`, one statement per `-- name: x` header, the same names
+in every dialect (a test enforces it). Migrations live in `sql/<dialect>/migrations/NNNN_*.sql`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol
+
+Row = dict[str, Any]
+Params = dict[str, Any]
+
+_HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+
+
+def load_queries(dialect: str) -> dict[str, str]:
+    text = (resources.files("keel.core.store") / "sql" / dialect / "queries.sql").read_text()
+    parts = _HEADER.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line for line in body.strip().splitlines() if not line.startswith("--")]
+        queries[name] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+def load_migrations(dialect: str) -> list[Migration]:
+    folder = resources.files("keel.core.store") / "sql" / dialect / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".sql"):
+            continue
+        version = int(entry.name.split("_", 1)[0])
+        body = "\n".join(
+            line for line in entry.read_text().splitlines() if not line.lstrip().startswith("--")
+        )
+        statements = tuple(s.strip() for s in body.split(";") if s.strip())
+        found.append(Migration(version, entry.name.removesuffix(".sql"), statements))
+    return sorted(found, key=lambda m: m.version)
+
+
+class Tx(Protocol):
+    """Named queries inside one transaction (or one read)."""
+
+    async def one(self, name: str, params: Params | None = None) -> Row | None: ...
+
+    async def all(self, name: str, params: Params | None = None) -> list[Row]: ...
+
+    async def execute(self, name: str, params: Params | None = None) -> int: ...
+
+    async def script(self, sql: str) -> None:
+        """Run raw DDL (migrations only)."""
+        ...
+
+
+class Connector(Protocol):
+    dialect: str
+    url: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Tx]:
+        """A write transaction; SQLite takes the write lock at BEGIN (IMMEDIATE)."""
+        ...
+
+    def read(self) -> AbstractAsyncContextManager[Tx]:
+        """Reads outside a write transaction."""
+        ...
+
+    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+        """Call `on_notify` whenever another process wakes `channel` (returns at once if the
+        database cannot notify)."""
+        ...

@@ -1,0 +1,333 @@
+"""Waits: a run paused for a person (approval, in-doubt effect) or a signal.
+
+Inside a node, `approval()` only calls LangGraph's `interrupt()` with a description of the wait:
+no I/O, so it behaves the same in sync and async nodes and on every replay. When the graph
+pauses, the executor registers each interrupt as a wait row (idempotently; the wait id is
+derived from the run id and LangGraph's deterministic interrupt id) with its deadline. A
+decision is one conditional UPDATE: the first wins, later ones get the recorded one back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from keel.core import outbox
+from keel.core.clock import parse_duration
+from keel.core.codec import dumps, loads
+from keel.core.context import RunContext, current
+from keel.core.errors import NoPendingWait, RunFinished, RunNotFound, UsageError, WaitNotFound
+from keel.core.faults import fault_point
+from keel.core.ids import digest, validate_run_id
+from keel.core.lifecycle import FINISHED, Status
+from keel.core.runs import transition, wake_after_wait
+from keel.core.services import Services
+from keel.core.store.base import Row
+from keel.core.store.store import Store
+
+POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
+DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """What `keel.approval()` returns once a person (or the deadline) decided."""
+
+    decision: str
+    wait_id: str
+    by: str | None = None
+    comment: str | None = None
+    channel: str | None = None
+    at: float | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.decision == "approved"
+
+    @classmethod
+    def from_value(cls, value: Any) -> ApprovalDecision:
+        if not isinstance(value, dict) or "decision" not in value:
+            raise UsageError(f"a Keel approval was resumed with {value!r}, not a decision")
+        return cls(
+            decision=str(value["decision"]),
+            wait_id=str(value.get("wait_id", "")),
+            by=value.get("by"),
+            comment=value.get("comment"),
+            channel=value.get("channel"),
+            at=value.get("at"),
+        )
+
+
+def approval(
+    name: str,
+    *,
+    payload: Any = None,
+    timeout: float | str = "24h",
+    on_timeout: str = "reject",
+    approvers: Sequence[str] = (),
+    remind_after: float | str | None = None,
+    escalate_after: float | str | None = None,
+    escalate_to: Sequence[str] = (),
+) -> ApprovalDecision:
+    """Pause the run until someone approves or rejects (or the deadline's policy applies).
+
+    `remind_after` and `escalate_after` (durations from when the wait was registered) schedule a
+    reminder to `approvers` and an escalation to `escalate_to`, delivered once each through the
+    App's notifiers; at `timeout` the `on_timeout` policy applies. Code before this call re-runs
+    when the run resumes: keep side effects in effects.
+    """
+    if on_timeout not in POLICIES:
+        raise UsageError(f"on_timeout must be one of {', '.join(POLICIES)}, not {on_timeout!r}")
+    ctx = current("keel.approval()")
+    schedule: list[dict[str, Any]] = []
+    if remind_after is not None:
+        schedule.append({"after": parse_duration(remind_after), "kind": "remind"})
+    if escalate_after is not None:
+        schedule.append(
+            {"after": parse_duration(escalate_after), "kind": "escalate", "to": list(escalate_to)}
+        )
+    schedule.sort(key=lambda stage: stage["after"])
+    spec = {
+        "kind": "approval",
+        "name": name,
+        "payload": payload,
+        "timeout": parse_duration(timeout),
+        "on_timeout": on_timeout,
+        "approvers": list(approvers),
+        "schedule": schedule,
+    }
+    return ApprovalDecision.from_value(ctx.pause({"keel_wait": spec}))
+
+
+def wait_id_for(run_id: str, interrupt_id: str) -> str:
+    return "w-" + digest(run_id, interrupt_id)[:24]
+
+
+def _spec(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict) and isinstance(value.get("keel_wait"), dict):
+        return dict(value["keel_wait"])
+    # A plain interrupt() from user code: a generic wait, decided with approve/reject/decide.
+    return {
+        "kind": "interrupt",
+        "name": "interrupt",
+        "payload": value,
+        "timeout": DEFAULT_WAIT_TIMEOUT,
+        "on_timeout": "fail",
+    }
+
+
+async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
+    """Record the waits the graph paused on and release the run until a decision arrives."""
+    rt = ctx.services
+    now = rt.clock.now()
+    ids = []
+    run: Row | None = None
+    async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
+        current_run = await tx.one("get_run", {"run_id": ctx.run_id})
+        if current_run is not None and current_run["cancel_requested"]:
+            # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
+            for wait in await tx.all("list_waits", {"run_id": ctx.run_id}):
+                if wait["status"] == "pending":
+                    params = {"wait_id": wait["wait_id"], "decision": "cancelled", "now": now}
+                    await tx.one("expire_wait", {**params, "value": "null"})
+            await transition(
+                rt.store,
+                tx,
+                current_run,
+                Status.CANCELLED,
+                now,
+                worker_id=ctx.worker_id,
+                token=ctx.token,
+                termination_reason="cancelled",
+            )
+            return Status.CANCELLED
+        for intr in interrupts:
+            spec = _spec(intr.value)
+            wid = wait_id_for(ctx.run_id, intr.id)
+            ids.append(wid)
+            timeout = spec.get("timeout")
+            schedule = spec.get("schedule", [])
+            inserted = await tx.one(
+                "insert_wait",
+                {
+                    "wait_id": wid,
+                    "run_id": ctx.run_id,
+                    "interrupt_id": intr.id,
+                    "kind": spec.get("kind", "interrupt"),
+                    "name": spec.get("name", "interrupt"),
+                    "payload": dumps(spec.get("payload")),
+                    "approvers": dumps(spec.get("approvers", [])),
+                    "deadline": now + float(timeout) if timeout is not None else None,
+                    "on_timeout": spec.get("on_timeout", "fail"),
+                    "schedule": dumps(schedule),
+                    "next_stage_at": now + float(schedule[0]["after"]) if schedule else None,
+                    "now": now,
+                },
+            )
+            if inserted is not None:
+                if run is None:
+                    run = await tx.one("get_run", {"run_id": ctx.run_id})
+                wait_row = await tx.one("get_wait", {"wait_id": wid})
+                assert run is not None and wait_row is not None
+                await outbox.record(rt, tx, run, wait_row, "request", now)
+                await rt.store.add_event(
+                    tx,
+                    ctx.run_id,
+                    "wait.registered",
+                    now,
+                    {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")},
+                    worker_id=ctx.worker_id,
+                    token=ctx.token,
+                )
+        decided = [
+            w
+            for w in await tx.all("list_waits", {"run_id": ctx.run_id})
+            if w["wait_id"] in ids and w["status"] != "pending"
+        ]
+        run = await tx.one("get_run", {"run_id": ctx.run_id})
+        assert run is not None
+        # A decision that is already in (it raced the registration) resumes the run at once.
+        target = Status.QUEUED if decided else Status.WAITING
+        await transition(rt.store, tx, run, target, now, worker_id=ctx.worker_id, token=ctx.token)
+    return target
+
+
+async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str]) -> dict:
+    """Decided waits whose interrupts are still pending, as LangGraph's resume map."""
+    return {
+        w["interrupt_id"]: loads(w["value"])
+        for w in await store.waits(run_id)
+        if w["status"] != "pending" and w["interrupt_id"] in pending_interrupt_ids
+    }
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    wait: Row
+    recorded: bool
+    """True for the one call whose decision was recorded; False for every later duplicate."""
+
+    @property
+    def decision(self) -> str:
+        return str(self.wait["decision"])
+
+
+async def decide(
+    services: Services,
+    run_id: str,
+    *,
+    decision: str,
+    value: dict[str, Any] | None = None,
+    wait_id: str | None = None,
+    by: str | None = None,
+    action_id: str | None = None,
+    channel: str = "api",
+    comment: str | None = None,
+) -> DecisionResult:
+    """Record a decision on a run's wait; the first one wins, atomically."""
+    validate_run_id(run_id)
+    store = services.store
+    now = services.clock.now()
+    async with store.db.transaction() as tx:
+        # The run first, locked (as registration's fence does): its status stays what we read,
+        # and decisions and registrations take their locks in one order.
+        run = await tx.one("lock_run", {"run_id": run_id})
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        waits = await tx.all("list_waits", {"run_id": run_id})
+        wait = _target(run, waits, wait_id)
+        if (wait["kind"] == "effect") != (decision in ("performed", "not_performed")):
+            # Approving an in-doubt effect would resume it without `performed`: a second send.
+            how = "resolve_effect()" if wait["kind"] == "effect" else "approve() or reject()"
+            raise UsageError(
+                f"wait {wait['wait_id']} is a {wait['kind']} wait: answer it with {how}"
+            )
+        if wait["status"] == "decided":
+            return DecisionResult(wait, recorded=False)
+        if wait["status"] != "pending" or Status(run["status"]) in FINISHED:
+            raise RunFinished(
+                f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
+                f"{wait['status']}: it takes no more decisions"
+            )
+        resume_value = {
+            "decision": decision,
+            "wait_id": wait["wait_id"],
+            "by": by,
+            "comment": comment,
+            "channel": channel,
+            "at": now,
+            **(value or {}),
+        }
+        updated = await tx.one(
+            "decide_wait",
+            {
+                "wait_id": wait["wait_id"],
+                "decision": decision,
+                "value": dumps(resume_value),
+                "decided_by": by,
+                "action_id": action_id,
+                "channel": channel,
+                "comment": comment,
+                "now": now,
+            },
+        )
+        if updated is None:  # another decision committed first
+            again = await tx.one("get_wait", {"wait_id": wait["wait_id"]})
+            assert again is not None
+            return DecisionResult(again, recorded=False)
+        is_verdict = wait["kind"] == "approval" and decision in ("approved", "rejected")
+        run_decision = decision if is_verdict else None
+        await outbox.record(
+            services,
+            tx,
+            run,
+            updated,
+            "decided",
+            now,
+            details={"decision": decision, "by": by, "channel": channel, "comment": comment},
+        )
+        await store.add_event(
+            tx,
+            run_id,
+            "decision.recorded",
+            now,
+            {
+                "wait_id": wait["wait_id"],
+                "decision": decision,
+                "by": by,
+                "channel": channel,
+                "action_id": action_id,
+            },
+        )
+        await wake_after_wait(
+            store,
+            tx,
+            run,
+            now,
+            decision=run_decision,
+            cause={"wait_id": wait["wait_id"], "decision": decision},
+        )
+    fault_point("decision.after_record")
+    services.wake()
+    return DecisionResult(updated, recorded=True)
+
+
+def _target(run: Row, waits: list[Row], wait_id: str | None) -> Row:
+    if wait_id is not None:
+        for w in waits:
+            if w["wait_id"] == wait_id:
+                return w
+        raise WaitNotFound(f"run {run['run_id']} has no wait {wait_id!r}")
+    pending = [w for w in waits if w["status"] == "pending"]
+    if len(pending) > 1:
+        names = ", ".join(w["wait_id"] for w in pending)
+        raise UsageError(f"run {run['run_id']} waits on several decisions ({names}): name one")
+    if pending:
+        return pending[0]
+    if Status(run["status"]) in FINISHED:
+        raise RunFinished(f"run {run['run_id']} is {run['status']}: it takes no more decisions")
+    decided = [w for w in waits if w["status"] == "decided"]
+    if decided and Status(run["status"]) != Status.WAITING:
+        return decided[-1]  # a duplicate of the decision that just resumed it
+    raise NoPendingWait(f"run {run['run_id']} is {run['status']}, not waiting for a decision")

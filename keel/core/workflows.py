@@ -1,0 +1,53 @@
+"""The registry of workflows: a name and version for each graph factory, and how it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from keel.core.errors import UnknownWorkflow, UsageError
+
+DURABILITIES = ("sync", "async", "exit")
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    version: str
+    factory: Callable[[], Any]
+    durability: str = "sync"
+    termination: Callable[[Any], str | None] | None = None
+    recursion_limit: int = 100
+    max_concurrency: int | None = None
+    """At most this many runs of this workflow execute at once, across all workers."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+@dataclass
+class Workflows:
+    _by_key: dict[str, Workflow] = field(default_factory=dict)
+    _latest: dict[str, Workflow] = field(default_factory=dict)
+
+    def add(self, workflow: Workflow) -> None:
+        if workflow.durability not in DURABILITIES:
+            raise UsageError(f"durability must be one of {DURABILITIES}")
+        self._by_key[workflow.key] = workflow
+        self._latest[workflow.name] = workflow
+
+    def get(self, name: str, version: str | None = None) -> Workflow:
+        found = self._latest.get(name) if version is None else self._by_key.get(f"{name}@{version}")
+        if found is None:
+            known = ", ".join(sorted(self._by_key)) or "none"
+            what = name if version is None else f"{name}@{version}"
+            raise UnknownWorkflow(f"no workflow {what!r} is registered (registered: {known})")
+        return found
+
+    def keys(self) -> list[str]:
+        return sorted(self._by_key)
+
+    def limits(self) -> dict[str, int]:
+        return {k: w.max_concurrency for k, w in self._by_key.items() if w.max_concurrency}

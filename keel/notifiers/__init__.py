@@ -1,0 +1,1 @@
+"""Outbound notifiers (email, Slack) that the outbox hands wait notifications to."""

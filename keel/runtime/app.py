@@ -1,0 +1,200 @@
+"""`keel.App`: the public, synchronous face of Keel's async core.
+
+Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App's own event loop
+(see keel.core.portal); async code can use `app.aio` (the Runtime) directly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from keel.core.clock import Clock
+from keel.core.errors import UsageError
+from keel.core.notifications import Notifier
+from keel.core.store.base import Row
+from keel.core.waits import DecisionResult
+from keel.core.workflows import Workflow
+from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
+from keel.runtime.worker import Worker, WorkerStats
+
+F = TypeVar("F", bound=Callable[[], Any])
+
+
+class App:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        clock: Clock | None = None,
+        artifacts_dir: str | Path | None = None,
+        lease_ttl: float = 30.0,
+        heartbeat_interval: float | None = None,
+        max_input_bytes: int = 1_000_000,
+    ) -> None:
+        """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`."""
+        self.aio = Runtime(
+            url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
+            clock=clock,
+            artifacts_root=artifacts_dir or os.environ.get("KEEL_ARTIFACTS_DIR", ".keel/artifacts"),
+            lease_ttl=float(os.environ.get("KEEL_LEASE_TTL", lease_ttl)),
+            heartbeat_interval=heartbeat_interval,
+            max_input_bytes=max_input_bytes,
+        )
+        self._portal = self.aio.portal
+
+    @property
+    def url(self) -> str:
+        return self.aio.url
+
+    def workflow(
+        self,
+        name: str,
+        version: str = "1",
+        *,
+        durability: str = "sync",
+        termination: Callable[[Any], str | None] | None = None,
+        recursion_limit: int = 100,
+        max_concurrency: int | None = None,
+    ) -> Callable[[F], F]:
+        """Register a function returning an uncompiled LangGraph builder (a StateGraph).
+
+        `termination(final_state)` may name the run's termination reason (e.g.
+        "max_revisions_exceeded"); `max_concurrency` caps running runs across all workers.
+        """
+
+        def register(factory: F) -> F:
+            self.aio.workflows.add(
+                Workflow(
+                    name,
+                    version,
+                    factory,
+                    durability,
+                    termination,
+                    recursion_limit,
+                    max_concurrency,
+                )
+            )
+            return factory
+
+        return register
+
+    def add_notifier(self, notifier: Notifier) -> Notifier:
+        """Deliver wait notifications (request, remind, escalate, decided, expired) through it."""
+        if not isinstance(notifier, Notifier):
+            raise UsageError("a notifier needs `name`, `kinds` and `send(notification)`")
+        self.aio.notifiers[notifier.name] = notifier
+        return notifier
+
+    def migrate(self) -> list[str]:
+        return self._portal.call(self.aio.migrate())
+
+    def submit(
+        self,
+        workflow: str,
+        *,
+        job_id: str,
+        input: Any,
+        version: str | None = None,
+        rerun: bool = False,
+    ) -> Row:
+        """Admit a run (idempotent: the same job, input and version return the same run)."""
+        row, _ = self._portal.call(
+            self.aio.submit(workflow, job_id=job_id, input=input, version=version, rerun=rerun)
+        )
+        return row
+
+    def get_run(self, run_id: str) -> RunDetails:
+        return self._portal.call(self.aio.get_run(run_id))
+
+    def list_runs(self, **filters: Any) -> list[Row]:
+        return self._portal.call(self.aio.list_runs(**filters))
+
+    def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
+        """Approve the run's pending approval; the first decision wins."""
+        return self._portal.call(self.aio.decide(run_id, decision="approved", **kwargs))
+
+    def reject(self, run_id: str, **kwargs: Any) -> DecisionResult:
+        return self._portal.call(self.aio.decide(run_id, decision="rejected", **kwargs))
+
+    def get_wait(self, wait_id: str) -> Row:
+        """One wait (approval, in-doubt effect, signal) by id; WaitNotFound if unknown."""
+        return self._portal.call(self.aio.get_wait(wait_id))
+
+    def pending_waits(self, limit: int = 100) -> list[Row]:
+        """Open waits, oldest deadline first."""
+        return self._portal.call(self.aio.pending_waits(limit))
+
+    def workers(self) -> list[Row]:
+        """Live workers (host, pid, concurrency, last heartbeat)."""
+        return self._portal.call(self.aio.workers())
+
+    def cancel(self, run_id: str, *, by: str | None = None) -> Row:
+        """Cancel a run: queued or waiting at once, running at its next step boundary."""
+        return self._portal.call(self.aio.cancel(run_id, by=by))
+
+    def resolve_effect(
+        self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any
+    ) -> DecisionResult:
+        """Tell an in-doubt effect's run whether the effect reached the provider."""
+        return self._portal.call(
+            self.aio.decide(
+                run_id,
+                decision="performed" if performed else "not_performed",
+                value={"performed": performed, "result": result},
+                **kwargs,
+            )
+        )
+
+    def run_worker(
+        self,
+        *,
+        concurrency: int = 4,
+        stop_when_idle: bool = False,
+        grace: float = 30.0,
+        worker_id: str | None = None,
+        handle_signals: bool = True,
+    ) -> WorkerStats:
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
+        holder: dict[str, Worker] = {}
+
+        async def serve() -> WorkerStats:
+            worker = Worker(
+                self.aio,
+                concurrency=concurrency,
+                stop_when_idle=stop_when_idle,
+                grace=grace,
+                worker_id=worker_id,
+            )
+            holder["worker"] = worker
+            return await worker.run()
+
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+
+            def on_signal(signum: int, frame: Any) -> None:
+                if worker := holder.get("worker"):
+                    self._portal.loop.call_soon_threadsafe(worker.stop)
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, on_signal)
+        try:
+            return self._portal.call(serve())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def close(self) -> None:
+        if self._portal._loop is not None:
+            self._portal.call(self.aio.close())
+        self._portal.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

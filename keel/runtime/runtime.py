@@ -1,0 +1,260 @@
+"""The Runtime: Keel's async core put together (workflows, connector, services, saver) and the
+operations on runs that the App, the CLI and the HTTP service call."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from keel.backends import connect
+from keel.core import outbox, runs, waits
+from keel.core.artifacts import RunArtifacts
+from keel.core.clock import Clock, SystemClock
+from keel.core.codec import loads
+from keel.core.deadlines import sweep_deadlines
+from keel.core.errors import RunNotFound, WaitNotFound
+from keel.core.ids import validate_run_id
+from keel.core.notifications import Notifier
+from keel.core.portal import Portal
+from keel.core.services import Services
+from keel.core.store.base import Row
+from keel.core.store.store import Store
+from keel.core.workflows import Workflows
+from keel.langgraph.executor import Executor
+from keel.langgraph.savers import FencedSaver, make_saver
+
+DEFAULT_URL = "sqlite:///.keel/keel.db"
+
+
+@dataclass
+class RunDetails:
+    """Everything Keel knows about one run."""
+
+    run: Row
+    timeline: list[Row]
+    effects: list[Row]
+    waits: list[Row]
+    artifacts: list[Any]
+    notifications: list[Row] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.run["status"])
+
+    @property
+    def decision(self) -> str:
+        return str(self.run["decision"])
+
+    @property
+    def termination_reason(self) -> str | None:
+        return self.run["termination_reason"]
+
+    @property
+    def output(self) -> Any:
+        return loads(self.run["output"])
+
+
+class Runtime:
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock | None = None,
+        artifacts_root: str | Path = ".keel/artifacts",
+        lease_ttl: float = 30.0,
+        heartbeat_interval: float | None = None,
+        max_input_bytes: int = 1_000_000,
+        portal: Portal | None = None,
+    ) -> None:
+        self.url = url
+        self.heartbeat_interval = heartbeat_interval or lease_ttl / 3
+        self.max_input_bytes = max_input_bytes
+        self.workflows = Workflows()
+        self.connector = connect(url)
+        self.services = Services(
+            store=Store(self.connector),
+            clock=clock or SystemClock(),
+            portal=portal or Portal(),
+            lease_ttl=lease_ttl,
+            artifacts_root=Path(artifacts_root),
+            wake=self.wake,
+        )
+        self.saver: FencedSaver | None = None
+        self._opened = False
+        self._open_lock: asyncio.Lock | None = None
+        self._wakers: list[asyncio.Event] = []
+
+    # What the core needs, handed down as `services`; read here for callers above the core.
+    @property
+    def store(self) -> Store:
+        return self.services.store
+
+    @property
+    def clock(self) -> Clock:
+        return self.services.clock
+
+    @property
+    def portal(self) -> Portal:
+        return self.services.portal
+
+    @property
+    def lease_ttl(self) -> float:
+        return self.services.lease_ttl
+
+    @property
+    def artifacts_root(self) -> Path:
+        return self.services.artifacts_root
+
+    @property
+    def notifiers(self) -> dict[str, Notifier]:
+        return self.services.notifiers
+
+    def fencing(self) -> FencedSaver:
+        """The open runtime's fenced saver."""
+        if self.saver is None:
+            raise RuntimeError("the runtime is not open")
+        return self.saver
+
+    def set_draining(self, draining: bool) -> None:
+        """Runs give their lease back at their next step boundary while draining."""
+        if self.saver is not None:
+            self.saver.draining = draining
+
+    async def open(self, *, check_schema: bool = True) -> None:
+        if self._opened:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._opened:
+                return
+            await self.connector.open()
+            if check_schema:
+                await self.store.check_schema()
+            saver = make_saver(self.connector, self.store, self.clock)
+            if self.store.dialect == "sqlite":
+                await saver.setup()  # idempotent; its lazy setup would commit our transactions
+            self.saver = saver
+            self._opened = True
+
+    async def close(self) -> None:
+        await self.connector.close()
+        self._opened = False
+
+    async def migrate(self) -> list[str]:
+        await self.connector.open()
+        applied = await self.store.migrate(self.clock.now())
+        saver = make_saver(self.connector, self.store, self.clock)
+        for attempt in range(1, 6):
+            try:
+                await saver.setup()
+                break
+            except Exception:
+                # LangGraph's setup races a concurrent one on PostgreSQL (both CREATE TABLE IF
+                # NOT EXISTS, both record the same version); the next try sees what the other
+                # created. Not under Keel's lock: its CREATE INDEX CONCURRENTLY would wait on
+                # the lock's waiters forever.
+                if attempt == 5:
+                    raise
+                await asyncio.sleep(0.05 * attempt)
+        return applied
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        workflow: str,
+        *,
+        job_id: str,
+        input: Any,
+        version: str | None = None,
+        rerun: bool = False,
+    ) -> tuple[Row, bool]:
+        await self.open()
+        wf = self.workflows.get(workflow, version)
+        row, created = await runs.admit(
+            self.store,
+            workflow=wf.name,
+            version=wf.version,
+            job_id=job_id,
+            input=input,
+            now=self.clock.now(),
+            rerun=rerun,
+            max_input_bytes=self.max_input_bytes,
+        )
+        if created:
+            self.wake()
+        return row, created
+
+    async def get_run(self, run_id: str) -> RunDetails:
+        await self.open()
+        validate_run_id(run_id)
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        for_run = RunArtifacts(self.artifacts_root, run_id).list()
+        return RunDetails(
+            run=run,
+            timeline=await self.store.events(run_id),
+            effects=await self.store.effects(run_id),
+            waits=await self.store.waits(run_id),
+            artifacts=for_run,
+            notifications=await self.store.intents(run_id),
+        )
+
+    async def list_runs(self, **filters: Any) -> list[Row]:
+        await self.open()
+        return await self.store.list_runs(**filters)
+
+    async def get_wait(self, wait_id: str) -> Row:
+        await self.open()
+        wait = await self.store.get_wait(wait_id)
+        if wait is None:
+            raise WaitNotFound(f"no wait {wait_id!r}")
+        return wait
+
+    async def pending_waits(self, limit: int = 100) -> list[Row]:
+        await self.open()
+        return await self.store.pending_waits(limit)
+
+    async def workers(self) -> list[Row]:
+        """Workers that announced themselves within three heartbeat intervals."""
+        await self.open()
+        return await self.store.workers(self.clock.now() - 3 * self.heartbeat_interval)
+
+    async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
+        await self.open()
+        validate_run_id(run_id)
+        return await runs.cancel(self.store, run_id, self.clock.now(), by=by)
+
+    async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        await self.open()
+        return await waits.decide(self.services, run_id, **kwargs)
+
+    # -- the worker's parts, for a worker and for tests that drive them one by one -------------
+
+    def executor(self, worker_id: str) -> Executor:
+        return Executor(self.services, self.workflows, self.fencing(), worker_id)
+
+    async def sweep(self, limit: int = 100) -> int:
+        """Apply due reminders, escalations and deadline policies; return how many."""
+        await self.open()
+        return await sweep_deadlines(self.services, limit)
+
+    async def dispatch(self, worker_id: str, limit: int = 20) -> int:
+        """Deliver up to `limit` due notifications; return how many were settled."""
+        await self.open()
+        return await outbox.dispatch(self.services, worker_id, limit)
+
+    # -- waking workers in this process ------------------------------------------------------
+
+    def waker(self) -> asyncio.Event:
+        event = asyncio.Event()
+        self._wakers.append(event)
+        return event
+
+    def wake(self) -> None:
+        for event in self._wakers:
+            event.set()

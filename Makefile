@@ -14,12 +14,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/keel demo
 
+# One pytest run over tests/, cheapest tier first; it ends with a line per tier (tests/README.md):
+# "tier unit: 158 passed in 9.8 s". Exit status 5 (no test collected) fails a full run, but
+# only means "nothing matched" when PYTEST_ARGS narrows it (e.g. PYTEST_ARGS='-k fencing').
+NO_TESTS_OK := $(if $(strip $(PYTEST_ARGS)),true,false)
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) || { status=$$?; [ $$status -eq 5 ] && $(NO_TESTS_OK); }
 
 lint: $(STAMP)
 	$(BIN)/ruff check keel examples tests bench
 	$(BIN)/ruff format --check keel examples tests bench
+	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -25,7 +25,7 @@ from keel.core.ids import job_id
 from keel.core.ledger import Retry, effect
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
-from keel.runtime.app import App
+from keel.runtime.app import App, Submission
 
 __all__ = [
     "App",
@@ -47,6 +47,7 @@ __all__ = [
     "RunNotFound",
     "SchemaMismatch",
     "Status",
+    "Submission",
     "SystemClock",
     "TerminationReason",
     "TransientError",

@@ -5,7 +5,7 @@ mail server, or with Slack:
 
 - $SLACK_BOT_TOKEN and $SLACK_CHANNEL (a channel id; $SLACK_API_URL overrides Slack's API
   address, e.g. for a local stand-in): approval requests go to Slack with Approve/Reject
-  buttons (`keel.service.slack.SlackNotifier`), and the announcement is posted there too.
+  buttons (`keel.notifiers.slack.SlackNotifier`), and the announcement is posted there too.
 - $NEWSLETTER_SMTP_URL (smtp://host:port): approval requests, reminders and escalations are
   emailed (`keel.notifiers.email.EmailNotifier`), and the announcement is emailed to the run's
   `notify_to`. $NEWSLETTER_MAIL_SPOOL is where the mail server keeps what it accepted (the
@@ -49,7 +49,7 @@ def slack_client() -> tuple[Any, str] | None:
 def notifiers_from_env() -> list[Notifier]:
     found: list[Notifier] = []
     if slack := slack_client():
-        from keel.service.slack import SlackNotifier
+        from keel.notifiers.slack import SlackNotifier
 
         found.append(SlackNotifier(*slack))
     if url := os.environ.get(SMTP_ENV):

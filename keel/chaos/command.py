@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from keel.chaos.matrix import ChaosConfig, run_matrix
+from keel.chaos.harness import ChaosConfig
+from keel.chaos.matrix import run_matrix
 from keel.chaos.report import render, write_json, write_junit
 from keel.core.faults import POINTS
 

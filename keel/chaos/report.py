@@ -10,7 +10,7 @@ from xml.etree import ElementTree as ET
 from rich.console import Console
 from rich.table import Table
 
-from keel.chaos.matrix import Report
+from keel.chaos.harness import Report
 
 MARK = {"pass": "[green]✓[/]", "fail": "[bold red]✗[/]", "not_reached": "[dim]·[/]"}
 

@@ -15,7 +15,7 @@ import keel
 from keel.chaos.checks import Outcome, stale_writes
 
 if TYPE_CHECKING:
-    from keel.chaos.matrix import Harness
+    from keel.chaos.harness import Harness
 
 
 def run_soak(harness: Harness, clean: Outcome, runs: int, seed: int = 7) -> list[str]:

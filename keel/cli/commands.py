@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,22 +18,23 @@ from typing import Annotated, Any
 
 import typer
 
-import keel
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import render
-from keel.cli.render import (
+from keel.cli.guard import (
     BAD_USAGE,
+    bad_spec_is_usage,
     check_database,
     check_kind,
-    decided_line,
     fail,
     guarded,
     login,
-    out,
     read_input,
     say,
 )
+from keel.cli.render import decided_line, out
 from keel.core.lifecycle import Status
+from keel.runtime.app import App
+from keel.runtime.loading import load_app
 from keel.runtime.runtime import DEFAULT_URL
 
 cli = typer.Typer(
@@ -82,29 +82,8 @@ def root() -> None:
 # -- plumbing ---------------------------------------------------------------------------------
 
 
-def load_app(spec: str) -> keel.App:
-    """Import `module:attribute` (the current folder is importable, as with uvicorn)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise typer.BadParameter(f"expected MODULE:ATTRIBUTE, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from None
-        raise
-    app = getattr(module, attr, None)
-    if app is None:
-        raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}")
-    if not isinstance(app, keel.App):
-        raise typer.BadParameter(f"{spec} is a {type(app).__name__}, not a keel.App")
-    return app
-
-
 @contextmanager
-def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> Iterator[keel.App]:
+def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> Iterator[App]:
     """The App a command works on (given on the command line), closed afterwards.
 
     The command line outranks the environment; at the same level --app outranks --db, and an
@@ -120,11 +99,11 @@ def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> 
                 BAD_USAGE,
             )
     elif db:
-        app = keel.App(db)
+        app = App(db)
     elif os.environ.get("KEEL_APP"):
         app = load_app(os.environ["KEEL_APP"])
     else:
-        app = keel.App()  # $KEEL_DATABASE_URL, then the default
+        app = App()  # $KEEL_DATABASE_URL, then the default
     try:
         check_database(app, existing=existing)
         yield app
@@ -141,9 +120,8 @@ def migrate(app: AppOption = None, db: DbOption = None) -> None:
     """Create or upgrade Keel's tables (and LangGraph's checkpoint tables). Safe to repeat."""
     with open_app(app, db, existing=False) as loaded:
         applied = loaded.migrate()
-        rt = loaded.aio
-        version = rt.portal.call(rt.store.schema_version())
-        latest = rt.store.latest_version
+        version = loaded.schema_version()
+        latest = loaded.latest_schema_version
         where = render.redact(loaded.url)
         if applied:
             say(f"applied {', '.join(applied)} to {where}: now at version {version}")
@@ -243,16 +221,13 @@ def submit(
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
     value = read_input(input_json, input_file)
     with open_app(app, None) as loaded:
-        rt = loaded.aio
-        row, created = rt.portal.call(
-            rt.submit(workflow, job_id=job_id, input=value, version=version, rerun=rerun)
-        )
+        row = loaded.submit(workflow, job_id=job_id, input=value, version=version, rerun=rerun)
     if as_json:
         keys = ("run_id", "job_id", "workflow", "workflow_version", "attempt", "status")
-        typer.echo(render.to_json({"created": created, **{k: row[k] for k in keys}}))
+        typer.echo(render.to_json({"created": row.created, **{k: row[k] for k in keys}}))
         return
     what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
-    if created:
+    if row.created:
         attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
         say(f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker")
     else:
@@ -330,7 +305,7 @@ def _decide(
     by = by or login()
     with open_app(app, db) as loaded:
         details = loaded.get_run(run_id)
-        wait_id = check_kind(details, wait_id, want)
+        wait_id = check_kind(details, wait_id, decision)
         common: dict[str, Any] = {
             "by": by,
             "comment": comment,
@@ -493,7 +468,7 @@ def approvals_list(
 
 
 runs_cli.command("cancel")(cancel)
-cli.command("chaos")(chaos_command)
+cli.command("chaos")(bad_spec_is_usage(chaos_command))
 
 
 def main() -> None:

@@ -1,5 +1,4 @@
-"""The `keel` command's helpers: rich tables for people, plain JSON for scripts, one-line
-errors, input parsing and the checks made before a decision.
+"""The `keel` command's output: rich tables for people, plain JSON for scripts.
 
 Rows come from the store with times as floats (epoch seconds) and JSON columns as text; this
 module turns them into readable cells or into JSON objects, and never touches the database.
@@ -9,30 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
-import getpass
 import json
 import os
-import re
-import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
-import typer
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from keel.core.errors import InvalidId, InvalidInput, KeelError, UnknownWorkflow, UsageError
 from keel.core.store.base import Row
-from keel.runtime.app import App
-from keel.runtime.runtime import RunDetails
 
-P = ParamSpec("P")
-R = TypeVar("R")
+# Re-exported: output that shows a database URL hides its password the preflight's way.
+from keel.runtime.preflight import redact as redact
+from keel.runtime.runtime import RunDetails
 
 # Columns that hold JSON text in Keel's tables; scripts get them decoded.
 JSON_COLUMNS = (
@@ -61,13 +52,6 @@ STATUS_STYLE = {
     "decided": "green",
     "timed_out": "red",
 }
-
-_PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
-
-
-def redact(url: str) -> str:
-    """A database URL without its password, fit for a terminal or a log."""
-    return _PASSWORD.sub(r"\1***@", url)
 
 
 def ago(seconds: float) -> str:
@@ -316,10 +300,7 @@ def run_view(details: RunDetails, now: float | None = None) -> Group:
     return Group(*parts)
 
 
-# -- output, errors, input --------------------------------------------------------------------
-
-BAD_USAGE = 2
-USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)
+# -- output ----------------------------------------------------------------------------------
 
 
 def out() -> Console:
@@ -329,94 +310,6 @@ def out() -> Console:
     return Console(highlight=False, soft_wrap=False, width=160 if piped else None)
 
 
-def say(message: str) -> None:
-    """One message line; the terminal, not rich, wraps it."""
-    out().print(message, soft_wrap=True, markup=False)
-
-
-def fail(message: str, code: int = 1) -> NoReturn:
-    """One red line on stderr, no traceback, and the exit code."""
-    Console(stderr=True, highlight=False).print(
-        Text(f"error: {message}", style="red"), soft_wrap=True
-    )
-    raise typer.Exit(code)
-
-
-def database_error(exc: BaseException) -> bool:
-    module = type(exc).__module__ or ""
-    return isinstance(exc, sqlite3.Error) or module.startswith(("psycopg", "psycopg_pool"))
-
-
-def guarded(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn Keel's errors (and unreachable databases) into `fail()`; let bugs raise."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except KeelError as exc:
-            fail(str(exc), BAD_USAGE if isinstance(exc, USAGE_ERRORS) else 1)
-        except Exception as exc:
-            if not database_error(exc):
-                raise
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            fail(f"database error ({type(exc).__name__}): {redact(first)}")
-
-    return wrapper
-
-
-def read_input(input_json: str | None, input_file: str | None) -> Any:
-    if (input_json is None) == (input_file is None):
-        fail("give the run's input with exactly one of --input JSON or --input-file PATH", 2)
-    if input_file is not None:
-        try:
-            text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            fail(f"cannot read --input-file {input_file}: {exc}", BAD_USAGE)
-        where = f"--input-file {input_file}"
-    else:
-        assert input_json is not None
-        text, where = input_json, "--input"
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        fail(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", 2)
-
-
-def check_kind(details: RunDetails, wait_id: str | None, want: str) -> str | None:
-    """Refuse to answer an approval with an effect resolution or the other way round.
-
-    Returns the wait to decide (None: let the core pick the run's single pending wait).
-    """
-    rid = details.run["run_id"]
-    if wait_id is not None:
-        targets = [w for w in details.waits if w["wait_id"] == wait_id]
-    else:
-        targets = [w for w in details.waits if w["status"] == "pending"]
-        if want == "effect" and not targets:
-            # Nothing pending: answer with the effect wait decided last, if there is one.
-            decided = [w for w in details.waits if w["kind"] == "effect"]
-            if not decided:
-                fail(f"run {rid} ({details.status}) has no in-doubt effect to resolve")
-            return str(decided[-1]["wait_id"])
-    if len(targets) != 1:
-        return wait_id
-    target = targets[0]
-    if want == "approval" and target["kind"] == "effect":
-        fail(
-            f"wait {target['wait_id']} of run {rid} is an in-doubt effect ({target['name']}), "
-            f"not an approval: use `keel resolve-effect {rid} --performed` or `--not-performed`",
-            BAD_USAGE,
-        )
-    if want == "effect" and target["kind"] == "approval":
-        fail(
-            f"wait {target['wait_id']} of run {rid} is an approval ({target['name']}), not an "
-            f"in-doubt effect: use `keel approve {rid}` or `keel reject {rid}`",
-            BAD_USAGE,
-        )
-    return wait_id
-
-
 def decided_line(wait: dict[str, Any]) -> str:
     by = wait.get("decided_by") or "(unnamed)"
     channel = f" via {wait['channel']}" if wait.get("channel") else ""
@@ -424,33 +317,3 @@ def decided_line(wait: dict[str, Any]) -> str:
         f"already decided by {by}{channel} at {when(wait.get('decided_at'))}: "
         f"{wait['decision']} (wait {wait['wait_id']} of run {wait['run_id']})"
     )
-
-
-def login() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no login name in this environment (a bare container)
-        return "cli"
-
-
-def check_database(app: App, *, existing: bool = True) -> None:
-    """Fail fast and clearly where the database is missing or unreachable.
-
-    Reading an SQLite file that is not there would create an empty one; a PostgreSQL server
-    that refuses connections would keep the pool retrying for 15 s before saying why.
-    """
-    url = app.aio.connector.url
-    if url.startswith("sqlite:"):
-        from keel.backends.sqlite import sqlite_path
-
-        path = sqlite_path(url)
-        if existing and path != ":memory:" and not Path(path).exists():
-            fail(f"no Keel database at {path}: run `keel migrate` first (or pass --db/--app)")
-        return
-    import psycopg
-
-    try:
-        psycopg.connect(url, connect_timeout=5).close()
-    except psycopg.Error as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
-        fail(f"cannot connect to {redact(app.url)}: {redact(reason)}")

@@ -17,17 +17,18 @@ from typing import Any
 
 from keel.core import outbox
 from keel.core.codec import dumps, loads
-from keel.core.lifecycle import Status, TerminationReason
+from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.runs import transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
+from keel.core.wait_model import ExpiryDecision, WaitKind, WaitStatus
 
 DECISION_ON_TIMEOUT = {
-    "reject": "rejected",
-    "escalate": "rejected",
-    "timeout": "timed_out",
-    "cancel": "cancelled",
-    "fail": "timed_out",
+    "reject": ExpiryDecision.REJECTED,
+    "escalate": ExpiryDecision.REJECTED,
+    "timeout": ExpiryDecision.TIMED_OUT,
+    "cancel": ExpiryDecision.CANCELLED,
+    "fail": ExpiryDecision.TIMED_OUT,
 }
 
 
@@ -36,15 +37,13 @@ async def sweep_deadlines(services: Services, limit: int = 100) -> int:
     return how many this call applied."""
     store = services.store
     now = services.clock.now()
-    async with store.db.read() as tx:
-        staged = await tx.all("due_stages", {"now": now, "limit": limit})
-        expired = await tx.all("expired_waits", {"now": now, "limit": limit})
+    staged, expired = await store.due_waits(now, limit)
     applied = 0
     for wait in staged:
-        async with store.db.transaction() as tx:
+        async with store.transaction() as tx:
             applied += await _advance(services, tx, wait, now)
     for wait in expired:
-        async with store.db.transaction() as tx:
+        async with store.transaction() as tx:
             if await _apply(services, tx, wait, now):
                 applied += 1
     if applied:
@@ -54,6 +53,7 @@ async def sweep_deadlines(services: Services, limit: int = 100) -> int:
 
 async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
     """Deliver the wait's next reminder or escalation, once."""
+    store = services.store
     schedule = loads(wait["schedule"])
     level = int(wait["escalation_level"])
     if level >= len(schedule):
@@ -64,20 +64,18 @@ async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
         if following < len(schedule)
         else None
     )
-    row = await tx.one(
-        "advance_stage", {"wait_id": wait["wait_id"], "level": level, "next_stage_at": next_at}
-    )
+    row = await store.advance_stage(tx, wait["wait_id"], level, next_at)
     if row is None:  # another sweeper advanced it, or it was decided meanwhile
         return False
     stage = schedule[level]
-    await services.store.add_event(
+    await store.add_event(
         tx,
         wait["run_id"],
         "wait.reminded" if stage["kind"] == "remind" else "wait.escalated",
         now,
         {"wait_id": wait["wait_id"], "level": following, "to": stage.get("to", [])},
     )
-    run = await tx.one("get_run", {"run_id": wait["run_id"]})
+    run = await store.read_run(tx, wait["run_id"])
     assert run is not None
     await outbox.record(
         services,
@@ -95,21 +93,18 @@ async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
 async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
     store = services.store
     # The run first, locked, as decisions do: one lock order, and a status that stays true.
-    run = await tx.one("lock_run", {"run_id": wait["run_id"]})
+    run = await store.lock_run(tx, wait["run_id"])
     # The wait as it is now, not as the sweep read it: a stage applied since moved its level,
     # another sweeper may have extended its deadline.
-    fresh = await tx.one("get_wait", {"wait_id": wait["wait_id"]})
-    if fresh is None or fresh["status"] != "pending" or not float(fresh["deadline"]) < now:
+    fresh = await store.read_wait(tx, wait["wait_id"])
+    if fresh is None or fresh["status"] != WaitStatus.PENDING or not float(fresh["deadline"]) < now:
         return False
     wait = fresh
     policy = str(wait["on_timeout"])
     stages = len(loads(wait["schedule"]))
     if policy == "escalate" and int(wait["escalation_level"]) == stages:
         window = float(wait["deadline"]) - float(wait["created_at"])
-        row = await tx.one(
-            "escalate_wait",
-            {"wait_id": wait["wait_id"], "deadline": now + max(window, 1.0), "level": stages},
-        )
+        row = await store.escalate_wait(tx, wait["wait_id"], stages, now + max(window, 1.0))
         if row is not None:
             await store.add_event(
                 tx,
@@ -121,7 +116,7 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
             assert run is not None
             await outbox.record(services, tx, run, row, "escalate", now, stage=stages + 1)
         return row is not None
-    decision = DECISION_ON_TIMEOUT.get(policy, "timed_out")
+    decision = DECISION_ON_TIMEOUT.get(policy, ExpiryDecision.TIMED_OUT)
     value: dict[str, Any] = {
         "decision": decision,
         "wait_id": wait["wait_id"],
@@ -131,10 +126,7 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
         "at": now,
         "performed": False,
     }
-    row = await tx.one(
-        "expire_wait",
-        {"wait_id": wait["wait_id"], "decision": decision, "value": dumps(value), "now": now},
-    )
+    row = await store.expire_wait(tx, wait["wait_id"], decision, dumps(value), now)
     if row is None:  # a person or another sweeper got there first
         return False
     await store.add_event(
@@ -160,7 +152,11 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
             error=None if policy == "cancel" else f"wait {wait['wait_id']} passed its deadline",
         )
         return True
-    run_decision = "rejected" if decision == "rejected" and wait["kind"] == "approval" else None
+    run_decision = (
+        Decision.REJECTED
+        if decision == ExpiryDecision.REJECTED and wait["kind"] == WaitKind.APPROVAL
+        else None
+    )
     await wake_after_wait(
         store,
         tx,

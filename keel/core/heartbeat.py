@@ -20,29 +20,13 @@ from keel.core.errors import LeaseLost
 
 async def _beat(ctx: RunContext, details: Any) -> None:
     rt = ctx.services
+    store = rt.store
     now = rt.clock.now()
-    async with rt.store.db.transaction() as tx:
-        renewed = await tx.one(
-            "renew_lease",
-            {
-                "run_id": ctx.run_id,
-                "lease_token": ctx.token,
-                "expires_at": now + rt.lease_ttl,
-                "now": now,
-            },
-        )
-        if renewed is None:
+    async with store.transaction() as tx:
+        if not await store.renew_lease(tx, ctx.run_id, ctx.token, now, now + rt.lease_ttl):
             raise LeaseLost(f"run {ctx.run_id}: lease {ctx.token} was taken over")
         if details is not None:
-            await tx.execute(
-                "set_heartbeat_details",
-                {
-                    "run_id": ctx.run_id,
-                    "lease_token": ctx.token,
-                    "details": dumps(details),
-                    "now": now,
-                },
-            )
+            await store.set_heartbeat_details(tx, ctx.run_id, ctx.token, dumps(details), now)
 
 
 def heartbeat(details: Any = None) -> None:

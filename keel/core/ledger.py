@@ -16,6 +16,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from keel.core.codec import dumps, loads
@@ -25,12 +26,28 @@ from keel.core.faults import fault_point
 from keel.core.ids import StepRef, args_hash
 from keel.core.portal import Host
 from keel.core.store.store import Store
+from keel.core.wait_model import EffectAnswer, WaitKind
 
 P = ParamSpec("P")
 R = TypeVar("R")
 log = logging.getLogger("keel.core.ledger")
 
-PENDING, SENT, CONFIRMED, FAILED, IN_DOUBT = "pending", "sent", "confirmed", "failed", "in_doubt"
+
+class EffectStatus(StrEnum):
+    """Where a ledger row is: pending -> sent -> confirmed, or failed, or in_doubt."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    CONFIRMED = "confirmed"
+    """The provider (its reconciler, or a person) says it happened."""
+    FAILED = "failed"
+    IN_DOUBT = "in_doubt"
+    """Left pending by a crash, with no way to ask the provider: a person must answer."""
+
+
+# The module-level names came first; code outside the core still uses them.
+PENDING, SENT, CONFIRMED = EffectStatus.PENDING, EffectStatus.SENT, EffectStatus.CONFIRMED
+FAILED, IN_DOUBT = EffectStatus.FAILED, EffectStatus.IN_DOUBT
 _PERFORM = object()
 
 
@@ -142,9 +159,9 @@ class Effect(Generic[P, R]):
         fault_point("effect.before_reserve", self.name)
         row, new = await reserve(ctx, key, where, self.name, content)
         status = row["status"]
-        if status in (SENT, CONFIRMED):
+        if status in (EffectStatus.SENT, EffectStatus.CONFIRMED):
             return loads(row["result"])
-        if status == FAILED:
+        if status == EffectStatus.FAILED:
             raise EffectFailed(key, row["error"] or "unknown error")
         attempts = int(row["attempts"])
         if not new:
@@ -164,7 +181,7 @@ class Effect(Generic[P, R]):
     ) -> Any:
         """A key left pending by a crash: find out, retry under the key, or ask a person."""
         answered = _answered(row)
-        if row["status"] == PENDING:
+        if row["status"] == EffectStatus.PENDING:
             if self.reconcile is not None:
                 try:
                     found = await _call(self.reconcile, host, *args, idempotency_key=key, **kwargs)
@@ -174,15 +191,18 @@ class Effect(Generic[P, R]):
                     if found is None:
                         await event(ctx, "effect.reconciled", {"key": key, "found": False})
                         return _PERFORM
-                    await record(ctx, key, CONFIRMED, int(row["attempts"]), result=found)
+                    await record(
+                        ctx, key, EffectStatus.CONFIRMED, int(row["attempts"]), result=found
+                    )
                     return found
             elif self.provider_idempotent:
                 return _PERFORM
             kept = {"answered": answered} if answered else None
-            await record(ctx, key, IN_DOUBT, int(row["attempts"]), result=kept)
+            await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]), result=kept)
+        # Plain strings: the spec goes into the checkpoint, read back by any later version.
         spec = {
             "keel_wait": {
-                "kind": "effect",
+                "kind": WaitKind.EFFECT.value,
                 "name": self.name,
                 "payload": {"idempotency_key": key, "effect": self.name},
                 "timeout": 7 * 86400,
@@ -196,16 +216,21 @@ class Effect(Generic[P, R]):
             resolution = ctx.pause(spec)
         if isinstance(resolution, dict) and resolution.get("performed"):
             result = resolution.get("result")
-            await record(ctx, key, CONFIRMED, int(row["attempts"]), result=result)
+            await record(ctx, key, EffectStatus.CONFIRMED, int(row["attempts"]), result=result)
             return result
-        if not isinstance(resolution, dict) or resolution.get("decision") != "not_performed":
+        if (
+            not isinstance(resolution, dict)
+            or resolution.get("decision") != EffectAnswer.NOT_PERFORMED
+        ):
             # Not an answer (the deadline passed, an approval landed here): never guess.
             what = resolution.get("decision") if isinstance(resolution, dict) else resolution
             raise EffectFailed(key, f"in doubt and not resolved (the wait ended {what!r})")
         if resolution.get("wait_id"):
             # Back to pending before performing: a crash now leaves the key in doubt, not answered.
             answered = [*answered, str(resolution["wait_id"])]
-            await record(ctx, key, PENDING, int(row["attempts"]), result={"answered": answered})
+            await record(
+                ctx, key, EffectStatus.PENDING, int(row["attempts"]), result={"answered": answered}
+            )
         return _PERFORM
 
     async def _perform(
@@ -231,17 +256,21 @@ class Effect(Generic[P, R]):
                     )
                     await ctx.services.clock.sleep(delay)
                     continue
-                await record(ctx, key, FAILED, attempts, error=repr(exc))
+                await record(ctx, key, EffectStatus.FAILED, attempts, error=repr(exc))
                 raise EffectFailed(key, repr(exc)) from exc
             fault_point("effect.after_perform", self.name)
-            await record(ctx, key, SENT, attempts, result=result)
+            await record(ctx, key, EffectStatus.SENT, attempts, result=result)
             fault_point("effect.after_record", self.name)
             return result
 
 
 def _answered(row: dict[str, Any]) -> list[str]:
     """Waits whose answer about this key was already acted upon (kept while it is unsettled)."""
-    kept = loads(row["result"]) if row["status"] in (PENDING, IN_DOUBT) else None
+    kept = (
+        loads(row["result"])
+        if row["status"] in (EffectStatus.PENDING, EffectStatus.IN_DOUBT)
+        else None
+    )
     return [str(w) for w in kept.get("answered", [])] if isinstance(kept, dict) else []
 
 
@@ -279,28 +308,26 @@ async def reserve(
 ) -> tuple[dict[str, Any], bool]:
     store: Store = ctx.services.store
     now = ctx.services.clock.now()
-    async with store.db.transaction() as tx:
+    async with store.transaction() as tx:
         fence = await store.check_fence(tx, ctx.run_id, ctx.token)
         if fence["cancel_requested"]:
             # A cancelled run starts no new side effect, whatever its checkpoint cadence.
             raise RunCancelled(f"run {ctx.run_id} was cancelled")
-        row = await tx.one(
-            "insert_effect",
-            {
-                "key": key,
-                "run_id": ctx.run_id,
-                "name": name,
-                "node": where.node,
-                "step": where.step,
-                "task_path": where.path,
-                "args_hash": content,
-                "lease_token": ctx.token,
-                "now": now,
-            },
+        row = await store.insert_effect(
+            tx,
+            key,
+            run_id=ctx.run_id,
+            name=name,
+            node=where.node,
+            step=where.step,
+            task_path=where.path,
+            args_hash=content,
+            token=ctx.token,
+            now=now,
         )
         if row is not None:
             return row, True
-        existing = await tx.one("get_effect", {"key": key})
+        existing = await store.read_effect(tx, key)
     assert existing is not None
     return existing, False
 
@@ -308,7 +335,7 @@ async def reserve(
 async def record(
     ctx: RunContext,
     key: str,
-    status: str,
+    status: EffectStatus,
     attempts: int,
     *,
     result: Any = None,
@@ -322,17 +349,15 @@ async def record(
         log.warning("result of %s is not JSON; the ledger keeps its repr", key)
         encoded = dumps({"repr": repr(result)})
     async with store.fenced(ctx.run_id, ctx.token) as tx:
-        await tx.one(
-            "update_effect",
-            {
-                "key": key,
-                "status": status,
-                "attempts": attempts,
-                "result": encoded,
-                "error": error,
-                "lease_token": ctx.token,
-                "now": now,
-            },
+        await store.update_effect(
+            tx,
+            key,
+            status=status,
+            attempts=attempts,
+            result=encoded,
+            error=error,
+            token=ctx.token,
+            now=now,
         )
         await store.add_event(
             tx,

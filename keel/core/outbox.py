@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from enum import StrEnum
 from typing import Any
 
 from keel.core.codec import dumps, loads
@@ -26,6 +27,17 @@ from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
 
 log = logging.getLogger("keel.core.outbox")
+
+
+class IntentStatus(StrEnum):
+    """Where an intent is: queued -> sending -> delivered, or failed, or in_doubt."""
+
+    QUEUED = "queued"
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    IN_DOUBT = "in_doubt"
+    """Its sender died mid-delivery and the notifier cannot say whether it went out."""
 
 
 def intent_id(run_id: str, wait_id: str, kind: str, stage: int, notifier: str) -> str:
@@ -56,26 +68,23 @@ async def record(
     for notifier in services.notifiers.values():
         if kind not in notifier.kinds:
             continue
-        row = await tx.one(
-            "insert_intent",
-            {
-                "intent_id": intent_id(run["run_id"], wait["wait_id"], kind, stage, notifier.name),
-                "run_id": run["run_id"],
-                "wait_id": wait["wait_id"],
-                "notifier": notifier.name,
-                "kind": kind,
-                "payload": dumps(
-                    {
-                        "job_id": run["job_id"],
-                        "workflow": run["workflow"],
-                        "wait": wait_view,
-                        "details": {"stage": stage, **(details or {})},
-                    }
-                ),
-                "now": now,
-            },
+        added += await services.store.insert_intent(
+            tx,
+            intent_id(run["run_id"], wait["wait_id"], kind, stage, notifier.name),
+            run_id=run["run_id"],
+            wait_id=wait["wait_id"],
+            notifier=notifier.name,
+            kind=kind,
+            payload=dumps(
+                {
+                    "job_id": run["job_id"],
+                    "workflow": run["workflow"],
+                    "wait": wait_view,
+                    "details": {"stage": stage, **(details or {})},
+                }
+            ),
+            now=now,
         )
-        added += row is not None
     return added
 
 
@@ -92,20 +101,18 @@ async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
 
 
 async def _claim(store: Store, worker_id: str, now: float, ttl: float) -> tuple[Row, bool] | None:
-    async with store.db.transaction() as tx:
-        candidate = await tx.one("claim_intent_candidate", {"now": now})
+    async with store.transaction() as tx:
+        candidate = await store.claim_intent_candidate(tx, now)
         if candidate is None:
             return None
-        in_doubt = candidate["status"] == "sending"
-        row = await tx.one(
-            "claim_intent",
-            {
-                "intent_id": candidate["intent_id"],
-                "status": "sending",
-                "worker_id": worker_id,
-                "expires_at": now + ttl,
-                "now": now,
-            },
+        in_doubt = candidate["status"] == IntentStatus.SENDING
+        row = await store.claim_intent(
+            tx,
+            candidate["intent_id"],
+            status=IntentStatus.SENDING,
+            worker_id=worker_id,
+            now=now,
+            expires_at=now + ttl,
         )
     assert row is not None
     return row, in_doubt
@@ -114,7 +121,9 @@ async def _claim(store: Store, worker_id: str, now: float, ttl: float) -> tuple[
 async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool) -> None:
     notifier = services.notifiers.get(row["notifier"])
     if notifier is None:
-        await _settle(services, worker_id, row, "failed", error="no such notifier registered")
+        await _settle(
+            services, worker_id, row, IntentStatus.FAILED, error="no such notifier registered"
+        )
         return
     note = await _notification(services, row)
     if in_doubt:
@@ -123,7 +132,7 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
             log.warning(
                 "notification %s may have been sent by a dead worker: in doubt", row["intent_id"]
             )
-            await _settle(services, worker_id, row, "in_doubt")
+            await _settle(services, worker_id, row, IntentStatus.IN_DOUBT)
             return
         try:
             found = await _call(reconcile, note)
@@ -132,7 +141,7 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
             log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
             return
         if found is not None:
-            await _settle(services, worker_id, row, "delivered", result=found)
+            await _settle(services, worker_id, row, IntentStatus.DELIVERED, result=found)
             return
     try:
         result = await _call(notifier.send, note)
@@ -140,23 +149,22 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
         delay = (
             exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** row["attempts"])
         )
-        await _settle(services, worker_id, row, "queued", error=repr(exc), delay=delay)
+        await _settle(services, worker_id, row, IntentStatus.QUEUED, error=repr(exc), delay=delay)
         return
     except Exception as exc:
         log.exception("notification %s failed", row["intent_id"])
-        await _settle(services, worker_id, row, "failed", error=repr(exc))
+        await _settle(services, worker_id, row, IntentStatus.FAILED, error=repr(exc))
         return
-    await _settle(services, worker_id, row, "delivered", result=result)
+    await _settle(services, worker_id, row, IntentStatus.DELIVERED, result=result)
 
 
 async def _notification(services: Services, row: Row) -> Notification:
     payload = loads(row["payload"])
-    async with services.store.db.read() as tx:
-        related = await tx.all("intents_for_wait", {"wait_id": row["wait_id"]})
+    related = await services.store.intents_for_wait(row["wait_id"])
     earlier = {
         r["kind"]: loads(r["result"])
         for r in related
-        if r["notifier"] == row["notifier"] and r["status"] == "delivered"
+        if r["notifier"] == row["notifier"] and r["status"] == IntentStatus.DELIVERED
     }
     return Notification(
         intent_id=row["intent_id"],
@@ -180,28 +188,27 @@ async def _settle(
     services: Services,
     worker_id: str,
     row: Row,
-    status: str,
+    status: IntentStatus,
     *,
     result: Any = None,
     error: str | None = None,
     delay: float = 0.0,
 ) -> None:
     now = services.clock.now()
-    async with services.store.db.transaction() as tx:
-        settled = await tx.one(
-            "settle_intent",
-            {
-                "intent_id": row["intent_id"],
-                "worker_id": worker_id,
-                "status": status,
-                "result": dumps(result),
-                "error": error,
-                "available_at": now + delay,
-                "now": now,
-            },
+    store = services.store
+    async with store.transaction() as tx:
+        settled = await store.settle_intent(
+            tx,
+            row["intent_id"],
+            worker_id=worker_id,
+            status=status,
+            result=dumps(result),
+            error=error,
+            available_at=now + delay,
+            now=now,
         )
-        if settled is not None and status != "queued":
-            await services.store.add_event(
+        if settled is not None and status != IntentStatus.QUEUED:
+            await store.add_event(
                 tx,
                 row["run_id"],
                 f"notification.{status}",

@@ -28,6 +28,11 @@ class Portal:
         self._lock = threading.Lock()
 
     @property
+    def started(self) -> bool:
+        """Whether the loop runs (it starts at the first call, and stops at `close`)."""
+        return self._loop is not None
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:

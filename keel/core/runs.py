@@ -1,4 +1,14 @@
-"""Admission and lifecycle transitions: the only code that changes a run's status."""
+"""Admission and lifecycle transitions: the only code that changes a run's status.
+
+Status is written in exactly two places, both here and both checked against the transition
+table (`keel.core.lifecycle`) and recorded on the timeline in the same transaction:
+
+- `transition()` for every move (the `update_run_status` query);
+- `claimed()` for a claim or takeover, whose query takes the lease and sets `running` in one
+  UPDATE, so that no reader ever sees a running run without an owner.
+
+Admission (`insert_run`) writes a new run's first status, `queued`; nothing else does.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +17,10 @@ from typing import Any
 from keel.core.codec import canonical_json
 from keel.core.errors import InputTooLarge, RunFinished, RunNotFound
 from keel.core.ids import input_hash, run_id, validate_job_id
-from keel.core.lifecycle import FINISHED, Status, check_transition
+from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
+from keel.core.wait_model import ExpiryDecision, WaitStatus
 
 
 async def admit(
@@ -30,28 +41,21 @@ async def admit(
     if size > max_input_bytes:
         raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
     content = input_hash(workflow, version, input_json)
-    async with store.db.transaction() as tx:
-        attempt = 1
-        if rerun:
-            row = await tx.one(
-                "max_attempt", {"job_id": job_id, "workflow": workflow, "input_hash": content}
-            )
-            attempt = int(row["attempt"]) + 1 if row else 1
+    async with store.transaction() as tx:
+        attempt = await store.next_attempt(tx, job_id, workflow, content) if rerun else 1
         rid = run_id(job_id, workflow, version, input_json, attempt)
-        inserted = await tx.one(
-            "insert_run",
-            {
-                "run_id": rid,
-                "job_id": job_id,
-                "workflow": workflow,
-                "workflow_version": version,
-                "attempt": attempt,
-                "input_hash": content,
-                "input": input_json,
-                "now": now,
-            },
+        inserted = await store.insert_run(
+            tx,
+            run_id=rid,
+            job_id=job_id,
+            workflow=workflow,
+            version=version,
+            attempt=attempt,
+            input_hash=content,
+            input_json=input_json,
+            now=now,
         )
-        if inserted is not None:
+        if inserted:
             await store.add_event(
                 tx,
                 rid,
@@ -59,10 +63,10 @@ async def admit(
                 now,
                 {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt},
             )
-            await tx.one("notify_wake", {"run_id": rid})
-        row = await tx.one("get_run", {"run_id": rid})
+            await store.notify_wake(tx, rid)
+        row = await store.read_run(tx, rid)
     assert row is not None
-    return row, inserted is not None
+    return row, inserted
 
 
 async def transition(
@@ -82,27 +86,60 @@ async def transition(
 ) -> None:
     """Move a run along the transition table and record the move on its timeline."""
     check_transition(current["status"], target)
-    await tx.execute(
-        "update_run_status",
-        {
-            "run_id": current["run_id"],
-            "status": target.value,
-            "decision": decision,
-            "termination_reason": termination_reason,
-            "error": error,
-            "output": output,
-            "finished_at": now if target in FINISHED else None,
-            "now": now,
-        },
+    await store.update_run_status(
+        tx,
+        current["run_id"],
+        target.value,
+        now,
+        decision=decision,
+        termination_reason=termination_reason,
+        error=error,
+        output=output,
+        finished_at=now if target in FINISHED else None,
     )
-    data = {"from": current["status"], "to": target.value, **(event or {})}
+    data = dict(event or {})
     if termination_reason:
         data["termination_reason"] = termination_reason
     if error:
         data["error"] = error[:2000]
-    await store.add_event(
-        tx, current["run_id"], f"status.{target.value}", now, data, worker_id=worker_id, token=token
+    await _record_move(
+        store, tx, current, target, f"status.{target.value}", now, data, worker_id, token
     )
+
+
+async def claimed(
+    store: Store, tx: Tx, candidate: Row, worker_id: str, now: float, ttl: float
+) -> Row:
+    """Take the lease of a claimable run (queued, or running under an expired lease) and move
+    it to running; return the claimed row, with its new token."""
+    check_transition(candidate["status"], Status.RUNNING)
+    row = await store.claim_run(tx, candidate["run_id"], worker_id, now, now + ttl)
+    assert row is not None
+    # A claim's status event is named after the lease: "lease.claimed", or "lease.takeover"
+    # (running -> running) with the owner it fenced out.
+    takeover = candidate["status"] == Status.RUNNING
+    data: dict[str, Any] = {"expires_at": now + ttl}
+    if takeover:
+        data = {"previous_owner": candidate["lease_owner"], **data}
+    kind = "lease.takeover" if takeover else "lease.claimed"
+    token = int(row["lease_token"])
+    await _record_move(store, tx, candidate, Status.RUNNING, kind, now, data, worker_id, token)
+    return row
+
+
+async def _record_move(
+    store: Store,
+    tx: Tx,
+    current: Row,
+    target: Status,
+    kind: str,
+    now: float,
+    data: dict[str, Any],
+    worker_id: str | None,
+    token: int | None,
+) -> None:
+    moved = {"from": current["status"], "to": target.value, **data}
+    await store.add_event(tx, current["run_id"], kind, now, moved, worker_id=worker_id, token=token)
 
 
 async def wake_after_wait(
@@ -116,48 +153,43 @@ async def wake_after_wait(
 ) -> None:
     """A wait was answered: record the run's decision and queue it to resume if it waits."""
     if decision is not None:
-        await tx.execute(
-            "set_run_decision", {"run_id": run["run_id"], "decision": decision, "now": now}
-        )
+        await store.set_run_decision(tx, run["run_id"], decision, now)
     if run["status"] == Status.WAITING:
         await transition(store, tx, run, Status.QUEUED, now, event=cause)
-    await tx.one("notify_wake", {"run_id": run["run_id"]})
+    await store.notify_wake(tx, run["run_id"])
+
+
+async def cancel_waits(store: Store, tx: Tx, run_id: str, now: float) -> None:
+    """End the run's pending waits as cancelled: nobody is asked any more."""
+    for wait in await store.read_waits(tx, run_id):
+        if wait["status"] == WaitStatus.PENDING:
+            await store.expire_wait(tx, wait["wait_id"], ExpiryDecision.CANCELLED, "null", now)
 
 
 async def cancel(store: Store, run_id: str, now: float, *, by: str | None) -> Row:
     """Cancel a run: at once if it is queued or waiting, at its next step boundary if running."""
-    async with store.db.transaction() as tx:
+    async with store.transaction() as tx:
         # Locked: a claim committing meanwhile must not be overwritten by a stale "queued".
-        run = await tx.one("lock_run", {"run_id": run_id})
+        run = await store.lock_run(tx, run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
         status = Status(run["status"])
         if status in FINISHED:
             raise RunFinished(f"run {run_id} is already {status.value}")
         if status == Status.RUNNING:
-            await tx.execute("set_cancel_requested", {"run_id": run_id, "now": now})
+            await store.request_cancel(tx, run_id, now)
             await store.add_event(tx, run_id, "cancel.requested", now, {"by": by})
         else:
-            for wait in await tx.all("list_waits", {"run_id": run_id}):
-                if wait["status"] == "pending":
-                    await tx.one(
-                        "expire_wait",
-                        {
-                            "wait_id": wait["wait_id"],
-                            "decision": "cancelled",
-                            "value": "null",
-                            "now": now,
-                        },
-                    )
+            await cancel_waits(store, tx, run_id, now)
             await transition(
                 store,
                 tx,
                 run,
                 Status.CANCELLED,
                 now,
-                termination_reason="cancelled",
+                termination_reason=TerminationReason.CANCELLED,
                 event={"by": by},
             )
-        row = await tx.one("get_run", {"run_id": run_id})
+        row = await store.read_run(tx, run_id)
     assert row is not None
     return row

@@ -20,11 +20,12 @@ from keel.core.context import RunContext, current
 from keel.core.errors import NoPendingWait, RunFinished, RunNotFound, UsageError, WaitNotFound
 from keel.core.faults import fault_point
 from keel.core.ids import digest, validate_run_id
-from keel.core.lifecycle import FINISHED, Status
-from keel.core.runs import transition, wake_after_wait
+from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason
+from keel.core.runs import cancel_waits, transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
+from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -43,7 +44,7 @@ class ApprovalDecision:
 
     @property
     def approved(self) -> bool:
-        return self.decision == "approved"
+        return self.decision == Decision.APPROVED
 
     @classmethod
     def from_value(cls, value: Any) -> ApprovalDecision:
@@ -88,8 +89,9 @@ def approval(
             {"after": parse_duration(escalate_after), "kind": "escalate", "to": list(escalate_to)}
         )
     schedule.sort(key=lambda stage: stage["after"])
+    # Plain strings: the spec goes into the checkpoint, read back by any later version.
     spec = {
-        "kind": "approval",
+        "kind": WaitKind.APPROVAL.value,
         "name": name,
         "payload": payload,
         "timeout": parse_duration(timeout),
@@ -109,7 +111,7 @@ def _spec(value: Any) -> dict[str, Any]:
         return dict(value["keel_wait"])
     # A plain interrupt() from user code: a generic wait, decided with approve/reject/decide.
     return {
-        "kind": "interrupt",
+        "kind": WaitKind.INTERRUPT.value,
         "name": "interrupt",
         "payload": value,
         "timeout": DEFAULT_WAIT_TIMEOUT,
@@ -123,23 +125,21 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     now = rt.clock.now()
     ids = []
     run: Row | None = None
-    async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
-        current_run = await tx.one("get_run", {"run_id": ctx.run_id})
+    store = rt.store
+    async with store.fenced(ctx.run_id, ctx.token) as tx:
+        current_run = await store.read_run(tx, ctx.run_id)
         if current_run is not None and current_run["cancel_requested"]:
             # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
-            for wait in await tx.all("list_waits", {"run_id": ctx.run_id}):
-                if wait["status"] == "pending":
-                    params = {"wait_id": wait["wait_id"], "decision": "cancelled", "now": now}
-                    await tx.one("expire_wait", {**params, "value": "null"})
+            await cancel_waits(store, tx, ctx.run_id, now)
             await transition(
-                rt.store,
+                store,
                 tx,
                 current_run,
                 Status.CANCELLED,
                 now,
                 worker_id=ctx.worker_id,
                 token=ctx.token,
-                termination_reason="cancelled",
+                termination_reason=TerminationReason.CANCELLED,
             )
             return Status.CANCELLED
         for intr in interrupts:
@@ -148,30 +148,28 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
             ids.append(wid)
             timeout = spec.get("timeout")
             schedule = spec.get("schedule", [])
-            inserted = await tx.one(
-                "insert_wait",
-                {
-                    "wait_id": wid,
-                    "run_id": ctx.run_id,
-                    "interrupt_id": intr.id,
-                    "kind": spec.get("kind", "interrupt"),
-                    "name": spec.get("name", "interrupt"),
-                    "payload": dumps(spec.get("payload")),
-                    "approvers": dumps(spec.get("approvers", [])),
-                    "deadline": now + float(timeout) if timeout is not None else None,
-                    "on_timeout": spec.get("on_timeout", "fail"),
-                    "schedule": dumps(schedule),
-                    "next_stage_at": now + float(schedule[0]["after"]) if schedule else None,
-                    "now": now,
-                },
+            inserted = await store.insert_wait(
+                tx,
+                wait_id=wid,
+                run_id=ctx.run_id,
+                interrupt_id=intr.id,
+                kind=spec.get("kind", WaitKind.INTERRUPT),
+                name=spec.get("name", "interrupt"),
+                payload=dumps(spec.get("payload")),
+                approvers=dumps(spec.get("approvers", [])),
+                deadline=now + float(timeout) if timeout is not None else None,
+                on_timeout=spec.get("on_timeout", "fail"),
+                schedule=dumps(schedule),
+                next_stage_at=now + float(schedule[0]["after"]) if schedule else None,
+                now=now,
             )
-            if inserted is not None:
+            if inserted:
                 if run is None:
-                    run = await tx.one("get_run", {"run_id": ctx.run_id})
-                wait_row = await tx.one("get_wait", {"wait_id": wid})
+                    run = await store.read_run(tx, ctx.run_id)
+                wait_row = await store.read_wait(tx, wid)
                 assert run is not None and wait_row is not None
                 await outbox.record(rt, tx, run, wait_row, "request", now)
-                await rt.store.add_event(
+                await store.add_event(
                     tx,
                     ctx.run_id,
                     "wait.registered",
@@ -182,14 +180,14 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 )
         decided = [
             w
-            for w in await tx.all("list_waits", {"run_id": ctx.run_id})
-            if w["wait_id"] in ids and w["status"] != "pending"
+            for w in await store.read_waits(tx, ctx.run_id)
+            if w["wait_id"] in ids and w["status"] != WaitStatus.PENDING
         ]
-        run = await tx.one("get_run", {"run_id": ctx.run_id})
+        run = await store.read_run(tx, ctx.run_id)
         assert run is not None
         # A decision that is already in (it raced the registration) resumes the run at once.
         target = Status.QUEUED if decided else Status.WAITING
-        await transition(rt.store, tx, run, target, now, worker_id=ctx.worker_id, token=ctx.token)
+        await transition(store, tx, run, target, now, worker_id=ctx.worker_id, token=ctx.token)
     return target
 
 
@@ -198,8 +196,20 @@ async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str])
     return {
         w["interrupt_id"]: loads(w["value"])
         for w in await store.waits(run_id)
-        if w["status"] != "pending" and w["interrupt_id"] in pending_interrupt_ids
+        if w["status"] != WaitStatus.PENDING and w["interrupt_id"] in pending_interrupt_ids
     }
+
+
+def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
+    """Raise UsageError unless `decision` is an answer a wait of `wait_kind` takes.
+
+    An in-doubt effect takes only performed/not_performed, every other wait anything else:
+    approving an in-doubt effect would resume it without `performed`, that is a second send.
+    """
+    is_effect_answer = decision in (EffectAnswer.PERFORMED, EffectAnswer.NOT_PERFORMED)
+    if (wait_kind == WaitKind.EFFECT) != is_effect_answer:
+        how = "resolve_effect()" if wait_kind == WaitKind.EFFECT else "approve() or reject()"
+        raise UsageError(f"wait {wait_id} is a {wait_kind} wait: answer it with {how}")
 
 
 @dataclass(frozen=True)
@@ -229,23 +239,18 @@ async def decide(
     validate_run_id(run_id)
     store = services.store
     now = services.clock.now()
-    async with store.db.transaction() as tx:
+    async with store.transaction() as tx:
         # The run first, locked (as registration's fence does): its status stays what we read,
         # and decisions and registrations take their locks in one order.
-        run = await tx.one("lock_run", {"run_id": run_id})
+        run = await store.lock_run(tx, run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
-        waits = await tx.all("list_waits", {"run_id": run_id})
+        waits = await store.read_waits(tx, run_id)
         wait = _target(run, waits, wait_id)
-        if (wait["kind"] == "effect") != (decision in ("performed", "not_performed")):
-            # Approving an in-doubt effect would resume it without `performed`: a second send.
-            how = "resolve_effect()" if wait["kind"] == "effect" else "approve() or reject()"
-            raise UsageError(
-                f"wait {wait['wait_id']} is a {wait['kind']} wait: answer it with {how}"
-            )
-        if wait["status"] == "decided":
+        check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
+        if wait["status"] == WaitStatus.DECIDED:
             return DecisionResult(wait, recorded=False)
-        if wait["status"] != "pending" or Status(run["status"]) in FINISHED:
+        if wait["status"] != WaitStatus.PENDING or Status(run["status"]) in FINISHED:
             raise RunFinished(
                 f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
                 f"{wait['status']}: it takes no more decisions"
@@ -259,24 +264,25 @@ async def decide(
             "at": now,
             **(value or {}),
         }
-        updated = await tx.one(
-            "decide_wait",
-            {
-                "wait_id": wait["wait_id"],
-                "decision": decision,
-                "value": dumps(resume_value),
-                "decided_by": by,
-                "action_id": action_id,
-                "channel": channel,
-                "comment": comment,
-                "now": now,
-            },
+        updated = await store.decide_wait(
+            tx,
+            wait["wait_id"],
+            decision=decision,
+            value=dumps(resume_value),
+            decided_by=by,
+            action_id=action_id,
+            channel=channel,
+            comment=comment,
+            now=now,
         )
         if updated is None:  # another decision committed first
-            again = await tx.one("get_wait", {"wait_id": wait["wait_id"]})
+            again = await store.read_wait(tx, wait["wait_id"])
             assert again is not None
             return DecisionResult(again, recorded=False)
-        is_verdict = wait["kind"] == "approval" and decision in ("approved", "rejected")
+        is_verdict = wait["kind"] == WaitKind.APPROVAL and decision in (
+            Decision.APPROVED,
+            Decision.REJECTED,
+        )
         run_decision = decision if is_verdict else None
         await outbox.record(
             services,
@@ -319,7 +325,7 @@ def _target(run: Row, waits: list[Row], wait_id: str | None) -> Row:
             if w["wait_id"] == wait_id:
                 return w
         raise WaitNotFound(f"run {run['run_id']} has no wait {wait_id!r}")
-    pending = [w for w in waits if w["status"] == "pending"]
+    pending = [w for w in waits if w["status"] == WaitStatus.PENDING]
     if len(pending) > 1:
         names = ", ".join(w["wait_id"] for w in pending)
         raise UsageError(f"run {run['run_id']} waits on several decisions ({names}): name one")
@@ -327,7 +333,7 @@ def _target(run: Row, waits: list[Row], wait_id: str | None) -> Row:
         return pending[0]
     if Status(run["status"]) in FINISHED:
         raise RunFinished(f"run {run['run_id']} is {run['status']}: it takes no more decisions")
-    decided = [w for w in waits if w["status"] == "decided"]
+    decided = [w for w in waits if w["status"] == WaitStatus.DECIDED]
     if decided and Status(run["status"]) != Status.WAITING:
         return decided[-1]  # a duplicate of the decision that just resumed it
     raise NoPendingWait(f"run {run['run_id']} is {run['status']}, not waiting for a decision")

@@ -22,16 +22,21 @@ from keel.core.context import RunContext, enter, leave
 from keel.core.errors import LeaseLost, NotInRun, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
+from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.runs import transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
+from keel.core.wait_model import ExpiryDecision
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
 MAX_OUTPUT_BYTES = 1_000_000
+
+Outcome = Status | LeaseEnd
+"""What `Executor.execute` returns: the status the run reached, or why this worker let go."""
 
 
 def locate() -> StepRef:
@@ -70,7 +75,7 @@ class Executor:
             self._graphs[key] = builder.compile(checkpointer=self.saver)
         return self._graphs[key]
 
-    async def execute(self, lease: Lease, run: Row) -> str:
+    async def execute(self, lease: Lease, run: Row) -> Outcome:
         """Execute until the run finishes or waits; return the status it reached."""
         rt = self.services
         workflow = self.workflows.get(run["workflow"], run["workflow_version"])
@@ -99,7 +104,7 @@ class Executor:
             interrupts, values = await _outcome(graph, config, output)
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
-                return (await waits.register(ctx, interrupts)).value
+                return await waits.register(ctx, interrupts)
             return await self._complete(ctx, workflow, values)
         except LeaseLost as exc:
             log.warning(
@@ -109,12 +114,12 @@ class Executor:
                 lease.token,
                 exc,
             )
-            return "lease_lost"
+            return LeaseEnd.LOST
         except RunCancelled:
             return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
         except Released:
             await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
-            return "released"
+            return LeaseEnd.RELEASED
         except Exception as exc:
             log.exception(
                 "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
@@ -143,7 +148,7 @@ class Executor:
                 return Command(resume=resume)
         return None
 
-    async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> str:
+    async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> Outcome:
         run = await self.services.store.get_run(ctx.run_id)
         assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
@@ -152,7 +157,8 @@ class Executor:
             if decision in (Decision.APPROVED, Decision.REJECTED):
                 reason = decision
             elif any(
-                w["decision"] == "timed_out" for w in await self.services.store.waits(ctx.run_id)
+                w["decision"] == ExpiryDecision.TIMED_OUT
+                for w in await self.services.store.waits(ctx.run_id)
             ):
                 reason = TerminationReason.TIMED_OUT
             else:
@@ -168,11 +174,11 @@ class Executor:
         reason: TerminationReason,
         error: str | None,
         output: str | None = None,
-    ) -> str:
+    ) -> Outcome:
         rt = self.services
         try:
             async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
-                run = await tx.one("get_run", {"run_id": ctx.run_id})
+                run = await rt.store.read_run(tx, ctx.run_id)
                 assert run is not None
                 await transition(
                     rt.store,
@@ -194,8 +200,8 @@ class Executor:
                 ctx.token,
                 exc,
             )
-            return "lease_lost"
-        return status.value
+            return LeaseEnd.LOST
+        return status
 
 
 async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:

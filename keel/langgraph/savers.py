@@ -68,7 +68,7 @@ class Fencing:
         if held is None:
             raise LeaseLost(f"run {run_id}: this process holds no lease for a checkpoint write")
         token, worker_id = held
-        async with self.store.db.transaction() as tx:
+        async with self.store.transaction() as tx:
             fence = await self.store.check_fence(tx, run_id, token)
             fault_point("checkpoint.before_write")
             if step is not None:

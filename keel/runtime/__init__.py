@@ -1,7 +1,7 @@
 """The composition root: the Runtime (async core), the App (sync facade), the worker."""
 
-from keel.runtime.app import App
+from keel.runtime.app import App, Submission
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
 from keel.runtime.worker import Worker, WorkerStats
 
-__all__ = ["DEFAULT_URL", "App", "RunDetails", "Runtime", "Worker", "WorkerStats"]
+__all__ = ["DEFAULT_URL", "App", "RunDetails", "Runtime", "Submission", "Worker", "WorkerStats"]

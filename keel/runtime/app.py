@@ -25,6 +25,19 @@ from keel.runtime.worker import Worker, WorkerStats
 F = TypeVar("F", bound=Callable[[], Any])
 
 
+class Submission(dict[str, Any]):
+    """The run `App.submit` admitted or found: its row (still a dict to index), and `created`,
+    whether this call admitted it."""
+
+    def __init__(self, row: Row, *, created: bool) -> None:
+        super().__init__(row)
+        self.created = created
+
+    @property
+    def run_id(self) -> str:
+        return str(self["run_id"])
+
+
 class App:
     def __init__(
         self,
@@ -93,6 +106,15 @@ class App:
     def migrate(self) -> list[str]:
         return self._portal.call(self.aio.migrate())
 
+    def schema_version(self) -> int:
+        """The database's schema version (0: never migrated); see `latest_schema_version`."""
+        return self._portal.call(self.aio.schema_version())
+
+    @property
+    def latest_schema_version(self) -> int:
+        """The schema version this Keel needs."""
+        return self.aio.latest_schema_version
+
     def submit(
         self,
         workflow: str,
@@ -101,12 +123,14 @@ class App:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
-    ) -> Row:
-        """Admit a run (idempotent: the same job, input and version return the same run)."""
-        row, _ = self._portal.call(
+    ) -> Submission:
+        """Admit a run (idempotent: the same job, input and version return the same run).
+
+        The run's row; its `created` is False when the run already existed."""
+        row, created = self._portal.call(
             self.aio.submit(workflow, job_id=job_id, input=input, version=version, rerun=rerun)
         )
-        return row
+        return Submission(row, created=created)
 
     def get_run(self, run_id: str) -> RunDetails:
         return self._portal.call(self.aio.get_run(run_id))
@@ -189,7 +213,7 @@ class App:
                 signal.signal(sig, handler)
 
     def close(self) -> None:
-        if self._portal._loop is not None:
+        if self._portal.started:
             self._portal.call(self.aio.close())
         self._portal.close()
 

@@ -111,6 +111,20 @@ class Runtime:
     def notifiers(self) -> dict[str, Notifier]:
         return self.services.notifiers
 
+    @property
+    def dialect(self) -> str:
+        """The database: "sqlite" or "postgres"."""
+        return self.store.dialect
+
+    @property
+    def latest_schema_version(self) -> int:
+        """The schema version this Keel needs (its last migration)."""
+        return self.store.latest_version
+
+    def adopt(self, workflows: Workflows) -> None:
+        """Serve another runtime's registry (shared, not copied) on this one's database."""
+        self.workflows = workflows
+
     def fencing(self) -> FencedSaver:
         """The open runtime's fenced saver."""
         if self.saver is None:
@@ -142,6 +156,16 @@ class Runtime:
     async def close(self) -> None:
         await self.connector.close()
         self._opened = False
+
+    async def schema_version(self) -> int:
+        """The database's schema version (0: never migrated), read without checking it."""
+        await self.connector.open()
+        return await self.store.schema_version()
+
+    async def check_schema(self) -> None:
+        """SchemaMismatch, saying what to do, unless the schema is the version this Keel needs."""
+        await self.connector.open()
+        await self.store.check_schema()
 
     async def migrate(self) -> list[str]:
         await self.connector.open()

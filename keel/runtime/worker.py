@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from keel.core import leases
+from keel.core.leases import LeaseEnd
 from keel.core.store.store import Lease
-from keel.langgraph.executor import Executor
+from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.runtime import Runtime
 
 log = logging.getLogger("keel.runtime.worker")
@@ -60,7 +61,7 @@ class Worker:
         self.stop_when_idle = stop_when_idle
         self.grace = grace
         self.stats = WorkerStats()
-        self._tasks: dict[str, tuple[Lease, asyncio.Task[str]]] = {}
+        self._tasks: dict[str, tuple[Lease, asyncio.Task[Outcome]]] = {}
         self._stopping = asyncio.Event()
         self._stop_requests = 0
 
@@ -153,7 +154,7 @@ class Worker:
             task.add_done_callback(functools.partial(self._done, lease.run_id))
         return claimed
 
-    def _done(self, run_id: str, task: asyncio.Task[str]) -> None:
+    def _done(self, run_id: str, task: asyncio.Task[Outcome]) -> None:
         # A stale execution ending must not forget a newer one of the same run (a re-claim).
         if (entry := self._tasks.get(run_id)) is not None and entry[1] is task:
             del self._tasks[run_id]
@@ -164,7 +165,7 @@ class Worker:
                 "worker %s run %s: executor crashed: %r", self.worker_id, run_id, task.exception()
             )
             return
-        if task.result() in ("lease_lost", "released"):
+        if task.result() in (LeaseEnd.LOST, LeaseEnd.RELEASED):
             self.stats.lost += 1
         else:
             self.stats.finished += 1
@@ -226,24 +227,21 @@ class Worker:
                 )
 
     async def _announce(self) -> None:
-        now = self.runtime.clock.now()
-        async with self.runtime.store.db.transaction() as tx:
-            await tx.execute(
-                "upsert_worker",
-                {
-                    "worker_id": self.worker_id,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "concurrency": self.concurrency,
-                    "now": now,
-                },
+        store, now = self.runtime.store, self.runtime.clock.now()
+        async with store.transaction() as tx:
+            await store.upsert_worker(
+                tx,
+                self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                concurrency=self.concurrency,
+                now=now,
             )
 
     async def _goodbye(self) -> None:
+        store = self.runtime.store
         try:
-            async with self.runtime.store.db.transaction() as tx:
-                await tx.execute(
-                    "stop_worker", {"worker_id": self.worker_id, "now": self.runtime.clock.now()}
-                )
+            async with store.transaction() as tx:
+                await store.stop_worker(tx, self.worker_id, self.runtime.clock.now())
         except Exception as exc:
             log.warning("could not record worker stop: %r", exc)

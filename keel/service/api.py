@@ -20,9 +20,10 @@ from fastapi.responses import FileResponse
 
 import keel
 from keel.core.artifacts import RunArtifacts
-from keel.core.errors import InvalidId, RunFinished
+from keel.core.errors import InvalidId, RunFinished, UsageError
 from keel.core.ids import safe_name, validate_run_id
-from keel.core.lifecycle import Status
+from keel.core.lifecycle import Decision, Status
+from keel.core.waits import check_answer
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.errors import BodyLimit, Refused, install
@@ -118,20 +119,16 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     )
     def submit_run(body: m.SubmitIn, request: Request, response: Response, _: Writer) -> m.Run:
         """Admit a run (idempotent: the same job, input and version return the same run)."""
-        rt = keel_app.aio
-        # The facade's submit() drops "was it new"; the same call on the App's loop keeps it.
-        row, created = rt.portal.call(
-            rt.submit(
-                body.workflow,
-                job_id=body.job_id,
-                input=body.input,
-                version=body.version,
-                rerun=body.rerun,
-            )
+        row = keel_app.submit(
+            body.workflow,
+            job_id=body.job_id,
+            input=body.input,
+            version=body.version,
+            rerun=body.rerun,
         )
         url = _run_url(request, row["run_id"])
-        response.status_code = 201 if created else 200
-        if created:
+        response.status_code = 201 if row.created else 200
+        if row.created:
             response.headers["Location"] = url
         return m.run_model(row, url)
 
@@ -293,15 +290,19 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         """Approve or reject; the first decision wins and every request is told which it was."""
         wait = keel_app.get_wait(_checked(approval_id))
         run_url = _run_url(request, wait["run_id"])
-        if wait["kind"] == "effect":
+        approve = body.decision == "approve"
+        decision = Decision.APPROVED if approve else Decision.REJECTED
+        try:
+            check_answer(wait["kind"], decision, wait_id=approval_id)
+        except UsageError:
             raise Refused(
                 409,
                 "wrong_kind",
                 f"{approval_id} is an in-doubt effect, not an approval: tell Keel whether it "
                 "reached the provider (`keel resolve-effect`), do not approve it",
                 approval=m.approval_fields(wait, run_url),
-            )
-        record = keel_app.approve if body.decision == "approve" else keel_app.reject
+            ) from None
+        record = keel_app.approve if approve else keel_app.reject
         try:
             result = record(
                 wait["run_id"],

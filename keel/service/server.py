@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
-import os
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
-import keel
-from keel.core.errors import UsageError
-
-
-def load_app(spec: str) -> keel.App:
-    """Import `module:attribute` (the current folder is importable, as with uvicorn)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise UsageError(f"expected MODULE:ATTRIBUTE, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
-    app = getattr(module, attr, None)
-    if not isinstance(app, keel.App):
-        what = "nothing" if app is None else f"a {type(app).__name__}"
-        raise UsageError(f"{spec} is {what}, not a keel.App")
-    return app
+from keel.runtime.app import App
+from keel.runtime.loading import load_app
 
 
 def serve(
-    app_spec_or_app: str | keel.App,
+    app_spec_or_app: str | App,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
@@ -60,7 +42,7 @@ def serve(
         raise
 
 
-def _close_on_shutdown(api: FastAPI, keel_app: keel.App) -> None:
+def _close_on_shutdown(api: FastAPI, keel_app: App) -> None:
     """Close the App when uvicorn shuts down gracefully.
 
     uvicorn re-raises the SIGTERM/SIGINT it caught once it has drained, so code after

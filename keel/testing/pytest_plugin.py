@@ -5,21 +5,20 @@ installed, through the `pytest11` entry point).
 - `keel_postgres_db`: the same on the PostgreSQL server at $KEEL_TEST_POSTGRES_URL (skipped if
   unreachable, failed if KEEL_REQUIRE_POSTGRES=1).
 - `keel_smtp_sink`, `keel_http_sink`: real servers on 127.0.0.1 that count what they received.
-- `keel_chaos`: the crash matrix as a function returning its report.
+- `keel_chaos` (from keel.chaos.pytest_plugin): the crash matrix as a function returning its
+  report.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import keel
-from keel.chaos.matrix import ChaosConfig, Report, run_matrix
 from keel.testing.http import HttpSink
 from keel.testing.smtp import SmtpSink
 
@@ -64,14 +63,3 @@ def keel_smtp_sink(tmp_path: Path) -> Iterator[SmtpSink]:
 def keel_http_sink() -> Iterator[HttpSink]:
     with HttpSink() as sink:
         yield sink
-
-
-@pytest.fixture
-def keel_chaos(tmp_path: Path) -> Callable[..., Report]:
-    """`keel_chaos("mymodule:app", "my-workflow", {"input": 1}, points=(...))` -> Report."""
-
-    def run(app: str, workflow: str, input: Any, **options: Any) -> Report:
-        options.setdefault("workdir", tmp_path / "keel-chaos")
-        return run_matrix(ChaosConfig(app=app, workflow=workflow, input=input, **options))
-
-    return run

@@ -1,0 +1,159 @@
+"""How a `keel` command ends and what it reads: Keel's errors (and unreachable databases) become
+one red line on stderr and an exit code, 2 for bad usage or input and 1 for everything else;
+the user's input and login name are read here, and the checks made before touching a database
+or deciding a wait.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import json
+import sqlite3
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from keel.cli.render import out, redact
+from keel.core.errors import InvalidId, InvalidInput, KeelError, UnknownWorkflow, UsageError
+from keel.core.wait_model import EffectAnswer, WaitKind
+from keel.core.waits import check_answer
+from keel.runtime import preflight
+from keel.runtime.app import App
+from keel.runtime.loading import BadAppSpec
+from keel.runtime.runtime import RunDetails
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+BAD_USAGE = 2
+USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)
+
+
+def say(message: str) -> None:
+    """One message line; the terminal, not rich, wraps it."""
+    out().print(message, soft_wrap=True, markup=False)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """One red line on stderr, no traceback, and the exit code."""
+    Console(stderr=True, highlight=False).print(
+        Text(f"error: {message}", style="red"), soft_wrap=True
+    )
+    raise typer.Exit(code)
+
+
+def database_error(exc: BaseException) -> bool:
+    module = type(exc).__module__ or ""
+    return isinstance(exc, sqlite3.Error) or module.startswith(("psycopg", "psycopg_pool"))
+
+
+def bad_spec_is_usage(fn: Callable[P, R]) -> Callable[P, R]:
+    """An APP argument that names no App is a bad argument: click's usage error, exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except BadAppSpec as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return wrapper
+
+
+def guarded(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn Keel's errors (and unreachable databases) into `fail()`; let bugs raise."""
+
+    spec_checked = bad_spec_is_usage(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return spec_checked(*args, **kwargs)
+        except KeelError as exc:
+            fail(str(exc), BAD_USAGE if isinstance(exc, USAGE_ERRORS) else 1)
+        except Exception as exc:
+            if not database_error(exc):
+                raise
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            fail(f"database error ({type(exc).__name__}): {redact(first)}")
+
+    return wrapper
+
+
+def check_database(app: App, *, existing: bool = True) -> None:
+    """Fail fast where the database is missing (unless `existing` is False) or unreachable."""
+    try:
+        preflight.check_database(app.url, existing=existing)
+    except preflight.NoDatabase as exc:
+        fail(f"{exc} (or pass --db/--app)")
+
+
+def read_input(input_json: str | None, input_file: str | None) -> Any:
+    if (input_json is None) == (input_file is None):
+        fail("give the run's input with exactly one of --input JSON or --input-file PATH", 2)
+    if input_file is not None:
+        try:
+            text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read --input-file {input_file}: {exc}", BAD_USAGE)
+        where = f"--input-file {input_file}"
+    else:
+        assert input_json is not None
+        text, where = input_json, "--input"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", 2)
+
+
+def check_kind(details: RunDetails, wait_id: str | None, decision: str) -> str | None:
+    """Refuse to answer an approval with an effect resolution or the other way round, in words
+    that name the command to use instead.
+
+    Returns the wait to decide (None: let the core pick the run's single pending wait).
+    """
+    rid = details.run["run_id"]
+    if wait_id is not None:
+        targets = [w for w in details.waits if w["wait_id"] == wait_id]
+    else:
+        targets = [w for w in details.waits if w["status"] == "pending"]
+        if decision in list(EffectAnswer) and not targets:
+            # Nothing pending: answer with the effect wait decided last, if there is one.
+            decided = [w for w in details.waits if w["kind"] == WaitKind.EFFECT]
+            if not decided:
+                fail(f"run {rid} ({details.status}) has no in-doubt effect to resolve")
+            return str(decided[-1]["wait_id"])
+    if len(targets) != 1:
+        return wait_id
+    target = targets[0]
+    try:
+        check_answer(target["kind"], decision, wait_id=target["wait_id"])
+    except UsageError:
+        if target["kind"] == WaitKind.EFFECT:
+            fail(
+                f"wait {target['wait_id']} of run {rid} is an in-doubt effect "
+                f"({target['name']}), not an approval: use `keel resolve-effect {rid} "
+                "--performed` or `--not-performed`",
+                BAD_USAGE,
+            )
+        if target["kind"] == WaitKind.APPROVAL:
+            fail(
+                f"wait {target['wait_id']} of run {rid} is an approval ({target['name']}), not "
+                f"an in-doubt effect: use `keel approve {rid}` or `keel reject {rid}`",
+                BAD_USAGE,
+            )
+        raise  # another kind: the core's own words
+    return wait_id
+
+
+def login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in this environment (a bare container)
+        return "cli"

@@ -1,0 +1,158 @@
+"""The store's queries on the effect ledger and the notification outbox (part of `Store`)."""
+
+from __future__ import annotations
+
+from keel.core.store.base import Connector, Row, Tx
+
+
+class EffectQueries:
+    db: Connector
+
+    # -- the ledger -----------------------------------------------------------------------------
+
+    @staticmethod
+    async def insert_effect(
+        tx: Tx,
+        key: str,
+        *,
+        run_id: str,
+        name: str,
+        node: str,
+        step: int,
+        task_path: str,
+        args_hash: str,
+        token: int,
+        now: float,
+    ) -> Row | None:
+        """Reserve an idempotency key (pending); None if the ledger already has it."""
+        return await tx.one(
+            "insert_effect",
+            {
+                "key": key,
+                "run_id": run_id,
+                "name": name,
+                "node": node,
+                "step": step,
+                "task_path": task_path,
+                "args_hash": args_hash,
+                "lease_token": token,
+                "now": now,
+            },
+        )
+
+    @staticmethod
+    async def read_effect(tx: Tx, key: str) -> Row | None:
+        return await tx.one("get_effect", {"key": key})
+
+    @staticmethod
+    async def update_effect(
+        tx: Tx,
+        key: str,
+        *,
+        status: str,
+        attempts: int,
+        result: str,
+        error: str | None,
+        token: int,
+        now: float,
+    ) -> None:
+        await tx.one(
+            "update_effect",
+            {
+                "key": key,
+                "status": status,
+                "attempts": attempts,
+                "result": result,
+                "error": error,
+                "lease_token": token,
+                "now": now,
+            },
+        )
+
+    async def effects(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("list_effects", {"run_id": run_id})
+
+    # -- the outbox -----------------------------------------------------------------------------
+
+    @staticmethod
+    async def insert_intent(
+        tx: Tx,
+        intent_id: str,
+        *,
+        run_id: str,
+        wait_id: str,
+        notifier: str,
+        kind: str,
+        payload: str,
+        now: float,
+    ) -> bool:
+        """Record a notification to deliver; False if it was already recorded (a replay)."""
+        row = await tx.one(
+            "insert_intent",
+            {
+                "intent_id": intent_id,
+                "run_id": run_id,
+                "wait_id": wait_id,
+                "notifier": notifier,
+                "kind": kind,
+                "payload": payload,
+                "now": now,
+            },
+        )
+        return row is not None
+
+    @staticmethod
+    async def claim_intent_candidate(tx: Tx, now: float) -> Row | None:
+        """The oldest intent due, or one whose sender's claim expired (PostgreSQL: locked,
+        skipping rows others hold)."""
+        return await tx.one("claim_intent_candidate", {"now": now})
+
+    @staticmethod
+    async def claim_intent(
+        tx: Tx, intent_id: str, *, status: str, worker_id: str, now: float, expires_at: float
+    ) -> Row | None:
+        return await tx.one(
+            "claim_intent",
+            {
+                "intent_id": intent_id,
+                "status": status,
+                "worker_id": worker_id,
+                "expires_at": expires_at,
+                "now": now,
+            },
+        )
+
+    @staticmethod
+    async def settle_intent(
+        tx: Tx,
+        intent_id: str,
+        *,
+        worker_id: str,
+        status: str,
+        result: str,
+        error: str | None,
+        available_at: float,
+        now: float,
+    ) -> Row | None:
+        """Record an intent's outcome; None unless `worker_id` still holds its claim."""
+        return await tx.one(
+            "settle_intent",
+            {
+                "intent_id": intent_id,
+                "worker_id": worker_id,
+                "status": status,
+                "result": result,
+                "error": error,
+                "available_at": available_at,
+                "now": now,
+            },
+        )
+
+    async def intents(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("list_intents", {"run_id": run_id})
+
+    async def intents_for_wait(self, wait_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("intents_for_wait", {"wait_id": wait_id})

@@ -1,0 +1,115 @@
+"""The store's queries on leases, fencing and workers (part of `Store`).
+
+Every write a run makes goes through `fenced()`: one transaction that first reads the run's
+lease token and raises LeaseLost if another worker has taken the run since. On PostgreSQL the
+read is `FOR SHARE`: a takeover's claim skips the row (SKIP LOCKED) while a write holds it and
+takes it at a later pass, so no write can commit under a token that was already replaced; on
+SQLite the whole transaction runs under BEGIN IMMEDIATE.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from keel.core.errors import LeaseLost, RunNotFound
+from keel.core.store.base import Connector, Row, Tx
+
+
+class LeaseQueries:
+    db: Connector
+
+    # -- fencing --------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def fenced(self, run_id: str, token: int) -> AsyncIterator[Tx]:
+        async with self.db.transaction() as tx:
+            await self.check_fence(tx, run_id, token)
+            yield tx
+
+    @staticmethod
+    async def check_fence(tx: Tx, run_id: str, token: int) -> Row:
+        row = await tx.one("fence", {"run_id": run_id})
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if int(row["lease_token"]) != token:
+            raise LeaseLost(
+                f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
+                f"owner {row['lease_owner']})"
+            )
+        return row
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    @staticmethod
+    async def lock_running_counts(tx: Tx) -> dict[str, int]:
+        """Runs executing now per workflow key, with claims serialized until `tx` ends (so the
+        counts cannot race another claim's)."""
+        await tx.one("claim_lock")
+        return {r["workflow_key"]: int(r["n"]) for r in await tx.all("running_counts")}
+
+    @staticmethod
+    async def claim_candidate(
+        tx: Tx, now: float, workflows: list[str], startable: list[str]
+    ) -> Row | None:
+        """The oldest claimable run (PostgreSQL: locked, skipping rows others hold): queued
+        with a key in `startable`, or running under an expired lease with a key in `workflows`."""
+        return await tx.one(
+            "claim_candidate",
+            {"now": now, "workflows": json.dumps(workflows), "startable": json.dumps(startable)},
+        )
+
+    @staticmethod
+    async def claim_run(
+        tx: Tx, run_id: str, worker_id: str, now: float, expires_at: float
+    ) -> Row | None:
+        """Take the lease under a new token and set status running: only
+        `keel.core.runs.claimed` calls this, after checking the transition table."""
+        return await tx.one(
+            "claim_run",
+            {"run_id": run_id, "worker_id": worker_id, "expires_at": expires_at, "now": now},
+        )
+
+    @staticmethod
+    async def renew_lease(tx: Tx, run_id: str, token: int, now: float, expires_at: float) -> bool:
+        """Extend a lease; False if `token` no longer holds the run."""
+        row = await tx.one(
+            "renew_lease",
+            {"run_id": run_id, "lease_token": token, "expires_at": expires_at, "now": now},
+        )
+        return row is not None
+
+    @staticmethod
+    async def set_heartbeat_details(
+        tx: Tx, run_id: str, token: int, details_json: str, now: float
+    ) -> None:
+        await tx.execute(
+            "set_heartbeat_details",
+            {"run_id": run_id, "lease_token": token, "details": details_json, "now": now},
+        )
+
+    # -- workers --------------------------------------------------------------------------------
+
+    @staticmethod
+    async def upsert_worker(
+        tx: Tx, worker_id: str, *, host: str, pid: int, concurrency: int, now: float
+    ) -> None:
+        await tx.execute(
+            "upsert_worker",
+            {
+                "worker_id": worker_id,
+                "host": host,
+                "pid": pid,
+                "concurrency": concurrency,
+                "now": now,
+            },
+        )
+
+    @staticmethod
+    async def stop_worker(tx: Tx, worker_id: str, now: float) -> None:
+        await tx.execute("stop_worker", {"worker_id": worker_id, "now": now})
+
+    async def workers(self, since: float) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("list_workers", {"since": since})

@@ -1,0 +1,167 @@
+"""The store's queries on runs and their timelines (part of `Store`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from keel.core.codec import dumps, loads
+from keel.core.store.base import Connector, Row, Tx
+
+
+class RunQueries:
+    db: Connector
+
+    # -- admission ------------------------------------------------------------------------------
+
+    @staticmethod
+    async def next_attempt(tx: Tx, job_id: str, workflow: str, input_hash: str) -> int:
+        """The attempt number a rerun of this job, workflow and input gets."""
+        row = await tx.one(
+            "max_attempt", {"job_id": job_id, "workflow": workflow, "input_hash": input_hash}
+        )
+        return int(row["attempt"]) + 1 if row else 1
+
+    @staticmethod
+    async def insert_run(
+        tx: Tx,
+        *,
+        run_id: str,
+        job_id: str,
+        workflow: str,
+        version: str,
+        attempt: int,
+        input_hash: str,
+        input_json: str,
+        now: float,
+    ) -> bool:
+        """Admit a run (queued); False if it was already admitted."""
+        inserted = await tx.one(
+            "insert_run",
+            {
+                "run_id": run_id,
+                "job_id": job_id,
+                "workflow": workflow,
+                "workflow_version": version,
+                "attempt": attempt,
+                "input_hash": input_hash,
+                "input": input_json,
+                "now": now,
+            },
+        )
+        return inserted is not None
+
+    # -- reading runs ---------------------------------------------------------------------------
+
+    @staticmethod
+    async def read_run(tx: Tx, run_id: str) -> Row | None:
+        return await tx.one("get_run", {"run_id": run_id})
+
+    @staticmethod
+    async def lock_run(tx: Tx, run_id: str) -> Row | None:
+        """The run, locked until `tx` ends: read it before changing it or its waits."""
+        return await tx.one("lock_run", {"run_id": run_id})
+
+    async def get_run(self, run_id: str) -> Row | None:
+        async with self.db.read() as tx:
+            return await self.read_run(tx, run_id)
+
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        job_id: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Row]:
+        params = {
+            "status": status,
+            "workflow": workflow,
+            "job_id": job_id,
+            "limit": limit,
+            "offset": offset,
+        }
+        async with self.db.read() as tx:
+            return await tx.all("list_runs", params)
+
+    async def count_unfinished(self, workflows: list[str]) -> int:
+        async with self.db.read() as tx:
+            row = await tx.one("count_unfinished", {"workflows": json.dumps(workflows)})
+        return int(row["n"]) if row else 0
+
+    # -- changing runs --------------------------------------------------------------------------
+
+    @staticmethod
+    async def update_run_status(
+        tx: Tx,
+        run_id: str,
+        status: str,
+        now: float,
+        *,
+        decision: str | None,
+        termination_reason: str | None,
+        error: str | None,
+        output: str | None,
+        finished_at: float | None,
+    ) -> None:
+        """Only `keel.core.runs.transition` calls this: it checks the transition table first."""
+        await tx.execute(
+            "update_run_status",
+            {
+                "run_id": run_id,
+                "status": status,
+                "decision": decision,
+                "termination_reason": termination_reason,
+                "error": error,
+                "output": output,
+                "finished_at": finished_at,
+                "now": now,
+            },
+        )
+
+    @staticmethod
+    async def set_run_decision(tx: Tx, run_id: str, decision: str, now: float) -> None:
+        await tx.execute("set_run_decision", {"run_id": run_id, "decision": decision, "now": now})
+
+    @staticmethod
+    async def request_cancel(tx: Tx, run_id: str, now: float) -> None:
+        """Ask a running run to stop at its next step boundary."""
+        await tx.execute("set_cancel_requested", {"run_id": run_id, "now": now})
+
+    @staticmethod
+    async def notify_wake(tx: Tx, run_id: str) -> None:
+        """Wake idle workers when `tx` commits (PostgreSQL; a no-op on SQLite)."""
+        await tx.one("notify_wake", {"run_id": run_id})
+
+    # -- timeline -------------------------------------------------------------------------------
+
+    @staticmethod
+    async def add_event(
+        tx: Tx,
+        run_id: str,
+        kind: str,
+        now: float,
+        data: dict[str, Any] | None = None,
+        *,
+        worker_id: str | None = None,
+        token: int | None = None,
+    ) -> None:
+        await tx.execute(
+            "insert_event",
+            {
+                "run_id": run_id,
+                "now": now,
+                "kind": kind,
+                "worker_id": worker_id,
+                "lease_token": token,
+                "data": dumps(data or {}),
+            },
+        )
+
+    async def events(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            rows = await tx.all("list_events", {"run_id": run_id})
+        for row in rows:
+            row["data"] = loads(row["data"])
+        return rows

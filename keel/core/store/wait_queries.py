@@ -1,0 +1,142 @@
+"""The store's queries on waits and their decisions (part of `Store`).
+
+Each change to a wait is a conditional UPDATE on a pending wait (or at one escalation level):
+when several deciders or sweepers race, exactly one gets the row back, the others None.
+"""
+
+from __future__ import annotations
+
+from keel.core.store.base import Connector, Row, Tx
+
+
+class WaitQueries:
+    db: Connector
+
+    # -- reading --------------------------------------------------------------------------------
+
+    @staticmethod
+    async def read_wait(tx: Tx, wait_id: str) -> Row | None:
+        return await tx.one("get_wait", {"wait_id": wait_id})
+
+    @staticmethod
+    async def read_waits(tx: Tx, run_id: str) -> list[Row]:
+        """A run's waits, oldest first."""
+        return await tx.all("list_waits", {"run_id": run_id})
+
+    async def get_wait(self, wait_id: str) -> Row | None:
+        async with self.db.read() as tx:
+            return await self.read_wait(tx, wait_id)
+
+    async def waits(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await self.read_waits(tx, run_id)
+
+    async def pending_waits(self, limit: int = 100) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("list_pending_waits", {"limit": limit})
+
+    async def due_waits(self, now: float, limit: int) -> tuple[list[Row], list[Row]]:
+        """Open waits whose next reminder/escalation is due, and those past their deadline."""
+        async with self.db.read() as tx:
+            staged = await tx.all("due_stages", {"now": now, "limit": limit})
+            expired = await tx.all("expired_waits", {"now": now, "limit": limit})
+        return staged, expired
+
+    # -- changing -------------------------------------------------------------------------------
+
+    @staticmethod
+    async def insert_wait(
+        tx: Tx,
+        *,
+        wait_id: str,
+        run_id: str,
+        interrupt_id: str,
+        kind: str,
+        name: str,
+        payload: str,
+        approvers: str,
+        deadline: float | None,
+        on_timeout: str,
+        schedule: str,
+        next_stage_at: float | None,
+        now: float,
+    ) -> bool:
+        """Register a pending wait; False if it was already registered (a replay)."""
+        inserted = await tx.one(
+            "insert_wait",
+            {
+                "wait_id": wait_id,
+                "run_id": run_id,
+                "interrupt_id": interrupt_id,
+                "kind": kind,
+                "name": name,
+                "payload": payload,
+                "approvers": approvers,
+                "deadline": deadline,
+                "on_timeout": on_timeout,
+                "schedule": schedule,
+                "next_stage_at": next_stage_at,
+                "now": now,
+            },
+        )
+        return inserted is not None
+
+    @staticmethod
+    async def decide_wait(
+        tx: Tx,
+        wait_id: str,
+        *,
+        decision: str,
+        value: str,
+        decided_by: str | None,
+        action_id: str | None,
+        channel: str,
+        comment: str | None,
+        now: float,
+    ) -> Row | None:
+        """Record a decision on a pending wait; None if it is no longer pending."""
+        return await tx.one(
+            "decide_wait",
+            {
+                "wait_id": wait_id,
+                "decision": decision,
+                "value": value,
+                "decided_by": decided_by,
+                "action_id": action_id,
+                "channel": channel,
+                "comment": comment,
+                "now": now,
+            },
+        )
+
+    @staticmethod
+    async def expire_wait(
+        tx: Tx, wait_id: str, decision: str, value: str, now: float
+    ) -> Row | None:
+        """End a pending wait without a person (deadline policy, cancellation); None if it is
+        no longer pending."""
+        return await tx.one(
+            "expire_wait", {"wait_id": wait_id, "decision": decision, "value": value, "now": now}
+        )
+
+    @staticmethod
+    async def escalate_wait(tx: Tx, wait_id: str, level: int, deadline: float) -> Row | None:
+        """Extend a pending wait's deadline, once per escalation level."""
+        return await tx.one(
+            "escalate_wait", {"wait_id": wait_id, "deadline": deadline, "level": level}
+        )
+
+    @staticmethod
+    async def advance_stage(
+        tx: Tx, wait_id: str, level: int, next_stage_at: float | None
+    ) -> Row | None:
+        """Move a pending wait past its schedule stage `level`, once."""
+        return await tx.one(
+            "advance_stage",
+            {"wait_id": wait_id, "level": level, "next_stage_at": next_stage_at},
+        )
+
+    @staticmethod
+    async def expire_deadline_now(tx: Tx, wait_id: str, now: float) -> None:
+        """Let a pending wait's deadline pass (the crash harness's lever)."""
+        await tx.execute("expire_deadline_now", {"wait_id": wait_id, "now": now})

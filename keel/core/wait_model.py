@@ -1,0 +1,37 @@
+"""The words of a wait, apart from waits.py: runs, the ledger and deadlines use them, and
+waits.py imports those."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class WaitKind(StrEnum):
+    APPROVAL = "approval"
+    EFFECT = "effect"
+    """An in-doubt effect: a person says whether it reached the provider."""
+    INTERRUPT = "interrupt"
+    """A plain `interrupt()` from user code."""
+
+
+class WaitStatus(StrEnum):
+    PENDING = "pending"
+    DECIDED = "decided"
+    EXPIRED = "expired"
+    """Its deadline's policy (or a cancellation) answered it."""
+
+
+class EffectAnswer(StrEnum):
+    """The answers an in-doubt effect wait takes; every other wait takes any other answer."""
+
+    PERFORMED = "performed"
+    NOT_PERFORMED = "not_performed"
+
+
+class ExpiryDecision(StrEnum):
+    """The decision recorded on a wait that nobody answered: its deadline's policy applied,
+    or its run was cancelled."""
+
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"

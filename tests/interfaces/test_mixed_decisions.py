@@ -1,0 +1,67 @@
+"""One approval, a hundred people: HTTP decisions and signed Slack clicks at the same moment,
+through one real server. Exactly one decision is recorded, everyone is told the same one, and
+the run resumes once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from tests.support.apps.service import PERFORMED
+from tests.support.service_client import ADMIN, Service, bearer
+from tests.support.slack_fake import SECRET, action_body, signed_headers
+
+
+def test_hundred_mixed_http_and_slack_decisions_record_one(
+    serve: Callable[..., Service],
+) -> None:
+    svc = serve(slack_signing_secret=SECRET)
+    run_id, approval_id = svc.waiting_run("mixed-1")
+    n = 100
+    gate = threading.Barrier(n)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+
+    with httpx.Client(base_url=svc.url, limits=limits, timeout=60) as http:
+
+        def decide(i: int) -> int:
+            approve = i % 2 == 0
+            if i % 4 < 2:  # half of them over the HTTP API
+                gate.wait()
+                return http.post(
+                    f"/approvals/{approval_id}/decision",
+                    json={"decision": "approve" if approve else "reject", "by": f"web-{i}"},
+                    headers={**bearer(ADMIN), "Idempotency-Key": f"web-{i}"},
+                ).status_code
+            body = action_body(
+                approval_id,
+                "keel_approve" if approve else "keel_reject",
+                user=f"U{i:04d}",
+                action_ts=f"1800000000.{i:06d}",
+            )
+            headers = signed_headers(body, int(time.time()))
+            gate.wait()
+            return http.post("/slack/actions", content=body, headers=headers).status_code
+
+        with ThreadPoolExecutor(n) as pool:
+            codes = list(pool.map(decide, range(n)))
+
+    assert codes == [200] * n
+    run = svc.http.get(f"/runs/{run_id}").json()
+    recorded = [e for e in run["timeline"] if e["kind"] == "decision.recorded"]
+    assert len(recorded) == 1, recorded
+    (wait,) = run["waits"]
+    assert wait["status"] == "decided"
+    # Everyone asking now is told the one recorded decision.
+    again = svc.http.get(f"/approvals/{approval_id}").json()
+    assert (again["decision"], again["decided_by"]) == (wait["decision"], wait["decided_by"])
+
+    svc.work()
+    done = svc.http.get(f"/runs/{run_id}").json()
+    assert (done["status"], done["decision"]) == ("completed", wait["decision"])
+    after = [e["kind"] for e in done["timeline"] if e["event_id"] > recorded[0]["event_id"]]
+    assert after.count("lease.claimed") == 1, "resumed once"
+    assert [p["decision"] for p in PERFORMED] == [wait["decision"]]

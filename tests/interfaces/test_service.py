@@ -1,0 +1,579 @@
+"""The HTTP service, on both backends: a real uvicorn server on 127.0.0.1 driven with httpx.
+
+Runs are executed by an in-process worker between requests (`run_worker(stop_when_idle=True)`),
+never by the server: a request only records and wakes. The workflow is
+tests/support/apps/service.py; the `serve` and `svc` fixtures are in conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import keel
+from keel.service import create_app, health
+from tests.support.apps.service import PERFORMED, WORKFLOW, LiveServer, register
+from tests.support.in_doubt import in_doubt
+from tests.support.providers import Provider
+from tests.support.service_client import (
+    ADMIN,
+    TOKENS,
+    Service,
+    bearer,
+    empty_database,
+    start_serve,
+)
+
+# -- health ---------------------------------------------------------------------------------
+
+
+def test_healthz_and_readyz_need_no_token(svc: Service) -> None:
+    anonymous = svc.as_(None)
+    assert anonymous.get("/healthz").json() == {"status": "ok"}
+    ready = anonymous.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    body = ready.json()
+    assert body["status"] == "ready"
+    assert body["schema_version"] == body["expected_schema_version"] >= 3
+    assert body["database"] in ("sqlite", "postgres")
+    assert anonymous.get("/openapi.json").json()["paths"]["/approvals/{approval_id}/decision"]
+
+
+@pytest.fixture
+def unmigrated_url(backend: str, db_url: str, tmp_path: Path) -> Iterator[str]:
+    with empty_database(backend, db_url, tmp_path) as url:
+        yield url
+
+
+def test_readyz_is_503_until_the_database_is_migrated(unmigrated_url: str, tmp_path: Path) -> None:
+    app = keel.App(unmigrated_url, artifacts_dir=tmp_path / "artifacts")
+    try:
+        with (
+            LiveServer(create_app(app, tokens=TOKENS)) as server,
+            httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30) as http,
+        ):
+            not_ready = http.get("/readyz")
+            assert not_ready.status_code == 503
+            assert not_ready.json()["status"] == "unavailable"
+            assert "keel migrate" in not_ready.json()["reason"]
+            assert not_ready.json()["schema_version"] == 0
+            # Keel's own endpoints say the same, as a 503 rather than a crash.
+            listed = http.get("/runs")
+            assert (listed.status_code, listed.json()["error"]) == (503, "schema_mismatch")
+            app.migrate()
+            assert http.get("/readyz").status_code == 200
+            assert http.get("/runs").json()["runs"] == []
+    finally:
+        app.close()
+
+
+def test_readyz_does_not_create_a_missing_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "keel.db"
+    app = keel.App(f"sqlite:///{path}", artifacts_dir=tmp_path / "artifacts")
+    try:
+        with LiveServer(create_app(app, tokens=TOKENS)) as server:
+            answer = httpx.get(f"{server.url}/readyz", timeout=30)
+        assert answer.status_code == 503
+        assert "no database file" in answer.json()["reason"]
+        assert not path.exists()
+    finally:
+        app.close()
+
+
+def test_readyz_on_an_unreachable_database_is_503_and_leaks_no_pool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(health, "READY_TIMEOUT", 0.5)
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        url = f"postgresql://keel:keel@127.0.0.1:{s.getsockname()[1]}/keel"
+        app = keel.App(url, artifacts_dir=tmp_path / "artifacts")
+        try:
+            with LiveServer(create_app(app, tokens=TOKENS)) as server:
+                for _ in range(3):
+                    answer = httpx.get(f"{server.url}/readyz", timeout=30)
+                    assert answer.status_code == 503
+                    assert "did not answer within 0.5 s" in answer.json()["reason"]
+
+            async def pool_tasks() -> list[str]:
+                await asyncio.sleep(0.2)  # let cancelled pools finish closing
+                return [t.get_name() for t in asyncio.all_tasks() if "pool" in t.get_name()]
+
+            # Every probe that gave up closed the pool it had started opening.
+            assert app.aio.portal.call(pool_tasks()) == []
+        finally:
+            app.close()
+
+
+# -- auth -----------------------------------------------------------------------------------
+
+
+def test_every_endpoint_but_health_needs_a_token_with_its_scope(svc: Service) -> None:
+    run_id, approval_id = svc.waiting_run("auth-1")
+    endpoints: list[tuple[str, str, dict[str, Any] | None, str]] = [
+        ("POST", "/runs", {"workflow": WORKFLOW, "job_id": "x", "input": {}}, "runs:write"),
+        ("GET", "/runs", None, "runs:read"),
+        ("GET", f"/runs/{run_id}", None, "runs:read"),
+        ("GET", f"/runs/{run_id}/artifacts/draft.md", None, "runs:read"),
+        ("POST", f"/runs/{run_id}/cancel", None, "runs:write"),
+        ("GET", "/approvals", None, "approvals:read"),
+        ("GET", f"/approvals/{approval_id}", None, "approvals:read"),
+        (
+            "POST",
+            f"/approvals/{approval_id}/decision",
+            {"decision": "approve"},
+            "approvals:write",
+        ),
+    ]
+    holders = {
+        scope: {t for t, scopes in TOKENS.items() if scope in scopes or "*" in scopes}
+        for _, _, _, scope in endpoints
+    }
+    anonymous = svc.as_(None)
+    for method, path, body, scope in endpoints:
+        for token, headers in (
+            (None, {}),
+            ("unknown", bearer("not-a-token")),
+            ("basic", {"Authorization": "Basic YWRtaW46YWRtaW4="}),
+        ):
+            answer = anonymous.request(method, path, json=body, headers=headers)
+            assert answer.status_code == 401, (method, path, token, answer.text)
+            assert answer.headers["WWW-Authenticate"] == "Bearer"
+            assert answer.json()["error"] == "unauthenticated"
+        for token in set(TOKENS) - holders[scope]:
+            answer = anonymous.request(method, path, json=body, headers=bearer(token))
+            assert answer.status_code == 403, (method, path, token, answer.text)
+            assert scope in answer.json()["message"]
+    # Nothing the refused requests asked for happened.
+    details = svc.http.get(f"/runs/{run_id}").json()
+    assert details["status"] == "waiting"
+    assert details["waits"][0]["status"] == "pending"
+    assert svc.http.get("/runs", params={"job_id": "x"}).json()["runs"] == []
+    # A token with the scope gets through.
+    reader = svc.as_("reader-secret")
+    assert reader.get(f"/runs/{run_id}").status_code == 200
+    approver = svc.as_("approver-secret")
+    decided = approver.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+    assert decided.status_code == 200, decided.text
+    # Without `by`, the token's fingerprint decides, never the token itself.
+    assert decided.json()["decided_by"].startswith("token:")
+    assert "approver-secret" not in decided.text
+
+
+def test_tokens_come_from_the_environment(
+    make_app: Callable[..., keel.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEEL_API_TOKENS", "env-reader=runs:read ; env-admin=*")
+    app = register(make_app())
+    with LiveServer(create_app(app)) as server:
+        assert httpx.get(f"{server.url}/runs", headers=bearer("env-reader")).status_code == 200
+        body = {"workflow": WORKFLOW, "job_id": "env-1", "input": {"topic": "t"}}
+        refused = httpx.post(f"{server.url}/runs", json=body, headers=bearer("env-reader"))
+        assert refused.status_code == 403
+        admitted = httpx.post(f"{server.url}/runs", json=body, headers=bearer("env-admin"))
+        assert admitted.status_code == 201
+        assert httpx.get(f"{server.url}/runs", headers=bearer(ADMIN)).status_code == 401
+    monkeypatch.setenv("KEEL_API_TOKENS", "tok=runs:reed")
+    with pytest.raises(keel.KeelError, match="runs:reed"):
+        create_app(app)
+
+
+def test_without_tokens_everything_but_health_is_closed(serve: Callable[..., Service]) -> None:
+    svc = serve(tokens={})
+    assert svc.http.get("/runs").status_code == 401
+    assert svc.http.get("/healthz").status_code == 200
+
+
+# -- runs -----------------------------------------------------------------------------------
+
+
+def test_submit_is_idempotent_201_then_200(svc: Service) -> None:
+    first = svc.submit("ticket-1")
+    assert first.status_code == 201, first.text
+    run = first.json()
+    assert (run["status"], run["decision"], run["job_id"]) == ("queued", "not_decided", "ticket-1")
+    assert first.headers["Location"] == run["url"]
+    again = svc.submit("ticket-1")
+    assert again.status_code == 200
+    assert again.json()["run_id"] == run["run_id"]
+    other_input = svc.submit("ticket-1", topic="different")
+    assert other_input.status_code == 201
+    assert other_input.json()["run_id"] != run["run_id"]
+    body = {"workflow": WORKFLOW, "job_id": "ticket-1", "input": {"topic": "ai"}, "rerun": True}
+    rerun = svc.http.post("/runs", json=body)
+    assert rerun.status_code == 201
+    assert rerun.json()["attempt"] == 2
+    assert len(svc.http.get("/runs", params={"job_id": "ticket-1"}).json()["runs"]) == 3
+
+
+def test_submit_refuses_bad_bodies(serve: Callable[..., Service]) -> None:
+    svc = serve({"max_input_bytes": 500}, max_body_bytes=2048)
+    ok = {"workflow": WORKFLOW, "job_id": "a", "input": {}}
+    cases: list[tuple[Any, int, str, str]] = [
+        ({"workflow": WORKFLOW, "input": {}}, 422, "invalid_request", "body.job_id: Field req"),
+        ({**ok, "priority": 1}, 422, "invalid_request", "body.priority: Extra inputs are not"),
+        ({**ok, "workflow": "nope"}, 422, "unknown_workflow", "'nope'"),
+        ({**ok, "job_id": "Bad Id!"}, 400, "invalid_id", "job_id"),
+        ({**ok, "input": {"t": "x" * 1000}}, 413, "input_too_large", "limit is 500"),
+        ({**ok, "input": {"t": "x" * 3000}}, 413, "body_too_large", "2048 bytes"),
+    ]
+    for body, status, code, text in cases:
+        answer = svc.http.post("/runs", json=body)
+        assert answer.status_code == status, (body, answer.text)
+        assert answer.json()["error"] == code
+        assert text in answer.json()["message"]
+    not_json = svc.http.post("/runs", content=b"{not json", headers={"Content-Type": "a/json"})
+    assert not_json.status_code == 422
+    not_json = svc.http.post(
+        "/runs", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert not_json.status_code == 422
+    assert "JSON" in not_json.json()["message"]
+    assert svc.http.get("/runs").json()["runs"] == []
+
+
+def test_streamed_body_over_the_limit_is_413_without_content_length(
+    serve: Callable[..., Service],
+) -> None:
+    svc = serve(max_body_bytes=1024)
+    payload = b'{"workflow": "review", "job_id": "big", "input": {"t": "' + b"x" * 1500 + b'"}}'
+
+    def chunks() -> Iterator[bytes]:
+        for i in range(0, len(payload), 500):
+            yield payload[i : i + 500]
+
+    answer = svc.http.post("/runs", content=chunks(), headers={"Content-Type": "application/json"})
+    assert "content-length" not in answer.request.headers
+    assert answer.request.headers["transfer-encoding"] == "chunked"
+    assert answer.status_code == 413
+    small = b'{"workflow": "review", "job_id": "small", "input": {"topic": "t"}}'
+    streamed_ok = svc.http.post(
+        "/runs",
+        content=iter([small[:20], small[20:]]),
+        headers={"Content-Type": "application/json"},
+    )
+    assert streamed_ok.status_code == 201, streamed_ok.text
+    assert [r["job_id"] for r in svc.http.get("/runs").json()["runs"]] == ["small"]
+
+
+def test_list_runs_filters_and_pages(svc: Service) -> None:
+    made = [svc.submit(f"job-{i}", topic=f"t{i}").json()["run_id"] for i in range(5)]
+    other = svc.http.post(
+        "/runs", json={"workflow": "other", "job_id": "job-x", "input": {"topic": "x"}}
+    ).json()["run_id"]
+    seen: list[str] = []
+    offset: int | None = 0
+    pages = 0
+    while offset is not None:
+        page = svc.http.get("/runs", params={"limit": 2, "offset": offset}).json()
+        assert len(page["runs"]) <= 2
+        seen += [r["run_id"] for r in page["runs"]]
+        offset = page["next_offset"]
+        pages += 1
+    assert pages == 3
+    assert sorted(seen) == sorted([*made, other])
+    only = svc.http.get("/runs", params={"workflow": "other"}).json()["runs"]
+    assert [r["run_id"] for r in only] == [other]
+    assert [
+        r["run_id"] for r in svc.http.get("/runs", params={"job_id": "job-3"}).json()["runs"]
+    ] == [made[3]]
+    assert len(svc.http.get("/runs", params={"status": "queued"}).json()["runs"]) == 6
+    assert svc.http.get("/runs", params={"status": "waiting"}).json()["runs"] == []
+    svc.work()
+    assert len(svc.http.get("/runs", params={"status": "waiting"}).json()["runs"]) == 6
+    for bad in ({"status": "sleeping"}, {"limit": 0}, {"limit": 501}, {"offset": -1}):
+        answer = svc.http.get("/runs", params=bad)
+        assert answer.status_code == 422, bad
+        assert answer.json()["message"].startswith("query.")
+
+
+def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None:
+    run_id, approval_id = svc.waiting_run("details-1", topic="rust")
+    run = svc.http.get(f"/runs/{run_id}").json()
+    assert (run["status"], run["decision"], run["termination_reason"]) == (
+        "waiting",
+        "not_decided",
+        None,
+    )
+    assert run["input"] == {"topic": "rust"}
+    kinds = [e["kind"] for e in run["timeline"]]
+    assert kinds[0] == "admitted"
+    assert "wait.registered" in kinds
+    assert run["waits"][0]["payload"] == {"topic": "rust"}
+    assert run["waits"][0]["status"] == "pending"
+    (artifact,) = run["artifacts"]
+    expected = "# rust\n\nA draft about rust.\n"
+    assert (artifact["name"], artifact["size"]) == ("draft.md", len(expected))
+    download = svc.http.get(artifact["download_url"])
+    assert download.status_code == 200
+    assert download.text == expected
+    assert 'filename="draft.md"' in download.headers["content-disposition"]
+
+    # Files next to and above the run's folder must never be served.
+    root = tmp_path / "artifacts"
+    (root / "secret.txt").write_text("ROOT-CONTENT")
+    (tmp_path / "outside.txt").write_text("OUTSIDE-CONTENT")
+    (root / run_id / ".hidden").write_text("HIDDEN-CONTENT")
+    folder = root / run_id
+    (folder / "link.txt").symlink_to(tmp_path / "outside.txt")
+    base = f"/runs/{run_id}/artifacts/"
+    for name in (
+        "..",
+        "%2e%2e",
+        "..%2Fsecret.txt",
+        "%2E%2E%2F%2E%2E%2Foutside.txt",
+        "..%5Csecret.txt",
+        ".hidden",
+        "link.txt",
+        "secret.txt",
+        "draft.md%00",
+        "draft%20md",
+    ):
+        status, text = svc.raw_get(base + name)
+        assert status in (400, 404), (name, status, text)
+        assert "-CONTENT" not in text, name
+    missing = svc.http.get(f"/runs/{run_id}/artifacts/report.json")
+    assert (missing.status_code, missing.json()["error"]) == (404, "artifact_not_found")
+    no_run = svc.http.get("/runs/no-such-run/artifacts/draft.md")
+    assert (no_run.status_code, no_run.json()["error"]) == (404, "run_not_found")
+    assert svc.http.get("/runs/no-such-run").status_code == 404
+    malformed = svc.http.get("/runs/Not_A_Run!")
+    assert (malformed.status_code, malformed.json()["error"]) == (400, "invalid_id")
+    assert svc.http.get(f"/approvals/{approval_id}").json()["status"] == "pending"
+
+
+# -- approvals ------------------------------------------------------------------------------
+
+
+def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
+    run_id, approval_id = svc.waiting_run("approve-1")
+    listed = svc.http.get("/approvals").json()["approvals"]
+    assert [a["approval_id"] for a in listed] == [approval_id]
+    assert listed[0]["run_url"].endswith(f"/runs/{run_id}")
+    assert svc.http.get("/approvals", params={"kind": "effect"}).json()["approvals"] == []
+    assert len(svc.http.get("/approvals", params={"kind": "all"}).json()["approvals"]) == 1
+    assert svc.http.get("/approvals", params={"status": "decided"}).status_code == 422
+
+    body = {"decision": "approve", "comment": "ship it", "by": "alice"}
+    first = svc.http.post(
+        f"/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
+    )
+    assert first.status_code == 200, first.text
+    assert first.json()["recorded"] is True
+    assert (first.json()["decision"], first.json()["decided_by"]) == ("approved", "alice")
+    assert (first.json()["channel"], first.json()["action_id"]) == ("http", "click-1")
+    assert first.json()["comment"] == "ship it"
+    # The same click again, and a second approver rejecting: both told what was recorded.
+    retry = svc.http.post(
+        f"/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
+    )
+    late = svc.http.post(
+        f"/approvals/{approval_id}/decision",
+        json={"decision": "reject", "by": "bob", "action_id": "click-2"},
+    )
+    for answer in (retry, late):
+        assert answer.status_code == 200
+        payload = answer.json()
+        assert payload["recorded"] is False
+        assert {k: v for k, v in payload.items() if k != "recorded"} == {
+            k: v for k, v in first.json().items() if k != "recorded"
+        }
+    assert svc.http.get("/approvals").json()["approvals"] == []
+    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "queued"
+    assert len(PERFORMED) == 0  # the request recorded; it did not run the graph
+    svc.work()
+    run = svc.http.get(f"/runs/{run_id}").json()
+    assert (run["status"], run["decision"], run["termination_reason"]) == (
+        "completed",
+        "approved",
+        "approved",
+    )
+    assert [p["decision"] for p in PERFORMED] == ["approved"]
+    assert [(e["name"], e["status"]) for e in run["effects"]] == [("notify_requester", "sent")]
+
+
+def test_decision_errors(svc: Service) -> None:
+    _, approval_id = svc.waiting_run("errors-1")
+    path = f"/approvals/{approval_id}/decision"
+    for body, text in (
+        ({"decision": "maybe"}, "body.decision"),
+        ({}, "body.decision: Field required"),
+        ({"decision": "approve", "by": "x" * 201}, "body.by"),
+    ):
+        answer = svc.http.post(path, json=body)
+        assert answer.status_code == 422, body
+        assert text in answer.json()["message"]
+    unknown = svc.http.post(
+        "/approvals/w-000000000000000000000000/decision", json={"decision": "approve"}
+    )
+    assert (unknown.status_code, unknown.json()["error"]) == (404, "approval_not_found")
+    malformed = svc.http.post("/approvals/W..X!/decision", json={"decision": "approve"})
+    assert (malformed.status_code, malformed.json()["error"]) == (400, "invalid_id")
+    assert svc.http.get("/approvals/w-nope").status_code == 404
+    assert svc.http.get(f"/approvals/{approval_id}").json()["status"] == "pending"
+
+
+def test_cancel_then_a_decision_is_409_with_what_was_recorded(svc: Service) -> None:
+    queued = svc.submit("cancel-queued").json()["run_id"]
+    cancelled = svc.http.post(f"/runs/{queued}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    assert (cancelled.json()["status"], cancelled.json()["termination_reason"]) == (
+        "cancelled",
+        "cancelled",
+    )
+    again = svc.http.post(f"/runs/{queued}/cancel", json={"by": "ops"})
+    assert (again.status_code, again.json()["error"]) == (409, "run_finished")
+    assert svc.http.post("/runs/no-such-run/cancel").status_code == 404
+
+    run_id, approval_id = svc.waiting_run("cancel-waiting")
+    by_ops = svc.http.post(f"/runs/{run_id}/cancel", json={"by": "ops"})
+    assert by_ops.json()["status"] == "cancelled"
+    assert svc.events(run_id, "status.cancelled")[0]["data"]["by"] == "ops"
+    late = svc.http.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+    assert late.status_code == 409, late.text
+    assert late.json()["error"] == "run_finished"
+    assert late.json()["approval"]["status"] == "expired"
+    assert late.json()["approval"]["decision"] == "cancelled"
+    assert svc.events(run_id, "decision.recorded") == []
+    svc.work()
+    assert PERFORMED == []
+
+
+def test_a_decision_after_the_deadline_policy_is_409(serve: Callable[..., Service]) -> None:
+    clock = keel.ManualClock()
+    svc = serve({"clock": clock})
+    run_id, approval_id = svc.waiting_run("late-1", timeout="1h")
+    clock.advance(2 * 3600)
+
+    async def sweep() -> int:
+        return await svc.app.aio.sweep()
+
+    assert svc.app.aio.portal.call(sweep()) == 1
+    late = svc.http.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+    assert (late.status_code, late.json()["error"]) == (409, "run_finished")
+    assert late.json()["approval"]["decision"] == "rejected"
+    assert late.json()["approval"]["channel"] == "deadline"
+    svc.work()
+    run = svc.http.get(f"/runs/{run_id}").json()
+    assert (run["status"], run["decision"]) == ("completed", "rejected")
+    assert svc.events(run_id, "decision.recorded") == []
+    assert [p["decision"] for p in PERFORMED] == ["rejected"]
+
+
+def test_hundred_concurrent_decisions_record_one(svc: Service) -> None:
+    run_id, approval_id = svc.waiting_run("race-1")
+    n = 100
+    gate = threading.Barrier(n)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    wanted = {i: "approve" if i % 2 else "reject" for i in range(n)}
+
+    with httpx.Client(base_url=svc.url, headers=bearer(ADMIN), limits=limits, timeout=60) as http:
+
+        def decide(i: int) -> httpx.Response:
+            gate.wait()
+            return http.post(
+                f"/approvals/{approval_id}/decision",
+                json={"decision": wanted[i], "by": f"user-{i}"},
+                headers={"Idempotency-Key": f"key-{i}"},
+            )
+
+        with ThreadPoolExecutor(n) as pool:
+            answers = list(pool.map(decide, range(n)))
+
+    assert [a.status_code for a in answers] == [200] * n, {a.text for a in answers}
+    bodies = [a.json() for a in answers]
+    winners = [i for i, b in enumerate(bodies) if b["recorded"]]
+    assert len(winners) == 1
+    (winner,) = winners
+    decision = "approved" if wanted[winner] == "approve" else "rejected"
+    assert {b["decision"] for b in bodies} == {decision}
+    assert {b["decided_by"] for b in bodies} == {f"user-{winner}"}
+    assert {b["action_id"] for b in bodies} == {f"key-{winner}"}
+    assert {b["decided_at"] for b in bodies} == {bodies[winner]["decided_at"]}
+    recorded = svc.events(run_id, "decision.recorded")
+    assert len(recorded) == 1
+    assert recorded[0]["data"]["action_id"] == f"key-{winner}"
+
+    svc.work()
+    run = svc.http.get(f"/runs/{run_id}").json()
+    assert (run["status"], run["decision"]) == ("completed", decision)
+    # Resumed once: one wake-up after the decision, one claim after it.
+    decided_at = recorded[0]["event_id"]
+    after = [e["kind"] for e in run["timeline"] if e["event_id"] > decided_at]
+    assert after.count("lease.claimed") == 1
+    requeued = [
+        e
+        for e in run["timeline"]
+        if e["kind"] == "status.queued" and e["data"].get("wait_id") == approval_id
+    ]
+    assert len(requeued) == 1
+    assert [p["decision"] for p in PERFORMED] == [decision]
+    assert [e["status"] for e in run["effects"]] == ["sent"]
+
+
+def test_an_in_doubt_effect_is_listed_but_not_approvable(make_app: Callable[..., keel.App]) -> None:
+    provider = Provider()
+    app, run_id = in_doubt(make_app, provider, delivered=True)
+    with (
+        LiveServer(create_app(app, tokens=TOKENS)) as server,
+        httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30) as http,
+    ):
+        assert http.get("/approvals").json()["approvals"] == []
+        (wait,) = http.get("/approvals", params={"kind": "effect"}).json()["approvals"]
+        assert (wait["run_id"], wait["name"]) == (run_id, "charge")
+        path = f"/approvals/{wait['approval_id']}/decision"
+        refused = http.post(path, json={"decision": "approve"})
+        assert (refused.status_code, refused.json()["error"]) == (409, "wrong_kind")
+        assert refused.json()["approval"]["status"] == "pending"
+        assert http.get(f"/approvals/{wait['approval_id']}").json()["status"] == "pending"
+    assert len(provider.calls) == 1
+
+
+# -- the serve() entry point ----------------------------------------------------------------
+
+
+def test_serve_runs_uvicorn_until_sigterm(db_url: str, tmp_path: Path) -> None:
+    proc, url = start_serve(db_url, tmp_path / "artifacts")
+    try:
+        admitted = httpx.post(
+            f"{url}/runs",
+            json={"workflow": WORKFLOW, "job_id": "served-1", "input": {"topic": "t"}},
+            headers=bearer(ADMIN),
+        )
+        assert admitted.status_code == 201, admitted.text
+        assert httpx.get(f"{url}/readyz").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    # uvicorn drains, then re-raises the signal it caught (so the exit status says SIGTERM).
+    assert proc.returncode in (0, -signal.SIGTERM), err
+    assert "Traceback" not in err, err
+    if db_url.startswith("sqlite:"):
+        # The App was closed on the way out: SQLite folds and removes the WAL on last close.
+        assert not Path(db_url.removeprefix("sqlite:///") + "-wal").exists()
+    with keel.App(db_url) as reader:
+        assert [r["job_id"] for r in reader.list_runs()] == ["served-1"]
+
+
+def test_slack_actions_only_with_a_signing_secret(make_app: Callable[..., keel.App]) -> None:
+    app = register(make_app())
+    paths = create_app(app, tokens=TOKENS).openapi()["paths"]
+    assert "/runs" in paths
+    assert "/slack/actions" not in paths
+    try:
+        import keel.service.slack  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"keel\.service\.slack"):
+            create_app(app, tokens=TOKENS, slack_signing_secret="s3cret")
+    else:
+        with_slack = create_app(app, tokens=TOKENS, slack_signing_secret="s3cret")
+        assert "/slack/actions" in with_slack.openapi()["paths"]

@@ -1,0 +1,158 @@
+"""Admission: a submitted run is durable before anything runs it, and never duplicated."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import keel
+from keel.core.errors import InputTooLarge, InvalidId, InvalidInput, UnknownWorkflow
+from tests.support.checks import event_kinds
+from tests.support.graphs import echo_graph
+from tests.support.workers import drain
+
+AppFactory = Callable[..., keel.App]
+
+
+def echo_app(make_app: AppFactory, **kwargs: Any) -> keel.App:
+    app = make_app(**kwargs)
+    app.workflow("echo")(echo_graph)
+    return app
+
+
+def test_duplicate_submit_does_not_create_second_run(make_app: AppFactory) -> None:
+    app = echo_app(make_app)
+    first = app.submit("echo", job_id="ticket-4711", input={"text": "hi", "n": [1, 2]})
+    events = app.get_run(first["run_id"]).timeline
+    # Same input, keys in another order: the same canonical input.
+    again = app.submit("echo", job_id="ticket-4711", input={"n": [1, 2], "text": "hi"})
+    assert again["run_id"] == first["run_id"]
+    assert again["attempt"] == 1
+    assert len(app.list_runs(job_id="ticket-4711")) == 1
+    assert app.get_run(first["run_id"]).timeline == events
+    assert [e["kind"] for e in events] == ["admitted"]
+
+
+def test_duplicate_submit_after_completion_returns_the_finished_run(make_app: AppFactory) -> None:
+    app = echo_app(make_app)
+    run = app.submit("echo", job_id="t-1", input={"text": "hi"})
+    drain(app)
+    again = app.submit("echo", job_id="t-1", input={"text": "hi"})
+    assert (again["run_id"], again["status"]) == (run["run_id"], "completed")
+    assert app.get_run(run["run_id"]).output == {"text": "hi", "out": "HI"}
+    assert event_kinds(app, run["run_id"]).count("admitted") == 1
+
+
+def test_run_id_is_job_id_plus_16_hex(make_app: AppFactory) -> None:
+    app = echo_app(make_app)
+    run = app.submit("echo", job_id="ticket-4711", input={"text": "hi"})
+    assert re.fullmatch(r"ticket-4711-[0-9a-f]{16}", run["run_id"])
+    assert (run["job_id"], run["status"], run["decision"]) == (
+        "ticket-4711",
+        "queued",
+        "not_decided",
+    )
+
+
+def test_rerun_creates_numbered_attempts_instead_of_reusing_the_run(make_app: AppFactory) -> None:
+    app = echo_app(make_app)
+    first = app.submit("echo", job_id="job-1", input={"text": "x"})
+    second = app.submit("echo", job_id="job-1", input={"text": "x"}, rerun=True)
+    third = app.submit("echo", job_id="job-1", input={"text": "x"}, rerun=True)
+    assert second["run_id"] == f"{first['run_id']}-a2"
+    assert third["run_id"] == f"{first['run_id']}-a3"
+    assert [second["attempt"], third["attempt"]] == [2, 3]
+    # Without rerun, the latest submission is still the first attempt's run.
+    assert app.submit("echo", job_id="job-1", input={"text": "x"})["run_id"] == first["run_id"]
+    assert len(app.list_runs(job_id="job-1")) == 3
+    drain(app)
+    assert {r["status"] for r in app.list_runs(job_id="job-1")} == {"completed"}
+
+
+def test_different_input_is_a_different_run(make_app: AppFactory) -> None:
+    app = echo_app(make_app)
+    a = app.submit("echo", job_id="job-1", input={"text": "x"})
+    b = app.submit("echo", job_id="job-1", input={"text": "y"})
+    assert a["run_id"] != b["run_id"]
+    assert a["run_id"].startswith("job-1-") and b["run_id"].startswith("job-1-")
+    assert len(app.list_runs(job_id="job-1")) == 2
+
+
+def test_new_workflow_version_is_a_different_run(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo", version="1")(echo_graph)
+    app.workflow("echo", version="2")(echo_graph)
+    v1 = app.submit("echo", job_id="job-1", input={}, version="1")
+    v2 = app.submit("echo", job_id="job-1", input={})  # the latest registered version
+    assert v1["run_id"] != v2["run_id"]
+    assert (v1["workflow_version"], v2["workflow_version"]) == ("1", "2")
+
+
+def test_same_job_in_another_workflow_is_a_different_run(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    app.workflow("shout")(echo_graph)
+    assert (
+        app.submit("echo", job_id="j", input={})["run_id"]
+        != app.submit("shout", job_id="j", input={})["run_id"]
+    )
+
+
+def test_oversized_input_is_refused_and_nothing_is_written(make_app: AppFactory) -> None:
+    app = echo_app(make_app, max_input_bytes=1000)
+    with pytest.raises(InputTooLarge, match="the limit is 1000"):
+        app.submit("echo", job_id="big", input={"text": "x" * 1000})
+    assert app.list_runs() == []
+    # Just under the limit is fine: the limit is on the canonical JSON's bytes.
+    app.submit("echo", job_id="big", input={"text": "é" * 490})
+    assert len(app.list_runs()) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"xs": {object(), object()}}, {"score": float("nan")}, {"f": float("inf")}, {1: 2, "a": 3}],
+)
+def test_non_json_input_is_refused_and_nothing_is_written(make_app: AppFactory, bad: Any) -> None:
+    app = echo_app(make_app)
+    with pytest.raises(InvalidInput, match="canonical JSON"):
+        app.submit("echo", job_id="bad", input=bad)
+    assert app.list_runs() == []
+
+
+def test_unknown_workflow_is_refused_naming_what_is_registered(make_app: AppFactory) -> None:
+    app = echo_app(make_app)
+    with pytest.raises(UnknownWorkflow, match=r"'nope'.*echo@1"):
+        app.submit("nope", job_id="j", input={})
+    with pytest.raises(UnknownWorkflow, match="echo@9"):
+        app.submit("echo", job_id="j", input={}, version="9")
+    assert app.list_runs() == []
+
+
+@pytest.mark.parametrize("job", ["", "Ticket 1", "../etc/passwd", "ticket\n", "x" * 101])
+def test_invalid_job_id_is_refused_and_nothing_is_written(make_app: AppFactory, job: str) -> None:
+    app = echo_app(make_app)
+    with pytest.raises(InvalidId):
+        app.submit("echo", job_id=job, input={})
+    assert app.list_runs() == []
+
+
+def test_admitted_run_is_durable_before_any_worker_runs(make_app: AppFactory) -> None:
+    submitter = echo_app(make_app)
+    run = submitter.submit("echo", job_id="ticket-1", input={"text": "hi"})
+    submitter.close()  # nothing of the submitter's process is left to keep it alive
+
+    observer = make_app()  # another App: another connection, nothing cached
+    details = observer.get_run(run["run_id"])
+    assert details.status == "queued"
+    assert details.run["started_at"] is None and details.run["lease_owner"] is None
+    assert [e["kind"] for e in details.timeline] == ["admitted"]
+    assert details.timeline[0]["data"]["job_id"] == "ticket-1"
+    assert observer.list_runs(status="queued")[0]["run_id"] == run["run_id"]
+
+    # And that durable row is what a worker (in yet another App) executes.
+    worker = echo_app(make_app)
+    drain(worker)
+    assert observer.get_run(run["run_id"]).output == {"text": "hi", "out": "HI"}

@@ -1,0 +1,266 @@
+"""Fencing, in-process and honest: after a takeover, the old token can write nothing.
+
+Worker A claims the run (token 1); the ManualClock passes the lease TTL; worker B claims it
+again (token 2). Every write path a run has is then tried under token 1, the way a paused or
+partitioned A would try it when it wakes up, and must raise LeaseLost and leave no row behind.
+The same writes under token 2 succeed. Last, a whole stale execution: even when the new owner
+lives in the same process (the same worker re-claimed the run after its own lease expired, e.g.
+while its event loop was blocked past the TTL), the stale one checkpoints nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypedDict, TypeVar
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Interrupt
+
+import keel
+from keel.core import leases, ledger, waits
+from keel.core.context import RunContext, current
+from keel.core.errors import LeaseLost
+from keel.core.ids import StepRef
+from keel.core.store.store import Lease
+from tests.support.graphs import echo_graph
+
+AppFactory = Callable[..., keel.App]
+T = TypeVar("T")
+TTL = 30.0
+
+
+class Takeover:
+    """A run claimed by A, then taken over by B after A's lease expired."""
+
+    def __init__(self, make_app: AppFactory) -> None:
+        self.clock = keel.ManualClock()
+        self.app = make_app(clock=self.clock, lease_ttl=TTL)
+        self.app.workflow("echo")(echo_graph)
+        self.run_id = self.app.submit("echo", job_id="job-1", input={"text": "x"})["run_id"]
+        self.rt = self.app.aio
+        self.a = self.claim("worker-a")
+        self.clock.advance(TTL + 1)
+        self.b = self.claim("worker-b")
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.rt.portal.call(coro)
+
+    def claim(self, worker: str) -> Lease:
+        got = self.call(
+            leases.claim(self.rt.store, worker, self.rt.workflows.keys(), self.clock.now(), TTL)
+        )
+        assert got is not None
+        return got[0]
+
+    def ctx(self, lease: Lease) -> RunContext:
+        def nowhere() -> StepRef:
+            raise AssertionError("not called")
+
+        return RunContext(
+            run_id=self.run_id,
+            job_id="job-1",
+            workflow="echo",
+            token=lease.token,
+            worker_id=lease.worker_id,
+            services=self.rt.services,
+            locate=nowhere,
+            pause=lambda value: None,
+        )
+
+    def snapshot(self) -> tuple[Any, ...]:
+        details = self.app.get_run(self.run_id)
+        return (details.run, details.timeline, details.effects, details.waits)
+
+
+@pytest.fixture
+def takeover(make_app: AppFactory) -> Takeover:
+    return Takeover(make_app)
+
+
+def test_takeover_bumps_the_token_and_names_the_previous_owner(takeover: Takeover) -> None:
+    assert (takeover.a.token, takeover.b.token) == (1, 2)
+    run = takeover.app.get_run(takeover.run_id)
+    assert (run.status, run.run["lease_owner"], run.run["lease_token"]) == (
+        "running",
+        "worker-b",
+        2,
+    )
+    [event] = [e for e in run.timeline if e["kind"] == "lease.takeover"]
+    assert event["data"]["previous_owner"] == "worker-a"
+    assert event["lease_token"] == 2
+
+
+def test_live_lease_cannot_be_taken_over(takeover: Takeover) -> None:
+    takeover.clock.advance(TTL - 1)  # B's lease has not expired yet
+    got = takeover.call(
+        leases.claim(takeover.rt.store, "worker-c", ["echo@1"], takeover.clock.now(), TTL)
+    )
+    assert got is None
+
+
+def test_stale_token_fenced_transaction_raises_lease_lost_and_writes_nothing(
+    takeover: Takeover,
+) -> None:
+    store, run = takeover.rt.store, takeover.run_id
+    before = takeover.snapshot()
+
+    async def write(token: int) -> None:
+        async with store.fenced(run, token) as tx:
+            await store.add_event(tx, run, "probe", takeover.clock.now(), {"token": token})
+
+    with pytest.raises(LeaseLost, match=r"token 1 is stale \(current 2, owner worker-b\)"):
+        takeover.call(write(1))
+    assert takeover.snapshot() == before
+    takeover.call(write(2))
+    probes = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
+    assert [p["data"] for p in probes] == [{"token": 2}]
+
+
+def test_stale_token_cannot_reserve_or_record_an_effect(takeover: Takeover) -> None:
+    where = StepRef(takeover.run_id, "send", 1, "__pregel_pull/send")
+    key = where.key("effect", "email", "h")
+    stale, live = takeover.ctx(takeover.a), takeover.ctx(takeover.b)
+    with pytest.raises(LeaseLost):
+        takeover.call(ledger.reserve(stale, key, where, "email", "h"))
+    assert takeover.app.get_run(takeover.run_id).effects == []
+
+    row, new = takeover.call(ledger.reserve(live, key, where, "email", "h"))
+    assert new and (row["status"], row["lease_token"]) == ("pending", 2)
+    before = takeover.snapshot()
+    with pytest.raises(LeaseLost):
+        takeover.call(ledger.record(stale, key, ledger.SENT, 1, result={"id": "stale"}))
+    assert takeover.snapshot() == before
+    takeover.call(ledger.record(live, key, ledger.SENT, 1, result={"id": "live"}))
+    [row] = takeover.app.get_run(takeover.run_id).effects
+    assert (row["status"], row["result"]) == ("sent", '{"id": "live"}')
+
+
+def test_stale_token_cannot_write_checkpoints_through_the_saver(takeover: Takeover) -> None:
+    saver, run = takeover.rt.saver, takeover.run_id
+    config: dict[str, Any] = {"configurable": {"thread_id": run, "checkpoint_ns": ""}}
+    meta: dict[str, Any] = {"source": "input", "step": -1, "parents": {}}
+
+    saver.hold(run, 1, "worker-a")  # A still believes it holds the run
+    with pytest.raises(LeaseLost):
+        takeover.call(saver.aput(config, empty_checkpoint(), meta, {}))
+    assert takeover.call(saver.aget_tuple(config)) is None
+
+    saver.hold(run, 2, "worker-b")
+    saved = takeover.call(saver.aput(config, empty_checkpoint(), meta, {}))
+    steps_before = takeover.snapshot()
+
+    saver.hold(run, 1, "worker-a")
+    with pytest.raises(LeaseLost):
+        takeover.call(saver.aput_writes(saved, [("text", "stale")], "task-a", "__pregel_pull/echo"))
+    assert takeover.call(saver.aget_tuple(saved)).pending_writes == []
+    assert takeover.snapshot() == steps_before  # not even the `step` event
+
+    saver.hold(run, 2, "worker-b")
+    takeover.call(saver.aput_writes(saved, [("text", "live")], "task-b", "__pregel_pull/echo"))
+    writes = takeover.call(saver.aget_tuple(saved)).pending_writes
+    assert [(task, channel, value) for task, channel, value in writes] == [
+        ("task-b", "text", "live")
+    ]
+    steps = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "step"]
+    assert [(s["lease_token"], s["worker_id"]) for s in steps] == [(2, "worker-b")]
+    saver.drop(run, 2)
+
+
+def test_saver_without_a_held_lease_refuses_to_write(takeover: Takeover) -> None:
+    config: dict[str, Any] = {"configurable": {"thread_id": takeover.run_id, "checkpoint_ns": ""}}
+    meta: dict[str, Any] = {"source": "input", "step": -1, "parents": {}}
+    with pytest.raises(LeaseLost, match="holds no lease"):
+        takeover.call(takeover.rt.saver.aput(config, empty_checkpoint(), meta, {}))
+
+
+def test_stale_token_cannot_register_a_wait_or_change_status(takeover: Takeover) -> None:
+    before = takeover.snapshot()
+    pause = [Interrupt(value={"keel_wait": {"kind": "approval", "name": "m"}}, id="i-1")]
+    with pytest.raises(LeaseLost):
+        takeover.call(waits.register(takeover.ctx(takeover.a), pause))
+    assert takeover.snapshot() == before
+    assert takeover.call(waits.register(takeover.ctx(takeover.b), pause)).value == "waiting"
+    details = takeover.app.get_run(takeover.run_id)
+    assert details.status == "waiting"
+    assert [w["interrupt_id"] for w in details.waits] == ["i-1"]
+
+
+def test_stale_token_cannot_renew_or_release_the_lease(takeover: Takeover) -> None:
+    store, now = takeover.rt.store, takeover.clock.now()
+    lost = takeover.call(leases.renew(store, [takeover.a, takeover.b], now, TTL))
+    assert lost == [takeover.a]
+    before = takeover.snapshot()
+    with pytest.raises(LeaseLost):
+        takeover.call(leases.release(store, takeover.a, now, "stale shutdown"))
+    assert takeover.snapshot() == before
+    takeover.call(leases.release(store, takeover.b, now, "shutdown"))
+    run = takeover.app.get_run(takeover.run_id).run
+    assert (run["status"], run["lease_owner"]) == ("queued", None)
+
+
+# -- a whole stale execution -----------------------------------------------------------------
+
+
+class WhoState(TypedDict, total=False):
+    who: str
+
+
+def test_stale_execution_in_the_same_process_cannot_write_checkpoints(
+    make_app: AppFactory,
+) -> None:
+    clock = keel.ManualClock()
+    app = make_app(clock=clock, lease_ttl=30)
+    rt = app.aio
+    inside: dict[int, asyncio.Event] = {}
+    go: dict[int, asyncio.Event] = {}
+
+    async def work(state: WhoState) -> dict[str, Any]:
+        token = current().token
+        inside[token].set()
+        await go[token].wait()
+        return {"who": "stale" if token == 1 else "fresh"}
+
+    def build() -> StateGraph:
+        g = StateGraph(WhoState)
+        g.add_node("work", work)
+        g.add_edge(START, "work")
+        g.add_edge("work", END)
+        return g
+
+    app.workflow("who")(build)
+    run = app.submit("who", job_id="who-1", input={"who": ""})["run_id"]
+
+    async def scenario() -> tuple[str, str, list[Any]]:
+        for token in (1, 2):
+            inside[token], go[token] = asyncio.Event(), asyncio.Event()
+
+        async def start(worker: str) -> asyncio.Task[str]:
+            # PostgreSQL skips a row a checkpoint write holds (SKIP LOCKED): poll, as workers do.
+            for _ in range(500):
+                got = await leases.claim(rt.store, worker, rt.workflows.keys(), clock.now(), 30)
+                if got is not None:
+                    return asyncio.create_task(rt.executor(worker).execute(*got))
+                await asyncio.sleep(0.01)
+            raise AssertionError("nothing to claim")
+
+        first = await start("worker-a")
+        await inside[1].wait()
+        clock.advance(31)  # worker-a's loop was blocked past its lease...
+        second = await start("worker-b")  # ...and this process re-claimed the run
+        await inside[2].wait()
+        go[1].set()  # the stale execution finishes its step
+        stale = await first
+        go[2].set()
+        fresh = await second
+        config = {"configurable": {"thread_id": run}}
+        history = [c.checkpoint["channel_values"].get("who") async for c in rt.saver.alist(config)]
+        return stale, fresh, history
+
+    stale, fresh, history = rt.portal.call(scenario())
+    assert (stale, fresh) == ("lease_lost", "completed")
+    assert app.get_run(run).output == {"who": "fresh"}
+    # Token 1 lost the run before its node returned: none of its state may be checkpointed.
+    assert "stale" not in history, f"a stale execution wrote checkpoints: {history}"

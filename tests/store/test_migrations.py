@@ -1,0 +1,182 @@
+"""Schema migrations: fresh, upgrade with data, idempotent, concurrent, and a clear refusal."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import keel
+from keel.core import runs
+from keel.core.errors import SchemaMismatch
+from keel.core.store.base import load_migrations
+from tests.support.graphs import echo_graph
+from tests.support.workers import drain
+
+PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
+NAMES = [m.name for m in load_migrations("sqlite")]
+LATEST = len(NAMES)
+
+
+@pytest.fixture
+def empty_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database with nothing in it: no Keel tables, no checkpoint tables."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path}/empty.db"
+        return
+    request.getfixturevalue("pg_template")  # the suite's skip / KEEL_REQUIRE_POSTGRES policy
+    name = f"keel_e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{PG_URL.rpartition('/')[0]}/{name}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def apps(empty_url: str, tmp_path: Path) -> Iterator[Any]:
+    made: list[keel.App] = []
+
+    def make() -> keel.App:
+        app = keel.App(empty_url, artifacts_dir=tmp_path / "artifacts")
+        app.workflow("echo")(echo_graph)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()
+
+
+def version(app: keel.App) -> int:
+    rt = app.aio
+    rt.portal.call(rt.connector.open())  # without the schema check App.open() would do
+    return rt.portal.call(rt.store.schema_version())
+
+
+def execute(url: str, sql: str) -> list[Any]:
+    """Raw SQL on the database, outside Keel (what the test checks is Keel's doing)."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as lite:
+            return lite.execute(sql).fetchall()
+    with psycopg.connect(url) as conn:
+        cur = conn.execute(sql)
+        return cur.fetchall() if cur.description else []
+
+
+def recorded_versions(app: keel.App) -> list[int]:
+    return sorted(r[0] for r in execute(app.url, "SELECT version FROM keel_schema_migrations"))
+
+
+def test_fresh_database_migrates_to_the_latest_version(apps: Any) -> None:
+    app = apps()
+    assert version(app) == 0
+    assert app.migrate() == NAMES
+    assert version(app) == LATEST == app.aio.store.latest_version
+    assert recorded_versions(app) == list(range(1, LATEST + 1))
+    # Everything a run needs exists, LangGraph's checkpoint tables included.
+    run = app.submit("echo", job_id="j-1", input={"text": "ok"})["run_id"]
+    drain(app)
+    assert app.get_run(run).output == {"text": "ok", "out": "OK"}
+
+
+def test_migrating_twice_is_a_no_op(apps: Any) -> None:
+    app = apps()
+    app.migrate()
+    run = app.submit("echo", job_id="j-1", input={"text": "kept"})
+    assert app.migrate() == []
+    assert apps().migrate() == []  # and from another App
+    assert recorded_versions(app) == list(range(1, LATEST + 1))
+    assert app.get_run(run["run_id"]).run == run
+
+
+def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
+    old = apps()
+    rt = old.aio
+    rt.portal.call(rt.connector.open())
+    assert rt.portal.call(rt.store.migrate(rt.clock.now(), target=1)) == NAMES[:1]
+    assert version(old) == 1
+    row, created = rt.portal.call(
+        runs.admit(
+            rt.store,
+            workflow="echo",
+            version="1",
+            job_id="legacy-1",
+            input={"text": "from v1"},
+            now=rt.clock.now(),
+            rerun=False,
+            max_input_bytes=1000,
+        )
+    )
+    assert created
+    old.close()
+
+    new = apps()
+    assert new.migrate() == NAMES[1:]
+    assert version(new) == LATEST
+    upgraded = new.get_run(row["run_id"])
+    assert {k: upgraded.run[k] for k in row} == row  # every v1 column kept its value
+    assert "heartbeat_at" in upgraded.run  # a column added by a later migration
+    assert [e["kind"] for e in upgraded.timeline] == ["admitted"]
+    assert new.aio.portal.call(new.aio.store.workers(0)) == []  # a table added later
+    drain(new)
+    assert new.get_run(row["run_id"]).output == {"text": "from v1", "out": "FROM V1"}
+
+
+def test_app_on_unmigrated_database_raises_schema_mismatch(apps: Any) -> None:
+    app = apps()
+    with pytest.raises(SchemaMismatch, match="keel migrate") as info:
+        app.submit("echo", job_id="j-1", input={})
+    assert "version 0" in str(info.value)
+    with pytest.raises(SchemaMismatch, match="keel migrate"):
+        app.list_runs()
+
+
+def test_app_on_partly_migrated_database_raises_schema_mismatch(apps: Any) -> None:
+    old = apps()
+    old.aio.portal.call(old.aio.connector.open())
+    old.aio.portal.call(old.aio.store.migrate(0.0, target=1))
+    with pytest.raises(SchemaMismatch, match=r"version 1, older .*keel migrate"):
+        apps().submit("echo", job_id="j-1", input={})
+
+
+def test_app_on_newer_database_says_to_upgrade_keel(apps: Any, empty_url: str) -> None:
+    apps().migrate()
+    execute(empty_url, "INSERT INTO keel_schema_migrations VALUES (999, 'from the future', 0)")
+    with pytest.raises(SchemaMismatch, match=r"newer .*upgrade Keel"):
+        apps().list_runs()
+
+
+def test_concurrent_migrations_all_succeed_and_record_each_version_once(apps: Any) -> None:
+    racers = [apps() for _ in range(4)]
+    start = threading.Barrier(len(racers))
+    applied: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def migrate(app: keel.App) -> None:
+        try:
+            start.wait(timeout=30)
+            applied.append(app.migrate())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(app,)) for app in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert len(applied) == len(racers)
+    # Each migration was applied by exactly one of them.
+    assert sorted(name for names in applied for name in names) == sorted(NAMES)
+    assert recorded_versions(racers[0]) == list(range(1, LATEST + 1))
+    run = racers[1].submit("echo", job_id="j-1", input={"text": "x"})["run_id"]
+    drain(racers[2])
+    assert racers[3].get_run(run).status == "completed"

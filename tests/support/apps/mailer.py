@@ -1,0 +1,170 @@
+"""The app the crash tests kill: workflows that send real email through the effect ledger.
+
+Worker subprocesses load it with `python -m keel worker tests.support.apps.mailer:app`; the test
+process builds its own App on the same database and calls `register()` so it can submit runs
+and read them back. Everything outside the database comes from the environment, read when the
+effect runs (not at import), so one module serves every test:
+
+- KEEL_DATABASE_URL: the database (keel.App() reads it).
+- MAILER_SMTP_URL: `smtp://127.0.0.1:PORT`, the SmtpSink of the test.
+- MAILER_SPOOL: the folder that sink writes each accepted message to; the reconciler looks
+  there, as it would ask a mail provider's API "did you accept this Message-ID?".
+
+Workflows:
+- `mailer`: prepare -> approval -> send (one `send_email`, reconciled) -> done.
+- `mailer-unreconciled`: the same graph whose effect has no reconciler and whose provider does
+  not dedupe: a crash after the provider accepted the message leaves the key in doubt.
+- `revisions`: draft, then a loop that sends the same email (same args) in two iterations.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import smtplib
+from email.message import EmailMessage
+from typing import Annotated, Any, TypedDict
+from urllib.parse import urlsplit
+
+from langgraph.graph import END, START, StateGraph
+
+import keel
+from keel.core.ledger import Effect
+from keel.notifiers.email import spooled
+
+SENDER = "keel-mailer@example.com"
+REVISIONS = 2
+
+
+def message_id_for(idempotency_key: str) -> str:
+    """The Message-ID is a function of the key: a retry under the key is the same message."""
+    return f"<{idempotency_key.replace(':', '.')}@mailer.keel.test>"
+
+
+def deliver(to: str, subject: str, body: str, *, idempotency_key: str) -> dict[str, Any]:
+    url = urlsplit(os.environ["MAILER_SMTP_URL"])
+    if url.scheme != "smtp" or url.hostname is None or url.port is None:
+        raise ValueError(f"MAILER_SMTP_URL must be smtp://host:port, not {url.geturl()!r}")
+    msg = EmailMessage()
+    msg["From"] = SENDER
+    msg["To"] = to
+    msg["Subject"] = subject
+    message_id = message_id_for(idempotency_key)
+    msg["Message-ID"] = message_id
+    msg.set_content(body)
+    with smtplib.SMTP(url.hostname, url.port, timeout=10) as smtp:
+        smtp.send_message(msg)
+    return {"message_id": message_id, "to": to}
+
+
+def lookup(to: str, subject: str, body: str, *, idempotency_key: str) -> dict[str, Any] | None:
+    """Ask the "provider" (the sink's spool) whether it accepted this key's message."""
+    message_id = message_id_for(idempotency_key)
+    if spooled(os.environ["MAILER_SPOOL"], message_id):
+        return {"message_id": message_id, "to": to, "reconciled": True}
+    return None
+
+
+send_email: Effect[..., dict[str, Any]] = keel.effect("send_email", reconcile=lookup)(deliver)
+# Same name (so the same fault label arms it), no reconciler, provider not idempotent.
+send_email_unreconciled: Effect[..., dict[str, Any]] = keel.effect("send_email")(deliver)
+
+
+class MailState(TypedDict, total=False):
+    ticket: str
+    to: str
+    subject: str
+    body: str
+    approved: bool
+    message_id: str
+    log: Annotated[list[str], operator.add]
+
+
+def prepare(state: MailState) -> MailState:
+    ticket = state["ticket"]
+    return {
+        "subject": f"Re: ticket {ticket}",
+        "body": f"Hello,\n\nyour ticket {ticket} is solved.\n",
+        "log": ["prepared"],
+    }
+
+
+def review(state: MailState) -> MailState:
+    decision = keel.approval(
+        "manager", payload={"ticket": state["ticket"], "subject": state["subject"]}
+    )
+    return {"approved": decision.approved, "log": [f"decision:{decision.decision}"]}
+
+
+def done(state: MailState) -> MailState:
+    return {"log": ["done"]}
+
+
+def mailer_graph(effect: Effect[..., dict[str, Any]]) -> StateGraph:
+    def send(state: MailState) -> MailState:
+        if not state.get("approved"):
+            return {"log": ["not sent"]}
+        result = effect(state["to"], state["subject"], state["body"])
+        # An in-doubt send resolved by a person ("it went out") carries whatever result that
+        # person gave, possibly none: the node must not assume the provider's answer.
+        return {"message_id": (result or {}).get("message_id", ""), "log": ["sent"]}
+
+    g = StateGraph(MailState)
+    g.add_node("prepare", prepare)
+    g.add_node("approval", review)
+    g.add_node("send", send)
+    g.add_node("done", done)
+    g.add_edge(START, "prepare")
+    g.add_edge("prepare", "approval")
+    g.add_edge("approval", "send")
+    g.add_edge("send", "done")
+    g.add_edge("done", END)
+    return g
+
+
+class RevisionState(TypedDict, total=False):
+    ticket: str
+    to: str
+    subject: str
+    body: str
+    revision: int
+    message_ids: Annotated[list[str], operator.add]
+
+
+def draft(state: RevisionState) -> RevisionState:
+    ticket = state["ticket"]
+    return {
+        "subject": f"Draft for ticket {ticket}",
+        "body": f"Draft reply for ticket {ticket}.\n",
+        "revision": 0,
+    }
+
+
+def revise(state: RevisionState) -> RevisionState:
+    # The same call with the same args in every iteration: only the step tells them apart.
+    result = send_email(state["to"], state["subject"], state["body"])
+    return {"revision": state["revision"] + 1, "message_ids": [result["message_id"]]}
+
+
+def again(state: RevisionState) -> str:
+    return "revise" if state["revision"] < REVISIONS else END
+
+
+def revisions_graph() -> StateGraph:
+    g = StateGraph(RevisionState)
+    g.add_node("draft", draft)
+    g.add_node("revise", revise)
+    g.add_edge(START, "draft")
+    g.add_edge("draft", "revise")
+    g.add_conditional_edges("revise", again, ["revise", END])
+    return g
+
+
+def register(target: keel.App) -> keel.App:
+    target.workflow("mailer")(lambda: mailer_graph(send_email))
+    target.workflow("mailer-unreconciled")(lambda: mailer_graph(send_email_unreconciled))
+    target.workflow("revisions")(revisions_graph)
+    return target
+
+
+app = register(keel.App())

@@ -1,0 +1,200 @@
+"""Small workflows, and the effects they perform against a recording Provider."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypedDict
+
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
+
+import keel
+from keel.core.ledger import Effect
+from tests.support.providers import Provider
+
+# -- a one-node workflow (admission, artifacts, worker) --------------------------------------
+
+
+class EchoState(TypedDict, total=False):
+    text: str
+    out: str
+
+
+def echo_graph(node: Callable[[EchoState], dict[str, Any]] | None = None) -> StateGraph:
+    def default(state: EchoState) -> dict[str, Any]:
+        return {"out": state.get("text", "").upper()}
+
+    g = StateGraph(EchoState)
+    g.add_node("echo", node or default)
+    g.add_edge(START, "echo")
+    g.add_edge("echo", END)
+    return g
+
+
+# -- approval then (maybe) an effect ---------------------------------------------------------
+
+
+class ReviewState(TypedDict, total=False):
+    to: str
+    log: Annotated[list[str], operator.add]
+
+
+def review_graph(notify: Effect[..., Any]) -> StateGraph:
+    """review (a manager's approval) -> send the notification only if approved."""
+
+    def review(state: ReviewState) -> dict[str, Any]:
+        decision = keel.approval("manager", payload={"to": state["to"]}, timeout="1h")
+        return {"log": [decision.decision]}
+
+    def send(state: ReviewState) -> dict[str, Any]:
+        notify(state["to"])
+        return {"log": ["sent"]}
+
+    def route(state: ReviewState) -> str:
+        return "send" if state["log"][-1] == "approved" else END
+
+    g = StateGraph(ReviewState)
+    g.add_node("review", review)
+    g.add_node("send", send)
+    g.add_edge(START, "review")
+    g.add_conditional_edges("review", route, ["send", END])
+    g.add_edge("send", END)
+    return g
+
+
+def notify_effect(provider: Provider, name: str = "notify") -> Effect[..., Any]:
+    def notify(to: str, *, idempotency_key: str) -> Any:
+        provider.calls.append(idempotency_key)
+        return provider.deliver(idempotency_key, {"to": to})
+
+    return keel.effect(name)(notify)
+
+
+# -- a revision loop whose every iteration performs the same call, then waits ----------------
+
+
+class LoopState(TypedDict, total=False):
+    rounds: int
+    revision: int
+    results: Annotated[list[Any], operator.add]
+
+
+def loop_graph(notify: Effect[..., Any]) -> StateGraph:
+    """Each round sends the *same* notification, then waits for an approval.
+
+    Code before the approval re-runs when the run resumes, so every round's effect call is
+    replayed once: the replay must find the key it reserved the first time.
+    """
+
+    def revise(state: LoopState) -> dict[str, Any]:
+        result = notify("editor@example.com")
+        keel.approval("editor", payload={"revision": state.get("revision", 0)})
+        return {"revision": state.get("revision", 0) + 1, "results": [result]}
+
+    def again(state: LoopState) -> str:
+        return "revise" if state["revision"] < state["rounds"] else END
+
+    g = StateGraph(LoopState)
+    g.add_node("revise", revise)
+    g.add_edge(START, "revise")
+    g.add_conditional_edges("revise", again, ["revise", END])
+    return g
+
+
+# -- parallel fan-out with identical arguments -----------------------------------------------
+
+
+class FanState(TypedDict, total=False):
+    copies: int
+    to: str
+    results: Annotated[list[Any], operator.add]
+
+
+def fanout_graph(notify: Effect[..., Any], *, wait: bool = False) -> StateGraph:
+    """`copies` parallel branches (Send) each perform the same call with the same args."""
+
+    def plan(state: FanState) -> dict[str, Any]:
+        return {}
+
+    def branches(state: FanState) -> list[Send]:
+        return [Send("deliver", {"to": state["to"]}) for _ in range(state["copies"])]
+
+    def deliver(state: FanState) -> dict[str, Any]:
+        result = notify(state["to"])
+        if wait:
+            keel.approval("branch", payload={"to": state["to"]})
+        return {"results": [result]}
+
+    g = StateGraph(FanState)
+    g.add_node("plan", plan)
+    g.add_node("deliver", deliver)
+    g.add_edge(START, "plan")
+    g.add_conditional_edges("plan", branches, ["deliver"])
+    g.add_edge("deliver", END)
+    return g
+
+
+# -- one async node performing one async effect ----------------------------------------------
+
+
+class PayState(TypedDict, total=False):
+    amount: int
+    receipt: Any
+    again: Any
+
+
+def pay_graph(charge: Effect[..., Any], *, twice: bool = False) -> StateGraph:
+    async def pay(state: PayState) -> dict[str, Any]:
+        receipt = await charge(state["amount"])  # type: ignore[misc]
+        update: dict[str, Any] = {"receipt": receipt}
+        if twice:
+            update["again"] = await charge(state["amount"])  # type: ignore[misc]
+        return update
+
+    g = StateGraph(PayState)
+    g.add_node("pay", pay)
+    g.add_edge(START, "pay")
+    g.add_edge("pay", END)
+    return g
+
+
+Hook = Callable[[str], Awaitable[None]]
+
+
+def charge_effect(
+    provider: Provider,
+    *,
+    stall: Hook | None = None,
+    deliver_before_stall: bool = True,
+    reconcile: bool = False,
+    provider_idempotent: bool = False,
+    retry: keel.Retry | None = None,
+) -> Effect[..., Any]:
+    """An async payment effect. With `stall`, its first call stalls its worker past the lease.
+
+    `deliver_before_stall` says whether that first call reached the provider before the stall
+    (after which the stale worker can no longer record anything: its writes are fenced).
+    """
+    pending = [stall] if stall else []
+
+    async def charge(amount: int, *, idempotency_key: str) -> Any:
+        provider.calls.append(idempotency_key)
+        if pending:
+            hook = pending.pop()
+            result = provider.deliver(idempotency_key, amount) if deliver_before_stall else None
+            await hook(idempotency_key)
+            if result is None:
+                raise ConnectionResetError("connection reset before the provider answered")
+            return result
+        return provider.deliver(idempotency_key, amount)
+
+    async def lookup(amount: int, *, idempotency_key: str) -> Any:
+        return provider.lookup(idempotency_key)
+
+    return keel.effect(
+        "charge",
+        reconcile=lookup if reconcile else None,
+        provider_idempotent=provider_idempotent,
+        retry=retry,
+    )(charge)

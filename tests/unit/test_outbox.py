@@ -1,0 +1,100 @@
+"""The outbox, by hand: an intent is recorded once per notifier that handles its kind,
+delivered once whoever dispatches, and never sent again after its sender died mid-delivery."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import keel
+from keel.core.errors import TransientError
+from tests.support.by_hand import Died, waiting
+from tests.support.notifiers import Recorder
+
+
+def dispatch(app: keel.App, worker_id: str = "worker-a") -> int:
+    return app.aio.portal.call(app.aio.dispatch(worker_id))
+
+
+def intents(app: keel.App, run_id: str) -> list[tuple[str, str, str]]:
+    return sorted(
+        (r["notifier"], r["kind"], r["status"]) for r in app.get_run(run_id).notifications
+    )
+
+
+def test_an_intent_is_recorded_once_per_notifier_that_handles_its_kind(app: keel.App) -> None:
+    for notifier in (Recorder("slack"), Recorder("email"), Recorder("audit", ("decided",))):
+        app.add_notifier(notifier)
+    node = waiting(app, approvers=["ed@example.com"])
+    assert intents(app, node.run_id) == [
+        ("email", "request", "queued"),
+        ("slack", "request", "queued"),
+    ]
+    assert app.approve(node.run_id, by="ed").recorded
+    assert not app.reject(node.run_id, by="bob").recorded  # a duplicate records nothing
+    decided = [(n, s) for n, kind, s in intents(app, node.run_id) if kind == "decided"]
+    assert decided == [("audit", "queued"), ("email", "queued"), ("slack", "queued")]
+
+
+def test_each_intent_is_delivered_once_whoever_dispatches(app: keel.App) -> None:
+    slack, email = Recorder("slack"), Recorder("email")
+    app.add_notifier(slack)
+    app.add_notifier(email)
+    node = waiting(app, approvers=["ed@example.com"])
+    assert dispatch(app, "worker-a") == 2
+    assert dispatch(app, "worker-b") == 0
+    assert slack.kinds_sent() == email.kinds_sent() == ["request"]
+    assert slack.sent[0].wait["approvers"] == ["ed@example.com"]
+    app.approve(node.run_id, by="ed")
+    assert dispatch(app, "worker-b") == 2
+    assert dispatch(app, "worker-a") == 0
+    assert slack.kinds_sent() == email.kinds_sent() == ["request", "decided"]
+    decided = slack.sent[-1]
+    assert decided.details["decision"] == "approved"
+    assert decided.earlier == {"request": {"ts": "request-1"}}, "a decision can edit the request"
+    assert {status for _, _, status in intents(app, node.run_id)} == {"delivered"}
+    kinds = [e["kind"] for e in app.get_run(node.run_id).timeline]
+    assert kinds.count("notification.delivered") == 4
+
+
+def test_an_intent_whose_sender_died_mid_delivery_is_not_sent_again(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    plain = Recorder("plain", failures=[Died()])
+    reconciling = Recorder("reconciling", reconcile=True, failures=[Died()])
+    app.add_notifier(plain)
+    app.add_notifier(reconciling)
+    node = waiting(app)
+    for _ in range(2):  # each dispatcher delivers one request and dies before settling it
+        with pytest.raises(Died):
+            dispatch(app)
+    assert plain.kinds_sent() == reconciling.kinds_sent() == ["request"]
+    assert dispatch(app, "worker-b") == 0, "claimed by a sender that may still be alive"
+    clock.advance(app.aio.lease_ttl + 1)  # the dead senders' claims expire
+    assert dispatch(app, "worker-b") == 2
+    assert dispatch(app, "worker-b") == 0
+    assert plain.kinds_sent() == reconciling.kinds_sent() == ["request"], "sent twice"
+    assert intents(app, node.run_id) == [
+        ("plain", "request", "in_doubt"),
+        ("reconciling", "request", "delivered"),
+    ]
+
+
+def test_a_transient_failure_is_delivered_later_once(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    flaky = Recorder("flaky", failures=[TransientError("429", retry_after=60)])
+    app.add_notifier(flaky)
+    node = waiting(app)
+    assert dispatch(app) == 1  # settled for now: queued again, 60 s later
+    assert flaky.sent == []
+    assert dispatch(app) == 0
+    clock.advance(61)
+    assert dispatch(app) == 1
+    assert dispatch(app) == 0
+    assert flaky.kinds_sent() == ["request"]
+    assert intents(app, node.run_id) == [("flaky", "request", "delivered")]
+    assert (
+        Counter(e["kind"] for e in app.get_run(node.run_id).timeline)["notification.delivered"] == 1
+    )

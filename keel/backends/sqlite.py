@@ -12,7 +12,15 @@ from pathlib import Path
 import aiosqlite
 
 from keel.backends.locks import TaskReentrantLock
+from keel.core.faults import statement_fails
 from keel.core.store.base import Params, Row, load_queries
+
+
+def _injected_failure() -> None:
+    # SQLite has no server to drop the connection: a `fail-next-statement` fault (keel chaos
+    # --fault db-error) fails the statement here as a lost file or full disk would.
+    if statement_fails():
+        raise sqlite3.OperationalError("disk I/O error (injected by keel chaos --fault db-error)")
 
 
 class SqliteTx:
@@ -21,16 +29,19 @@ class SqliteTx:
         self._queries = queries
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
+        _injected_failure()
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             row = await cur.fetchone()
         return dict(row) if row is not None else None
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        _injected_failure()
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             rows = await cur.fetchall()
         return [dict(r) for r in rows]
 
     async def execute(self, name: str, params: Params | None = None) -> int:
+        _injected_failure()
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             return cur.rowcount
 
@@ -92,6 +103,7 @@ class SqliteConnector:
     async def transaction(self) -> AsyncIterator[SqliteTx]:
         conn = self.connection
         async with self.lock:
+            _injected_failure()
             await conn.execute("BEGIN IMMEDIATE")
             try:
                 yield SqliteTx(conn, self._queries)
@@ -104,6 +116,7 @@ class SqliteConnector:
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:
         async with self.lock:
+            _injected_failure()
             yield SqliteTx(self.connection, self._queries)
 
     async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:

@@ -16,11 +16,10 @@ from typing import Any
 
 import keel
 from keel.chaos.checks import Outcome, observe
+from keel.chaos.kinds import KILLED, Armed, FaultKind, Kill
 from keel.runtime.loading import load_app
 from keel.testing.http import HttpSink
 from keel.testing.smtp import SmtpSink
-
-KILLED = -9
 
 
 @dataclass
@@ -40,6 +39,11 @@ class ChaosConfig:
     """Only these fault points (default: every point the clean run reaches)."""
     max_occurrences: int | None = None
     """Cap the cells per (phase, point): the first, the last and evenly spaced ones between."""
+    faults: tuple[str, ...] = ("kill",)
+    """The fault kinds, one column of cells each (keel.chaos.kinds)."""
+    restart_cluster: str | None = None
+    """VERSION/NAME of the Debian cluster serving postgres_url that db-restart cells may
+    restart; without it they run on a throwaway cluster of their own."""
     cell_timeout: float = 90.0
     lease_ttl: float = 1.0
     workdir: Path | None = None
@@ -51,6 +55,7 @@ class Cell:
     phase: int
     point: str
     occurrence: int
+    fault: str = "kill"
     verdict: str = "pending"
     """pass, fail, or not_reached (the armed process finished without reaching the point)."""
     problems: list[str] = field(default_factory=list)
@@ -58,7 +63,7 @@ class Cell:
 
     @property
     def name(self) -> str:
-        return f"phase {self.phase} {self.point}@{self.occurrence}"
+        return f"{self.fault} phase {self.phase} {self.point}@{self.occurrence}"
 
 
 @dataclass
@@ -78,18 +83,29 @@ class Report:
 class Harness:
     """Databases, sinks and worker processes for one matrix."""
 
-    def __init__(self, config: ChaosConfig, smtp: SmtpSink, http: HttpSink, root: Path) -> None:
+    def __init__(
+        self,
+        config: ChaosConfig,
+        smtp: SmtpSink,
+        http: HttpSink,
+        root: Path,
+        kinds: dict[str, FaultKind] | None = None,
+    ) -> None:
         self.config = config
+        self.kinds = kinds or {"kill": Kill(config)}
         self.smtp = smtp
         self.http = http
         self.root = root
         self.user_app = load_app(config.app)
         self.cells_made = 0
+        self.spawned = 0
 
     # -- databases -----------------------------------------------------------------------------
 
     @contextmanager
-    def database(self) -> Iterator[str]:
+    def database(self, server: str | None = None) -> Iterator[str]:
+        """A fresh database for one execution (on PostgreSQL: on `server`, default the
+        configured one)."""
         self.cells_made += 1
         if self.config.backend == "sqlite":
             yield f"sqlite:///{self.root}/cell-{self.cells_made}.db"
@@ -98,14 +114,15 @@ class Harness:
 
         if not self.config.postgres_url:
             raise keel.core.errors.UsageError("--backend postgres needs --db postgresql://...")
+        server = server or self.config.postgres_url
         name = f"keel_chaos_{uuid.uuid4().hex[:12]}"
-        base = self.config.postgres_url.rsplit("/", 1)[0]
-        with psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
+        base = server.rsplit("/", 1)[0]
+        with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         try:
             yield f"{base}/{name}"
         finally:
-            with psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
+            with psycopg.connect(server, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def app_on(self, url: str) -> keel.App:
@@ -136,14 +153,27 @@ class Harness:
         env.update(extra)
         return env
 
+    def worker_args(self) -> list[str]:
+        return ["keel", "worker", self.config.app, "--stop-when-idle"]
+
+    def spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """`python -m ARGS`, running; the caller waits for it."""
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        self.spawned += 1
+        # What each process said, for the cell whose verdict needs explaining.
+        with open(logs / f"cell-{self.cells_made}.{self.spawned}.log", "ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", *args],
+                cwd=self.config.cwd,
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
     def process(self, args: list[str], env: dict[str, str], timeout: float) -> int:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            cwd=self.config.cwd,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = self.spawn(args, env)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -160,16 +190,19 @@ class Harness:
     # -- one execution of the workflow -----------------------------------------------------------
 
     def execute(self, arm: Cell | None, record: Path | None = None) -> Outcome:
-        """Run the workflow to its end on a fresh database, killing the armed process."""
+        """Run the workflow to its end on a fresh database, striking the armed process."""
         config = self.config
         before = self.world()
-        with self.database() as url:
+        server = self.kinds[arm.fault].server() if arm is not None else None
+        with self.database(server) as url:
             app = self.app_on(url)
             try:
                 app.migrate()
                 run_id = app.submit(config.workflow, job_id="chaos", input=config.input)["run_id"]
-                killed, killed_running = self._drive(app, url, run_id, before, arm, record)
-                return observe(app, run_id, self._delta(before), killed, killed_running)
+                struck = self._drive(app, url, run_id, before, arm, record)
+                outcome = observe(app, run_id, self._delta(before), *struck[:2])
+                outcome.fault_problems = struck[2]
+                return outcome
             finally:
                 app.close()
 
@@ -181,19 +214,21 @@ class Harness:
         before: dict[str, int],
         arm: Cell | None,
         record: Path | None,
-    ) -> tuple[bool, bool]:
+    ) -> tuple[bool, bool, list[str]]:
         """Start workers and answer waits until the run finishes; return whether the armed
-        process was killed, and whether the run was `running` when it died."""
+        process was struck, whether it lost the run it held (a takeover must show), and what
+        the fault kind saw break."""
         config = self.config
         deadline = time.monotonic() + config.cell_timeout
         phase, killed, killed_running = 0, False, False
+        fault_problems: list[str] = []
         armed_left = arm is not None
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run did not finish within {config.cell_timeout}s")
             details = app.get_run(run_id)
             if keel.Status(details.status).finished:
-                return killed, killed_running
+                return killed, killed_running, fault_problems
             pending = [w for w in details.waits if w["status"] == "pending"]
             if details.status == "waiting" and pending:
                 at_decision = (
@@ -221,20 +256,28 @@ class Harness:
                 and arm.phase == phase
                 and arm.point != "decision.after_record"
             )
-            extra = {}
             if arm_here and arm is not None:
-                extra["KEEL_FAULTS"] = f"{arm.point}@{arm.occurrence}"
+                armed = Armed(
+                    app,
+                    url,
+                    run_id,
+                    arm.name,
+                    self.env(url, app, KEEL_FAULTS=f"{arm.point}@{arm.occurrence}"),
+                    self.env(url, app),
+                    deadline,
+                )
+                struck = self.kinds[arm.fault].strike(self, armed)
+                armed_left, killed, killed_running = False, struck.reached, struck.holder_lost
+                fault_problems = struck.problems
+                continue
+            extra = {}
             if record is not None:
                 extra["KEEL_FAULTS_RECORD"] = f"{record}.{phase}"
-            code = self.process(
-                ["keel", "worker", config.app, "--stop-when-idle"],
+            self.process(
+                self.worker_args(),
                 self.env(url, app, **extra),
                 max(1.0, deadline - time.monotonic()),
             )
-            if arm_here:
-                armed_left = False
-                killed = code == KILLED
-                killed_running = killed and app.get_run(run_id).status == "running"
 
     def _answer(
         self,

@@ -4,8 +4,9 @@ run still ends as the clean run did, with the outside world having seen each eff
 A run of the workflow goes through *phases*: phase 0 until its first wait is answered, phase 1
 until the second, and so on; each phase is one worker process in a clean run. The clean run
 records, per phase, how often each fault point was reached. Then every (phase, point,
-occurrence) becomes a cell: a fresh database, a worker armed to SIGKILL itself at that
-occurrence, fresh workers until the run finishes (answering its waits as told), and the
+occurrence) becomes a cell of each configured fault kind (keel.chaos.kinds): a fresh
+database, a worker armed at that occurrence (killed there, or held there while the fault hits
+the world), fresh workers until the run finishes (answering its waits as told), and the
 invariant checks of `keel.chaos.checks`.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from keel.chaos.checks import compare
 from keel.chaos.harness import Cell, ChaosConfig, Harness, Report
+from keel.chaos.kinds import fault_kinds
 from keel.testing.http import HttpSink
 from keel.testing.smtp import SmtpSink
 
@@ -62,19 +64,21 @@ def run_matrix(
         tempfile.TemporaryDirectory(prefix="keel-chaos-") as tmp,
         SmtpSink(spool=Path(tmp) / "spool") as smtp,
         HttpSink() as http,
+        fault_kinds(config) as kinds,
     ):
         root = Path(config.workdir or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        harness = Harness(config, smtp, http, root)
+        harness = Harness(config, smtp, http, root, kinds)
         record = root / "reached"
         clean = harness.execute(None, record=record)
         reached = _read_reached(record)
         cells = (
             [
-                Cell(phase, point, occurrence)
+                Cell(phase, point, occurrence, fault=name)
+                for name, kind in kinds.items()
                 for phase, points in enumerate(reached)
                 for point, count in sorted(points.items())
-                if not config.points or point in config.points
+                if (not config.points or point in config.points) and kind.applies(point)
                 for occurrence in _occurrences(count, config.max_occurrences)
             ]
             if matrix

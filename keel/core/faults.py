@@ -4,6 +4,11 @@ The crash harness arms a point for one occurrence through the environment of a w
 subprocess, e.g. ``KEEL_FAULTS=effect.after_perform@2`` kills the process with SIGKILL the
 second time any effect returns, before the ledger records it. ``point:label@n`` narrows a point
 to one label (an effect name, a node). Nothing but the harness should set it.
+
+Recording (``KEEL_FAULTS_RECORD=<file>``, the harness's clean run) also keeps a trace: every
+point reached, in order, with the node and task path that were running when the caller knows
+them and the system-wide monotonic time, so the harness can tell which node a cell interrupts
+and which cells follow a delivery its sinks saw.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import atexit
 import json
 import os
 import signal
+import time
 from collections import Counter
 
 ENV = "KEEL_FAULTS"
@@ -42,6 +48,8 @@ def _parse(spec: str) -> dict[str, int]:
 _armed: dict[str, int] = _parse(os.environ.get(ENV, ""))
 _seen: Counter[str] = Counter()
 reached: Counter[str] = Counter()
+trace: list[tuple[str, str, str, str, int]] = []
+"""(point, label, node, task path, time.monotonic_ns()) per point reached, when recording."""
 # The harness's clean run sets a file path: each process appends what it reached at exit.
 _record_to = os.environ.get("KEEL_FAULTS_RECORD", "")
 _recording = bool(_record_to)
@@ -49,19 +57,22 @@ _recording = bool(_record_to)
 
 def _dump() -> None:
     with open(_record_to, "a") as fh:
-        fh.write(json.dumps({"pid": os.getpid(), "reached": dict(reached)}) + "\n")
+        line = {"pid": os.getpid(), "reached": dict(reached), "trace": trace}
+        fh.write(json.dumps(line) + "\n")
 
 
 if _recording:
     atexit.register(_dump)
 
 
-def fault_point(name: str, label: str = "") -> None:
-    """Kill this process here if the harness armed this point for this occurrence."""
+def fault_point(name: str, label: str = "", node: str = "", path: str = "") -> None:
+    """Kill this process here if the harness armed this point for this occurrence. `node` and
+    `path` say which node (and task path) is running, where the caller knows it."""
     if not _armed and not _recording:
         return
     if _recording:
         reached[name] += 1
+        trace.append((name, label, node, path, time.monotonic_ns()))
     for key in (name, f"{name}:{label}") if label else (name,):
         if key in _armed:
             _seen[key] += 1

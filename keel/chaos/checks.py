@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import keel
+from keel.chaos.world import Delivery, World
 
 
 @dataclass
@@ -29,10 +30,14 @@ class Outcome:
     killed_running: bool = False
     takeover: bool = False
     notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    """The run's error, if it failed."""
+    deliveries: list[Delivery] = field(default_factory=list)
+    """What the outside world received, in order."""
 
 
 def observe(
-    app: keel.App, run_id: str, world: dict[str, int], killed: bool, killed_running: bool
+    app: keel.App, run_id: str, world: World, killed: bool, killed_running: bool
 ) -> Outcome:
     details = app.get_run(run_id)
     done = Counter(e["name"] for e in details.effects if e["status"] in ("sent", "confirmed"))
@@ -57,12 +62,14 @@ def observe(
         termination_reason=details.termination_reason,
         effects=dict(done),
         unsettled=unsettled,
-        world=world,
+        world=world.counts(),
         artifacts=artifacts,
         stale_writes=stale_writes(details.timeline),
         killed=killed,
         killed_running=killed_running,
         takeover=any(e["kind"] == "lease.takeover" for e in details.timeline),
+        error=details.run.get("error"),
+        deliveries=world.deliveries(),
     )
 
 

@@ -1,11 +1,14 @@
 """The crash matrix's parts: its configuration, its cells and the harness that runs one cell
-(a throwaway database, the sinks that count the outside world, worker processes)."""
+(a throwaway database, a fresh outside world of sinks, worker processes)."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,9 +19,9 @@ from typing import Any
 
 import keel
 from keel.chaos.checks import Outcome, observe
+from keel.chaos.decide import decide
+from keel.chaos.world import World
 from keel.runtime.loading import load_app
-from keel.testing.http import HttpSink
-from keel.testing.smtp import SmtpSink
 
 KILLED = -9
 
@@ -39,7 +42,10 @@ class ChaosConfig:
     points: tuple[str, ...] = ()
     """Only these fault points (default: every point the clean run reaches)."""
     max_occurrences: int | None = None
-    """Cap the cells per (phase, point): the first, the last and evenly spaced ones between."""
+    """Sample at most this many cells per (phase, point) (the first, the last, evenly between),
+    plus every cell right after an outside delivery, which is never skipped."""
+    jobs: int = 1
+    """Cells run at once, each on its own database and outside world."""
     cell_timeout: float = 90.0
     lease_ttl: float = 1.0
     workdir: Path | None = None
@@ -51,14 +57,32 @@ class Cell:
     phase: int
     point: str
     occurrence: int
+    kind: str = "kill"
+    """The fault: `kill` SIGKILLs the armed process at the point."""
     verdict: str = "pending"
-    """pass, fail, or not_reached (the armed process finished without reaching the point)."""
+    """pass, fail, not_reached (the armed process finished without reaching the point), or
+    skipped (not sampled)."""
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    where: str = ""
+    """The code the fault interrupts, from the clean run's trace ("effect `charge` in node
+    `pay`", "the checkpoint after node `send`")."""
+    node: str = ""
+    task_path: str = ""
+    effect: str = ""
+    after_deliveries: list[str] = field(default_factory=list)
+    """The clean run's outside deliveries this cell comes right after (the risky cells)."""
+    cause: str = ""
+    """A failing cell's likely cause and fix."""
+    world: dict[str, int] = field(default_factory=dict)
+    """What the outside world counted in this cell (the clean run's is the report's)."""
+    extra: list[str] = field(default_factory=list)
+    """The deliveries the outside world saw beyond the clean run's."""
 
     @property
     def name(self) -> str:
-        return f"phase {self.phase} {self.point}@{self.occurrence}"
+        fault = "" if self.kind == "kill" else f"{self.kind} "
+        return f"phase {self.phase} {fault}{self.point}@{self.occurrence}"
 
 
 @dataclass
@@ -69,30 +93,41 @@ class Report:
     cells: list[Cell]
     soak: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    skipped: list[Cell] = field(default_factory=list)
+    """Cells the sampling did not run."""
+    matrix_seconds: float = 0.0
+    """The cells' wall time (without the clean run and the soak)."""
 
     @property
     def ok(self) -> bool:
         return all(c.verdict != "fail" for c in self.cells) and not self.soak
 
+    @property
+    def risky(self) -> list[Cell]:
+        return [c for c in self.cells if c.after_deliveries]
+
+    @property
+    def cells_per_minute(self) -> float:
+        return 60 * len(self.cells) / self.matrix_seconds if self.matrix_seconds else 0.0
+
 
 class Harness:
-    """Databases, sinks and worker processes for one matrix."""
+    """Databases, outside worlds and worker processes for one matrix; cells may run at once
+    (each has its own database and world)."""
 
-    def __init__(self, config: ChaosConfig, smtp: SmtpSink, http: HttpSink, root: Path) -> None:
+    def __init__(self, config: ChaosConfig, root: Path) -> None:
         self.config = config
-        self.smtp = smtp
-        self.http = http
         self.root = root
         self.user_app = load_app(config.app)
-        self.cells_made = 0
+        self._numbers = itertools.count(1)
+        self._admin = threading.Lock()
 
     # -- databases -----------------------------------------------------------------------------
 
     @contextmanager
-    def database(self) -> Iterator[str]:
-        self.cells_made += 1
+    def database(self, number: int) -> Iterator[str]:
         if self.config.backend == "sqlite":
-            yield f"sqlite:///{self.root}/cell-{self.cells_made}.db"
+            yield f"sqlite:///{self.root}/cell-{number}.db"
             return
         import psycopg
 
@@ -100,12 +135,13 @@ class Harness:
             raise keel.core.errors.UsageError("--backend postgres needs --db postgresql://...")
         name = f"keel_chaos_{uuid.uuid4().hex[:12]}"
         base = self.config.postgres_url.rsplit("/", 1)[0]
-        with psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
+        # One CREATE/DROP DATABASE at a time: concurrent ones contend for the template.
+        with self._admin, psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         try:
             yield f"{base}/{name}"
         finally:
-            with psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
+            with self._admin, psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def app_on(self, url: str) -> keel.App:
@@ -115,28 +151,32 @@ class Harness:
         app.aio.adopt(self.user_app.aio.workflows)
         return app
 
+    @contextmanager
+    def world(self) -> Iterator[tuple[int, World]]:
+        """A fresh outside world, numbered like the database that goes with it."""
+        number = next(self._numbers)
+        with World(self.root / f"world-{number}") as world:
+            yield number, world
+
     # -- processes -----------------------------------------------------------------------------
 
-    def env(self, url: str, app: keel.App, **extra: str) -> dict[str, str]:
-        values = {
-            "smtp_url": self.smtp.url,
-            "smtp_spool": str(self.smtp.spool),
-            "http_url": self.http.url,
-        }
+    def env(self, url: str, app: keel.App, world: World, **extra: str) -> dict[str, str]:
+        values = world.placeholders()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_FAULTS")}
         env.update({k: v.format(**values) for k, v in self.config.env.items()})
         env.update(
             KEEL_DATABASE_URL=url,
             KEEL_ARTIFACTS_DIR=str(app.aio.artifacts_root),
             KEEL_LEASE_TTL=str(self.config.lease_ttl),
-            KEEL_CHAOS_SMTP_URL=self.smtp.url,
-            KEEL_CHAOS_SMTP_SPOOL=str(self.smtp.spool),
-            KEEL_CHAOS_HTTP_URL=self.http.url,
+            KEEL_CHAOS_SMTP_URL=values["smtp_url"],
+            KEEL_CHAOS_SMTP_SPOOL=values["smtp_spool"],
+            KEEL_CHAOS_HTTP_URL=values["http_url"],
         )
         env.update(extra)
         return env
 
-    def process(self, args: list[str], env: dict[str, str], timeout: float) -> int:
+    def process(self, args: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
+        """Run `python -m ARGS` to its end; return its exit status and pid."""
         proc = subprocess.Popen(
             [sys.executable, "-m", *args],
             cwd=self.config.cwd,
@@ -145,53 +185,87 @@ class Harness:
             stderr=subprocess.DEVNULL,
         )
         try:
-            return proc.wait(timeout=timeout)
+            return proc.wait(timeout=timeout), proc.pid
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
             raise
 
-    def world(self) -> dict[str, int]:
-        return {
-            "smtp messages": len(self.smtp.messages),
-            "http deliveries": len(self.http.deliveries),
-        }
-
     # -- one execution of the workflow -----------------------------------------------------------
 
     def execute(self, arm: Cell | None, record: Path | None = None) -> Outcome:
-        """Run the workflow to its end on a fresh database, killing the armed process."""
+        """Run the workflow to its end on a fresh database and world, killing the armed
+        process."""
         config = self.config
-        before = self.world()
-        with self.database() as url:
+        with self.world() as (number, world), self.database(number) as url:
             app = self.app_on(url)
             try:
                 app.migrate()
                 run_id = app.submit(config.workflow, job_id="chaos", input=config.input)["run_id"]
-                killed, killed_running = self._drive(app, url, run_id, before, arm, record)
-                return observe(app, run_id, self._delta(before), killed, killed_running)
+                killed, killed_running = _Drive(self, app, url, world, run_id, arm, record).run()
+                return observe(app, run_id, world, killed, killed_running)
             finally:
                 app.close()
 
-    def _drive(
+    def answer(
         self,
         app: keel.App,
         url: str,
-        run_id: str,
-        before: dict[str, int],
-        arm: Cell | None,
-        record: Path | None,
-    ) -> tuple[bool, bool]:
-        """Start workers and answer waits until the run finishes; return whether the armed
-        process was killed, and whether the run was `running` when it died."""
-        config = self.config
+        world: World,
+        pending: list[dict[str, Any]],
+        faults: str | None = None,
+        record: str | None = None,
+    ) -> bool:
+        """Answer the run's open waits as a person (or the deadline) would; return whether the
+        deciding process was killed. The decision is made in this process unless it must be
+        counted (`record`) or killed (`faults`): then a decider process of its own makes it."""
+        died = False
+        for wait in pending:
+            if wait["kind"] == "effect":
+                decision = "performed" if unaccounted(app, world) else "not_performed"
+            elif self.config.decide == "timeout":
+                app.aio.portal.call(_expire_now(app, wait["wait_id"]))
+                continue
+            else:
+                decision = "approved" if self.config.decide == "approve" else "rejected"
+            if faults is None and record is None:
+                decide(app, wait["run_id"], wait["wait_id"], decision)
+                continue
+            extra = {"KEEL_FAULTS": faults} if faults else {}
+            if record is not None:
+                extra["KEEL_FAULTS_RECORD"] = record
+            code, _ = self.process(
+                ["keel.chaos.decide", wait["run_id"], wait["wait_id"], decision],
+                self.env(url, app, world, **extra),
+                30,
+            )
+            died = died or code == KILLED
+        return died
+
+
+@dataclass
+class _Drive:
+    """Workers and answers until the run finishes, the armed process killed on the way."""
+
+    harness: Harness
+    app: keel.App
+    url: str
+    world: World
+    run_id: str
+    arm: Cell | None
+    record: Path | None
+
+    def run(self) -> tuple[bool, bool]:
+        """Return whether the armed process was killed, and whether the run was `running`
+        when it died."""
+        config, app, arm = self.harness.config, self.app, self.arm
         deadline = time.monotonic() + config.cell_timeout
         phase, killed, killed_running = 0, False, False
         armed_left = arm is not None
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run did not finish within {config.cell_timeout}s")
-            details = app.get_run(run_id)
+            details = app.get_run(self.run_id)
             if keel.Status(details.status).finished:
                 return killed, killed_running
             pending = [w for w in details.waits if w["status"] == "pending"]
@@ -202,13 +276,13 @@ class Harness:
                     and arm.phase == phase
                     and arm.point == "decision.after_record"
                 )
-                died = self._answer(
+                died = self.harness.answer(
                     app,
-                    url,
+                    self.url,
+                    self.world,
                     pending,
-                    before,
-                    arm if at_decision else None,
-                    f"{record}.d{phase}" if record is not None else None,
+                    _spec(arm) if at_decision and arm is not None else None,
+                    f"{self.record}.d{phase}" if self.record is not None else None,
                 )
                 if at_decision:
                     armed_left, killed = False, died
@@ -223,65 +297,42 @@ class Harness:
             )
             extra = {}
             if arm_here and arm is not None:
-                extra["KEEL_FAULTS"] = f"{arm.point}@{arm.occurrence}"
-            if record is not None:
-                extra["KEEL_FAULTS_RECORD"] = f"{record}.{phase}"
-            code = self.process(
+                extra["KEEL_FAULTS"] = _spec(arm)
+            if self.record is not None:
+                extra["KEEL_FAULTS_RECORD"] = f"{self.record}.{phase}"
+            code, pid = self.harness.process(
                 ["keel", "worker", config.app, "--stop-when-idle"],
-                self.env(url, app, **extra),
+                self.harness.env(self.url, app, self.world, **extra),
                 max(1.0, deadline - time.monotonic()),
             )
             if arm_here:
                 armed_left = False
                 killed = code == KILLED
-                killed_running = killed and app.get_run(run_id).status == "running"
+                killed_running = killed and app.get_run(self.run_id).status == "running"
+                if killed_running:
+                    self._end_lease_of(pid)
 
-    def _answer(
-        self,
-        app: keel.App,
-        url: str,
-        pending: list[dict[str, Any]],
-        before: dict[str, int],
-        arm: Cell | None,
-        record: str | None,
-    ) -> bool:
-        """Answer the run's open waits as a person (or the deadline) would; return whether the
-        armed decider process was killed."""
-        died = False
-        for wait in pending:
-            if wait["kind"] == "effect":
-                decision = "performed" if self._unaccounted(app, before) else ("not_performed")
-            elif self.config.decide == "timeout":
-                app.aio.portal.call(_expire_now(app, wait["wait_id"]))
-                continue
-            else:
-                decision = "approved" if self.config.decide == "approve" else "rejected"
-            extra = {}
-            if arm is not None:
-                extra["KEEL_FAULTS"] = f"{arm.point}@{arm.occurrence}"
-            if record is not None:
-                extra["KEEL_FAULTS_RECORD"] = record
-            code = self.process(
-                ["keel.chaos.decide", wait["run_id"], wait["wait_id"], decision],
-                self.env(url, app, **extra),
-                30,
-            )
-            died = died or code == KILLED
-        return died
+    def _end_lease_of(self, pid: int) -> None:
+        """The armed worker was seen dead: end its lease now rather than wait out the TTL (the
+        takeover is the same claim, with a new token and a `lease.takeover` event)."""
+        run = self.app.get_run(self.run_id).run
+        if str(run["lease_owner"] or "").startswith(f"{socket.gethostname()}-{pid}-"):
+            self.app.end_dead_lease(self.run_id, int(run["lease_token"]))
 
-    def _unaccounted(self, app: keel.App, before: dict[str, int]) -> bool:
-        """Did the outside world see a delivery the ledger does not account for? That is how a
-        person would tell that the in-doubt effect happened."""
-        delivered = sum(self._delta(before).values())
-        recorded = 0
-        for run in app.list_runs(limit=100_000):
-            effects = app.get_run(run["run_id"]).effects
-            recorded += sum(e["status"] in ("sent", "confirmed") for e in effects)
-        return delivered > recorded
 
-    def _delta(self, before: dict[str, int]) -> dict[str, int]:
-        now = self.world()
-        return {k: now[k] - before.get(k, 0) for k in now}
+def _spec(cell: Cell) -> str:
+    return f"{cell.point}@{cell.occurrence}"
+
+
+def unaccounted(app: keel.App, world: World) -> bool:
+    """Did the outside world see a delivery the ledger does not account for? That is how a
+    person would tell that the in-doubt effect happened."""
+    delivered = sum(world.counts().values())
+    recorded = 0
+    for run in app.list_runs(limit=100_000):
+        effects = app.get_run(run["run_id"]).effects
+        recorded += sum(e["status"] in ("sent", "confirmed") for e in effects)
+    return delivered > recorded
 
 
 async def _expire_now(app: keel.App, wait_id: str) -> None:

@@ -34,6 +34,8 @@ class Outcome:
     """The run's error, if it failed."""
     deliveries: list[Delivery] = field(default_factory=list)
     """What the outside world received, in order."""
+    keys: dict[str, int] = field(default_factory=dict)
+    """Per effect name, how many ledger keys it has in any status."""
 
 
 def observe(
@@ -70,6 +72,7 @@ def observe(
         takeover=any(e["kind"] == "lease.takeover" for e in details.timeline),
         error=details.run.get("error"),
         deliveries=world.deliveries(),
+        keys=dict(Counter(e["name"] for e in details.effects)),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import keel
 from keel.chaos.checks import Outcome, observe
 from keel.chaos.decide import decide
+from keel.chaos.forkserver import SUPPORTED, ForkServer
 from keel.chaos.world import World
 from keel.runtime.loading import load_app
 
@@ -121,6 +122,14 @@ class Harness:
         self.user_app = load_app(config.app)
         self._numbers = itertools.count(1)
         self._admin = threading.Lock()
+        self._local = threading.local()
+        self._servers: list[ForkServer] = []
+        self.fork = SUPPORTED
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
 
     # -- databases -----------------------------------------------------------------------------
 
@@ -176,20 +185,36 @@ class Harness:
         return env
 
     def process(self, args: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
-        """Run `python -m ARGS` to its end; return its exit status and pid."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            cwd=self.config.cwd,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        """Run `python -m ARGS` to its end; return its exit status and pid. The process is
+        forked from this thread's warm fork server (keel.chaos.forkserver) where there is one."""
         try:
-            return proc.wait(timeout=timeout), proc.pid
+            if self.fork:
+                return self._server().run(args, env, timeout)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                cwd=self.config.cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                return proc.wait(timeout=timeout), proc.pid
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
+            raise TimeoutError(f"{' '.join(args[:2])} did not end within {timeout:.0f}s") from None
+
+    def _server(self) -> ForkServer:
+        server: ForkServer | None = getattr(self._local, "server", None)
+        if server is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+            server = ForkServer(self.config.app, self.config.cwd, env)
+            self._local.server = server
+            with self._admin:
+                self._servers.append(server)
+        return server
 
     # -- one execution of the workflow -----------------------------------------------------------
 

@@ -82,33 +82,48 @@ def run_matrix(
         root = Path(config.workdir or tmp)
         root.mkdir(parents=True, exist_ok=True)
         harness = Harness(config, root)
-        record = root / "reached"
-        clean = harness.execute(None, record=record)
-        trace = build(record, clean.deliveries)
-        reached = _reached(trace)
-        cells, skipped = plan(config, trace) if matrix else ([], [])
+        try:
+            return _run(config, harness, root, started, on_cell, soak, matrix)
+        finally:
+            harness.close()
 
-        def one(cell: Cell) -> Cell:
-            t0 = time.monotonic()
-            try:
-                judge(cell, clean, harness.execute(cell), trace)
-            except TimeoutError as exc:
-                cell.verdict, cell.problems = "fail", [str(exc)]
-                cell.cause = "the run did not finish: a wait nobody answers, or a stuck worker"
-            cell.seconds = time.monotonic() - t0
-            if on_cell is not None:
-                on_cell(cell)
-            return cell
 
-        t_matrix = time.monotonic()
-        with ThreadPoolExecutor(max_workers=max(1, config.jobs)) as pool:
-            list(pool.map(one, cells))
-        matrix_seconds = time.monotonic() - t_matrix
-        soak_problems: list[str] = []
-        if soak:
-            from keel.chaos.soak import run_soak
+def _run(
+    config: ChaosConfig,
+    harness: Harness,
+    root: Path,
+    started: float,
+    on_cell: Callable[[Cell], None] | None,
+    soak: int,
+    matrix: bool,
+) -> Report:
+    record = root / "reached"
+    clean = harness.execute(None, record=record)
+    trace = build(record, clean.deliveries)
+    reached = _reached(trace)
+    cells, skipped = plan(config, trace) if matrix else ([], [])
 
-            soak_problems = run_soak(harness, clean, soak)
+    def one(cell: Cell) -> Cell:
+        t0 = time.monotonic()
+        try:
+            judge(cell, clean, harness.execute(cell), trace)
+        except TimeoutError as exc:
+            cell.verdict, cell.problems = "fail", [str(exc)]
+            cell.cause = "the run did not finish: a wait nobody answers, or a stuck worker"
+        cell.seconds = time.monotonic() - t0
+        if on_cell is not None:
+            on_cell(cell)
+        return cell
+
+    t_matrix = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, config.jobs)) as pool:
+        list(pool.map(one, cells))
+    matrix_seconds = time.monotonic() - t_matrix
+    soak_problems: list[str] = []
+    if soak:
+        from keel.chaos.soak import run_soak
+
+        soak_problems = run_soak(harness, clean, soak)
     return Report(
         config,
         clean,

@@ -91,26 +91,36 @@ class Trace:
         return found
 
 
-def read_trace(record: Path) -> list[list[list[tuple[str, str, str, str, int]]]]:
-    """Per phase, per process (in the order they started), the trace entries."""
-    phases: dict[int, list[list[tuple[str, str, str, str, int]]]] = {}
+Entry = tuple[str, str, str, str, int]
+
+
+def read_trace(record: Path) -> tuple[list[list[list[Entry]]], list[tuple[int, int, int]]]:
+    """Per phase, per process (in the order they started), the trace entries; and each
+    process's (start, end, phase) on the monotonic clock."""
+    phases: dict[int, list[list[Entry]]] = {}
+    spans: list[tuple[int, int, int]] = []
     for path in record.parent.glob(record.name + ".*"):
         suffix = path.name.rsplit(".", 1)[-1]
         phase = int(suffix.removeprefix("d"))
         for line in path.read_text().splitlines():
-            entries = [tuple(e) for e in json.loads(line).get("trace", [])]
+            data = json.loads(line)
+            entries: list[Entry] = [tuple(e) for e in data.get("trace", [])]
             if suffix.startswith("d"):  # a decider reaches only this point of its own
                 entries = [e for e in entries if e[0] == "decision.after_record"]
+            if "span" in data:
+                spans.append((int(data["span"][0]), int(data["span"][1]), phase))
             if entries:
                 phases.setdefault(phase, []).append(entries)
     for processes in phases.values():
         processes.sort(key=lambda p: p[0][4])
-    return [phases.get(i, []) for i in range(max(phases) + 1)] if phases else []
+    per_phase = [phases.get(i, []) for i in range(max(phases) + 1)] if phases else []
+    return per_phase, spans
 
 
 def build(record: Path, deliveries: Iterable[Delivery]) -> Trace:
     occurrences: list[Occurrence] = []
-    for phase, processes in enumerate(read_trace(record)):
+    per_phase, spans = read_trace(record)
+    for phase, processes in enumerate(per_phase):
         counts: dict[str, int] = {}
         for entries in processes:
             ran: list[str] = []  # nodes whose writes were saved since the last checkpoint
@@ -128,13 +138,18 @@ def build(record: Path, deliveries: Iterable[Delivery]) -> Trace:
                     o.after = list(dict.fromkeys(ran)) or list(last)
                 occurrences.append(o)
     occurrences.sort(key=lambda o: o.at_ns)
-    return Trace(occurrences, [_attribute(d, occurrences) for d in deliveries])
+    return Trace(occurrences, [_attribute(d, occurrences, spans) for d in deliveries])
 
 
-def _attribute(delivery: Delivery, occurrences: list[Occurrence]) -> Attributed:
+def _attribute(
+    delivery: Delivery, occurrences: list[Occurrence], spans: list[tuple[int, int, int]]
+) -> Attributed:
     before = [o for o in occurrences if o.at_ns < delivery.at_ns]
     after = [o for o in occurrences if o.at_ns > delivery.at_ns]
-    phase = before[-1].phase if before else 0
+    # The phase of the process alive when it arrived; else that of the last point before it.
+    alive = [p for start, end, p in spans if start <= delivery.at_ns <= end]
+    phase = alive[0] if alive else (before[-1].phase if before else 0)
+    before = [o for o in before if o.phase == phase]
     after = [o for o in after if o.phase == phase]
     prev = before[-1] if before else None
     nxt = after[0] if after else None

@@ -23,7 +23,7 @@ def extra_deliveries(clean: list[Delivery], cell: list[Delivery]) -> list[Delive
             unmatched.append(d)
     loose = Counter({(p, w): n for (p, w, _), n in exact.items() if n > 0})
     extra = []
-    for d in reversed(unmatched):  # the first copies match the clean run's, the later are extra
+    for d in unmatched:  # the first copies stand for the clean run's, the later ones are extra
         if loose[(d.probe, d.what)] > 0:
             loose[(d.probe, d.what)] -= 1
         else:
@@ -70,7 +70,7 @@ def _repeat(clean: Outcome, cell: Outcome, made: list[Attributed], extra: list[D
             "its step's checkpoint runs the node again, and it sends again. Fix: make the call an "
             "effect (`@keel.effect`) so the ledger records it once"
         )
-    if any(n > clean.effects.get(name, 0) for name, n in cell.effects.items()):
+    if any(n > clean.keys.get(name, 0) for name, n in cell.keys.items()):
         return _changed_args(cell)
     keys = {d.key for d in extra} | {m.delivery.key for m in culprits if m.delivery.key is not None}
     effects = ", ".join(sorted({f"`{m.effect}`" for m in culprits})) or "an effect"
@@ -89,7 +89,7 @@ def _repeat(clean: Outcome, cell: Outcome, made: list[Attributed], extra: list[D
 
 
 def _changed_args(cell: Outcome) -> str:
-    names = ", ".join(f"`{n}`" for n in sorted(cell.effects)) or "an effect"
+    names = ", ".join(f"`{n}`" for n in sorted(cell.keys)) or "an effect"
     return (
         f"the effect's arguments changed between attempts ({names}): its key is derived from "
         "them, so the retry was a new effect. Fix: keep values made at call time (timestamps, "

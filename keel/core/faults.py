@@ -53,11 +53,13 @@ trace: list[tuple[str, str, str, str, int]] = []
 # The harness's clean run sets a file path: each process appends what it reached at exit.
 _record_to = os.environ.get("KEEL_FAULTS_RECORD", "")
 _recording = bool(_record_to)
+_started_ns = time.monotonic_ns()
 
 
 def _dump() -> None:
     with open(_record_to, "a") as fh:
-        line = {"pid": os.getpid(), "reached": dict(reached), "trace": trace}
+        span = [_started_ns, time.monotonic_ns()]
+        line = {"pid": os.getpid(), "reached": dict(reached), "trace": trace, "span": span}
         fh.write(json.dumps(line) + "\n")
 
 

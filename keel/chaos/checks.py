@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import keel
+from keel.chaos.world import Delivery, World
 
 
 @dataclass
@@ -29,12 +30,18 @@ class Outcome:
     killed_running: bool = False
     takeover: bool = False
     notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    """The run's error, if it failed."""
+    deliveries: list[Delivery] = field(default_factory=list)
+    """What the outside world received, in order."""
+    keys: dict[str, int] = field(default_factory=dict)
+    """Per effect name, how many ledger keys it has in any status."""
     fault_problems: list[str] = field(default_factory=list)
     """What the fault kind saw break while it held the worker (keel.chaos.kinds)."""
 
 
 def observe(
-    app: keel.App, run_id: str, world: dict[str, int], killed: bool, killed_running: bool
+    app: keel.App, run_id: str, world: World, killed: bool, killed_running: bool
 ) -> Outcome:
     details = app.get_run(run_id)
     done = Counter(e["name"] for e in details.effects if e["status"] in ("sent", "confirmed"))
@@ -59,12 +66,15 @@ def observe(
         termination_reason=details.termination_reason,
         effects=dict(done),
         unsettled=unsettled,
-        world=world,
+        world=world.counts(),
         artifacts=artifacts,
         stale_writes=stale_writes(details.timeline),
         killed=killed,
         killed_running=killed_running,
         takeover=any(e["kind"] == "lease.takeover" for e in details.timeline),
+        error=details.run.get("error"),
+        deliveries=world.deliveries(),
+        keys=dict(Counter(e["name"] for e in details.effects)),
     )
 
 

@@ -55,6 +55,9 @@ def chaos(
     max_occurrences: Annotated[
         int | None, typer.Option(help="At most this many occurrences per point.")
     ] = None,
+    jobs: Annotated[
+        int, typer.Option(help="Cells run at once, each on its own database and sinks.")
+    ] = 1,
     soak: Annotated[int, typer.Option(help="Also run N runs with random kills.")] = 0,
     matrix: Annotated[
         bool, typer.Option(help="Run the matrix (--no-matrix: only the clean run and the soak).")
@@ -66,10 +69,17 @@ def chaos(
     """Strike a worker at every fault point the workflow reaches (killed, frozen, the database
     restarted or dropped, a worker with a skewed clock beside it) and check every invariant."""
     console = Console()
+    if not console.is_terminal:
+        # Piped to a file or a CI log: never cut the table or a cause at 80 columns.
+        console = Console(width=max(console.width, 240))
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend is sqlite or postgres")
     if decide not in ("approve", "reject", "timeout"):
         raise typer.BadParameter("--decide is approve, reject or timeout")
+    if jobs < 1:
+        raise typer.BadParameter("--jobs is at least 1")
+    if max_occurrences is not None and max_occurrences < 1:
+        raise typer.BadParameter("--max-occurrences is at least 1")
     unknown = [p for p in point or [] if p not in POINTS]
     if unknown:
         raise typer.BadParameter(f"unknown fault points {unknown}; known: {', '.join(POINTS)}")
@@ -94,6 +104,7 @@ def chaos(
         env=extra,
         points=tuple(point or ()),
         max_occurrences=max_occurrences,
+        jobs=jobs,
         faults=faults,
         restart_cluster=restart_cluster,
         cell_timeout=cell_timeout,
@@ -107,7 +118,9 @@ def chaos(
             config,
             soak=soak,
             matrix=matrix,
-            on_cell=lambda c: console.log(f"{c.name}: {c.verdict} ({c.seconds:.1f}s)"),
+            on_cell=lambda c: console.print(
+                f"{c.name}: {c.verdict} ({c.seconds:.1f}s) {c.where}", markup=False
+            ),
         )
     render(report, console)
     if json_report:

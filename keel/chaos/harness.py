@@ -1,11 +1,14 @@
 """The crash matrix's parts: its configuration, its cells and the harness that runs one cell
-(a throwaway database, the sinks that count the outside world, worker processes)."""
+(a throwaway database, a fresh outside world of sinks, worker processes)."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,10 +19,13 @@ from typing import Any
 
 import keel
 from keel.chaos.checks import Outcome, observe
-from keel.chaos.kinds import KILLED, Armed, FaultKind, Kill
+from keel.chaos.decide import decide
+from keel.chaos.forkserver import SUPPORTED, ForkServer
+from keel.chaos.kinds import Armed, FaultKind, Kill
+from keel.chaos.world import World
 from keel.runtime.loading import load_app
-from keel.testing.http import HttpSink
-from keel.testing.smtp import SmtpSink
+
+KILLED = -9
 
 
 @dataclass
@@ -38,7 +44,10 @@ class ChaosConfig:
     points: tuple[str, ...] = ()
     """Only these fault points (default: every point the clean run reaches)."""
     max_occurrences: int | None = None
-    """Cap the cells per (phase, point): the first, the last and evenly spaced ones between."""
+    """Sample at most this many cells per (phase, point) (the first, the last, evenly between),
+    plus every cell right after an outside delivery, which is never skipped."""
+    jobs: int = 1
+    """Cells run at once, each on its own database and outside world."""
     faults: tuple[str, ...] = ("kill",)
     """The fault kinds, one column of cells each (keel.chaos.kinds)."""
     restart_cluster: str | None = None
@@ -55,15 +64,33 @@ class Cell:
     phase: int
     point: str
     occurrence: int
-    fault: str = "kill"
+    kind: str = "kill"
+    """The fault (keel.chaos.kinds): `kill` SIGKILLs the armed process at the point; `freeze`,
+    `db-restart`, `db-error` and `clock-skew` hold it there while they strike."""
     verdict: str = "pending"
-    """pass, fail, or not_reached (the armed process finished without reaching the point)."""
+    """pass, fail, not_reached (the armed process finished without reaching the point), or
+    skipped (not sampled)."""
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    where: str = ""
+    """The code the fault interrupts, from the clean run's trace ("effect `charge` in node
+    `pay`", "the checkpoint after node `send`")."""
+    node: str = ""
+    task_path: str = ""
+    effect: str = ""
+    after_deliveries: list[str] = field(default_factory=list)
+    """The clean run's outside deliveries this cell comes right after (the risky cells)."""
+    cause: str = ""
+    """A failing cell's likely cause and fix."""
+    world: dict[str, int] = field(default_factory=dict)
+    """What the outside world counted in this cell (the clean run's is the report's)."""
+    extra: list[str] = field(default_factory=list)
+    """The deliveries the outside world saw beyond the clean run's."""
 
     @property
     def name(self) -> str:
-        return f"{self.fault} phase {self.phase} {self.point}@{self.occurrence}"
+        fault = "" if self.kind == "kill" else f"{self.kind} "
+        return f"phase {self.phase} {fault}{self.point}@{self.occurrence}"
 
 
 @dataclass
@@ -74,41 +101,53 @@ class Report:
     cells: list[Cell]
     soak: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    skipped: list[Cell] = field(default_factory=list)
+    """Cells the sampling did not run."""
+    matrix_seconds: float = 0.0
+    """The cells' wall time (without the clean run and the soak)."""
 
     @property
     def ok(self) -> bool:
         return all(c.verdict != "fail" for c in self.cells) and not self.soak
 
+    @property
+    def risky(self) -> list[Cell]:
+        return [c for c in self.cells if c.after_deliveries]
+
+    @property
+    def cells_per_minute(self) -> float:
+        return 60 * len(self.cells) / self.matrix_seconds if self.matrix_seconds else 0.0
+
 
 class Harness:
-    """Databases, sinks and worker processes for one matrix."""
+    """Databases, outside worlds and worker processes for one matrix; cells may run at once
+    (each has its own database and world)."""
 
     def __init__(
-        self,
-        config: ChaosConfig,
-        smtp: SmtpSink,
-        http: HttpSink,
-        root: Path,
-        kinds: dict[str, FaultKind] | None = None,
+        self, config: ChaosConfig, root: Path, kinds: dict[str, FaultKind] | None = None
     ) -> None:
         self.config = config
-        self.kinds = kinds or {"kill": Kill(config)}
-        self.smtp = smtp
-        self.http = http
         self.root = root
+        self.kinds = kinds or {"kill": Kill(config)}
         self.user_app = load_app(config.app)
-        self.cells_made = 0
-        self.spawned = 0
+        self._numbers = itertools.count(1)
+        self._admin = threading.Lock()
+        self._local = threading.local()
+        self._servers: list[ForkServer] = []
+        self.fork = SUPPORTED
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        self._servers.clear()
 
     # -- databases -----------------------------------------------------------------------------
 
     @contextmanager
-    def database(self, server: str | None = None) -> Iterator[str]:
-        """A fresh database for one execution (on PostgreSQL: on `server`, default the
-        configured one)."""
-        self.cells_made += 1
+    def database(self, number: int, server: str | None = None) -> Iterator[str]:
+        """A fresh database (on PostgreSQL: on `server`, default the configured one)."""
         if self.config.backend == "sqlite":
-            yield f"sqlite:///{self.root}/cell-{self.cells_made}.db"
+            yield f"sqlite:///{self.root}/cell-{number}.db"
             return
         import psycopg
 
@@ -117,12 +156,13 @@ class Harness:
         server = server or self.config.postgres_url
         name = f"keel_chaos_{uuid.uuid4().hex[:12]}"
         base = server.rsplit("/", 1)[0]
-        with psycopg.connect(server, autocommit=True) as conn:
+        # One CREATE/DROP DATABASE at a time: concurrent ones contend for the template.
+        with self._admin, psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         try:
             yield f"{base}/{name}"
         finally:
-            with psycopg.connect(server, autocommit=True) as conn:
+            with self._admin, psycopg.connect(server, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def app_on(self, url: str) -> keel.App:
@@ -132,23 +172,26 @@ class Harness:
         app.aio.adopt(self.user_app.aio.workflows)
         return app
 
+    @contextmanager
+    def world(self) -> Iterator[tuple[int, World]]:
+        """A fresh outside world, numbered like the database that goes with it."""
+        number = next(self._numbers)
+        with World(self.root / f"world-{number}") as world:
+            yield number, world
+
     # -- processes -----------------------------------------------------------------------------
 
-    def env(self, url: str, app: keel.App, **extra: str) -> dict[str, str]:
-        values = {
-            "smtp_url": self.smtp.url,
-            "smtp_spool": str(self.smtp.spool),
-            "http_url": self.http.url,
-        }
+    def env(self, url: str, app: keel.App, world: World, **extra: str) -> dict[str, str]:
+        values = world.placeholders()
         env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_FAULTS")}
         env.update({k: v.format(**values) for k, v in self.config.env.items()})
         env.update(
             KEEL_DATABASE_URL=url,
             KEEL_ARTIFACTS_DIR=str(app.aio.artifacts_root),
             KEEL_LEASE_TTL=str(self.config.lease_ttl),
-            KEEL_CHAOS_SMTP_URL=self.smtp.url,
-            KEEL_CHAOS_SMTP_SPOOL=str(self.smtp.spool),
-            KEEL_CHAOS_HTTP_URL=self.http.url,
+            KEEL_CHAOS_SMTP_URL=values["smtp_url"],
+            KEEL_CHAOS_SMTP_SPOOL=values["smtp_spool"],
+            KEEL_CHAOS_HTTP_URL=values["http_url"],
         )
         env.update(extra)
         return env
@@ -156,13 +199,12 @@ class Harness:
     def worker_args(self) -> list[str]:
         return ["keel", "worker", self.config.app, "--stop-when-idle"]
 
-    def spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """`python -m ARGS`, running; the caller waits for it."""
+    def spawn(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]:
+        """`python -m ARGS`, running, as a child of this process (a fault kind signals it and
+        waits for it to stop); its output goes to logs/LOG.log under the work dir."""
         logs = self.root / "logs"
         logs.mkdir(exist_ok=True)
-        self.spawned += 1
-        # What each process said, for the cell whose verdict needs explaining.
-        with open(logs / f"cell-{self.cells_made}.{self.spawned}.log", "ab") as out:
+        with open(logs / f"{log}.log", "ab") as out:  # the child keeps its own descriptor
             return subprocess.Popen(
                 [sys.executable, "-m", *args],
                 cwd=self.config.cwd,
@@ -172,63 +214,122 @@ class Harness:
                 stderr=subprocess.STDOUT,
             )
 
-    def process(self, args: list[str], env: dict[str, str], timeout: float) -> int:
-        proc = self.spawn(args, env)
+    def process(self, args: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
+        """Run `python -m ARGS` to its end; return its exit status and pid. The process is
+        forked from this thread's warm fork server (keel.chaos.forkserver) where there is one."""
         try:
-            return proc.wait(timeout=timeout)
+            if self.fork:
+                return self._server().run(args, env, timeout)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                cwd=self.config.cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                return proc.wait(timeout=timeout), proc.pid
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
+            raise TimeoutError(f"{' '.join(args[:2])} did not end within {timeout:.0f}s") from None
 
-    def world(self) -> dict[str, int]:
-        return {
-            "smtp messages": len(self.smtp.messages),
-            "http deliveries": len(self.http.deliveries),
-        }
+    def _server(self) -> ForkServer:
+        server: ForkServer | None = getattr(self._local, "server", None)
+        if server is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+            server = ForkServer(self.config.app, self.config.cwd, env)
+            self._local.server = server
+            with self._admin:
+                self._servers.append(server)
+        return server
 
     # -- one execution of the workflow -----------------------------------------------------------
 
     def execute(self, arm: Cell | None, record: Path | None = None) -> Outcome:
-        """Run the workflow to its end on a fresh database, striking the armed process."""
+        """Run the workflow to its end on a fresh database and world, killing the armed
+        process."""
         config = self.config
-        before = self.world()
-        server = self.kinds[arm.fault].server() if arm is not None else None
-        with self.database(server) as url:
+        server = self.kinds[arm.kind].server() if arm is not None else None
+        with self.world() as (number, world), self.database(number, server) as url:
             app = self.app_on(url)
             try:
                 app.migrate()
                 run_id = app.submit(config.workflow, job_id="chaos", input=config.input)["run_id"]
-                struck = self._drive(app, url, run_id, before, arm, record)
-                outcome = observe(app, run_id, self._delta(before), *struck[:2])
-                outcome.fault_problems = struck[2]
+                drive = _Drive(self, app, url, world, run_id, arm, record, number)
+                killed, killed_running = drive.run()
+                outcome = observe(app, run_id, world, killed, killed_running)
+                outcome.fault_problems = drive.fault_problems
                 return outcome
             finally:
                 app.close()
 
-    def _drive(
+    def answer(
         self,
         app: keel.App,
         url: str,
-        run_id: str,
-        before: dict[str, int],
-        arm: Cell | None,
-        record: Path | None,
-    ) -> tuple[bool, bool, list[str]]:
-        """Start workers and answer waits until the run finishes; return whether the armed
-        process was struck, whether it lost the run it held (a takeover must show), and what
-        the fault kind saw break."""
-        config = self.config
+        world: World,
+        pending: list[dict[str, Any]],
+        faults: str | None = None,
+        record: str | None = None,
+    ) -> bool:
+        """Answer the run's open waits as a person (or the deadline) would; return whether the
+        deciding process was killed. The decision is made in this process unless it must be
+        counted (`record`) or killed (`faults`): then a decider process of its own makes it."""
+        died = False
+        for wait in pending:
+            if wait["kind"] == "effect":
+                decision = "performed" if unaccounted(app, world) else "not_performed"
+            elif self.config.decide == "timeout":
+                app.aio.portal.call(_expire_now(app, wait["wait_id"]))
+                continue
+            else:
+                decision = "approved" if self.config.decide == "approve" else "rejected"
+            if faults is None and record is None:
+                decide(app, wait["run_id"], wait["wait_id"], decision)
+                continue
+            extra = {"KEEL_FAULTS": faults} if faults else {}
+            if record is not None:
+                extra["KEEL_FAULTS_RECORD"] = record
+            code, _ = self.process(
+                ["keel.chaos.decide", wait["run_id"], wait["wait_id"], decision],
+                self.env(url, app, world, **extra),
+                30,
+            )
+            died = died or code == KILLED
+        return died
+
+
+@dataclass
+class _Drive:
+    """Workers and answers until the run finishes, the armed process killed on the way."""
+
+    harness: Harness
+    app: keel.App
+    url: str
+    world: World
+    run_id: str
+    arm: Cell | None
+    record: Path | None
+    number: int = 0
+    fault_problems: list[str] = field(default_factory=list)
+    """What a holding fault kind saw break while it held the armed worker."""
+
+    def run(self) -> tuple[bool, bool]:
+        """Return whether the armed process was struck, and whether it lost the run it held
+        (a takeover must show)."""
+        config, app, arm = self.harness.config, self.app, self.arm
         deadline = time.monotonic() + config.cell_timeout
         phase, killed, killed_running = 0, False, False
-        fault_problems: list[str] = []
         armed_left = arm is not None
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run did not finish within {config.cell_timeout}s")
-            details = app.get_run(run_id)
+            details = app.get_run(self.run_id)
             if keel.Status(details.status).finished:
-                return killed, killed_running, fault_problems
+                return killed, killed_running
             pending = [w for w in details.waits if w["status"] == "pending"]
             if details.status == "waiting" and pending:
                 at_decision = (
@@ -237,13 +338,13 @@ class Harness:
                     and arm.phase == phase
                     and arm.point == "decision.after_record"
                 )
-                died = self._answer(
+                died = self.harness.answer(
                     app,
-                    url,
+                    self.url,
+                    self.world,
                     pending,
-                    before,
-                    arm if at_decision else None,
-                    f"{record}.d{phase}" if record is not None else None,
+                    _spec(arm) if at_decision and arm is not None else None,
+                    f"{self.record}.d{phase}" if self.record is not None else None,
                 )
                 if at_decision:
                     armed_left, killed = False, died
@@ -256,75 +357,64 @@ class Harness:
                 and arm.phase == phase
                 and arm.point != "decision.after_record"
             )
-            if arm_here and arm is not None:
-                armed = Armed(
-                    app,
-                    url,
-                    run_id,
-                    arm.name,
-                    self.env(url, app, KEEL_FAULTS=f"{arm.point}@{arm.occurrence}"),
-                    self.env(url, app),
-                    deadline,
-                )
-                struck = self.kinds[arm.fault].strike(self, armed)
-                armed_left, killed, killed_running = False, struck.reached, struck.holder_lost
-                fault_problems = struck.problems
+            if arm_here and arm is not None and arm.kind != "kill":
+                armed_left = False
+                killed, killed_running = self._strike(arm, deadline)
                 continue
             extra = {}
-            if record is not None:
-                extra["KEEL_FAULTS_RECORD"] = f"{record}.{phase}"
-            self.process(
-                self.worker_args(),
-                self.env(url, app, **extra),
+            if arm_here and arm is not None:
+                extra["KEEL_FAULTS"] = _spec(arm)
+            if self.record is not None:
+                extra["KEEL_FAULTS_RECORD"] = f"{self.record}.{phase}"
+            code, pid = self.harness.process(
+                ["keel", "worker", config.app, "--stop-when-idle"],
+                self.harness.env(self.url, app, self.world, **extra),
                 max(1.0, deadline - time.monotonic()),
             )
+            if arm_here:
+                armed_left = False
+                killed = code == KILLED
+                killed_running = killed and app.get_run(self.run_id).status == "running"
+                if killed_running:
+                    self._end_lease_of(pid)
 
-    def _answer(
-        self,
-        app: keel.App,
-        url: str,
-        pending: list[dict[str, Any]],
-        before: dict[str, int],
-        arm: Cell | None,
-        record: str | None,
-    ) -> bool:
-        """Answer the run's open waits as a person (or the deadline) would; return whether the
-        armed decider process was killed."""
-        died = False
-        for wait in pending:
-            if wait["kind"] == "effect":
-                decision = "performed" if self._unaccounted(app, before) else ("not_performed")
-            elif self.config.decide == "timeout":
-                app.aio.portal.call(_expire_now(app, wait["wait_id"]))
-                continue
-            else:
-                decision = "approved" if self.config.decide == "approve" else "rejected"
-            extra = {}
-            if arm is not None:
-                extra["KEEL_FAULTS"] = f"{arm.point}@{arm.occurrence}"
-            if record is not None:
-                extra["KEEL_FAULTS_RECORD"] = record
-            code = self.process(
-                ["keel.chaos.decide", wait["run_id"], wait["wait_id"], decision],
-                self.env(url, app, **extra),
-                30,
-            )
-            died = died or code == KILLED
-        return died
+    def _strike(self, arm: Cell, deadline: float) -> tuple[bool, bool]:
+        harness, app = self.harness, self.app
+        armed = Armed(
+            app,
+            self.url,
+            self.run_id,
+            arm.name,
+            harness.env(self.url, app, self.world, KEEL_FAULTS=_spec(arm)),
+            harness.env(self.url, app, self.world),
+            deadline,
+            f"cell-{self.number}",
+        )
+        struck = harness.kinds[arm.kind].strike(harness, armed)
+        self.fault_problems = struck.problems
+        return struck.reached, struck.holder_lost
 
-    def _unaccounted(self, app: keel.App, before: dict[str, int]) -> bool:
-        """Did the outside world see a delivery the ledger does not account for? That is how a
-        person would tell that the in-doubt effect happened."""
-        delivered = sum(self._delta(before).values())
-        recorded = 0
-        for run in app.list_runs(limit=100_000):
-            effects = app.get_run(run["run_id"]).effects
-            recorded += sum(e["status"] in ("sent", "confirmed") for e in effects)
-        return delivered > recorded
+    def _end_lease_of(self, pid: int) -> None:
+        """The armed worker was seen dead: end its lease now rather than wait out the TTL (the
+        takeover is the same claim, with a new token and a `lease.takeover` event)."""
+        run = self.app.get_run(self.run_id).run
+        if str(run["lease_owner"] or "").startswith(f"{socket.gethostname()}-{pid}-"):
+            self.app.end_dead_lease(self.run_id, int(run["lease_token"]))
 
-    def _delta(self, before: dict[str, int]) -> dict[str, int]:
-        now = self.world()
-        return {k: now[k] - before.get(k, 0) for k in now}
+
+def _spec(cell: Cell) -> str:
+    return f"{cell.point}@{cell.occurrence}"
+
+
+def unaccounted(app: keel.App, world: World) -> bool:
+    """Did the outside world see a delivery the ledger does not account for? That is how a
+    person would tell that the in-doubt effect happened."""
+    delivered = sum(world.counts().values())
+    recorded = 0
+    for run in app.list_runs(limit=100_000):
+        effects = app.get_run(run["run_id"]).effects
+        recorded += sum(e["status"] in ("sent", "confirmed") for e in effects)
+    return delivered > recorded
 
 
 async def _expire_now(app: keel.App, wait_id: str) -> None:

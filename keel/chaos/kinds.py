@@ -32,7 +32,6 @@ from urllib.parse import urlsplit
 
 import keel
 from keel.core.errors import UsageError
-from keel.core.faults import ACTION_ENV
 from keel.testing import pgcluster
 from keel.testing.pgcluster import ThrowawayCluster
 
@@ -52,12 +51,9 @@ class Harness(Protocol):
 
     def worker_args(self) -> list[str]: ...
 
-    def spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]: ...
-
-    def process(self, args: list[str], env: dict[str, str], timeout: float) -> int: ...
+    def spawn(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]: ...
 
 
-KILLED = -9
 FREEZE_PATIENCE = 20.0
 """How long a freeze cell waits, beyond 5 lease TTLs, for another worker to take over."""
 SKEW_TTL = 15.0
@@ -82,6 +78,8 @@ class Armed:
     """A fresh worker's environment."""
     deadline: float
     """time.monotonic() by which the cell must be over."""
+    log: str
+    """The prefix of the cell's process logs (and of names that must be unique per cell)."""
 
     def left(self) -> float:
         return max(1.0, self.deadline - time.monotonic())
@@ -111,7 +109,9 @@ write lock, so no other worker can act (it waits out its busy timeout) until it 
 class FaultKind:
     name = ""
     action = "stop"
-    """KEEL_FAULTS_ACTION of the armed worker."""
+    """What the armed worker does at its point (`KEEL_FAULTS=point@n!action`)."""
+    exclusive = False
+    """Its cells run alone, after the others (a restart reaches every database served)."""
     needs_other_worker = False
     """Another worker must act while this one is held (freeze, clock-skew)."""
 
@@ -144,8 +144,9 @@ class FaultKind:
         raise NotImplementedError
 
     def strike(self, harness: Harness, armed: Armed) -> Struck:
-        env = {**armed.env, ACTION_ENV: self.action, **self.worker_env(armed)}
-        procs = [harness.spawn(harness.worker_args(), env)]
+        env = {**armed.env, **self.worker_env(armed)}
+        env["KEEL_FAULTS"] += f"!{self.action}"
+        procs = [harness.spawn(harness.worker_args(), env, f"{armed.log}.armed")]
         try:
             if not _stopped(procs[0], armed.deadline):
                 return Struck(reached=False)
@@ -165,16 +166,13 @@ class FaultKind:
 
 
 class Kill(FaultKind):
+    """SIGKILL at the point; the harness runs these cells itself (keel.chaos.harness)."""
+
     name = "kill"
     action = "kill"
 
     def applies(self, point: str) -> bool:
         return True
-
-    def strike(self, harness: Harness, armed: Armed) -> Struck:
-        code = harness.process(harness.worker_args(), armed.env, armed.left())
-        killed = code == KILLED
-        return Struck(reached=killed, holder_lost=killed and armed.status() == "running")
 
 
 class Freeze(FaultKind):
@@ -184,7 +182,7 @@ class Freeze(FaultKind):
     def hold(self, harness: Harness, armed: Armed, procs: list[subprocess.Popen[bytes]]) -> Struck:
         frozen_since = time.monotonic()
         frozen_token, running = armed.token(), armed.status() == "running"
-        procs.append(harness.spawn(harness.worker_args(), armed.clean_env))
+        procs.append(harness.spawn(harness.worker_args(), armed.clean_env, f"{armed.log}.other"))
         other = procs[1]
         # The zombie case: it continues only once another worker owns the run. A point reached
         # outside any held run (nothing to take over) ends when the other worker goes idle.
@@ -219,9 +217,8 @@ class ClockSkew(FaultKind):
         held_since, held_token = time.monotonic(), armed.token()
         env = {**armed.clean_env, "KEEL_LEASE_TTL": f"{SKEW_TTL:g}"}
         ahead = 3 * SKEW_TTL
-        procs.append(
-            harness.spawn(["keel.chaos.skewed", f"{ahead:g}", *harness.worker_args()], env)
-        )
+        skewed_args = ["keel.chaos.skewed", f"{ahead:g}", *harness.worker_args()]
+        procs.append(harness.spawn(skewed_args, env, f"{armed.log}.skewed"))
         skewed = procs[1]
 
         def up() -> bool:
@@ -250,6 +247,7 @@ class ClockSkew(FaultKind):
 
 class DbRestart(FaultKind):
     name = "db-restart"
+    exclusive = True
 
     def __init__(self, config: ChaosConfig) -> None:
         super().__init__(config)
@@ -305,7 +303,7 @@ class DbError(FaultKind):
 
     def worker_env(self, armed: Armed) -> dict[str, str]:
         # libpq names the worker's connections, so the harness can find its backends.
-        return {"PGAPPNAME": f"keel-chaos-armed-{os.getpid()}"}
+        return {"PGAPPNAME": f"keel-chaos-{os.getpid()}-{armed.log}"}
 
     def hold(self, harness: Harness, armed: Armed, procs: list[subprocess.Popen[bytes]]) -> Struck:
         if self.sqlite:

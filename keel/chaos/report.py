@@ -1,4 +1,5 @@
-"""The matrix as a rich table, a JSON report and a JUnit XML file for CI."""
+"""The matrix as a rich table, a JSON report and a JUnit XML file for CI: the same fields in
+each (where a cell struck, what the outside world saw against the clean run, the likely cause)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,36 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from keel.chaos.harness import Report
+from keel.chaos.harness import Cell, Report
 
-MARK = {"pass": "[green]✓[/]", "fail": "[bold red]✗[/]", "not_reached": "[dim]·[/]"}
+MARK = {
+    "pass": "[green]✓[/]",
+    "fail": "[bold red]✗[/]",
+    "not_reached": "[dim]·[/]",
+    "skipped": "[dim]-[/]",
+}
+
+
+def summary(report: Report) -> str:
+    """The verdict line's count of cells: what ran, what sampling skipped, the risky ones."""
+    ran, total, risky = len(report.cells), len(report.cells) + len(report.skipped), report.risky
+    after = (
+        f"the {len(risky)} after outside deliveries all run"
+        if risky
+        else "no cell follows an outside delivery"
+    )
+    if report.skipped:
+        return f"{ran} of {total} cells run ({len(report.skipped)} skipped by sampling); {after}"
+    return f"{ran} of {total} cells run; {after}"
 
 
 def render(report: Report, console: Console) -> None:
     rows: dict[tuple[str, int, str], dict[int, str]] = {}
-    for cell in report.cells:
-        rows.setdefault((cell.fault, cell.phase, cell.point), {})[cell.occurrence] = cell.verdict
+    for cell in [*report.cells, *report.skipped]:
+        rows.setdefault((cell.kind, cell.phase, cell.point), {})[cell.occurrence] = cell.verdict
     width = max((max(r) for r in rows.values()), default=0)
     table = Table(title=f"keel chaos: {report.config.workflow} on {report.config.backend}")
     table.add_column("fault")
@@ -27,54 +47,86 @@ def render(report: Report, console: Console) -> None:
     for n in range(1, width + 1):
         table.add_column(str(n), justify="center")
     order = {name: i for i, name in enumerate(report.config.faults)}
-    for (fault, phase, point), verdicts in sorted(
+    for (kind, phase, point), verdicts in sorted(
         rows.items(), key=lambda row: (order.get(row[0][0], len(order)), row[0][1:])
     ):
         marks = (MARK.get(verdicts.get(n, ""), "") for n in range(1, width + 1))
-        table.add_row(fault, str(phase), point, *marks)
+        table.add_row(kind, str(phase), point, *marks)
     console.print(table)
+    console.print("✓ pass  ✗ fail  · not reached  - skipped by sampling", style="dim")
     clean = report.clean
     console.print(
-        f"clean run: {clean.status} / {clean.decision} / {clean.termination_reason}; "
-        f"effects {clean.effects}; outside world {clean.world}; artifacts {sorted(clean.artifacts)}"
+        escape(
+            f"clean run: {clean.status} / {clean.decision} / {clean.termination_reason}; "
+            f"effects {clean.effects}; outside world {clean.world}; "
+            f"artifacts {sorted(clean.artifacts)}"
+        )
     )
     for cell in report.cells:
         if cell.verdict == "fail":
-            console.print(f"[bold red]✗ {cell.name}[/]")
+            console.print(f"[bold red]✗ {escape(cell.name)}[/]: {escape(cell.where or '?')}")
             for problem in cell.problems:
-                console.print(f"    {problem}")
+                console.print(f"    {escape(problem)}")
+            if cell.extra:
+                console.print(
+                    f"    outside world, beyond the clean run: {escape('; '.join(cell.extra))}"
+                )
+            if cell.cause:
+                console.print(f"    [bold]likely cause[/]: {escape(cell.cause)}")
+    if report.skipped:
+        console.print(
+            "skipped by sampling: " + ", ".join(escape(c.name) for c in report.skipped), style="dim"
+        )
     for problem in report.soak:
-        console.print(f"[bold red]✗ soak:[/] {problem}")
+        console.print(f"[bold red]✗ soak:[/] {escape(problem)}")
     counts = {v: sum(c.verdict == v for c in report.cells) for v in ("pass", "fail", "not_reached")}
     verdict = "[green]all invariants held[/]" if report.ok else "[bold red]violations found[/]"
     console.print(
-        f"{len(report.cells)} cells: {counts['pass']} passed, {counts['fail']} failed, "
-        f"{counts['not_reached']} not reached, in {report.seconds:.1f}s — {verdict}"
+        f"{summary(report)}: {counts['pass']} passed, {counts['fail']} failed, "
+        f"{counts['not_reached']} not reached, in {report.seconds:.1f}s "
+        f"({report.cells_per_minute:.1f} cells/min, {report.config.jobs} at once) — {verdict}"
     )
 
 
+def cell_fields(cell: Cell) -> dict[str, Any]:
+    return {
+        "name": cell.name,
+        "kind": cell.kind,
+        "phase": cell.phase,
+        "point": cell.point,
+        "occurrence": cell.occurrence,
+        "verdict": cell.verdict,
+        "where": cell.where,
+        "node": cell.node,
+        "task_path": cell.task_path,
+        "effect": cell.effect,
+        "after_deliveries": cell.after_deliveries,
+        "problems": cell.problems,
+        "world": cell.world,
+        "extra_deliveries": cell.extra,
+        "cause": cell.cause,
+        "seconds": round(cell.seconds, 2),
+    }
+
+
 def as_json(report: Report) -> dict[str, Any]:
+    clean = {k: v for k, v in report.clean.__dict__.items() if k != "deliveries"}
+    clean["deliveries"] = [d.as_dict() for d in report.clean.deliveries]
     return {
         "workflow": report.config.workflow,
         "backend": report.config.backend,
         "decide": report.config.decide,
         "faults": list(report.config.faults),
         "ok": report.ok,
+        "summary": summary(report),
         "seconds": round(report.seconds, 2),
-        "clean": report.clean.__dict__,
+        "matrix_seconds": round(report.matrix_seconds, 2),
+        "cells_per_minute": round(report.cells_per_minute, 1),
+        "jobs": report.config.jobs,
+        "clean": clean,
         "reached": report.reached,
-        "cells": [
-            {
-                "fault": c.fault,
-                "phase": c.phase,
-                "point": c.point,
-                "occurrence": c.occurrence,
-                "verdict": c.verdict,
-                "problems": c.problems,
-                "seconds": round(c.seconds, 2),
-            }
-            for c in report.cells
-        ],
+        "cells": [cell_fields(c) for c in report.cells],
+        "skipped": [cell_fields(c) for c in report.skipped],
         "soak": report.soak,
     }
 
@@ -84,26 +136,39 @@ def write_json(report: Report, path: Path) -> None:
 
 
 def write_junit(report: Report, path: Path) -> None:
+    everything = [*report.cells, *report.skipped]
     suite = ET.Element(
         "testsuite",
         name=f"keel-chaos.{report.config.workflow}.{report.config.backend}",
-        tests=str(len(report.cells) + (1 if report.soak else 0)),
+        tests=str(len(everything) + (1 if report.soak else 0)),
         failures=str(sum(c.verdict == "fail" for c in report.cells) + (1 if report.soak else 0)),
-        skipped=str(sum(c.verdict == "not_reached" for c in report.cells)),
+        skipped=str(sum(c.verdict in ("not_reached", "skipped") for c in everything)),
         time=f"{report.seconds:.2f}",
     )
-    for cell in report.cells:
+    for cell in everything:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"keel.chaos.{report.config.workflow}.{cell.fault}",
+            classname=f"keel.chaos.{report.config.workflow}.{cell.kind}",
             name=cell.name,
             time=f"{cell.seconds:.2f}",
         )
+        props = ET.SubElement(case, "properties")
+        for key, value in cell_fields(cell).items():
+            if key not in ("name", "problems", "seconds") and value not in ("", [], {}):
+                text = value if isinstance(value, str) else json.dumps(value)
+                ET.SubElement(props, "property", name=key, value=str(text))
         if cell.verdict == "fail":
-            ET.SubElement(case, "failure", message=cell.problems[0]).text = "\n".join(cell.problems)
+            lines = [f"at {cell.where}", *cell.problems]
+            if cell.extra:
+                lines.append("outside world, beyond the clean run: " + "; ".join(cell.extra))
+            if cell.cause:
+                lines.append(f"likely cause: {cell.cause}")
+            ET.SubElement(case, "failure", message=cell.problems[0]).text = "\n".join(lines)
         elif cell.verdict == "not_reached":
             ET.SubElement(case, "skipped", message="the armed point was not reached")
+        elif cell.verdict == "skipped":
+            ET.SubElement(case, "skipped", message="not sampled (--max-occurrences)")
     if report.soak:
         case = ET.SubElement(suite, "testcase", classname="keel.chaos.soak", name="soak")
         ET.SubElement(case, "failure", message=report.soak[0]).text = "\n".join(report.soak)

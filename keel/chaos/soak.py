@@ -21,9 +21,8 @@ if TYPE_CHECKING:
 def run_soak(harness: Harness, clean: Outcome, runs: int, seed: int = 7) -> list[str]:
     config = harness.config
     rng = random.Random(seed)
-    before = harness.world()
     problems: list[str] = []
-    with harness.database() as url:
+    with harness.world() as (number, world), harness.database(number) as url:
         app = harness.app_on(url)
         try:
             app.migrate()
@@ -36,7 +35,7 @@ def run_soak(harness: Harness, clean: Outcome, runs: int, seed: int = 7) -> list
                 return subprocess.Popen(
                     [sys.executable, "-m", "keel", "worker", config.app, "--concurrency", "4"],
                     cwd=config.cwd,
-                    env=harness.env(url, app),
+                    env=harness.env(url, app, world),
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -51,7 +50,7 @@ def run_soak(harness: Harness, clean: Outcome, runs: int, seed: int = 7) -> list
                     for details in states.values():
                         if details.status == "waiting":
                             pending = [w for w in details.waits if w["status"] == "pending"]
-                            harness._answer(app, url, pending, before, None, None)
+                            harness.answer(app, url, world, pending)
                     time.sleep(rng.uniform(0.2, 1.0))
                     victim = rng.randrange(len(workers))
                     if config.backend == "postgres" and rng.random() < 0.3:
@@ -77,11 +76,11 @@ def run_soak(harness: Harness, clean: Outcome, runs: int, seed: int = 7) -> list
                 problems.extend(
                     f"{run_id}: stale write: {w}" for w in stale_writes(details.timeline)
                 )
-            world = harness._delta(before)
+            seen = world.counts()
             for probe, count in clean.world.items():
-                if world.get(probe, 0) != count * runs:
+                if seen.get(probe, 0) != count * runs:
                     problems.append(
-                        f"{probe}: {world.get(probe, 0)} for {runs} runs, expected {count * runs}"
+                        f"{probe}: {seen.get(probe, 0)} for {runs} runs, expected {count * runs}"
                     )
         finally:
             app.close()

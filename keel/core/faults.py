@@ -3,14 +3,16 @@
 The crash harness arms a point for one occurrence through the environment of a worker
 subprocess, e.g. ``KEEL_FAULTS=effect.after_perform@2`` kills the process with SIGKILL the
 second time any effect returns, before the ledger records it. ``point:label@n`` narrows a point
-to one label (an effect name, a node). Nothing but the harness should set it.
+to one label (an effect name, a node). A trailing ``!stop`` freezes the process with SIGSTOP
+instead (as a long GC pause or a suspended VM would), until someone sends it SIGCONT;
+``!fail-next-statement`` makes the next statement it sends through a connector fail as a
+dropped connection would, then stops it the same way, so the harness sees the point was reached
+(keel chaos --fault db-error on SQLite). Nothing but the harness should set it.
 
-``KEEL_FAULTS_ACTION`` says what happens at the armed occurrence (see docs/chaos.md):
-``kill`` (default) SIGKILLs the process; ``stop`` SIGSTOPs it, so the harness can act on the
-world while it is held (let another worker take the run over, restart the database, drop its
-connections) and SIGCONT it after; ``fail-next-statement`` makes the next statement this
-process sends through a connector fail as a dropped connection would, then stops like ``stop``
-(the harness sees that the point was reached and continues it at once).
+Recording (``KEEL_FAULTS_RECORD=<file>``, the harness's clean run) also keeps a trace: every
+point reached, in order, with the node and task path that were running when the caller knows
+them and the system-wide monotonic time, so the harness can tell which node a cell interrupts
+and which cells follow a delivery its sinks saw.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ import atexit
 import json
 import os
 import signal
+import time
 from collections import Counter
 
 ENV = "KEEL_FAULTS"
-ACTION_ENV = "KEEL_FAULTS_ACTION"
-ACTIONS = ("kill", "stop", "fail-next-statement")
 
 POINTS = (
     "effect.before_reserve",  # the effect is about to be reserved
@@ -38,69 +39,77 @@ POINTS = (
 )
 
 
-def _parse(spec: str) -> dict[str, int]:
-    armed: dict[str, int] = {}
+ACTIONS = ("kill", "stop", "fail-next-statement")
+
+
+def _parse(spec: str) -> dict[str, tuple[int, str]]:
+    armed: dict[str, tuple[int, str]] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
+        item, _, action = item.partition("!")
         name, _, occurrence = item.partition("@")
         if name.split(":", 1)[0] not in POINTS:
             raise ValueError(f"{ENV}: unknown fault point {name!r}; known: {', '.join(POINTS)}")
-        armed[name] = int(occurrence or 1)
+        if (action or "kill") not in ACTIONS:
+            raise ValueError(
+                f"{ENV}: unknown action {action!r} for {name!r}; known: {', '.join(ACTIONS)}"
+            )
+        armed[name] = (int(occurrence or 1), action or "kill")
     return armed
 
 
-def _parse_action(value: str) -> str:
-    action = value.strip() or "kill"
-    if action not in ACTIONS:
-        raise ValueError(f"{ACTION_ENV}: unknown action {action!r}; known: {', '.join(ACTIONS)}")
-    return action
-
-
-_armed: dict[str, int] = _parse(os.environ.get(ENV, ""))
-_action = _parse_action(os.environ.get(ACTION_ENV, ""))
+_armed: dict[str, tuple[int, str]] = _parse(os.environ.get(ENV, ""))
 _fail_next_statement = False
 _seen: Counter[str] = Counter()
 reached: Counter[str] = Counter()
+trace: list[tuple[str, str, str, str, int]] = []
+"""(point, label, node, task path, time.monotonic_ns()) per point reached, when recording."""
 # The harness's clean run sets a file path: each process appends what it reached at exit.
 _record_to = os.environ.get("KEEL_FAULTS_RECORD", "")
 _recording = bool(_record_to)
+_started_ns = time.monotonic_ns()
 
 
 def _dump() -> None:
     with open(_record_to, "a") as fh:
-        fh.write(json.dumps({"pid": os.getpid(), "reached": dict(reached)}) + "\n")
+        span = [_started_ns, time.monotonic_ns()]
+        line = {"pid": os.getpid(), "reached": dict(reached), "trace": trace, "span": span}
+        fh.write(json.dumps(line) + "\n")
 
 
 if _recording:
     atexit.register(_dump)
 
 
-def fault_point(name: str, label: str = "") -> None:
-    """Kill this process here if the harness armed this point for this occurrence."""
+def fault_point(name: str, label: str = "", node: str = "", path: str = "") -> None:
+    """Kill (or freeze) this process here if the harness armed this point for this
+    occurrence. `node` and `path` say which node (and task path) is running, where the caller
+    knows it."""
     if not _armed and not _recording:
         return
     if _recording:
         reached[name] += 1
+        trace.append((name, label, node, path, time.monotonic_ns()))
     for key in (name, f"{name}:{label}") if label else (name,):
         if key in _armed:
             _seen[key] += 1
-            if _seen[key] == _armed[key]:
-                _strike()
+            occurrence, action = _armed[key]
+            if _seen[key] == occurrence:
+                _strike(action)
 
 
-def _strike() -> None:
+def _strike(action: str) -> None:
     global _fail_next_statement
-    if _action == "kill":
+    if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if _action == "fail-next-statement":
+    if action == "fail-next-statement":
         _fail_next_statement = True
-    # The whole process stops here, whichever thread reached the point; the harness continues
-    # it with SIGCONT once it has done what the fault is about.
+    # The whole process stops here, whichever thread reached the point.
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def statement_fails() -> bool:
-    """True once after a `fail-next-statement` fault fired: the connector calling this must
-    fail the statement it is about to send (cheap when off: one global read)."""
+    """True once after a `fail-next-statement` fault fired: the connector calling this fails
+    the statement it is about to send (one global read when off)."""
     global _fail_next_statement
     if not _fail_next_statement:
         return False
@@ -108,10 +117,8 @@ def statement_fails() -> bool:
     return True
 
 
-def arm(spec: str, action: str = "kill") -> None:
+def arm(spec: str) -> None:
     """Arm points in this process (tests of the harness itself)."""
-    global _action
     _armed.clear()
     _seen.clear()
     _armed.update(_parse(spec))
-    _action = _parse_action(action)

@@ -61,6 +61,15 @@ async def renew(store: Store, leases: Iterable[Lease], now: float, ttl: float) -
     return lost
 
 
+async def end_dead(store: Store, run_id: str, token: int, now: float) -> bool:
+    """The holder of `token` is dead (its process was seen to exit): expire its lease now, so the
+    next claim takes the run over (a `lease.takeover`, a new token) instead of waiting out the
+    TTL. Only for callers that know the process is gone: a live holder would be fenced out.
+    False if `token` no longer holds the run."""
+    async with store.transaction() as tx:
+        return await store.end_lease(tx, run_id, token, now)
+
+
 async def release(store: Store, lease: Lease, now: float, reason: str) -> None:
     """Give a running run back to the queue (graceful shutdown) so another worker resumes it."""
     async with store.fenced(lease.run_id, lease.token) as tx:

@@ -156,7 +156,7 @@ class Effect(Generic[P, R]):
         kwargs: dict[str, Any],
         host: Host | None,
     ) -> Any:
-        fault_point("effect.before_reserve", self.name)
+        fault_point("effect.before_reserve", self.name, where.node, where.path)
         row, new = await reserve(ctx, key, where, self.name, content)
         status = row["status"]
         if status in (EffectStatus.SENT, EffectStatus.CONFIRMED):
@@ -168,7 +168,7 @@ class Effect(Generic[P, R]):
             outcome = await self._in_doubt(ctx, key, row, args, kwargs, host)
             if outcome is not _PERFORM:
                 return outcome
-        return await self._perform(ctx, key, attempts, args, kwargs, host)
+        return await self._perform(ctx, where, key, attempts, args, kwargs, host)
 
     async def _in_doubt(
         self,
@@ -236,6 +236,7 @@ class Effect(Generic[P, R]):
     async def _perform(
         self,
         ctx: RunContext,
+        where: StepRef,
         key: str,
         attempts: int,
         args: tuple[Any, ...],
@@ -258,9 +259,9 @@ class Effect(Generic[P, R]):
                     continue
                 await record(ctx, key, EffectStatus.FAILED, attempts, error=repr(exc))
                 raise EffectFailed(key, repr(exc)) from exc
-            fault_point("effect.after_perform", self.name)
+            fault_point("effect.after_perform", self.name, where.node, where.path)
             await record(ctx, key, EffectStatus.SENT, attempts, result=result)
-            fault_point("effect.after_record", self.name)
+            fault_point("effect.after_record", self.name, where.node, where.path)
             return result
 
 

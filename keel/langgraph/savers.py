@@ -70,7 +70,8 @@ class Fencing:
         token, worker_id = held
         async with self.store.transaction() as tx:
             fence = await self.store.check_fence(tx, run_id, token)
-            fault_point("checkpoint.before_write")
+            # A task's writes name their node; a checkpoint follows the writes of its step.
+            fault_point("checkpoint.before_write", "", step["node"] if step else "")
             if step is not None:
                 await self.store.add_event(
                     tx, run_id, "step", self.clock.now(), step, worker_id=worker_id, token=token

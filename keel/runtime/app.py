@@ -161,6 +161,11 @@ class App:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         return self._portal.call(self.aio.cancel(run_id, by=by))
 
+    def end_dead_lease(self, run_id: str, token: int) -> bool:
+        """Your crash test saw the worker holding `run_id` under `token` exit: let the next
+        worker take the run over at once instead of after the lease TTL."""
+        return self._portal.call(self.aio.end_dead_lease(run_id, token))
+
     def resolve_effect(
         self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any
     ) -> DecisionResult:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.backends import connect
-from keel.core import outbox, runs, waits
+from keel.core import leases, outbox, runs, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock
 from keel.core.codec import loads
@@ -256,6 +256,14 @@ class Runtime:
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()
         return await waits.decide(self.services, run_id, **kwargs)
+
+    async def end_dead_lease(self, run_id: str, token: int) -> bool:
+        """The worker holding `run_id` under `token` is dead (you saw its process exit): let
+        the next claim take the run over now instead of after the lease TTL. False if that
+        token no longer holds the run."""
+        await self.open()
+        validate_run_id(run_id)
+        return await leases.end_dead(self.store, run_id, token, self.clock.now())
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------
 

@@ -1,16 +1,29 @@
 """A real HTTP server on 127.0.0.1 that records what it received: a webhook or API provider.
 
-Like many payment and messaging APIs it honours an `Idempotency-Key` header: a request with a key
-it has seen gets the first response again and is not counted as a new delivery.
+What it counts as a *delivery* is a request that changes something: POST, PUT, PATCH or DELETE.
+Like many payment and messaging APIs it honours an `Idempotency-Key` header: a change with a key
+it has already seen gets the first response again and is not counted a second time.
+
+A GET (or HEAD) is a *lookup*, never a delivery: it is how a reconciler asks the provider "did
+you receive this?". `GET <path>?field=value&...` answers 200 with
+`{"deliveries": [...]}`, the deliveries made to `<path>` whose JSON body has every given field
+at the given value (`idempotency_key=...` also matches the Idempotency-Key header); each item is
+the delivery's JSON body plus `"delivery": n`, its number. No match is an empty list, not 404:
+"I have no such charge" is an answer.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+"""The methods whose requests count as deliveries."""
 
 
 @dataclass(frozen=True)
@@ -19,13 +32,28 @@ class ReceivedRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    received_ns: int = field(default_factory=time.monotonic_ns)
+    """When it arrived, on the system-wide monotonic clock (comparable across processes)."""
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
 
+    @property
+    def route(self) -> str:
+        """The path without its query string."""
+        return urlsplit(self.path).path
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.headers.get("idempotency-key")
+
 
 class HttpSink:
-    """`with HttpSink() as sink:` serves on 127.0.0.1:<free port>; `sink.url` is its base URL."""
+    """`with HttpSink() as sink:` serves on 127.0.0.1:<free port>; `sink.url` is its base URL.
+
+    `requests` holds every request received, `deliveries` only the counted changes (see the
+    module's docstring), both in arrival order.
+    """
 
     def __init__(self, port: int = 0) -> None:
         self.requests: list[ReceivedRequest] = []
@@ -46,9 +74,10 @@ class HttpSink:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(answer)
+                if self.command != "HEAD":
+                    self.wfile.write(answer)
 
-            do_GET = do_POST = do_PUT = do_DELETE = _handle
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
             def log_message(self, format: str, *args: Any) -> None:
                 return None
@@ -75,8 +104,23 @@ class HttpSink:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    def lookup(self, route: str, **match: str) -> list[ReceivedRequest]:
+        """The deliveries to `route` matching every field (see the module's docstring)."""
+        with self._lock:
+            return [d for d in self.deliveries if d.route == route and _matches(d, match)]
+
     def _record(self, request: ReceivedRequest) -> bytes:
-        key = request.headers.get("idempotency-key")
+        key = request.idempotency_key
+        if request.method not in CHANGES:
+            query = dict(parse_qsl(urlsplit(request.path).query))
+            with self._lock:
+                self.requests.append(request)
+                found = [
+                    {**_body(d), "delivery": self.deliveries.index(d) + 1}
+                    for d in self.deliveries
+                    if d.route == request.route and _matches(d, query)
+                ]
+            return json.dumps({"deliveries": found}).encode()
         with self._lock:
             self.requests.append(request)
             if key is not None and key in self._answers:
@@ -86,3 +130,21 @@ class HttpSink:
             if key is not None:
                 self._answers[key] = answer
             return answer
+
+
+def _body(request: ReceivedRequest) -> dict[str, Any]:
+    try:
+        value = request.json()
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _matches(request: ReceivedRequest, match: dict[str, str]) -> bool:
+    body = _body(request)
+    for name, want in match.items():
+        if name == "idempotency_key" and request.idempotency_key == want:
+            continue
+        if name not in body or str(body[name]) != want:
+            return False
+    return True

@@ -12,7 +12,8 @@ import email.policy
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ class ReceivedMail:
     mail_from: str
     rcpt_tos: tuple[str, ...]
     message: EmailMessage
+    received_ns: int = field(default_factory=time.monotonic_ns)
+    """When it was accepted, on the system-wide monotonic clock (comparable across processes)."""
 
     @property
     def message_id(self) -> str:

@@ -70,6 +70,31 @@ def test_expired_lease_is_taken_over_with_a_higher_token_and_the_old_one_cannot_
     assert kinds == ["admitted", "lease.claimed", "lease.takeover"]
 
 
+def test_a_dead_workers_lease_ended_by_hand_is_taken_over_without_waiting_out_the_ttl(
+    make_app,
+) -> None:
+    clock = keel.ManualClock()
+    app = make_app(clock=clock, lease_ttl=60)
+    app.workflow("chain")(chain)
+    run_id = app.submit("chain", job_id="dead", input={"n": 0})["run_id"]
+    store, keys = app.aio.store, app.aio.workflows.keys()
+    first = _call(app, lambda: leases.claim(store, "w-dead", keys, clock.now(), 60))
+    assert first is not None
+    dead, _ = first
+    assert app.end_dead_lease(run_id, dead.token + 1) is False  # not the holder's token
+    clock.advance(1)
+    assert _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 60)) is None
+    assert app.end_dead_lease(run_id, dead.token) is True
+    clock.advance(0.01)  # far inside the 60 s TTL
+    second = _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 60))
+    assert second is not None and second[0].token == dead.token + 1
+    # The new holder's lease is not ended by a late call about the dead one.
+    assert app.end_dead_lease(run_id, dead.token) is False
+    assert _call(app, lambda: leases.claim(store, "w-c", keys, clock.now(), 60)) is None
+    kinds = [e["kind"] for e in app.get_run(run_id).timeline]
+    assert kinds == ["admitted", "lease.claimed", "lease.takeover"]
+
+
 def test_cancel_queued_waiting_and_finished_runs(make_app) -> None:
     app = make_app()
 

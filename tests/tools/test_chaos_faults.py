@@ -57,17 +57,18 @@ def test_a_frozen_worker_resumed_after_the_takeover_writes_nothing_and_sends_not
     report = mailer_matrix(tmp_path, ("freeze",))
     assert report.clean.world["smtp messages"] == 1
     [cell] = report.cells
-    assert (cell.fault, cell.point, cell.phase) == ("freeze", "effect.after_perform", 1)
+    assert (cell.kind, cell.point, cell.phase) == ("freeze", "effect.after_perform", 1)
     # pass means: the timeline shows the takeover, no event under the zombie's token after it,
     # one email received, the run completed as the clean one did.
     assert cell.verdict == "pass", cell.problems
     # The report says which fault each cell is.
-    assert as_json(report)["cells"][0]["fault"] == "freeze"
+    assert as_json(report)["cells"][0]["kind"] == "freeze"
     assert as_json(report)["faults"] == ["freeze"]
     junit = tmp_path / "chaos.xml"
     write_junit(report, junit)
     [case] = ET.parse(junit).getroot().iter("testcase")
-    assert case.get("name", "").startswith("freeze phase 1 effect.after_perform@1")
+    assert case.get("name") == "phase 1 freeze effect.after_perform@1"
+    assert case.get("classname") == "keel.chaos.mailer.freeze"
     zombie_said = "\n".join(p.read_text() for p in (tmp_path / "chaos" / "logs").glob("*.log"))
     assert "lease lost" in zombie_said  # the zombie was fenced out, not merely idle
 
@@ -81,7 +82,7 @@ def test_a_frozen_worker_resumed_after_the_takeover_writes_nothing_and_sends_not
 def test_a_worker_whose_clock_is_ahead_does_not_take_a_live_lease(tmp_path: Path) -> None:
     report = mailer_matrix(tmp_path, ("clock-skew",))
     [cell] = report.cells
-    assert cell.fault == "clock-skew"
+    assert cell.kind == "clock-skew"
     assert report.ok, verdicts(report)
 
 
@@ -94,7 +95,7 @@ def test_a_worker_whose_clock_is_ahead_does_not_take_a_live_lease(tmp_path: Path
 def test_a_failed_statement_at_the_point_does_not_fail_the_run_on_sqlite(tmp_path: Path) -> None:
     report = mailer_matrix(tmp_path, ("db-error",))
     [cell] = report.cells
-    assert cell.fault == "db-error"
+    assert cell.kind == "db-error"
     assert report.ok, verdicts(report)
 
 
@@ -104,7 +105,7 @@ def test_a_worker_frozen_outside_a_transaction_is_fenced_out_on_postgres(
     tmp_path: Path, pg_template: str
 ) -> None:
     report = mailer_matrix(tmp_path, ("freeze",), backend="postgres", postgres_url=PG_URL)
-    assert [c.fault for c in report.cells] == ["freeze"]
+    assert [c.kind for c in report.cells] == ["freeze"]
     assert report.ok, verdicts(report)
 
 
@@ -119,7 +120,7 @@ def test_terminated_backends_at_the_point_do_not_fail_the_run_on_postgres(
     tmp_path: Path, pg_template: str
 ) -> None:
     report = mailer_matrix(tmp_path, ("db-error",), backend="postgres", postgres_url=PG_URL)
-    assert [c.fault for c in report.cells] == ["db-error"]
+    assert [c.kind for c in report.cells] == ["db-error"]
     assert report.ok, verdicts(report)
 
 
@@ -143,7 +144,7 @@ def test_a_database_restart_at_the_point_does_not_fail_the_run(
         postgres_url=PG_URL,
         points=("checkpoint.before_write",),
     )
-    assert {c.fault for c in report.cells} == {"db-restart"}
+    assert {c.kind for c in report.cells} == {"db-restart"}
     assert report.ok, verdicts(report)
 
 

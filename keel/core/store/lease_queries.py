@@ -81,6 +81,12 @@ class LeaseQueries:
         return row is not None
 
     @staticmethod
+    async def end_lease(tx: Tx, run_id: str, token: int, now: float) -> bool:
+        """Make a lease expire now; False if `token` no longer holds the run."""
+        row = await tx.one("end_lease", {"run_id": run_id, "lease_token": token, "now": now})
+        return row is not None
+
+    @staticmethod
     async def set_heartbeat_details(
         tx: Tx, run_id: str, token: int, details_json: str, now: float
     ) -> None:

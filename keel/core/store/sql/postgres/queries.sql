@@ -94,6 +94,12 @@ UPDATE keel_runs SET lease_expires_at = %(expires_at)s, heartbeat_at = %(now)s
 WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
 RETURNING run_id, cancel_requested;
 
+-- name: end_lease
+-- Expire a lease whose holder is known dead (its process exited): the next claim takes over.
+UPDATE keel_runs SET lease_expires_at = %(now)s
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING run_id;
+
 -- name: set_heartbeat_details
 -- Progress details from keel.heartbeat(), readable by a later attempt.
 UPDATE keel_runs SET heartbeat_details = %(details)s, heartbeat_at = %(now)s

@@ -91,6 +91,12 @@ UPDATE keel_runs SET lease_expires_at = :expires_at, heartbeat_at = :now
 WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
 RETURNING run_id, cancel_requested;
 
+-- name: end_lease
+-- Expire a lease whose holder is known dead (its process exited): the next claim takes over.
+UPDATE keel_runs SET lease_expires_at = :now
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
+RETURNING run_id;
+
 -- name: set_heartbeat_details
 -- Progress details from keel.heartbeat(), readable by a later attempt.
 UPDATE keel_runs SET heartbeat_details = :details, heartbeat_at = :now

@@ -1,0 +1,158 @@
+"""Worker and decider processes forked from a process that has already imported Keel,
+LangGraph and the user's app's dependencies: a cell's processes start in milliseconds instead
+of the second or two a fresh interpreter takes to import them, which is most of a cell's time.
+
+Each child is a real, separate process: it gets the cell's environment, re-imports the user's
+own modules under it (an App reads KEEL_DATABASE_URL when it is built), re-reads its fault
+points, runs `python -m MODULE ARGS` as usual (`keel worker ...`, `keel.chaos.decide ...`)
+and dies by a real SIGKILL at its fault point. The server forks one child at a time and
+reports its pid, then its exit status, on its stdout. Only on Linux; elsewhere the harness
+starts plain subprocesses.
+
+Protocol (one JSON object per line): the server writes `{"ready": true}` once warm; for each
+request `{"argv": ["keel", "worker", ...], "env": {...}}` it writes `{"pid": N}` and, when the
+child has exited, `{"status": S}` (negative: killed by signal -S).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+SUPPORTED = sys.platform == "linux"
+
+
+def _third_party(module: Any) -> bool:
+    path = getattr(module, "__file__", None)
+    if not path:
+        return True  # built in, or a namespace package: nothing of the user's to re-run
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(str(Path(path).resolve()).startswith(str(Path(r).resolve())) for r in roots)
+
+
+def serve(app: str) -> None:
+    # Warm only (the command, the runtime, LangGraph, the backends): the children run
+    # `python -m keel ...` by name, so chaos never calls into the CLI layer above it.
+    importlib.import_module("keel.cli")
+    from keel.runtime.loading import load_app
+
+    before = set(sys.modules)
+    load_app(app)  # warms the user's dependencies; the user's own modules are re-run per child
+    users = sorted(n for n in set(sys.modules) - before if not _third_party(sys.modules[n]))
+    out = sys.stdout
+    _say(out, {"ready": True})
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the child never returns from here
+            _child(request["argv"], request["env"], users)
+        _say(out, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        _say(out, {"status": os.waitstatus_to_exitcode(status)})
+
+
+def _say(out: IO[str], message: dict[str, Any]) -> None:
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def _child(argv: list[str], env: dict[str, str], users: list[str]) -> None:
+    code = 1
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.environ.clear()
+        os.environ.update(env)
+        for name in users:
+            sys.modules.pop(name, None)
+        import keel.core.faults
+
+        importlib.reload(keel.core.faults)  # arm and record from this child's environment
+        sys.argv = list(argv)
+        try:
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        # What a normal interpreter exit runs (the fault record among them), then out without
+        # the parent's cleanups: they belong to the server.
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        os._exit(code)
+
+
+class ForkServer:
+    """The harness's end: `run(argv, env, timeout)` -> (exit status, pid)."""
+
+    def __init__(self, app: str, cwd: Path, env: dict[str, str]) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "keel.chaos.forkserver", app],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._lock = threading.Lock()
+        if self._read().get("ready") is not True:
+            raise RuntimeError("the fork server did not start")
+
+    def _read(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the fork server exited")
+        return dict(json.loads(line))
+
+    def run(self, argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
+        with self._lock:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+            self._proc.stdin.flush()
+            pid = int(self._read()["pid"])
+            expired = threading.Event()
+
+            def expire() -> None:
+                expired.set()
+                _kill(pid)
+
+            timer = threading.Timer(timeout, expire)
+            timer.start()
+            try:
+                status = int(self._read()["status"])
+            finally:
+                timer.cancel()
+            if expired.is_set():
+                raise subprocess.TimeoutExpired(argv, timeout)
+            return status, pid
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 9)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

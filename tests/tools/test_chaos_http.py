@@ -1,0 +1,111 @@
+"""The crash harness on HTTP effects written from the docs: each cell gets its own outside world,
+so a correct effect passes every cell; an unsafe one fails the cell right after its delivery,
+even when sampling skips most cells, and the verdict names the node and the likely cause."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from keel.chaos.harness import ChaosConfig, Report
+from keel.chaos.matrix import run_matrix
+from keel.chaos.report import summary
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.support.apps.payments:app"
+
+
+def _chaos(workflow: str, backend: str = "sqlite", **options: object) -> Report:
+    postgres_url = None
+    if backend == "postgres":
+        postgres_url = os.environ.get("KEEL_TEST_POSTGRES_URL")
+        if not postgres_url:
+            if os.environ.get("KEEL_REQUIRE_POSTGRES") == "1":
+                pytest.fail("KEEL_REQUIRE_POSTGRES=1 but KEEL_TEST_POSTGRES_URL is not set")
+            pytest.skip("set KEEL_TEST_POSTGRES_URL")
+    config = ChaosConfig(
+        app=APP,
+        workflow=workflow,
+        input={"order": "A-1"},
+        backend=backend,
+        postgres_url=postgres_url,
+        env={"PAYMENTS_URL": "{http_url}"},
+        cwd=ROOT,
+        jobs=2,
+        **options,  # type: ignore[arg-type]
+    )
+    return run_matrix(config)
+
+
+CORRECT = [
+    pytest.param("pay-idempotent", "sqlite", id="provider-idempotent-sqlite"),
+    pytest.param("pay-reconciled", "sqlite", id="reconciled-sqlite"),
+    pytest.param("pay-lookup-first", "sqlite", id="get-lookup-then-reconciled-sqlite"),
+    pytest.param(
+        "pay-idempotent", "postgres", id="provider-idempotent-postgres", marks=pytest.mark.postgres
+    ),
+    pytest.param(
+        "pay-reconciled", "postgres", id="reconciled-postgres", marks=pytest.mark.postgres
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workflow", "backend"), CORRECT)
+def test_a_correct_http_effect_passes_every_cell(workflow: str, backend: str) -> None:
+    report = _chaos(workflow, backend)
+    # One charge; a reconciler's or a node's GET is a lookup, not a delivery.
+    assert report.clean.world["http deliveries"] == 1
+    assert report.clean.effects == {"charge": 1}
+    problems = {c.name: c.problems for c in report.cells if c.verdict == "fail"}
+    assert problems == {}
+    assert report.ok
+    # Only a heartbeat, which depends on timing, may be missed by the armed process.
+    assert {c.point for c in report.cells if c.verdict == "not_reached"} <= {"lease.renew"}
+    assert any(c.point == "effect.after_perform" for c in report.cells)
+    assert report.risky, "the cells after the charge are the risky ones"
+
+
+UNSAFE = [
+    pytest.param("pay-direct", "outside `@keel.effect`", id="direct-post"),
+    pytest.param("pay-fresh-key", "the idempotency key is not stable", id="fresh-key-per-attempt"),
+    pytest.param("pay-changing-args", "arguments changed between attempts", id="changed-arguments"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workflow", "cause"), UNSAFE)
+def test_an_unsafe_http_effect_fails_the_cell_after_it_even_when_sampling(
+    workflow: str, cause: str
+) -> None:
+    report = _chaos(workflow, max_occurrences=1)
+    assert report.skipped, "sampling skipped cells"
+    assert not report.ok
+    failed = [c for c in report.cells if c.verdict == "fail"]
+    risky_failed = [c for c in failed if c.after_deliveries]
+    assert risky_failed, f"no failing cell right after the charge: {[c.name for c in failed]}"
+    for cell in risky_failed:
+        assert cell.node == "pay", cell.where
+        assert "`pay`" in cell.where
+        assert cause in cell.cause
+        assert "http deliveries: 2, clean run 1" in cell.problems
+        assert any(e.startswith("POST /charges") for e in cell.extra)
+    # The verdict line says what was skipped and that the risky cells all ran.
+    total = len(report.cells) + len(report.skipped)
+    assert summary(report).startswith(f"{len(report.cells)} of {total} cells run")
+    assert "after outside deliveries all run" in summary(report)
+    # Sampled without the trace, this workflow passed: the failing cell is not a sampled one.
+    assert all(c.occurrence != 1 for c in risky_failed if c.point == "checkpoint.before_write")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_direct_post_fails_the_cell_after_it_on_postgres() -> None:
+    report = _chaos(
+        "pay-direct", "postgres", points=("checkpoint.before_write",), max_occurrences=1
+    )
+    [cell] = [c for c in report.cells if c.verdict == "fail"]
+    assert cell.after_deliveries and cell.node == "pay"
+    assert "outside `@keel.effect`" in cell.cause

@@ -1,0 +1,183 @@
+"""The crash harness's reading of a clean run: which node each fault point occurrence belongs
+to, which deliveries came from where, the cells sampling may never skip, and the likely cause a
+failing cell is given. Traces and outcomes written by hand: no process, no database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from keel.chaos.checks import Outcome
+from keel.chaos.harness import ChaosConfig
+from keel.chaos.matrix import plan
+from keel.chaos.trace import build, sample
+from keel.chaos.verdict import extra_deliveries, likely_cause
+from keel.chaos.world import HTTP, SMTP, Delivery
+
+CP = "checkpoint.before_write"
+
+
+def _record(tmp_path: Path, *phases: list[tuple[str, str, str, int]]) -> Path:
+    """One worker process per phase, alive from 1 before its first point to 1 after its last."""
+    record = tmp_path / "reached"
+    for n, entries in enumerate(phases):
+        trace = [[point, label, node, "", at] for point, label, node, at in entries]
+        span = [entries[0][3] - 1, entries[-1][3] + 1]
+        line = {"pid": 1, "reached": {}, "trace": trace, "span": span}
+        (tmp_path / f"reached.{n}").write_text(json.dumps(line) + "\n")
+    return record
+
+
+def _direct_post(tmp_path: Path) -> Path:
+    """price -> pay (POSTs at t=50, outside any effect) -> receipt, one phase."""
+    return _record(
+        tmp_path,
+        [
+            ("run.before_first_checkpoint", "pay-direct", "", 10),
+            (CP, "", "", 20),  # the input checkpoint
+            (CP, "", "price", 30),
+            (CP, "", "", 40),
+            (CP, "", "pay", 60),
+            (CP, "", "", 70),
+            (CP, "", "receipt", 80),
+            (CP, "", "", 90),
+        ],
+    )
+
+
+def _post(at: int, key: str | None = None, content: str = "c1") -> Delivery:
+    return Delivery(HTTP, "POST /charges", key, content, at)
+
+
+def test_the_cell_after_a_direct_post_is_always_run_and_the_skipped_ones_are_listed(
+    tmp_path: Path,
+) -> None:
+    trace = build(_direct_post(tmp_path), [_post(50)])
+    [made] = trace.deliveries
+    assert (made.node, made.effect) == ("pay", "")  # outside any effect
+    config = ChaosConfig(app="x:app", workflow="w", input={}, max_occurrences=2)
+    run, skipped = plan(config, trace)
+    names = [c.name for c in run]
+    # Sampling alone takes occurrences 1 and 7 of the checkpoint point; the trace adds the one
+    # right after the POST: saving the writes of `pay`.
+    assert names == [
+        f"phase 0 {CP}@1",
+        f"phase 0 {CP}@4",
+        f"phase 0 {CP}@7",
+        "phase 0 run.before_first_checkpoint@1",
+    ]
+    risky = run[1]
+    assert risky.node == "pay" and risky.where == "saving the writes of node `pay`"
+    assert risky.after_deliveries == ["POST /charges from node `pay`"]
+    assert [c.occurrence for c in skipped] == [2, 3, 5, 6]
+    assert all(c.verdict == "skipped" for c in skipped)
+    assert run[2].where == "the checkpoint after node `receipt`"
+    assert run[0].where == "the input checkpoint"
+    assert trace.find(0, CP, 5) is not None
+    assert trace.find(0, CP, 5).where == "the checkpoint after node `pay`"  # type: ignore[union-attr]
+
+
+def test_a_delivery_between_reserve_and_perform_belongs_to_that_effect(tmp_path: Path) -> None:
+    record = _record(
+        tmp_path,
+        [
+            ("effect.before_reserve", "charge", "pay", 10),
+            ("effect.after_perform", "charge", "pay", 30),
+            ("effect.after_record", "charge", "pay", 40),
+            (CP, "", "pay", 50),
+            (CP, "", "", 60),
+        ],
+    )
+    trace = build(record, [_post(20, key="k1")])
+    [made] = trace.deliveries
+    assert (made.node, made.effect) == ("pay", "charge")
+    # The first occurrence of each point after the delivery.
+    assert sorted(trace.risky()) == [
+        (0, CP, 1),
+        (0, "effect.after_perform", 1),
+        (0, "effect.after_record", 1),
+    ]
+    config = ChaosConfig(app="x:app", workflow="w", input={}, points=("effect.after_perform",))
+    run, skipped = plan(config, trace)
+    assert [c.name for c in run] == ["phase 0 effect.after_perform@1"] and not skipped
+    assert run[0].effect == "charge" and run[0].where == "effect `charge` in node `pay`"
+
+
+def test_deliveries_in_a_later_phase_mark_cells_of_that_phase(tmp_path: Path) -> None:
+    record = _record(
+        tmp_path,
+        [(CP, "", "ask", 10), ("wait.after_interrupt", "w", "", 20)],
+        [(CP, "", "send", 40), (CP, "", "", 50)],
+    )
+    # Sent by the phase-1 worker before it reached any point: it counts for phase 1.
+    trace = build(record, [Delivery(SMTP, "mail to a@x: hi", "<m1>", "c", 39)])
+    assert sorted(trace.risky()) == [(1, CP, 1)]
+    assert trace.deliveries[0].node == "send"
+    # Sent by phase 0 after its last point (announcing the wait): no phase-1 cell follows it.
+    trace = build(record, [Delivery(SMTP, "mail to a@x: hi", "<m1>", "c", 21)])
+    assert sorted(trace.risky()) == []
+
+
+def test_sampling_takes_the_first_the_last_and_evenly_between() -> None:
+    assert sample(10, None) == list(range(1, 11))
+    assert sample(10, 3) == [1, 6, 10]
+    assert sample(10, 1) == [1]
+    assert sample(2, 5) == [1, 2]
+
+
+def _outcome(**changes: object) -> Outcome:
+    base = Outcome(
+        status="completed",
+        decision="not_decided",
+        termination_reason="completed",
+        effects={"charge": 1},
+        unsettled=[],
+        world={SMTP: 0, HTTP: 1},
+        artifacts={},
+        stale_writes=[],
+        deliveries=[_post(1, "k1")],
+        keys={"charge": 1},
+    )
+    for name, value in changes.items():
+        setattr(base, name, value)
+    return base
+
+
+def test_repeats_are_told_apart_from_the_clean_runs_deliveries_by_content_then_request() -> None:
+    clean = [_post(1, "k1", "a")]
+    assert extra_deliveries(clean, [_post(5, "k1", "a")]) == []
+    # The same request with another body (a timestamp in it): the later copy is the repeat.
+    assert extra_deliveries(clean, [_post(5, "k2", "b"), _post(6, "k3", "c")]) == [
+        _post(6, "k3", "c")
+    ]
+
+
+def test_the_likely_cause_names_what_to_fix(tmp_path: Path) -> None:
+    clean = _outcome()
+    trace = build(_direct_post(tmp_path), [_post(50, "u1")])
+    twice = _outcome(world={SMTP: 0, HTTP: 2}, deliveries=[_post(1, "u1"), _post(2, "u2")])
+    extra = extra_deliveries(clean.deliveries, twice.deliveries)
+    assert "node `pay` sent to the provider outside `@keel.effect`" in likely_cause(
+        clean, twice, trace.deliveries, extra
+    )
+    in_effect = build(
+        _record(
+            tmp_path,
+            [
+                ("effect.before_reserve", "charge", "pay", 10),
+                ("effect.after_perform", "charge", "pay", 30),
+            ],
+        ),
+        [_post(20, "u1")],
+    ).deliveries
+    assert "the idempotency key is not stable" in likely_cause(clean, twice, in_effect, extra)
+    new_keys = _outcome(
+        world={SMTP: 0, HTTP: 2},
+        deliveries=[_post(1, "k1"), _post(2, "k2")],
+        keys={"charge": 2},
+    )
+    assert "arguments changed between attempts" in likely_cause(clean, new_keys, in_effect, extra)
+    lost = _outcome(world={SMTP: 0, HTTP: 0}, deliveries=[])
+    assert "a delivery was lost" in likely_cause(clean, lost, in_effect, [])
+    stuck = _outcome(unsettled=["effect:charge:ab (in_doubt)"])
+    assert "reconciler" in likely_cause(clean, stuck, in_effect, [])

@@ -54,8 +54,9 @@ class Harness(Protocol):
     def spawn(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]: ...
 
 
-FREEZE_PATIENCE = 20.0
-"""How long a freeze cell waits, beyond 5 lease TTLs, for another worker to take over."""
+FREEZE_PATIENCE = 10.0
+"""How long a freeze cell waits, beyond 5 lease TTLs, for another worker that is up to take
+the run over."""
 SKEW_TTL = 15.0
 """The lease TTL of a clock-skew cell: long enough that the held worker keeps its lease while
 the skewed one starts, so only a wrong clock can make it look expired."""
@@ -186,6 +187,9 @@ class Freeze(FaultKind):
         other = procs[1]
         # The zombie case: it continues only once another worker owns the run. A point reached
         # outside any held run (nothing to take over) ends when the other worker goes idle.
+        # Patience counts from when the other worker is up: starting one can be slow on a
+        # loaded machine, and that is not the runtime's fault.
+        _until(armed, lambda: armed.token() > frozen_token or _up(armed, other))
         patience = time.monotonic() + FREEZE_PATIENCE + 5 * self.config.lease_ttl
         _until(
             armed,
@@ -219,14 +223,7 @@ class ClockSkew(FaultKind):
         ahead = 3 * SKEW_TTL
         skewed_args = ["keel.chaos.skewed", f"{ahead:g}", *harness.worker_args()]
         procs.append(harness.spawn(skewed_args, env, f"{armed.log}.skewed"))
-        skewed = procs[1]
-
-        def up() -> bool:
-            return skewed.poll() is not None or any(
-                w["pid"] == skewed.pid for w in armed.app.workers()
-            )
-
-        _until(armed, lambda: up() or armed.token() > held_token)
+        _until(armed, lambda: _up(armed, procs[1]) or armed.token() > held_token)
         linger = time.monotonic() + SKEW_LINGER
         _until(armed, lambda: time.monotonic() > linger or armed.token() > held_token)
         taken_after = time.monotonic() - held_since
@@ -363,6 +360,11 @@ def _stopped(proc: subprocess.Popen[bytes], deadline: float) -> bool:
         # Reaped here, so Popen cannot: keep its exit status for it.
         proc.returncode = os.waitstatus_to_exitcode(status)
         return False
+
+
+def _up(armed: Armed, proc: subprocess.Popen[bytes]) -> bool:
+    """The worker process has announced itself in the store (or already exited)."""
+    return proc.poll() is not None or any(w["pid"] == proc.pid for w in armed.app.workers())
 
 
 def _until(armed: Armed, done: Callable[[], bool]) -> None:

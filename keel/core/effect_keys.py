@@ -19,8 +19,9 @@ from keel.core.codec import canonical_json
 from keel.core.errors import UsageError
 from keel.core.ids import StepRef, args_hash, digest
 
-KeySpec = tuple[str, ...] | Callable[[dict[str, Any]], Any] | None
-"""`@keel.effect(key=...)`: argument names, a function of the bound arguments, or None (all)."""
+KeySpec = str | tuple[str, ...] | Callable[[dict[str, Any]], Any] | None
+"""`@keel.effect(key=...)`: argument name(s), a function of the bound arguments (by name,
+defaults applied) returning JSON, or None (all arguments)."""
 
 SUPPLIED = frozenset({"idempotency_key", "fencing_token", "lease_token"})
 """Keywords Keel passes to an effect's function itself; a caller never passes them."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
+from keel.core import heartbeat
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, current
 from keel.core.effect_keys import Arguments, Identity, KeySpec, effect_key, legacy_key
@@ -301,6 +302,9 @@ class Effect(Generic[P, R]):
                         {"key": key, "attempt": attempts, "delay": delay, "error": repr(exc)},
                     )
                     await ctx.services.clock.sleep(delay)
+                    # A backoff can be as long as the lease: hold it before the next attempt
+                    # rather than depend on the heartbeat's cadence (the lease check is next).
+                    await heartbeat.renew(ctx)
                     continue
                 await record(ctx, key, EffectStatus.FAILED, attempts, error=repr(exc))
                 raise EffectFailed(key, repr(exc)) from exc

@@ -14,6 +14,7 @@ import atexit
 import json
 import os
 import signal
+import threading
 from collections import Counter
 
 ENV = "KEEL_FAULTS"
@@ -76,7 +77,10 @@ def fault_point(name: str, label: str = "") -> None:
             _seen[key] += 1
             occurrence, signum = _armed[key]
             if _seen[key] == occurrence:
-                os.kill(os.getpid(), signum)
+                # To this thread, not the process: a process-directed signal is taken by
+                # whichever thread the kernel wakes first, and meanwhile this one runs on past
+                # the point (a frozen worker found later to have paid before it froze).
+                signal.pthread_kill(threading.get_ident(), signum)
 
 
 def arm(spec: str) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 import keel
 from keel.core import runs
-from keel.core.errors import SchemaMismatch
 from keel.core.effect_keys import legacy_key
+from keel.core.errors import SchemaMismatch
 from keel.core.ids import StepRef
 from keel.core.store.base import load_migrations
 from tests.support.graphs import echo_graph, notify_effect

@@ -12,6 +12,7 @@ import os
 import signal
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.support.checks import wait_until
@@ -30,6 +31,16 @@ def frozen(worker: Worker) -> bool:
 
 
 def freeze_at(chaos: Chaos, point: str) -> Worker:
+    if chaos.db_url.startswith("postgresql"):
+        # A process frozen in the middle of a transaction (its heartbeat, say) keeps its row
+        # locks, and claims skip locked rows: without a server-side bound no one could take
+        # the run over until it wakes. That bound is the deployment's to set (docs/workers.md).
+        with psycopg.connect(chaos.db_url, autocommit=True) as conn:
+            name = conn.execute("SELECT current_database()").fetchone()
+            assert name is not None
+            conn.execute(
+                f"ALTER DATABASE \"{name[0]}\" SET idle_in_transaction_session_timeout = '3s'"
+            )
     zombie = chaos.spawn(f"{point}!stop")
     wait_until(lambda: frozen(zombie), timeout=40, what=f"the worker to freeze at {point}")
     return zombie

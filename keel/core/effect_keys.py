@@ -73,7 +73,7 @@ class Arguments:
                     f"arguments of the function (its arguments: "
                     f"{', '.join(p for p in params if p not in SUPPLIED)})"
                 )
-            self.key: KeySpec = tuple(key)
+            self.key: tuple[str, ...] | Callable[[dict[str, Any]], Any] | None = tuple(key)
         elif key is None or callable(key):
             self.key = key
         else:

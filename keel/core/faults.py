@@ -21,6 +21,7 @@ import atexit
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 
@@ -28,6 +29,7 @@ ENV = "KEEL_FAULTS"
 
 POINTS = (
     "effect.before_reserve",  # the effect is about to be reserved
+    "effect.before_call",  # reserved; the lease is about to be checked, then the provider called
     "effect.after_perform",  # the provider accepted it; the ledger has not recorded it
     "effect.after_record",  # recorded as sent; the step's checkpoint is not written yet
     "checkpoint.before_write",  # inside the fenced checkpoint transaction, before the write
@@ -99,12 +101,13 @@ def fault_point(name: str, label: str = "", node: str = "", path: str = "") -> N
 
 def _strike(action: str) -> None:
     global _fail_next_statement
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
     if action == "fail-next-statement":
         _fail_next_statement = True
-    # The whole process stops here, whichever thread reached the point.
-    os.kill(os.getpid(), signal.SIGSTOP)
+    # To this thread, not the process: a process-directed signal is taken by whichever thread
+    # the kernel wakes first, and meanwhile this one runs on past the point (a frozen worker
+    # found later to have paid before it froze). SIGSTOP still stops the whole process.
+    signum = signal.SIGKILL if action == "kill" else signal.SIGSTOP
+    signal.pthread_kill(threading.get_ident(), signum)
 
 
 def statement_fails() -> bool:

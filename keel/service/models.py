@@ -31,6 +31,10 @@ class CancelIn(Body):
     by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
 
 
+class ResumeIn(Body):
+    by: str | None = Field(None, max_length=200, description="Who resumes (for the timeline).")
+
+
 class DecisionIn(Body):
     decision: Literal["approve", "reject"]
     comment: str | None = Field(None, max_length=10_000)

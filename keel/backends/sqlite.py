@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -122,8 +123,14 @@ class SqliteConnector:
             except BaseException:
                 await conn.rollback()
                 raise
-            else:
+            try:
                 await conn.commit()
+            except BaseException:
+                # A commit refused by a full or failing disk leaves the transaction open on
+                # this shared connection: close it, or every later BEGIN fails for good.
+                with contextlib.suppress(Exception):
+                    await conn.rollback()
+                raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:

@@ -176,3 +176,62 @@ def test_postgres_down_for_40_seconds_pauses_work_and_then_finishes_it(
     assert pg_fleet.delivered() - sent_while_down <= 12
     cluster.start()
     pg_fleet.check(ids, exits_within=60)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MB filesystem of the test's own (tmpfs), so filling it up harms nothing else."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+
+
+def _fill(disk: Path) -> Path:
+    """Fill the filesystem to its last byte; return the filler to delete."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):  # megabytes, then the last pages, then single bytes
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    assert shutil.disk_usage(disk).free < 64 * 1024
+    return filler
+
+
+@pytest.mark.slow
+def test_sqlite_disk_full_then_freed_every_run_completes_and_sends_once(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{small_disk}/keel.db"
+    with keel.App(url) as app:
+        app.migrate()
+    with SmtpSink(spool=tmp_path / "spool") as sink:
+        crew = Fleet(url, sink, tmp_path)
+        try:
+            ids = crew.submit(40, work=0.05)
+            crew.start(2)
+            wait_until(lambda: crew.delivered() >= 8, 60, "8 emails")
+            filler = _fill(small_disk)
+            time.sleep(6)  # writes fail: checkpoints, claims, heartbeats, the release
+            assert crew.alive() == [None, None], crew.logs()
+            assert crew.delivered() < 40, "the disk must fill up mid-batch"
+            assert "database or disk is full" in crew.logs()
+            filler.unlink()
+            crew.check(ids, exits_within=80)
+        finally:
+            crew.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 import uuid
@@ -21,8 +20,7 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel.testing import SmtpSink, spawn_worker
-from keel.testing import pgcluster
+from keel.testing import SmtpSink, pgcluster, spawn_worker
 from keel.testing.pgcluster import ThrowawayCluster
 from tests.support import REPO
 from tests.support.apps import fleet
@@ -66,8 +64,14 @@ class Fleet:
             for i in range(runs)
         ]
 
-    def start(self, workers: int, *, lease_ttl: float = 2.0, env: dict[str, str] | None = None,
-              preexec: object = None) -> None:
+    def start(
+        self,
+        workers: int,
+        *,
+        lease_ttl: float = 2.0,
+        env: dict[str, str] | None = None,
+        preexec: object = None,
+    ) -> None:
         for n in range(workers):
             self.procs.append(
                 spawn_worker(

@@ -447,15 +447,16 @@ def resume(
 @cli.command()
 @guarded
 def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = None) -> None:
-    """List live workers: host, pid, concurrency, last heartbeat."""
+    """List workers: host, pid, concurrency, last heartbeat; `silent` ones (not stopped, quiet
+    for up to an hour) are waiting for their database or dead."""
     with open_app(app, db) as loaded:
-        rows = loaded.workers()
+        rows = loaded.workers(silent_for=3600)
     if as_json:
         typer.echo(render.to_json(rows))
     elif rows:
         out().print(render.workers_table(rows))
     else:
-        say("no live workers")
+        say("no workers")
 
 
 @approvals_cli.command("list")

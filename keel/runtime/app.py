@@ -169,9 +169,10 @@ class App:
         """Open waits, oldest deadline first."""
         return self._portal.call(self.aio.pending_waits(limit))
 
-    def workers(self) -> list[Row]:
-        """Live workers (host, pid, concurrency, last heartbeat)."""
-        return self._portal.call(self.aio.workers())
+    def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Live workers (host, pid, concurrency, last heartbeat, `state`); with `silent_for`,
+        also the workers that went quiet within that many seconds without stopping."""
+        return self._portal.call(self.aio.workers(silent_for=silent_for))
 
     def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""

@@ -264,10 +264,18 @@ class Runtime:
         await self.open()
         return await self.store.pending_waits(limit)
 
-    async def workers(self) -> list[Row]:
-        """Workers that announced themselves within three heartbeat intervals."""
+    async def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Workers that announced themselves within three heartbeat intervals, each with
+        `state` "live"; with `silent_for`, also those not stopped that went quiet within that
+        many seconds, `state` "silent": waiting for the database, or dead (nobody can tell
+        from here; a live one comes back by itself once it reaches the database)."""
         await self.open()
-        return await self.store.workers(self.clock.now() - 3 * self.heartbeat_interval)
+        now = self.clock.now()
+        live_since = now - 3 * self.heartbeat_interval
+        rows = await self.store.workers(min(live_since, now - silent_for))
+        for row in rows:
+            row["state"] = "live" if row["heartbeat_at"] >= live_since else "silent"
+        return rows
 
     async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         await self.open()

@@ -395,7 +395,12 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos"}
     assert {n[0] for n in names if len(n) == 1} == expected
-    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == {"list", "show", "cancel"}
+    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == {
+        "list",
+        "show",
+        "cancel",
+        "resume",
+    }
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
     for name in names:

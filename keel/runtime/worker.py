@@ -229,8 +229,12 @@ class Worker:
             applied = await self.runtime.sweep()
             if self.runtime.notifiers:
                 await self.runtime.dispatch(self.worker_id)
-        except Exception:
-            log.exception("sweep failed; the next pass retries")
+        except Exception as exc:
+            if self.runtime.store.is_infrastructure(exc):
+                # The claim that follows meets the same fault and backs the whole loop off.
+                log.warning("sweep: database unavailable (%r); the next pass retries", exc)
+            else:
+                log.exception("sweep failed; the next pass retries")
             return
         if applied:
             log.info("applied %d deadline policies", applied)
@@ -243,8 +247,12 @@ class Worker:
             try:
                 lost = await leases.renew(rt.store, held, rt.clock.now(), rt.lease_ttl)
                 await self._announce()
-            except Exception:
-                log.exception("heartbeat failed; leases may expire")
+            except Exception as exc:
+                # Kept at its interval, not backed off: each renewal missed brings the TTL closer.
+                if rt.store.is_infrastructure(exc):
+                    log.warning("heartbeat: database unavailable (%r); leases may expire", exc)
+                else:
+                    log.exception("heartbeat failed; leases may expire")
                 continue
             for lease in lost:
                 entry = self._tasks.get(lease.run_id)

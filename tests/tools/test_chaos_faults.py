@@ -1,9 +1,10 @@
 """`keel chaos --fault`: each fault kind driven on a small graph (the mailer: prepare -> approval
 -> one reconciled email), with what the outside world received counted by the harness's sinks.
 
-The cells that fail on main are marked xfail(strict=True) with the branch that fixes the
-runtime: they prove the fault kind really strikes (the bug shows), and turn red once the fix is
-merged, so the marker goes.
+db-error and db-restart fail on main without faults-infra (merged here): a database error
+inside a run failed it. The cell that still fails is marked xfail(strict=True) with the branch
+that fixes the runtime: it proves the fault kind really strikes (the bug shows), and turns red
+once the fix is merged, so the marker goes.
 """
 
 from __future__ import annotations
@@ -87,11 +88,6 @@ def test_a_worker_whose_clock_is_ahead_does_not_take_a_live_lease(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="on main a database error inside a run fails it; fixed on branch faults-infra",
-)
 def test_a_failed_statement_at_the_point_does_not_fail_the_run_on_sqlite(tmp_path: Path) -> None:
     report = mailer_matrix(tmp_path, ("db-error",))
     [cell] = report.cells
@@ -111,11 +107,6 @@ def test_a_worker_frozen_outside_a_transaction_is_fenced_out_on_postgres(
 
 @pytest.mark.slow
 @pytest.mark.postgres
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="on main a dropped connection inside a run fails it; fixed on branch faults-infra",
-)
 def test_terminated_backends_at_the_point_do_not_fail_the_run_on_postgres(
     tmp_path: Path, pg_template: str
 ) -> None:
@@ -127,12 +118,6 @@ def test_terminated_backends_at_the_point_do_not_fail_the_run_on_postgres(
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.skipif(pgcluster.available() is not None, reason=str(pgcluster.available()))
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="on main a restart inside the checkpoint transaction fails the run; fixed on "
-    "branch faults-infra",
-)
 def test_a_database_restart_at_the_point_does_not_fail_the_run(
     tmp_path: Path, pg_template: str
 ) -> None:

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from keel.chaos.harness import ChaosConfig
 from keel.chaos.matrix import run_matrix
-from keel.chaos.report import render, write_json, write_junit
+from keel.chaos.report import output_console, render, write_json, write_junit
 from keel.core.faults import POINTS
 
 
@@ -52,10 +51,7 @@ def chaos(
     cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take.")] = 90.0,
 ) -> None:
     """Kill a worker at every fault point the workflow reaches and check every invariant."""
-    console = Console()
-    if not console.is_terminal:
-        # Piped to a file or a CI log: never cut the table or a cause at 80 columns.
-        console = Console(width=max(console.width, 240))
+    console = output_console()
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend is sqlite or postgres")
     if decide not in ("approve", "reject", "timeout"):

@@ -41,19 +41,21 @@ def _third_party(module: Any) -> bool:
 
 
 def serve(app: str) -> None:
+    # The protocol keeps stdout to itself: whatever the user's modules print goes to stderr.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     import keel.cli  # noqa: F401  (warm: the command, the runtime, LangGraph, the backends)
     from keel.runtime.loading import load_app
 
     before = set(sys.modules)
     load_app(app)  # warms the user's dependencies; the user's own modules are re-run per child
     users = sorted(n for n in set(sys.modules) - before if not _third_party(sys.modules[n]))
-    out = sys.stdout
     _say(out, {"ready": True})
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _child(request["argv"], request["env"], users)
+            _child(out, request["argv"], request["env"], users)
         _say(out, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _say(out, {"status": os.waitstatus_to_exitcode(status)})
@@ -64,9 +66,10 @@ def _say(out: IO[str], message: dict[str, Any]) -> None:
     out.flush()
 
 
-def _child(argv: list[str], env: dict[str, str], users: list[str]) -> None:
+def _child(out: IO[str], argv: list[str], env: dict[str, str], users: list[str]) -> None:
     code = 1
     try:
+        out.close()  # the server's protocol pipe is not the child's
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)

@@ -188,8 +188,9 @@ class Harness:
         """Run `python -m ARGS` to its end; return its exit status and pid. The process is
         forked from this thread's warm fork server (keel.chaos.forkserver) where there is one."""
         try:
-            if self.fork:
-                return self._server().run(args, env, timeout)
+            server = self._server() if self.fork else None
+            if server is not None:
+                return server.run(args, env, timeout)
             proc = subprocess.Popen(
                 [sys.executable, "-m", *args],
                 cwd=self.config.cwd,
@@ -206,11 +207,14 @@ class Harness:
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"{' '.join(args[:2])} did not end within {timeout:.0f}s") from None
 
-    def _server(self) -> ForkServer:
+    def _server(self) -> ForkServer | None:
         server: ForkServer | None = getattr(self._local, "server", None)
         if server is None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-            server = ForkServer(self.config.app, self.config.cwd, env)
+            try:
+                server = ForkServer(self.config.app, self.config.cwd, env)
+            except RuntimeError:
+                return None  # plain subprocesses then: slower, the same cells
             self._local.server = server
             with self._admin:
                 self._servers.append(server)

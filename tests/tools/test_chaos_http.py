@@ -46,7 +46,9 @@ CORRECT = [
     pytest.param(
         "pay-idempotent", "postgres", id="provider-idempotent-postgres", marks=pytest.mark.postgres
     ),
-    pytest.param("pay-reconciled", "postgres", id="reconciled-postgres", marks=pytest.mark.postgres),
+    pytest.param(
+        "pay-reconciled", "postgres", id="reconciled-postgres", marks=pytest.mark.postgres
+    ),
 ]
 
 
@@ -101,7 +103,9 @@ def test_an_unsafe_http_effect_fails_the_cell_after_it_even_when_sampling(
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_a_direct_post_fails_the_cell_after_it_on_postgres() -> None:
-    report = _chaos("pay-direct", "postgres", points=("checkpoint.before_write",), max_occurrences=1)
+    report = _chaos(
+        "pay-direct", "postgres", points=("checkpoint.before_write",), max_occurrences=1
+    )
     [cell] = [c for c in report.cells if c.verdict == "fail"]
     assert cell.after_deliveries and cell.node == "pay"
     assert "outside `@keel.effect`" in cell.cause

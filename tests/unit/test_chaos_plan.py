@@ -4,12 +4,16 @@ failing cell is given. Traces and outcomes written by hand: no process, no datab
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
+from keel.chaos import report as report_module
 from keel.chaos.checks import Outcome
-from keel.chaos.harness import ChaosConfig
+from keel.chaos.harness import Cell, ChaosConfig, Report
 from keel.chaos.matrix import plan
+from keel.chaos.report import as_json, output_console, render, write_junit
 from keel.chaos.trace import build, sample
 from keel.chaos.verdict import extra_deliveries, likely_cause
 from keel.chaos.world import HTTP, SMTP, Delivery
@@ -181,3 +185,50 @@ def test_the_likely_cause_names_what_to_fix(tmp_path: Path) -> None:
     assert "a delivery was lost" in likely_cause(clean, lost, in_effect, [])
     stuck = _outcome(unsettled=["effect:charge:ab (in_doubt)"])
     assert "reconciler" in likely_cause(clean, stuck, in_effect, [])
+
+
+def _report(tmp_path: Path) -> Report:
+    failed = Cell(0, CP, 4, verdict="fail", where="saving the writes of node `pay`", node="pay")
+    failed.problems = ["http deliveries: 2, clean run 1"]
+    failed.extra = ["POST /charges (key u2)"]
+    failed.cause = "node `pay` sent to the provider outside `@keel.effect` " + "x" * 120
+    failed.after_deliveries = ["POST /charges from node `pay`"]
+    passed = Cell(0, CP, 1, verdict="pass", where="the input checkpoint")
+    skipped = Cell(0, CP, 2, verdict="skipped")
+    config = ChaosConfig(app="x:app", workflow="pay-direct", input={}, max_occurrences=1)
+    return Report(config, _outcome(), [{CP: 4}], [passed, failed], skipped=[skipped])
+
+
+def test_the_report_is_full_width_off_a_terminal_and_json_and_junit_carry_the_same_fields(
+    tmp_path: Path,
+) -> None:
+    report = _report(tmp_path)
+    out = io.StringIO()
+    render(report, output_console(out))
+    text = out.getvalue()
+    assert output_console(io.StringIO()).width >= report_module.FULL_WIDTH
+    assert report.cells[1].cause in text  # on one line, not cut at 80 columns
+    assert "skipped by sampling: phase 0 checkpoint.before_write@2" in text
+    assert (
+        "2 of 3 cells run (1 skipped by sampling); the 1 after outside deliveries all run" in text
+    )
+    data = as_json(report)
+    [cell] = [c for c in data["cells"] if c["verdict"] == "fail"]
+    assert (cell["node"], cell["where"], cell["cause"]) == (
+        "pay",
+        report.cells[1].where,
+        report.cells[1].cause,
+    )
+    assert cell["extra_deliveries"] == ["POST /charges (key u2)"]
+    assert [c["name"] for c in data["skipped"]] == ["phase 0 checkpoint.before_write@2"]
+    write_junit(report, tmp_path / "chaos.xml")
+    suite = ET.parse(tmp_path / "chaos.xml").getroot()
+    assert (
+        suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    )
+    case = next(c for c in suite.iter("testcase") if c.get("name") == cell["name"])
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["node"] == "pay" and props["cause"] == cell["cause"]
+    assert props["where"] == cell["where"]
+    failure = case.find("failure")
+    assert failure is not None and "likely cause: node `pay`" in (failure.text or "")

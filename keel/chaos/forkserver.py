@@ -44,7 +44,14 @@ def serve(app: str) -> None:
     # The protocol keeps stdout to itself: whatever the user's modules print goes to stderr.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    import keel.cli  # noqa: F401  (warm: the command, the runtime, LangGraph, the backends)
+    # Warm what a worker imports (the `keel` command itself, a thin layer above, is not ours
+    # to import: it loads in each child on top of these).
+    import rich.console  # noqa: F401
+    import typer  # noqa: F401
+
+    import keel.backends.postgres
+    import keel.backends.sqlite
+    import keel.runtime.worker  # noqa: F401
     from keel.runtime.loading import load_app
 
     before = set(sys.modules)

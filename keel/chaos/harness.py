@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from keel.chaos.world import World
 from keel.runtime.loading import load_app
 
 KILLED = -9
+log = logging.getLogger("keel.chaos")
 
 
 @dataclass
@@ -150,8 +152,26 @@ class Harness:
         try:
             yield f"{base}/{name}"
         finally:
-            with self._admin, psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """Drop a cell's database. FORCE cannot end a session of another role (an autovacuum
+        worker that just started on it, say): such a session ends soon, so try again; a database
+        still there after that is left behind, named keel_chaos_*, rather than failing the cell."""
+        import psycopg
+
+        assert self.config.postgres_url is not None
+        for attempt in range(20):
+            try:
+                with (
+                    self._admin,
+                    psycopg.connect(self.config.postgres_url, autocommit=True) as conn,
+                ):
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+                time.sleep(0.1 * (attempt + 1))
+        log.warning("could not drop the cell database %s; drop it by hand", name)
 
     def app_on(self, url: str) -> keel.App:
         """An App on the cell's database with the user's workflows (the user's module is

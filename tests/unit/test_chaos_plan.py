@@ -232,3 +232,18 @@ def test_the_report_is_full_width_off_a_terminal_and_json_and_junit_carry_the_sa
     assert props["where"] == cell["where"]
     failure = case.find("failure")
     assert failure is not None and "likely cause: node `pay`" in (failure.text or "")
+
+
+def test_a_checkpoint_that_commits_while_the_next_node_sends_is_named_after_that_node(
+    tmp_path: Path,
+) -> None:
+    # As on PostgreSQL: the checkpoint after `price` is fenced only after `pay` has sent.
+    record = _record(
+        tmp_path,
+        [(CP, "", "price", 30), (CP, "", "", 50), (CP, "", "pay", 60), (CP, "", "", 70)],
+    )
+    trace = build(record, [_post(45)])
+    run, _ = plan(ChaosConfig(app="x:app", workflow="w", input={}, max_occurrences=1), trace)
+    [risky] = [c for c in run if c.after_deliveries]
+    assert risky.occurrence == 2 and risky.node == "pay"
+    assert risky.where == "the checkpoint after node `price` (while node `pay` ran)"

@@ -84,7 +84,9 @@ def render(report: Report, console: Console) -> None:
                 console.print(f"    [bold]likely cause[/]: {escape(cell.cause)}")
     if report.skipped:
         console.print(
-            "skipped by sampling: " + ", ".join(escape(c.name) for c in report.skipped), style="dim"
+            "skipped by sampling: " + ", ".join(escape(c.name) for c in report.skipped),
+            style="dim",
+            soft_wrap=True,
         )
     for problem in report.soak:
         console.print(f"[bold red]✗ soak:[/] {escape(problem)}")

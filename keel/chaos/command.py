@@ -42,6 +42,12 @@ def chaos(
     jobs: Annotated[
         int, typer.Option(help="Cells run at once, each on its own database and sinks.")
     ] = 1,
+    fork: Annotated[
+        bool,
+        typer.Option(
+            help="Fork worker processes from a warm server (--no-fork: a fresh interpreter each)."
+        ),
+    ] = True,
     soak: Annotated[int, typer.Option(help="Also run N runs with random kills.")] = 0,
     matrix: Annotated[
         bool, typer.Option(help="Run the matrix (--no-matrix: only the clean run and the soak).")
@@ -84,6 +90,7 @@ def chaos(
         points=tuple(point or ()),
         max_occurrences=max_occurrences,
         jobs=jobs,
+        fork=fork,
         cell_timeout=cell_timeout,
     )
     with console.status("clean run and crash matrix…"):

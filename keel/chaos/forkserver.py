@@ -6,8 +6,9 @@ Each child is a real, separate process: it gets the cell's environment, re-impor
 own modules under it (an App reads KEEL_DATABASE_URL when it is built), re-reads its fault
 points, runs `python -m MODULE ARGS` as usual (`keel worker ...`, `keel.chaos.decide ...`)
 and dies by a real SIGKILL at its fault point. The server forks one child at a time and
-reports its pid, then its exit status, on its stdout. Only on Linux; elsewhere the harness
-starts plain subprocesses.
+reports its pid, then its exit status, on its stdout. Only on Linux; elsewhere, or with
+`keel chaos --no-fork` (for a library that reads the cell's `--env` when it is imported), the
+harness starts plain subprocesses.
 
 Protocol (one JSON object per line): the server writes `{"ready": true}` once warm; for each
 request `{"argv": ["keel", "worker", ...], "env": {...}}` it writes `{"pid": N}` and, when the
@@ -56,7 +57,14 @@ def serve(app: str) -> None:
 
     before = set(sys.modules)
     load_app(app)  # warms the user's dependencies; the user's own modules are re-run per child
-    users = sorted(n for n in set(sys.modules) - before if not _third_party(sys.modules[n]))
+    root = app.partition(":")[0].split(".")[0]
+    # The user's own modules: those outside the interpreter's and site's folders, and the app's
+    # own package wherever it is installed (its App reads the environment when it is built).
+    users = sorted(
+        n
+        for n in set(sys.modules) - before
+        if not _third_party(sys.modules[n]) or n == root or n.startswith(root + ".")
+    )
     _say(out, {"ready": True})
     for line in sys.stdin:
         request = json.loads(line)

@@ -49,6 +49,9 @@ class ChaosConfig:
     plus every cell right after an outside delivery, which is never skipped."""
     jobs: int = 1
     """Cells run at once, each on its own database and outside world."""
+    fork: bool = True
+    """Fork workers from a warm server (keel.chaos.forkserver) where the platform can; False:
+    a fresh interpreter for each process."""
     cell_timeout: float = 90.0
     lease_ttl: float = 1.0
     workdir: Path | None = None
@@ -126,7 +129,7 @@ class Harness:
         self._admin = threading.Lock()
         self._local = threading.local()
         self._servers: list[ForkServer] = []
-        self.fork = SUPPORTED
+        self.fork = SUPPORTED and config.fork
 
     def close(self) -> None:
         for server in self._servers:

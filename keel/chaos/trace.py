@@ -42,10 +42,13 @@ class Occurrence:
     @property
     def where(self) -> str:
         """A sentence part naming the code this occurrence interrupts."""
+        task = f" (`Send` task {self.path})" if _pushed(self.path) else ""
         if self.point in EFFECT_POINTS:
-            return f"effect `{self.label}` in node `{self.node}`"
+            return f"effect `{self.label}` in node `{self.node}`{task}"
         if self.point == "checkpoint.before_write" and self.node:
-            return f"saving the writes of node `{self.node}`"
+            return f"saving the writes of node `{self.node}`{task}"
+        if self.point == "checkpoint.before_write" and task:
+            return f"saving the writes of a{task}"
         names = ", ".join(f"`{n}`" for n in self.after)
         if self.point == "checkpoint.before_write":
             return f"the checkpoint after node {names}" if names else "the input checkpoint"
@@ -117,9 +120,28 @@ def read_trace(record: Path) -> tuple[list[list[list[Entry]]], list[tuple[int, i
     return per_phase, spans
 
 
+def task_path(path: str) -> str:
+    """A task path as a saver is given it (`~__pregel_push, 0000000001, False`) or as a node
+    sees it (`__pregel_push/1/False`), in the second form."""
+    parts = [p.strip() for p in path.lstrip("~").split("," if "," in path else "/")]
+    return "/".join(str(int(p)) if p.isdigit() else p for p in parts)
+
+
+def _pushed(path: str) -> bool:
+    return "__pregel_push" in path
+
+
 def build(record: Path, deliveries: Iterable[Delivery]) -> Trace:
     occurrences: list[Occurrence] = []
     per_phase, spans = read_trace(record)
+    # A `Send` task's writes name only its task path; its effects name its node too.
+    nodes_of = {
+        task_path(e[3]): e[2]
+        for processes in per_phase
+        for entries in processes
+        for e in entries
+        if e[0] in EFFECT_POINTS and e[2] and e[3]
+    }
     for phase, processes in enumerate(per_phase):
         counts: dict[str, int] = {}
         for entries in processes:
@@ -127,9 +149,14 @@ def build(record: Path, deliveries: Iterable[Delivery]) -> Trace:
             last: list[str] = []
             for point, label, node, path, at_ns in entries:
                 counts[point] = counts.get(point, 0) + 1
+                if point == "checkpoint.before_write" and _pushed(node):
+                    path = task_path(node)
+                    node = nodes_of.get(path, "")
+                elif path:
+                    path = task_path(path)
                 o = Occurrence(phase, point, counts[point], label, node, path, at_ns)
-                if point == "checkpoint.before_write" and node:
-                    ran.append(node)
+                if point == "checkpoint.before_write" and (node or path):
+                    ran.append(node or f"Send {path}")
                     o.after = list(last)
                 elif point == "checkpoint.before_write":
                     o.after = list(dict.fromkeys(ran)) or list(last)

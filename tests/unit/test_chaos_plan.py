@@ -247,3 +247,33 @@ def test_a_checkpoint_that_commits_while_the_next_node_sends_is_named_after_that
     [risky] = [c for c in run if c.after_deliveries]
     assert risky.occurrence == 2 and risky.node == "pay"
     assert risky.where == "the checkpoint after node `price` (while node `pay` ran)"
+
+
+def test_a_send_tasks_writes_are_named_by_its_node_when_its_effect_told_it(tmp_path: Path) -> None:
+    push = "~__pregel_push, 0000000001, False"
+    record = _record(
+        tmp_path,
+        [
+            ("effect.before_reserve", "notify", "fan", 10),
+            ("effect.after_perform", "notify", "fan", 30),
+            (CP, "", push, 40),
+            (CP, "", "~__pregel_push, 0000000002, False", 50),
+            (CP, "", "", 60),
+        ],
+    )
+    # The effect entries carry the path the node saw.
+    lines = json.loads((tmp_path / "reached.0").read_text())
+    for entry in lines["trace"][:2]:
+        entry[3] = "__pregel_push/1/False"
+    (tmp_path / "reached.0").write_text(json.dumps(lines) + "\n")
+    trace = build(record, [_post(20)])
+    first, second = (trace.find(0, CP, n) for n in (1, 2))
+    assert first is not None and second is not None
+    assert (first.node, first.path) == ("fan", "__pregel_push/1/False")
+    assert first.where == "saving the writes of node `fan` (`Send` task __pregel_push/1/False)"
+    assert second.node == "" and second.where == (
+        "saving the writes of a (`Send` task __pregel_push/2/False)"
+    )
+    assert trace.find(0, "effect.after_perform", 1).where == (  # type: ignore[union-attr]
+        "effect `notify` in node `fan` (`Send` task __pregel_push/1/False)"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -12,7 +13,38 @@ from pathlib import Path
 import aiosqlite
 
 from keel.backends.locks import TaskReentrantLock
+from keel.core.faults import statement_fails
 from keel.core.store.base import Params, Row, load_queries
+
+# Primary result codes of a file that is busy, locked, full or failing, not of a bad statement.
+_TRANSIENT_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The database file was busy, full or unreadable: retrying later can succeed."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _TRANSIENT_CODES  # extended codes carry the primary in the low byte
+    text = str(exc).lower()
+    return any(s in text for s in ("locked", "busy", "disk is full", "disk i/o error"))
+
+
+def _injected_failure() -> None:
+    # SQLite has no server to drop the connection: a `fail-next-statement` fault (keel chaos
+    # --fault db-error) fails the statement here as a lost file or full disk would.
+    if statement_fails():
+        raise sqlite3.OperationalError("disk I/O error (injected by keel chaos --fault db-error)")
 
 
 class SqliteTx:
@@ -21,16 +53,19 @@ class SqliteTx:
         self._queries = queries
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
+        _injected_failure()
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             row = await cur.fetchone()
         return dict(row) if row is not None else None
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        _injected_failure()
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             rows = await cur.fetchall()
         return [dict(r) for r in rows]
 
     async def execute(self, name: str, params: Params | None = None) -> int:
+        _injected_failure()
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             return cur.rowcount
 
@@ -40,6 +75,7 @@ class SqliteTx:
 
 class SqliteConnector:
     dialect = "sqlite"
+    is_transient = staticmethod(is_transient)
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, synchronous: str = "FULL"):
         self.url = url
@@ -92,18 +128,26 @@ class SqliteConnector:
     async def transaction(self) -> AsyncIterator[SqliteTx]:
         conn = self.connection
         async with self.lock:
+            _injected_failure()
             await conn.execute("BEGIN IMMEDIATE")
             try:
                 yield SqliteTx(conn, self._queries)
             except BaseException:
                 await conn.rollback()
                 raise
-            else:
+            try:
                 await conn.commit()
+            except BaseException:
+                # A commit refused by a full or failing disk leaves the transaction open on
+                # this shared connection: close it, or every later BEGIN fails for good.
+                with contextlib.suppress(Exception):
+                    await conn.rollback()
+                raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:
         async with self.lock:
+            _injected_failure()
             yield SqliteTx(self.connection, self._queries)
 
     async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:

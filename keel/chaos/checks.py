@@ -36,6 +36,8 @@ class Outcome:
     """What the outside world received, in order."""
     keys: dict[str, int] = field(default_factory=dict)
     """Per effect name, how many ledger keys it has in any status."""
+    fault_problems: list[str] = field(default_factory=list)
+    """What the fault kind saw break while it held the worker (keel.chaos.kinds)."""
 
 
 def observe(
@@ -104,6 +106,7 @@ def compare(clean: Outcome, cell: Outcome) -> list[str]:
     if cell.artifacts != clean.artifacts:
         problems.append(f"artifacts {cell.artifacts}, clean run {clean.artifacts}")
     problems.extend(f"stale write: {w}" for w in cell.stale_writes)
+    problems.extend(cell.fault_problems)
     if cell.killed_running and not cell.takeover:
         problems.append("the worker died holding the run but the timeline shows no takeover")
     return problems

@@ -10,8 +10,10 @@ from typing import Annotated
 import typer
 
 from keel.chaos.harness import ChaosConfig
+from keel.chaos.kinds import NAMES, make_kinds
 from keel.chaos.matrix import run_matrix
 from keel.chaos.report import output_console, render, write_json, write_junit
+from keel.core.errors import UsageError
 from keel.core.faults import POINTS
 
 
@@ -36,6 +38,19 @@ def chaos(
         ),
     ] = None,
     point: Annotated[list[str] | None, typer.Option(help="Only these fault points.")] = None,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Fault kinds, comma-separated or repeated: {', '.join(NAMES)} (default: kill)."
+        ),
+    ] = None,
+    restart_cluster: Annotated[
+        str | None,
+        typer.Option(
+            help="VERSION/NAME of the Debian PostgreSQL cluster serving --db that db-restart "
+            "cells may restart (default: a throwaway cluster of their own)."
+        ),
+    ] = None,
     max_occurrences: Annotated[
         int | None, typer.Option(help="At most this many occurrences per point.")
     ] = None,
@@ -56,7 +71,8 @@ def chaos(
     junit: Annotated[Path | None, typer.Option(help="Write a JUnit XML report.")] = None,
     cell_timeout: Annotated[float, typer.Option(help="Seconds a cell may take.")] = 90.0,
 ) -> None:
-    """Kill a worker at every fault point the workflow reaches and check every invariant."""
+    """Strike a worker at every fault point the workflow reaches (killed, frozen, the database
+    restarted or dropped, a worker with a skewed clock beside it) and check every invariant."""
     console = output_console()
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend is sqlite or postgres")
@@ -79,6 +95,7 @@ def chaos(
         if not sep:
             raise typer.BadParameter(f"--env takes KEY=VALUE, not {item!r}")
         extra[key] = value
+    faults = tuple(f.strip() for item in fault or ["kill"] for f in item.split(",") if f.strip())
     config = ChaosConfig(
         app=app,
         workflow=workflow,
@@ -91,8 +108,14 @@ def chaos(
         max_occurrences=max_occurrences,
         jobs=jobs,
         fork=fork,
+        faults=faults,
+        restart_cluster=restart_cluster,
         cell_timeout=cell_timeout,
     )
+    try:
+        make_kinds(config)  # refuse a kind this configuration cannot run before any cell
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
     with console.status("clean run and crash matrix…"):
         report = run_matrix(
             config,

@@ -22,6 +22,7 @@ import keel
 from keel.chaos.checks import Outcome, observe
 from keel.chaos.decide import decide
 from keel.chaos.forkserver import SUPPORTED, ForkServer
+from keel.chaos.kinds import Armed, FaultKind, Kill
 from keel.chaos.world import World
 from keel.runtime.loading import load_app
 
@@ -52,6 +53,11 @@ class ChaosConfig:
     fork: bool = True
     """Fork workers from a warm server (keel.chaos.forkserver) where the platform can; False:
     a fresh interpreter for each process."""
+    faults: tuple[str, ...] = ("kill",)
+    """The fault kinds, one column of cells each (keel.chaos.kinds)."""
+    restart_cluster: str | None = None
+    """VERSION/NAME of the Debian cluster serving postgres_url that db-restart cells may
+    restart; without it they run on a throwaway cluster of their own."""
     cell_timeout: float = 90.0
     lease_ttl: float = 1.0
     workdir: Path | None = None
@@ -64,7 +70,8 @@ class Cell:
     point: str
     occurrence: int
     kind: str = "kill"
-    """The fault: `kill` SIGKILLs the armed process at the point."""
+    """The fault (keel.chaos.kinds): `kill` SIGKILLs the armed process at the point; `freeze`,
+    `db-restart`, `db-error` and `clock-skew` hold it there while they strike."""
     verdict: str = "pending"
     """pass, fail, not_reached (the armed process finished without reaching the point), or
     skipped (not sampled)."""
@@ -121,9 +128,12 @@ class Harness:
     """Databases, outside worlds and worker processes for one matrix; cells may run at once
     (each has its own database and world)."""
 
-    def __init__(self, config: ChaosConfig, root: Path) -> None:
+    def __init__(
+        self, config: ChaosConfig, root: Path, kinds: dict[str, FaultKind] | None = None
+    ) -> None:
         self.config = config
         self.root = root
+        self.kinds = kinds or {"kill": Kill(config)}
         self.user_app = load_app(config.app)
         self._numbers = itertools.count(1)
         self._admin = threading.Lock()
@@ -139,7 +149,8 @@ class Harness:
     # -- databases -----------------------------------------------------------------------------
 
     @contextmanager
-    def database(self, number: int) -> Iterator[str]:
+    def database(self, number: int, server: str | None = None) -> Iterator[str]:
+        """A fresh database (on PostgreSQL: on `server`, default the configured one)."""
         if self.config.backend == "sqlite":
             yield f"sqlite:///{self.root}/cell-{number}.db"
             return
@@ -147,28 +158,28 @@ class Harness:
 
         if not self.config.postgres_url:
             raise keel.core.errors.UsageError("--backend postgres needs --db postgresql://...")
+        server = server or self.config.postgres_url
         name = f"keel_chaos_{uuid.uuid4().hex[:12]}"
-        base = self.config.postgres_url.rsplit("/", 1)[0]
+        base = server.rsplit("/", 1)[0]
         # One CREATE/DROP DATABASE at a time: concurrent ones contend for the template.
-        with self._admin, psycopg.connect(self.config.postgres_url, autocommit=True) as conn:
+        with self._admin, psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         try:
             yield f"{base}/{name}"
         finally:
-            self._drop(name)
+            self._drop(server, name)
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, server: str, name: str) -> None:
         """Drop a cell's database. FORCE cannot end a session of another role (an autovacuum
         worker that just started on it, say): such a session ends soon, so try again; a database
         still there after that is left behind, named keel_chaos_*, rather than failing the cell."""
         import psycopg
 
-        assert self.config.postgres_url is not None
         for attempt in range(20):
             try:
                 with (
                     self._admin,
-                    psycopg.connect(self.config.postgres_url, autocommit=True) as conn,
+                    psycopg.connect(server, autocommit=True) as conn,
                 ):
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
                 return
@@ -206,6 +217,24 @@ class Harness:
         )
         env.update(extra)
         return env
+
+    def worker_args(self) -> list[str]:
+        return ["keel", "worker", self.config.app, "--stop-when-idle"]
+
+    def spawn(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]:
+        """`python -m ARGS`, running, as a child of this process (a fault kind signals it and
+        waits for it to stop); its output goes to logs/LOG.log under the work dir."""
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        with open(logs / f"{log}.log", "ab") as out:  # the child keeps its own descriptor
+            return subprocess.Popen(
+                [sys.executable, "-m", *args],
+                cwd=self.config.cwd,
+                env={**env, "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def process(self, args: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
         """Run `python -m ARGS` to its end; return its exit status and pid. The process is
@@ -249,13 +278,17 @@ class Harness:
         """Run the workflow to its end on a fresh database and world, killing the armed
         process."""
         config = self.config
-        with self.world() as (number, world), self.database(number) as url:
+        server = self.kinds[arm.kind].server() if arm is not None else None
+        with self.world() as (number, world), self.database(number, server) as url:
             app = self.app_on(url)
             try:
                 app.migrate()
                 run_id = app.submit(config.workflow, job_id="chaos", input=config.input)["run_id"]
-                killed, killed_running = _Drive(self, app, url, world, run_id, arm, record).run()
-                return observe(app, run_id, world, killed, killed_running)
+                drive = _Drive(self, app, url, world, run_id, arm, record, number)
+                killed, killed_running = drive.run()
+                outcome = observe(app, run_id, world, killed, killed_running)
+                outcome.fault_problems = drive.fault_problems
+                return outcome
             finally:
                 app.close()
 
@@ -306,10 +339,13 @@ class _Drive:
     run_id: str
     arm: Cell | None
     record: Path | None
+    number: int = 0
+    fault_problems: list[str] = field(default_factory=list)
+    """What a holding fault kind saw break while it held the armed worker."""
 
     def run(self) -> tuple[bool, bool]:
-        """Return whether the armed process was killed, and whether the run was `running`
-        when it died."""
+        """Return whether the armed process was struck, and whether it lost the run it held
+        (a takeover must show)."""
         config, app, arm = self.harness.config, self.app, self.arm
         deadline = time.monotonic() + config.cell_timeout
         phase, killed, killed_running = 0, False, False
@@ -347,6 +383,10 @@ class _Drive:
                 and arm.phase == phase
                 and arm.point != "decision.after_record"
             )
+            if arm_here and arm is not None and arm.kind != "kill":
+                armed_left = False
+                killed, killed_running = self._strike(arm, deadline)
+                continue
             extra = {}
             if arm_here and arm is not None:
                 extra["KEEL_FAULTS"] = _spec(arm)
@@ -363,6 +403,22 @@ class _Drive:
                 killed_running = killed and app.get_run(self.run_id).status == "running"
                 if killed_running:
                     self._end_lease_of(pid)
+
+    def _strike(self, arm: Cell, deadline: float) -> tuple[bool, bool]:
+        harness, app = self.harness, self.app
+        armed = Armed(
+            app,
+            self.url,
+            self.run_id,
+            arm.name,
+            harness.env(self.url, app, self.world, KEEL_FAULTS=_spec(arm)),
+            harness.env(self.url, app, self.world),
+            deadline,
+            f"cell-{self.number}",
+        )
+        struck = harness.kinds[arm.kind].strike(harness, armed)
+        self.fault_problems = struck.problems
+        return struck.reached, struck.holder_lost
 
     def _end_lease_of(self, pid: int) -> None:
         """The armed worker was seen dead: end its lease now rather than wait out the TTL (the

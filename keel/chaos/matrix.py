@@ -13,6 +13,7 @@ and the report lists those it skipped.
 
 from __future__ import annotations
 
+import copy
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from keel.chaos.checks import Outcome, compare
 from keel.chaos.harness import Cell, ChaosConfig, Harness, Report
+from keel.chaos.kinds import FaultKind, fault_kinds
 from keel.chaos.trace import Trace, build, sample
 from keel.chaos.verdict import extra_deliveries, likely_cause
 
@@ -88,11 +90,28 @@ def run_matrix(
     with tempfile.TemporaryDirectory(prefix="keel-chaos-") as tmp:
         root = Path(config.workdir or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        harness = Harness(config, root)
-        try:
-            return _run(config, harness, root, started, on_cell, soak, matrix)
-        finally:
-            harness.close()
+        with fault_kinds(config) as kinds:
+            harness = Harness(config, root, kinds)
+            try:
+                return _run(config, harness, root, started, on_cell, soak, matrix)
+            finally:
+                harness.close()
+
+
+def per_kind(kinds: dict[str, FaultKind], cells: list[Cell]) -> list[Cell]:
+    """The planned cells once per fault kind, where the kind applies to the point."""
+    return [
+        _as_kind(cell, name)
+        for name, kind in kinds.items()
+        for cell in cells
+        if kind.applies(cell.point)
+    ]
+
+
+def _as_kind(cell: Cell, kind: str) -> Cell:
+    copied = copy.deepcopy(cell)
+    copied.kind = kind
+    return copied
 
 
 def _run(
@@ -109,6 +128,7 @@ def _run(
     trace = build(record, clean.deliveries)
     reached = _reached(trace)
     cells, skipped = plan(config, trace) if matrix else ([], [])
+    cells, skipped = per_kind(harness.kinds, cells), per_kind(harness.kinds, skipped)
 
     def one(cell: Cell) -> Cell:
         t0 = time.monotonic()
@@ -123,8 +143,11 @@ def _run(
         return cell
 
     t_matrix = time.monotonic()
+    alone = [c for c in cells if harness.kinds[c.kind].exclusive]
     with ThreadPoolExecutor(max_workers=max(1, config.jobs)) as pool:
-        list(pool.map(one, cells))
+        list(pool.map(one, [c for c in cells if not harness.kinds[c.kind].exclusive]))
+    for cell in alone:  # nothing else in flight while the server restarts
+        one(cell)
     matrix_seconds = time.monotonic() - t_matrix
     soak_problems: list[str] = []
     if soak:

@@ -48,19 +48,22 @@ def summary(report: Report) -> str:
 
 
 def render(report: Report, console: Console) -> None:
-    rows: dict[tuple[int, str], dict[int, str]] = {}
+    rows: dict[tuple[str, int, str], dict[int, str]] = {}
     for cell in [*report.cells, *report.skipped]:
-        rows.setdefault((cell.phase, cell.point), {})[cell.occurrence] = cell.verdict
+        rows.setdefault((cell.kind, cell.phase, cell.point), {})[cell.occurrence] = cell.verdict
     width = max((max(r) for r in rows.values()), default=0)
     table = Table(title=f"keel chaos: {report.config.workflow} on {report.config.backend}")
+    table.add_column("fault")
     table.add_column("phase", justify="right")
     table.add_column("fault point")
     for n in range(1, width + 1):
         table.add_column(str(n), justify="center")
-    for (phase, point), verdicts in sorted(rows.items()):
-        table.add_row(
-            str(phase), point, *(MARK.get(verdicts.get(n, ""), "") for n in range(1, width + 1))
-        )
+    order = {name: i for i, name in enumerate(report.config.faults)}
+    for (kind, phase, point), verdicts in sorted(
+        rows.items(), key=lambda row: (order.get(row[0][0], len(order)), row[0][1:])
+    ):
+        marks = (MARK.get(verdicts.get(n, ""), "") for n in range(1, width + 1))
+        table.add_row(kind, str(phase), point, *marks)
     console.print(table)
     console.print("✓ pass  ✗ fail  · not reached  - skipped by sampling", style="dim")
     clean = report.clean
@@ -127,6 +130,7 @@ def as_json(report: Report) -> dict[str, Any]:
         "workflow": report.config.workflow,
         "backend": report.config.backend,
         "decide": report.config.decide,
+        "faults": list(report.config.faults),
         "ok": report.ok,
         "summary": summary(report),
         "seconds": round(report.seconds, 2),
@@ -159,7 +163,7 @@ def write_junit(report: Report, path: Path) -> None:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"keel.chaos.{report.config.workflow}",
+            classname=f"keel.chaos.{report.config.workflow}.{cell.kind}",
             name=cell.name,
             time=f"{cell.seconds:.2f}",
         )

@@ -276,9 +276,10 @@ def artifacts_table(artifacts: Iterable[Any]) -> Table:
 
 def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
     table = Table(title="workers", title_justify="left")
-    for column in ("worker_id", "host", "pid", "concurrency", "started", "heartbeat"):
+    for column in ("worker_id", "host", "pid", "concurrency", "started", "heartbeat", "state"):
         table.add_column(column, overflow="fold")
     for w in rows:
+        state = w.get("state", "live")
         table.add_row(
             w["worker_id"],
             w["host"],
@@ -286,6 +287,7 @@ def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
             str(w["concurrency"]),
             when(w["started_at"], now),
             short_when(w["heartbeat_at"], now),
+            state if state == "live" else "silent: waiting for its database, or dead",
         )
     return table
 

@@ -95,8 +95,14 @@ def _run_url(request: Request, run_id: str) -> str:
     return str(request.url_for("get_run", run_id=run_id))
 
 
-def _page_end(offset: int, limit: int, fetched: int) -> int | None:
-    return offset + limit if fetched > limit else None
+def _paging(offset: int, limit: int, fetched: int) -> dict[str, Any]:
+    """A page's limit, offset and next offset, from the `fetched` rows (one more than a page
+    when there is a next one)."""
+    return {
+        "limit": limit,
+        "offset": offset,
+        "next_offset": offset + limit if fetched > limit else None,
+    }
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -152,9 +158,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         )
         return m.RunPage(
             runs=[m.run_model(r, _run_url(request, r["run_id"])) for r in rows[:limit]],
-            limit=limit,
-            offset=offset,
-            next_offset=_page_end(offset, limit, len(rows)),
+            **_paging(offset, limit, len(rows)),
         )
 
     @router.get("/runs/{run_id}", response_model=m.RunDetail, responses=NOT_FOUND)
@@ -218,6 +222,22 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
         return m.run_model(row, _run_url(request, run_id))
 
+    @router.post(
+        "/runs/{run_id}/resume",
+        response_model=m.Run,
+        responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "The run is not failed."}},
+    )
+    def resume_run(
+        run_id: RunId,
+        request: Request,
+        principal: Writer,
+        body: Annotated[m.ResumeIn | None, Body()] = None,
+    ) -> m.Run:
+        """Queue a failed run again: it continues from its last checkpoint with its ledger, so an
+        effect it recorded is not performed again. 409 unless the run is failed."""
+        row = keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
+        return m.run_model(row, _run_url(request, run_id))
+
     return router
 
 
@@ -255,9 +275,7 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         page = matching[offset : offset + limit + 1]
         return m.ApprovalPage(
             approvals=[m.approval_model(w, _run_url(request, w["run_id"])) for w in page[:limit]],
-            limit=limit,
-            offset=offset,
-            next_offset=_page_end(offset, limit, len(page)),
+            **_paging(offset, limit, len(page)),
         )
 
     @router.get("/approvals/{approval_id}", response_model=m.Approval, responses=NOT_FOUND)

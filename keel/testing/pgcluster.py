@@ -52,8 +52,13 @@ def _free_port() -> int:
 
 
 class ThrowawayCluster:
-    def __init__(self, name: str | None = None, *, port: int | None = None) -> None:
-        version = latest_version()
+    def __init__(
+        self, name: str | None = None, *, port: int | None = None, version: str | None = None
+    ) -> None:
+        """A new cluster (`create()`, or `with`); given the `version`, `name` and `port` of an
+        existing one, an object that restarts it and never drops it (`keel chaos
+        --restart-cluster`)."""
+        version = version or latest_version()
         if version is None:
             raise RuntimeError("no PostgreSQL server installed")
         self.version = version
@@ -131,6 +136,11 @@ class ThrowawayCluster:
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (`fast` disconnects every client, as a restart or failover does)."""
         self._run("pg_ctlcluster", self.version, self.name, "stop", "-m", mode)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Stop the server (`fast`: every client is disconnected) and start it again."""
+        self.stop("fast")
+        self.start(timeout)
 
     def kill(self) -> int:
         """SIGKILL the postmaster; its backends exit on their own. Returns the pid killed."""

@@ -40,6 +40,56 @@ class LeaseQueries:
             )
         return row
 
+    async def check_lease_held(self, run_id: str, token: int, now: float) -> Row:
+        """Raise LeaseLost unless `token` holds the run and its lease has not expired.
+
+        A read outside any write transaction: the last look before something that no
+        transaction can fence (a provider call, a rename), so it narrows the window a frozen
+        worker has, rather than closing it.
+        """
+        async with self.db.read() as tx:
+            row = await tx.one("lease_held", {"run_id": run_id, "now": now})
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if int(row["lease_token"]) != token:
+            raise LeaseLost(
+                f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
+                f"owner {row['lease_owner']})"
+            )
+        if not row["live"]:
+            # Not taken over yet, but takeable: a call now could race the next owner's.
+            raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
+        return row
+
+    # -- failed attempts ------------------------------------------------------------------------
+
+    @staticmethod
+    async def count_failed_attempt(
+        tx: Tx, run_id: str, token: int, now: float, *, crash: bool
+    ) -> tuple[int, int]:
+        """One more crashed (`crash`) or infrastructure-interrupted attempt; the run's counts
+        of both afterwards."""
+        row = await tx.one(
+            "count_failed_attempt",
+            {
+                "run_id": run_id,
+                "lease_token": token,
+                "now": now,
+                "crash": int(crash),
+                "infra": int(not crash),
+            },
+        )
+        if row is None:
+            raise LeaseLost(f"run {run_id}: lease token {token} is stale")
+        return int(row["crash_count"]), int(row["infra_retries"])
+
+    @staticmethod
+    async def hold_lease_until(tx: Tx, run_id: str, token: int, until: float, now: float) -> None:
+        await tx.execute(
+            "hold_lease_until",
+            {"run_id": run_id, "lease_token": token, "until": until, "now": now},
+        )
+
     # -- claims ---------------------------------------------------------------------------------
 
     @staticmethod

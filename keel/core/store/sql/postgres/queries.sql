@@ -24,6 +24,13 @@ INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version
 SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = %(run_id)s
 FOR SHARE;
 
+-- name: lease_held
+-- Whether a lease token still holds its run, unexpired, right now (the last check before a
+-- provider call or an artifact's rename; a plain read, it holds no lock).
+SELECT run_id, status, lease_token, lease_owner, cancel_requested,
+       CASE WHEN lease_expires_at > %(now)s THEN 1 ELSE 0 END AS live
+FROM keel_runs WHERE run_id = %(run_id)s;
+
 -- name: insert_run
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
@@ -132,9 +139,9 @@ SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
 -- name: insert_effect
 -- Reserve an idempotency key (pending) unless it is already in the ledger.
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          status, attempts, lease_token, created_at, updated_at)
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-        'pending', 0, %(lease_token)s, %(now)s, %(now)s)
+        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, %(now)s, %(now)s)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -293,3 +300,29 @@ RETURNING *;
 -- name: expire_deadline_now
 -- The crash harness's "let the deadline pass": the sweeper then applies the wait's policy.
 UPDATE keel_waits SET deadline = %(now)s - 1 WHERE wait_id = %(wait_id)s AND status = 'pending';
+
+-- name: count_failed_attempt
+-- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
+UPDATE keel_runs
+SET crash_count = crash_count + %(crash)s, infra_retries = infra_retries + %(infra)s,
+    updated_at = %(now)s
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+RETURNING crash_count, infra_retries;
+
+-- name: hold_lease_until
+-- Keep a crashed run's lease until its backoff is over: it is claimable again after that.
+UPDATE keel_runs SET lease_expires_at = %(until)s, updated_at = %(now)s
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: clear_failure
+-- A resumed run starts afresh: no termination reason, error or failed attempts.
+UPDATE keel_runs
+SET termination_reason = NULL, error = NULL, crash_count = 0, infra_retries = 0,
+    cancel_requested = 0, updated_at = %(now)s
+WHERE run_id = %(run_id)s;
+
+-- name: reopen_failed_effects
+-- A resumed run's failed effects go back to pending: the ledger then asks the reconciler (or a
+-- person) whether they reached the provider, as after a crash, instead of failing them again.
+UPDATE keel_effects SET status = 'pending', updated_at = %(now)s
+WHERE run_id = %(run_id)s AND status = 'failed';

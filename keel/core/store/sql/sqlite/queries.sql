@@ -23,6 +23,13 @@ INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (:version,
 -- The current lease of a run, locked against a takeover until this transaction ends.
 SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = :run_id;
 
+-- name: lease_held
+-- Whether a lease token still holds its run, unexpired, right now (the last check before a
+-- provider call or an artifact's rename; a plain read, it holds no lock).
+SELECT run_id, status, lease_token, lease_owner, cancel_requested,
+       CASE WHEN lease_expires_at > :now THEN 1 ELSE 0 END AS live
+FROM keel_runs WHERE run_id = :run_id;
+
 -- name: insert_run
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
@@ -129,9 +136,9 @@ SELECT * FROM keel_effects WHERE idempotency_key = :key;
 -- name: insert_effect
 -- Reserve an idempotency key (pending) unless it is already in the ledger.
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          status, attempts, lease_token, created_at, updated_at)
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 VALUES (:key, :run_id, :name, :node, :step, :task_path, :args_hash,
-        'pending', 0, :lease_token, :now, :now)
+        :arg_hashes, :call_index, 'pending', 0, :lease_token, :now, :now)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -289,3 +296,28 @@ RETURNING *;
 -- name: expire_deadline_now
 -- The crash harness's "let the deadline pass": the sweeper then applies the wait's policy.
 UPDATE keel_waits SET deadline = :now - 1 WHERE wait_id = :wait_id AND status = 'pending';
+
+-- name: count_failed_attempt
+-- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
+UPDATE keel_runs
+SET crash_count = crash_count + :crash, infra_retries = infra_retries + :infra, updated_at = :now
+WHERE run_id = :run_id AND lease_token = :lease_token
+RETURNING crash_count, infra_retries;
+
+-- name: hold_lease_until
+-- Keep a crashed run's lease until its backoff is over: it is claimable again after that.
+UPDATE keel_runs SET lease_expires_at = :until, updated_at = :now
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: clear_failure
+-- A resumed run starts afresh: no termination reason, error or failed attempts.
+UPDATE keel_runs
+SET termination_reason = NULL, error = NULL, crash_count = 0, infra_retries = 0,
+    cancel_requested = 0, updated_at = :now
+WHERE run_id = :run_id;
+
+-- name: reopen_failed_effects
+-- A resumed run's failed effects go back to pending: the ledger then asks the reconciler (or a
+-- person) whether they reached the provider, as after a crash, instead of failing them again.
+UPDATE keel_effects SET status = 'pending', updated_at = :now
+WHERE run_id = :run_id AND status = 'failed';

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from keel.chaos.world import Delivery
 
-EFFECT_POINTS = ("effect.before_reserve", "effect.after_perform", "effect.after_record")
+EFFECT_POINTS = (
+    "effect.before_reserve",
+    "effect.before_call",
+    "effect.after_perform",
+    "effect.after_record",
+)
+BEFORE_CALL = ("effect.before_reserve", "effect.before_call")
 
 
 @dataclass
@@ -147,8 +153,13 @@ def build(record: Path, deliveries: Iterable[Delivery]) -> Trace:
         for entries in processes:
             ran: list[str] = []  # nodes whose writes were saved since the last checkpoint
             last: list[str] = []
+            reserved: dict[str, tuple[str, str]] = {}  # effect -> (node, path) of its reserve
             for point, label, node, path, at_ns in entries:
                 counts[point] = counts.get(point, 0) + 1
+                if point == "effect.before_reserve":
+                    reserved[label] = (node, path)
+                elif point in EFFECT_POINTS and not node:  # the call site knows only the effect
+                    node, path = reserved.get(label, ("", ""))
                 if point == "checkpoint.before_write" and _pushed(node):
                     path = task_path(node)
                     node = nodes_of.get(path, "")
@@ -178,16 +189,18 @@ def _attribute(
     phase = alive[0] if alive else (before[-1].phase if before else 0)
     before = [o for o in before if o.phase == phase]
     after = [o for o in after if o.phase == phase]
-    prev = before[-1] if before else None
-    nxt = after[0] if after else None
+    # Inside an effect: the last effect point before it is one before the call, the next one
+    # after it is that effect's after_perform (other points, a heartbeat, may come between).
+    prev = next((o for o in reversed(before) if o.point in EFFECT_POINTS), None)
+    nxt = next((o for o in after if o.point in EFFECT_POINTS), None)
     if (
         prev is not None
         and nxt is not None
-        and prev.point == "effect.before_reserve"
+        and prev.point in BEFORE_CALL
         and nxt.point == "effect.after_perform"
         and prev.label == nxt.label
     ):
-        return Attributed(delivery, phase, prev.node, prev.label)
+        return Attributed(delivery, phase, prev.node or nxt.node, prev.label)
     # Outside any effect: the node is the next one whose writes are saved.
     node = next((o.node for o in after if o.node), "")
     return Attributed(delivery, phase, node, "")

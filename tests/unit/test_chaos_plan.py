@@ -277,3 +277,22 @@ def test_a_send_tasks_writes_are_named_by_its_node_when_its_effect_told_it(tmp_p
     assert trace.find(0, "effect.after_perform", 1).where == (  # type: ignore[union-attr]
         "effect `notify` in node `fan` (`Send` task __pregel_push/1/False)"
     )
+
+
+def test_the_last_lease_check_and_a_heartbeat_do_not_hide_the_effect_a_delivery_is_in(
+    tmp_path: Path,
+) -> None:
+    record = _record(
+        tmp_path,
+        [
+            ("effect.before_reserve", "charge", "pay", 10),
+            ("effect.before_call", "charge", "", 20),  # its call site knows only the effect
+            ("lease.renew", "", "", 30),
+            ("effect.after_perform", "charge", "pay", 50),
+        ],
+    )
+    trace = build(record, [_post(40, key="k1")])
+    [made] = trace.deliveries
+    assert (made.node, made.effect) == ("pay", "charge")
+    call = trace.find(0, "effect.before_call", 1)
+    assert call is not None and call.where == "effect `charge` in node `pay`"

@@ -265,8 +265,9 @@ class Harness:
             env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
             try:
                 server = ForkServer(self.config.app, self.config.cwd, env)
-            except RuntimeError:
-                return None  # plain subprocesses then: slower, the same cells
+            except (RuntimeError, ValueError):
+                self.fork = False  # plain subprocesses from now on: slower, the same cells
+                return None
             self._local.server = server
             with self._admin:
                 self._servers.append(server)

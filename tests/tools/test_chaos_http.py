@@ -33,8 +33,7 @@ def _chaos(workflow: str, backend: str = "sqlite", **options: object) -> Report:
         postgres_url=postgres_url,
         env={"PAYMENTS_URL": "{http_url}"},
         cwd=ROOT,
-        jobs=2,
-        **options,  # type: ignore[arg-type]
+        **{"jobs": 2, **options},  # type: ignore[arg-type]
     )
     return run_matrix(config)
 
@@ -118,3 +117,12 @@ def test_a_direct_post_fails_the_cell_after_it_on_postgres() -> None:
     [cell] = [c for c in report.cells if c.verdict == "fail"]
     assert cell.after_deliveries and cell.node == "pay"
     assert "outside `@keel.effect`" in cell.cause
+
+
+@pytest.mark.slow
+def test_without_the_fork_server_plain_subprocesses_find_the_same_cell() -> None:
+    report = _chaos(
+        "pay-direct", points=("checkpoint.before_write",), max_occurrences=1, fork=False, jobs=1
+    )
+    [cell] = [c for c in report.cells if c.verdict == "fail"]
+    assert cell.after_deliveries and cell.node == "pay"

@@ -66,6 +66,13 @@ def test_a_correct_http_effect_passes_every_cell(workflow: str, backend: str) ->
     assert report.risky, "the cells after the charge are the risky ones"
 
 
+@pytest.mark.slow
+def test_a_get_lookup_in_the_node_is_not_a_delivery() -> None:
+    report = _chaos("pay-lookup-first", points=("effect.after_perform", "effect.after_record"))
+    assert report.clean.world["http deliveries"] == 1  # the GET /customers was not counted
+    assert [c.verdict for c in report.cells] == ["pass", "pass"]
+
+
 TWICE = "http deliveries: 2, clean run 1"
 UNSAFE = [
     pytest.param("pay-direct", "outside `@keel.effect`", TWICE, id="direct-post"),

@@ -16,6 +16,19 @@ from keel.core.store.base import Params, Row, load_queries
 
 log = logging.getLogger("keel.store")
 
+IDLE_IN_TRANSACTION_TIMEOUT = "10s"
+"""How long the server lets one of Keel's transactions sit idle before it ends it. Keel's own
+transactions never wait on anything but the database; one that is idle this long belongs to a
+frozen worker (SIGSTOP, a suspended VM, a stalled host) whose row locks, its run's among them,
+would otherwise stop every other worker from taking the run over until its TCP connection dies
+(keel chaos --fault freeze finds it). The frozen worker then finds its connection gone: an
+infrastructure fault, not a run failure."""
+
+
+async def _configure(conn: AsyncConnection[DictRow]) -> None:
+    await conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+
+
 # OperationalError covers lost connections, admin/crash shutdown, pool timeouts, serialization
 # failures and deadlocks, resource exhaustion (disk full, too many connections). A read-only
 # transaction or an idle-in-transaction timeout means a failover or a stalled connection.
@@ -85,6 +98,7 @@ class PostgresConnector:
             # A connection the server dropped (restart, failover, proxy timeout) is replaced at
             # checkout instead of failing the run whose write drew it.
             check=AsyncConnectionPool.check_connection,
+            configure=_configure,
         )
         try:
             await pool.open(wait=True, timeout=15)

@@ -84,11 +84,19 @@ def test_a_failed_statement_at_the_point_does_not_fail_the_run_on_sqlite(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_a_worker_frozen_outside_a_transaction_is_fenced_out_on_postgres(
+def test_a_worker_frozen_inside_its_checkpoint_transaction_can_be_taken_over_on_postgres(
     tmp_path: Path, pg_template: str
 ) -> None:
-    report = mailer_matrix(tmp_path, ("freeze",), backend="postgres", postgres_url=PG_URL)
-    assert [c.kind for c in report.cells] == ["freeze"]
+    # Frozen holding the run's row lock (the fence of its checkpoint write): without the
+    # server's idle-in-transaction timeout no other worker could claim the run while it slept.
+    report = mailer_matrix(
+        tmp_path,
+        ("freeze",),
+        backend="postgres",
+        postgres_url=PG_URL,
+        points=("checkpoint.before_write",),
+    )
+    assert {c.kind for c in report.cells} == {"freeze"}
     assert report.ok, verdicts(report)
 
 

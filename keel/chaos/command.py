@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from keel.chaos.harness import ChaosConfig
 from keel.chaos.kinds import NAMES, make_kinds
 from keel.chaos.matrix import run_matrix
-from keel.chaos.report import render, write_json, write_junit
+from keel.chaos.report import output_console, render, write_json, write_junit
 from keel.core.errors import UsageError
 from keel.core.faults import POINTS
 
@@ -58,6 +57,12 @@ def chaos(
     jobs: Annotated[
         int, typer.Option(help="Cells run at once, each on its own database and sinks.")
     ] = 1,
+    fork: Annotated[
+        bool,
+        typer.Option(
+            help="Fork worker processes from a warm server (--no-fork: a fresh interpreter each)."
+        ),
+    ] = True,
     soak: Annotated[int, typer.Option(help="Also run N runs with random kills.")] = 0,
     matrix: Annotated[
         bool, typer.Option(help="Run the matrix (--no-matrix: only the clean run and the soak).")
@@ -68,10 +73,7 @@ def chaos(
 ) -> None:
     """Strike a worker at every fault point the workflow reaches (killed, frozen, the database
     restarted or dropped, a worker with a skewed clock beside it) and check every invariant."""
-    console = Console()
-    if not console.is_terminal:
-        # Piped to a file or a CI log: never cut the table or a cause at 80 columns.
-        console = Console(width=max(console.width, 240))
+    console = output_console()
     if backend not in ("sqlite", "postgres"):
         raise typer.BadParameter("--backend is sqlite or postgres")
     if decide not in ("approve", "reject", "timeout"):
@@ -105,6 +107,7 @@ def chaos(
         points=tuple(point or ()),
         max_occurrences=max_occurrences,
         jobs=jobs,
+        fork=fork,
         faults=faults,
         restart_cluster=restart_cluster,
         cell_timeout=cell_timeout,

@@ -6,8 +6,9 @@ Each child is a real, separate process: it gets the cell's environment, re-impor
 own modules under it (an App reads KEEL_DATABASE_URL when it is built), re-reads its fault
 points, runs `python -m MODULE ARGS` as usual (`keel worker ...`, `keel.chaos.decide ...`)
 and dies by a real SIGKILL at its fault point. The server forks one child at a time and
-reports its pid, then its exit status, on its stdout. Only on Linux; elsewhere the harness
-starts plain subprocesses.
+reports its pid, then its exit status, on its stdout. Only on Linux; elsewhere, or with
+`keel chaos --no-fork` (for a library that reads the cell's `--env` when it is imported), the
+harness starts plain subprocesses.
 
 Protocol (one JSON object per line): the server writes `{"ready": true}` once warm; for each
 request `{"argv": ["keel", "worker", ...], "env": {...}}` it writes `{"pid": N}` and, when the
@@ -41,21 +42,35 @@ def _third_party(module: Any) -> bool:
 
 
 def serve(app: str) -> None:
-    # Warm only (the command, the runtime, LangGraph, the backends): the children run
-    # `python -m keel ...` by name, so chaos never calls into the CLI layer above it.
-    importlib.import_module("keel.cli")
+    # The protocol keeps stdout to itself: whatever the user's modules print goes to stderr.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    # Warm what a worker imports (the `keel` command itself, a thin layer above, is not ours
+    # to import: it loads in each child on top of these).
+    import rich.console  # noqa: F401
+    import typer  # noqa: F401
+
+    import keel.backends.postgres
+    import keel.backends.sqlite
+    import keel.runtime.worker  # noqa: F401
     from keel.runtime.loading import load_app
 
     before = set(sys.modules)
     load_app(app)  # warms the user's dependencies; the user's own modules are re-run per child
-    users = sorted(n for n in set(sys.modules) - before if not _third_party(sys.modules[n]))
-    out = sys.stdout
+    root = app.partition(":")[0].split(".")[0]
+    # The user's own modules: those outside the interpreter's and site's folders, and the app's
+    # own package wherever it is installed (its App reads the environment when it is built).
+    users = sorted(
+        n
+        for n in set(sys.modules) - before
+        if not _third_party(sys.modules[n]) or n == root or n.startswith(root + ".")
+    )
     _say(out, {"ready": True})
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _child(request["argv"], request["env"], users)
+            _child(out, request["argv"], request["env"], users)
         _say(out, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _say(out, {"status": os.waitstatus_to_exitcode(status)})
@@ -66,9 +81,10 @@ def _say(out: IO[str], message: dict[str, Any]) -> None:
     out.flush()
 
 
-def _child(argv: list[str], env: dict[str, str], users: list[str]) -> None:
+def _child(out: IO[str], argv: list[str], env: dict[str, str], users: list[str]) -> None:
     code = 1
     try:
+        out.close()  # the server's protocol pipe is not the child's
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from keel.chaos.world import World
 from keel.runtime.loading import load_app
 
 KILLED = -9
+log = logging.getLogger("keel.chaos")
 
 
 @dataclass
@@ -48,6 +50,9 @@ class ChaosConfig:
     plus every cell right after an outside delivery, which is never skipped."""
     jobs: int = 1
     """Cells run at once, each on its own database and outside world."""
+    fork: bool = True
+    """Fork workers from a warm server (keel.chaos.forkserver) where the platform can; False:
+    a fresh interpreter for each process."""
     faults: tuple[str, ...] = ("kill",)
     """The fault kinds, one column of cells each (keel.chaos.kinds)."""
     restart_cluster: str | None = None
@@ -134,7 +139,7 @@ class Harness:
         self._admin = threading.Lock()
         self._local = threading.local()
         self._servers: list[ForkServer] = []
-        self.fork = SUPPORTED
+        self.fork = SUPPORTED and config.fork
 
     def close(self) -> None:
         for server in self._servers:
@@ -162,8 +167,25 @@ class Harness:
         try:
             yield f"{base}/{name}"
         finally:
-            with self._admin, psycopg.connect(server, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            self._drop(server, name)
+
+    def _drop(self, server: str, name: str) -> None:
+        """Drop a cell's database. FORCE cannot end a session of another role (an autovacuum
+        worker that just started on it, say): such a session ends soon, so try again; a database
+        still there after that is left behind, named keel_chaos_*, rather than failing the cell."""
+        import psycopg
+
+        for attempt in range(20):
+            try:
+                with (
+                    self._admin,
+                    psycopg.connect(server, autocommit=True) as conn,
+                ):
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                return
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+                time.sleep(0.1 * (attempt + 1))
+        log.warning("could not drop the cell database %s; drop it by hand", name)
 
     def app_on(self, url: str) -> keel.App:
         """An App on the cell's database with the user's workflows (the user's module is
@@ -218,8 +240,9 @@ class Harness:
         """Run `python -m ARGS` to its end; return its exit status and pid. The process is
         forked from this thread's warm fork server (keel.chaos.forkserver) where there is one."""
         try:
-            if self.fork:
-                return self._server().run(args, env, timeout)
+            server = self._server() if self.fork else None
+            if server is not None:
+                return server.run(args, env, timeout)
             proc = subprocess.Popen(
                 [sys.executable, "-m", *args],
                 cwd=self.config.cwd,
@@ -236,11 +259,15 @@ class Harness:
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"{' '.join(args[:2])} did not end within {timeout:.0f}s") from None
 
-    def _server(self) -> ForkServer:
+    def _server(self) -> ForkServer | None:
         server: ForkServer | None = getattr(self._local, "server", None)
         if server is None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-            server = ForkServer(self.config.app, self.config.cwd, env)
+            try:
+                server = ForkServer(self.config.app, self.config.cwd, env)
+            except (RuntimeError, ValueError):
+                self.fork = False  # plain subprocesses from now on: slower, the same cells
+                return None
             self._local.server = server
             with self._admin:
                 self._servers.append(server)

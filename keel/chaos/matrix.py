@@ -46,6 +46,13 @@ def plan(config: ChaosConfig, trace: Trace) -> tuple[list[Cell], list[Cell]]:
                 if not cell.node and where.after:
                     cell.node = ", ".join(where.after)
             made = risky.get((phase, point, n), [])
+            senders = sorted({m.node for m in made if m.node})
+            if where is not None and not where.node and senders and senders != where.after:
+                # A point of no node of its own that a sending node's work overlapped (on
+                # PostgreSQL a step's checkpoint may commit while the next node runs): name the
+                # node that was running, the one a crash here makes run again.
+                cell.node = ", ".join(senders)
+                cell.where += " (while node " + ", ".join(f"`{n}`" for n in senders) + " ran)"
             cell.after_deliveries = [
                 f"{m.delivery.what}" + (f" from node `{m.node}`" if m.node else "") for m in made
             ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from xml.etree import ElementTree as ET
 
 from rich.console import Console
@@ -20,6 +20,18 @@ MARK = {
     "not_reached": "[dim]·[/]",
     "skipped": "[dim]-[/]",
 }
+
+
+FULL_WIDTH = 240
+
+
+def output_console(file: IO[str] | None = None) -> Console:
+    """A console for the report: the terminal's width in a terminal; piped to a file or a CI
+    log, wide enough that neither the table nor a cause is cut at 80 columns."""
+    console = Console(file=file)
+    if console.is_terminal:
+        return console
+    return Console(file=file, width=max(console.width, FULL_WIDTH))
 
 
 def summary(report: Report) -> str:
@@ -75,7 +87,9 @@ def render(report: Report, console: Console) -> None:
                 console.print(f"    [bold]likely cause[/]: {escape(cell.cause)}")
     if report.skipped:
         console.print(
-            "skipped by sampling: " + ", ".join(escape(c.name) for c in report.skipped), style="dim"
+            "skipped by sampling: " + ", ".join(escape(c.name) for c in report.skipped),
+            style="dim",
+            soft_wrap=True,
         )
     for problem in report.soak:
         console.print(f"[bold red]✗ soak:[/] {escape(problem)}")

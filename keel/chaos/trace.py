@@ -17,7 +17,13 @@ from pathlib import Path
 
 from keel.chaos.world import Delivery
 
-EFFECT_POINTS = ("effect.before_reserve", "effect.after_perform", "effect.after_record")
+EFFECT_POINTS = (
+    "effect.before_reserve",
+    "effect.before_call",
+    "effect.after_perform",
+    "effect.after_record",
+)
+BEFORE_CALL = ("effect.before_reserve", "effect.before_call")
 
 
 @dataclass
@@ -42,10 +48,13 @@ class Occurrence:
     @property
     def where(self) -> str:
         """A sentence part naming the code this occurrence interrupts."""
+        task = f" (`Send` task {self.path})" if _pushed(self.path) else ""
         if self.point in EFFECT_POINTS:
-            return f"effect `{self.label}` in node `{self.node}`"
+            return f"effect `{self.label}` in node `{self.node}`{task}"
         if self.point == "checkpoint.before_write" and self.node:
-            return f"saving the writes of node `{self.node}`"
+            return f"saving the writes of node `{self.node}`{task}"
+        if self.point == "checkpoint.before_write" and task:
+            return f"saving the writes of a{task}"
         names = ", ".join(f"`{n}`" for n in self.after)
         if self.point == "checkpoint.before_write":
             return f"the checkpoint after node {names}" if names else "the input checkpoint"
@@ -117,19 +126,48 @@ def read_trace(record: Path) -> tuple[list[list[list[Entry]]], list[tuple[int, i
     return per_phase, spans
 
 
+def task_path(path: str) -> str:
+    """A task path as a saver is given it (`~__pregel_push, 0000000001, False`) or as a node
+    sees it (`__pregel_push/1/False`), in the second form."""
+    parts = [p.strip() for p in path.lstrip("~").split("," if "," in path else "/")]
+    return "/".join(str(int(p)) if p.isdigit() else p for p in parts)
+
+
+def _pushed(path: str) -> bool:
+    return "__pregel_push" in path
+
+
 def build(record: Path, deliveries: Iterable[Delivery]) -> Trace:
     occurrences: list[Occurrence] = []
     per_phase, spans = read_trace(record)
+    # A `Send` task's writes name only its task path; its effects name its node too.
+    nodes_of = {
+        task_path(e[3]): e[2]
+        for processes in per_phase
+        for entries in processes
+        for e in entries
+        if e[0] in EFFECT_POINTS and e[2] and e[3]
+    }
     for phase, processes in enumerate(per_phase):
         counts: dict[str, int] = {}
         for entries in processes:
             ran: list[str] = []  # nodes whose writes were saved since the last checkpoint
             last: list[str] = []
+            reserved: dict[str, tuple[str, str]] = {}  # effect -> (node, path) of its reserve
             for point, label, node, path, at_ns in entries:
                 counts[point] = counts.get(point, 0) + 1
+                if point == "effect.before_reserve":
+                    reserved[label] = (node, path)
+                elif point in EFFECT_POINTS and not node:  # the call site knows only the effect
+                    node, path = reserved.get(label, ("", ""))
+                if point == "checkpoint.before_write" and _pushed(node):
+                    path = task_path(node)
+                    node = nodes_of.get(path, "")
+                elif path:
+                    path = task_path(path)
                 o = Occurrence(phase, point, counts[point], label, node, path, at_ns)
-                if point == "checkpoint.before_write" and node:
-                    ran.append(node)
+                if point == "checkpoint.before_write" and (node or path):
+                    ran.append(node or f"Send {path}")
                     o.after = list(last)
                 elif point == "checkpoint.before_write":
                     o.after = list(dict.fromkeys(ran)) or list(last)
@@ -151,16 +189,18 @@ def _attribute(
     phase = alive[0] if alive else (before[-1].phase if before else 0)
     before = [o for o in before if o.phase == phase]
     after = [o for o in after if o.phase == phase]
-    prev = before[-1] if before else None
-    nxt = after[0] if after else None
+    # Inside an effect: the last effect point before it is one before the call, the next one
+    # after it is that effect's after_perform (other points, a heartbeat, may come between).
+    prev = next((o for o in reversed(before) if o.point in EFFECT_POINTS), None)
+    nxt = next((o for o in after if o.point in EFFECT_POINTS), None)
     if (
         prev is not None
         and nxt is not None
-        and prev.point == "effect.before_reserve"
+        and prev.point in BEFORE_CALL
         and nxt.point == "effect.after_perform"
         and prev.label == nxt.label
     ):
-        return Attributed(delivery, phase, prev.node, prev.label)
+        return Attributed(delivery, phase, prev.node or nxt.node, prev.label)
     # Outside any effect: the node is the next one whose writes are saved.
     node = next((o.node for o in after if o.node), "")
     return Attributed(delivery, phase, node, "")

@@ -34,6 +34,8 @@ def extra_deliveries(clean: list[Delivery], cell: list[Delivery]) -> list[Delive
 def likely_cause(
     clean: Outcome, cell: Outcome, made: list[Attributed], extra: list[Delivery]
 ) -> str:
+    if cell.error and "NondeterminismError" in cell.error:
+        return _changed_args(cell) + f" (Keel refused the replay: {cell.error})"
     if extra:
         return _repeat(clean, cell, made, extra)
     if sum(cell.world.values()) < sum(clean.world.values()):
@@ -49,8 +51,6 @@ def likely_cause(
             "a lookup by its idempotency key) or, if the provider dedupes by key, "
             "`provider_idempotent=True`"
         )
-    if cell.error and "argument" in cell.error.lower():
-        return _changed_args(cell)
     if cell.status != clean.status:
         why = f" ({cell.error})" if cell.error else ""
         return f"the run ended {cell.status}{why} after the crash, {clean.status} in the clean run"
@@ -91,9 +91,9 @@ def _repeat(clean: Outcome, cell: Outcome, made: list[Attributed], extra: list[D
 def _changed_args(cell: Outcome) -> str:
     names = ", ".join(f"`{n}`" for n in sorted(cell.keys)) or "an effect"
     return (
-        f"the effect's arguments changed between attempts ({names}): its key is derived from "
-        "them, so the retry was a new effect. Fix: keep values made at call time (timestamps, "
-        "uuid4, a model's sampled text) out of the arguments"
+        f"the effect's arguments changed between attempts ({names}), so a retry is not the "
+        "same call. Fix: keep values made at call time (timestamps, uuid4, a model's sampled "
+        "text) out of the arguments, or name the identifying ones with `key=`"
     )
 
 

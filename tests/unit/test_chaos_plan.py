@@ -4,12 +4,16 @@ failing cell is given. Traces and outcomes written by hand: no process, no datab
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
+from keel.chaos import report as report_module
 from keel.chaos.checks import Outcome
-from keel.chaos.harness import ChaosConfig
+from keel.chaos.harness import Cell, ChaosConfig, Report
 from keel.chaos.matrix import plan
+from keel.chaos.report import as_json, output_console, render, write_junit
 from keel.chaos.trace import build, sample
 from keel.chaos.verdict import extra_deliveries, likely_cause
 from keel.chaos.world import HTTP, SMTP, Delivery
@@ -181,3 +185,114 @@ def test_the_likely_cause_names_what_to_fix(tmp_path: Path) -> None:
     assert "a delivery was lost" in likely_cause(clean, lost, in_effect, [])
     stuck = _outcome(unsettled=["effect:charge:ab (in_doubt)"])
     assert "reconciler" in likely_cause(clean, stuck, in_effect, [])
+
+
+def _report(tmp_path: Path) -> Report:
+    failed = Cell(0, CP, 4, verdict="fail", where="saving the writes of node `pay`", node="pay")
+    failed.problems = ["http deliveries: 2, clean run 1"]
+    failed.extra = ["POST /charges (key u2)"]
+    failed.cause = "node `pay` sent to the provider outside `@keel.effect` " + "x" * 120
+    failed.after_deliveries = ["POST /charges from node `pay`"]
+    passed = Cell(0, CP, 1, verdict="pass", where="the input checkpoint")
+    skipped = Cell(0, CP, 2, verdict="skipped")
+    config = ChaosConfig(app="x:app", workflow="pay-direct", input={}, max_occurrences=1)
+    return Report(config, _outcome(), [{CP: 4}], [passed, failed], skipped=[skipped])
+
+
+def test_the_report_is_full_width_off_a_terminal_and_json_and_junit_carry_the_same_fields(
+    tmp_path: Path,
+) -> None:
+    report = _report(tmp_path)
+    out = io.StringIO()
+    render(report, output_console(out))
+    text = out.getvalue()
+    assert output_console(io.StringIO()).width >= report_module.FULL_WIDTH
+    assert report.cells[1].cause in text  # on one line, not cut at 80 columns
+    assert "skipped by sampling: phase 0 checkpoint.before_write@2" in text
+    assert (
+        "2 of 3 cells run (1 skipped by sampling); the 1 after outside deliveries all run" in text
+    )
+    data = as_json(report)
+    [cell] = [c for c in data["cells"] if c["verdict"] == "fail"]
+    assert (cell["node"], cell["where"], cell["cause"]) == (
+        "pay",
+        report.cells[1].where,
+        report.cells[1].cause,
+    )
+    assert cell["extra_deliveries"] == ["POST /charges (key u2)"]
+    assert [c["name"] for c in data["skipped"]] == ["phase 0 checkpoint.before_write@2"]
+    write_junit(report, tmp_path / "chaos.xml")
+    suite = ET.parse(tmp_path / "chaos.xml").getroot()
+    assert (
+        suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    )
+    case = next(c for c in suite.iter("testcase") if c.get("name") == cell["name"])
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props["node"] == "pay" and props["cause"] == cell["cause"]
+    assert props["where"] == cell["where"]
+    failure = case.find("failure")
+    assert failure is not None and "likely cause: node `pay`" in (failure.text or "")
+
+
+def test_a_checkpoint_that_commits_while_the_next_node_sends_is_named_after_that_node(
+    tmp_path: Path,
+) -> None:
+    # As on PostgreSQL: the checkpoint after `price` is fenced only after `pay` has sent.
+    record = _record(
+        tmp_path,
+        [(CP, "", "price", 30), (CP, "", "", 50), (CP, "", "pay", 60), (CP, "", "", 70)],
+    )
+    trace = build(record, [_post(45)])
+    run, _ = plan(ChaosConfig(app="x:app", workflow="w", input={}, max_occurrences=1), trace)
+    [risky] = [c for c in run if c.after_deliveries]
+    assert risky.occurrence == 2 and risky.node == "pay"
+    assert risky.where == "the checkpoint after node `price` (while node `pay` ran)"
+
+
+def test_a_send_tasks_writes_are_named_by_its_node_when_its_effect_told_it(tmp_path: Path) -> None:
+    push = "~__pregel_push, 0000000001, False"
+    record = _record(
+        tmp_path,
+        [
+            ("effect.before_reserve", "notify", "fan", 10),
+            ("effect.after_perform", "notify", "fan", 30),
+            (CP, "", push, 40),
+            (CP, "", "~__pregel_push, 0000000002, False", 50),
+            (CP, "", "", 60),
+        ],
+    )
+    # The effect entries carry the path the node saw.
+    lines = json.loads((tmp_path / "reached.0").read_text())
+    for entry in lines["trace"][:2]:
+        entry[3] = "__pregel_push/1/False"
+    (tmp_path / "reached.0").write_text(json.dumps(lines) + "\n")
+    trace = build(record, [_post(20)])
+    first, second = (trace.find(0, CP, n) for n in (1, 2))
+    assert first is not None and second is not None
+    assert (first.node, first.path) == ("fan", "__pregel_push/1/False")
+    assert first.where == "saving the writes of node `fan` (`Send` task __pregel_push/1/False)"
+    assert second.node == "" and second.where == (
+        "saving the writes of a (`Send` task __pregel_push/2/False)"
+    )
+    assert trace.find(0, "effect.after_perform", 1).where == (  # type: ignore[union-attr]
+        "effect `notify` in node `fan` (`Send` task __pregel_push/1/False)"
+    )
+
+
+def test_the_last_lease_check_and_a_heartbeat_do_not_hide_the_effect_a_delivery_is_in(
+    tmp_path: Path,
+) -> None:
+    record = _record(
+        tmp_path,
+        [
+            ("effect.before_reserve", "charge", "pay", 10),
+            ("effect.before_call", "charge", "", 20),  # its call site knows only the effect
+            ("lease.renew", "", "", 30),
+            ("effect.after_perform", "charge", "pay", 50),
+        ],
+    )
+    trace = build(record, [_post(40, key="k1")])
+    [made] = trace.deliveries
+    assert (made.node, made.effect) == ("pay", "charge")
+    call = trace.find(0, "effect.before_call", 1)
+    assert call is not None and call.where == "effect `charge` in node `pay`"

@@ -234,8 +234,13 @@ async def decide(
     action_id: str | None = None,
     channel: str = "api",
     comment: str | None = None,
+    principal: str | None = None,
 ) -> DecisionResult:
-    """Record a decision on a run's wait; the first one wins, atomically."""
+    """Record a decision on a run's wait; the first one wins, atomically.
+
+    `by` is the name the decider gave; `principal` is who the channel authenticated (a token's
+    fingerprint), kept beside it in the decision's value and its timeline event.
+    """
     validate_run_id(run_id)
     store = services.store
     now = services.clock.now()
@@ -259,6 +264,7 @@ async def decide(
             "decision": decision,
             "wait_id": wait["wait_id"],
             "by": by,
+            "principal": principal,
             "comment": comment,
             "channel": channel,
             "at": now,
@@ -302,6 +308,7 @@ async def decide(
                 "wait_id": wait["wait_id"],
                 "decision": decision,
                 "by": by,
+                "principal": principal,
                 "channel": channel,
                 "action_id": action_id,
             },

@@ -20,6 +20,7 @@ from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
+from keel.runtime.summary import RunSummary, summarize
 from keel.runtime.worker import Worker, WorkerStats
 
 F = TypeVar("F", bound=Callable[[], Any])
@@ -138,6 +139,15 @@ class App:
     def list_runs(self, **filters: Any) -> list[Row]:
         return self._portal.call(self.aio.list_runs(**filters))
 
+    def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first, filtered by status, workflow, job id prefix (`job_prefix`) and
+        admission time (`since`, `until`), each with its number of `pending_waits`."""
+        return self._portal.call(self.aio.browse_runs(**filters))
+
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
+        return summarize(self.get_run(run_id), self.aio.clock.now())
+
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
         return self._portal.call(self.aio.decide(run_id, decision="approved", **kwargs))
@@ -152,6 +162,18 @@ class App:
     def pending_waits(self, limit: int = 100) -> list[Row]:
         """Open waits, oldest deadline first."""
         return self._portal.call(self.aio.pending_waits(limit))
+
+    def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        """Open waits of one kind (None: all), oldest deadline first, paged."""
+        return self._portal.call(
+            self.aio.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+        )
+
+    def running_runs(self, limit: int = 1000) -> list[Row]:
+        """Runs some worker holds now, by owner (lease token, expiry, last heartbeat)."""
+        return self._portal.call(self.aio.running_runs(limit))
 
     def workers(self) -> list[Row]:
         """Live workers (host, pid, concurrency, last heartbeat)."""

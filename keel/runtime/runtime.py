@@ -232,6 +232,25 @@ class Runtime:
         await self.open()
         return await self.store.list_runs(**filters)
 
+    async def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first (`Store.browse_runs` filters), each with its `pending_waits`."""
+        await self.open()
+        rows = await self.store.browse_runs(**filters)
+        counts = await self.store.count_pending_waits([r["run_id"] for r in rows])
+        for row in rows:
+            row["pending_waits"] = counts.get(row["run_id"], 0)
+        return rows
+
+    async def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        await self.open()
+        return await self.store.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+
+    async def running_runs(self, limit: int = 1000) -> list[Row]:
+        await self.open()
+        return await self.store.running_runs(limit)
+
     async def get_wait(self, wait_id: str) -> Row:
         await self.open()
         wait = await self.store.get_wait(wait_id)

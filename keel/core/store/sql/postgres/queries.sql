@@ -299,7 +299,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
        AND job_id COLLATE "C" < %(job_prefix_end)s::text))
   AND (%(since)s::float8 IS NULL OR created_at >= %(since)s::float8)
   AND (%(until)s::float8 IS NULL OR created_at < %(until)s::float8)
-ORDER BY created_at DESC, run_id
+ORDER BY created_at DESC, run_id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: count_pending_waits

@@ -293,7 +293,7 @@ WHERE (:status IS NULL OR status = :status)
   AND (:job_prefix IS NULL OR (job_id >= :job_prefix AND job_id < :job_prefix_end))
   AND (:since IS NULL OR created_at >= :since)
   AND (:until IS NULL OR created_at < :until)
-ORDER BY created_at DESC, run_id
+ORDER BY created_at DESC, run_id DESC
 LIMIT :limit OFFSET :offset;
 
 -- name: count_pending_waits

@@ -205,7 +205,8 @@ def _explain(details: RunDetails, pending: list[dict[str, Any]]) -> tuple[str, s
             )
         level = wait.get("escalation_level") or 0
         escalated = f", escalated to level {level}" if level else ""
-        return f"waiting for {wait['name']}", f"a {wait['kind']} is pending{escalated}"
+        article = "an" if str(wait["kind"])[:1] in "aeiou" else "a"
+        return f"waiting for {wait['name']}", f"{article} {wait['kind']} is pending{escalated}"
     if status == "running":
         owner = run["lease_owner"] or "a worker"
         return "running", f"held by {owner} with lease token {run['lease_token']}"

@@ -25,11 +25,14 @@ from keel.core.ids import job_id
 from keel.core.ledger import Retry, effect
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
-from keel.runtime.app import App, Submission
+from keel.runtime.aio import AsyncApp
+from keel.runtime.app import App
+from keel.runtime.runtime import RunDetails, Submission
 
 __all__ = [
     "App",
     "ApprovalDecision",
+    "AsyncApp",
     "Decision",
     "EffectFailed",
     "InputTooLarge",
@@ -43,6 +46,7 @@ __all__ = [
     "NotInRun",
     "Retry",
     "RunArtifacts",
+    "RunDetails",
     "RunFinished",
     "RunNotFound",
     "SchemaMismatch",

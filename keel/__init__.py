@@ -22,7 +22,7 @@ from keel.core.errors import (
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
-from keel.core.ledger import Retry, effect
+from keel.core.ledger import KEY, Retry, effect
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
 from keel.runtime.aio import AsyncApp
@@ -30,6 +30,7 @@ from keel.runtime.app import App
 from keel.runtime.runtime import RunDetails, Submission
 
 __all__ = [
+    "KEY",
     "App",
     "ApprovalDecision",
     "AsyncApp",

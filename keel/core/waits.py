@@ -25,7 +25,7 @@ from keel.core.runs import cancel_waits, transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
+from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -198,6 +198,23 @@ async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str])
         for w in await store.waits(run_id)
         if w["status"] != WaitStatus.PENDING and w["interrupt_id"] in pending_interrupt_ids
     }
+
+
+def completed_because(run_decision: str | None, waits: Sequence[Row]) -> TerminationReason:
+    """Why a run whose graph returned ended: its approval verdict, unless nobody gave it.
+
+    A rejection the deadline's policy applied is recorded as the decision (`rejected`, which
+    the graph saw), but the run ended because time ran out: `timed_out`, as a `timeout` policy.
+    """
+    if run_decision in (Decision.APPROVED, Decision.REJECTED):
+        verdicts = [w for w in waits if w["kind"] == WaitKind.APPROVAL]
+        last = max(verdicts, key=lambda w: w["decided_at"] or 0.0, default=None)
+        if last is not None and last["status"] == WaitStatus.EXPIRED:
+            return TerminationReason.TIMED_OUT
+        return TerminationReason(run_decision)
+    if any(w["decision"] == ExpiryDecision.TIMED_OUT for w in waits):
+        return TerminationReason.TIMED_OUT
+    return TerminationReason.COMPLETED
 
 
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:

@@ -265,9 +265,13 @@ async def decide(
         waits = await store.read_waits(tx, run_id)
         wait = _target(run, waits, wait_id)
         check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
-        if wait["status"] == WaitStatus.DECIDED:
+        finished = Status(run["status"]) in FINISHED
+        retried = action_id is not None and wait["action_id"] == action_id
+        if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
+            # A double click, a second approver, or (once the run finished) a retry of the
+            # winning call itself: told what was recorded.
             return DecisionResult(wait, recorded=False)
-        if wait["status"] != WaitStatus.PENDING or Status(run["status"]) in FINISHED:
+        if wait["status"] != WaitStatus.PENDING or finished:
             raise RunFinished(
                 f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
                 f"{wait['status']}: it takes no more decisions"

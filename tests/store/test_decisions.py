@@ -182,6 +182,23 @@ def test_late_decision_after_the_run_finished_changes_nothing(make_app: AppFacto
     assert after.decision == "rejected"
 
 
+def test_late_decision_naming_the_decided_wait_of_a_finished_run_is_refused_too(
+    make_app: AppFactory,
+) -> None:
+    # The HTTP API names the wait; it must answer as the CLI, which names the run, does.
+    app, run = waiting_review(make_app)
+    wait_id = app.approve(run, by="alice", action_id="click-1").wait["wait_id"]
+    drain(app)
+    before = app.get_run(run)
+    with pytest.raises(RunFinished, match="completed"):
+        app.reject(run, wait_id=wait_id, by="bob", action_id="click-2")
+    # The winning call itself, retried (same action id), is still told what it recorded.
+    retry = app.approve(run, wait_id=wait_id, by="alice", action_id="click-1")
+    assert (retry.recorded, retry.decision) == (False, "approved")
+    after = app.get_run(run)
+    assert (after.run, after.timeline, after.waits) == (before.run, before.timeline, before.waits)
+
+
 def test_decision_on_queued_run_without_wait_raises_no_pending_wait(make_app: AppFactory) -> None:
     app = make_app()
     app.workflow("echo")(echo_graph)

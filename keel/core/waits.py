@@ -41,6 +41,8 @@ class ApprovalDecision:
     comment: str | None = None
     channel: str | None = None
     at: float | None = None
+    principal: str | None = None
+    """The identity that made the decision's call (`by` is what it said)."""
 
     @property
     def approved(self) -> bool:
@@ -57,6 +59,7 @@ class ApprovalDecision:
             comment=value.get("comment"),
             channel=value.get("channel"),
             at=value.get("at"),
+            principal=value.get("principal"),
         )
 
 
@@ -251,8 +254,12 @@ async def decide(
     action_id: str | None = None,
     channel: str = "api",
     comment: str | None = None,
+    principal: str | None = None,
 ) -> DecisionResult:
-    """Record a decision on a run's wait; the first one wins, atomically."""
+    """Record a decision on a run's wait; the first one wins, atomically.
+
+    `by` is who the caller says decided; `principal` is the identity that made the call (an
+    API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
     validate_run_id(run_id)
     store = services.store
     now = services.clock.now()
@@ -282,6 +289,7 @@ async def decide(
             "by": by,
             "comment": comment,
             "channel": channel,
+            "principal": principal,
             "at": now,
             **(value or {}),
         }
@@ -312,7 +320,13 @@ async def decide(
             updated,
             "decided",
             now,
-            details={"decision": decision, "by": by, "channel": channel, "comment": comment},
+            details={
+                "decision": decision,
+                "by": by,
+                "principal": principal,
+                "channel": channel,
+                "comment": comment,
+            },
         )
         await store.add_event(
             tx,
@@ -323,6 +337,7 @@ async def decide(
                 "wait_id": wait["wait_id"],
                 "decision": decision,
                 "by": by,
+                "principal": principal,
                 "channel": channel,
                 "action_id": action_id,
             },

@@ -22,14 +22,18 @@ from keel.core.errors import (
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
-from keel.core.ledger import Retry, effect
+from keel.core.ledger import KEY, Retry, effect
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
-from keel.runtime.app import App, Submission
+from keel.runtime.aio import AsyncApp
+from keel.runtime.app import App
+from keel.runtime.runtime import RunDetails, Submission
 
 __all__ = [
+    "KEY",
     "App",
     "ApprovalDecision",
+    "AsyncApp",
     "Decision",
     "EffectFailed",
     "InputTooLarge",
@@ -43,6 +47,7 @@ __all__ = [
     "NotInRun",
     "Retry",
     "RunArtifacts",
+    "RunDetails",
     "RunFinished",
     "RunNotFound",
     "SchemaMismatch",

@@ -312,6 +312,8 @@ def _decide(
             "wait_id": wait_id,
             "action_id": action_id,
             "channel": "cli",
+            # `--by` is what the caller typed; the login is who ran the command.
+            "principal": f"login:{login()}",
         }
         if want == "effect":
             outcome = loaded.resolve_effect(

@@ -19,6 +19,26 @@ from keel.core.errors import InvalidId
 from keel.core.faults import fault_point
 from keel.core.ids import safe_name
 
+MAX_NAME = 200
+
+
+def artifact_name(name: str) -> str:
+    """`name`, if it can be a file name as it is; InvalidId saying why otherwise.
+
+    Rewriting a name would make `report:v1.txt` and `report v1.txt` the same file, and a
+    truncated one would answer for a name nobody wrote: both are refused, never mapped.
+    """
+    if len(name) > MAX_NAME:
+        raise InvalidId(
+            f"artifact name {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME}"
+        )
+    if safe_name(name, "artifact name") != name:
+        raise InvalidId(
+            f"artifact name {name!r} may only contain letters, digits, '.', '_' and '-' "
+            "(and may not start with '.')"
+        )
+    return name
+
 
 @dataclass(frozen=True)
 class ArtifactInfo:
@@ -33,7 +53,7 @@ class RunArtifacts:
         self.folder = _inside(self.root, self.root / safe_name(run_id, "run id"))
 
     def path(self, name: str) -> Path:
-        return _inside(self.folder, self.folder / safe_name(name, "artifact name"))
+        return _inside(self.folder, self.folder / artifact_name(name))
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         target = self.path(name)

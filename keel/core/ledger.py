@@ -50,6 +50,10 @@ PENDING, SENT, CONFIRMED = EffectStatus.PENDING, EffectStatus.SENT, EffectStatus
 FAILED, IN_DOUBT = EffectStatus.FAILED, EffectStatus.IN_DOUBT
 _PERFORM = object()
 
+KEY: str = "<supplied by keel>"
+"""The default to give an effect's ``idempotency_key`` parameter, so that type checkers let
+callers omit it (``*, idempotency_key: str = keel.KEY``): Keel always passes the real key."""
+
 
 @dataclass(frozen=True)
 class Retry:
@@ -109,8 +113,11 @@ class Effect(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> R:
-        # Typed loosely on purpose: callers omit `idempotency_key`, which Keel supplies.
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if "idempotency_key" in kwargs:
+            raise UsageError(
+                f"effect {self.name!r}: Keel supplies `idempotency_key`; do not pass it"
+            )
         ctx = current(f"effect {self.name!r}")
         if self.is_async and ctx.services.portal.on_loop():
             return cast(R, self._run(ctx, args, kwargs, None))  # the async node awaits it

@@ -25,7 +25,7 @@ from keel.core.runs import cancel_waits, transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
+from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -41,6 +41,8 @@ class ApprovalDecision:
     comment: str | None = None
     channel: str | None = None
     at: float | None = None
+    principal: str | None = None
+    """The identity that made the decision's call (`by` is what it said)."""
 
     @property
     def approved(self) -> bool:
@@ -57,6 +59,7 @@ class ApprovalDecision:
             comment=value.get("comment"),
             channel=value.get("channel"),
             at=value.get("at"),
+            principal=value.get("principal"),
         )
 
 
@@ -200,6 +203,23 @@ async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str])
     }
 
 
+def completed_because(run_decision: str | None, waits: Sequence[Row]) -> TerminationReason:
+    """Why a run whose graph returned ended: its approval verdict, unless nobody gave it.
+
+    A rejection the deadline's policy applied is recorded as the decision (`rejected`, which
+    the graph saw), but the run ended because time ran out: `timed_out`, as a `timeout` policy.
+    """
+    if run_decision in (Decision.APPROVED, Decision.REJECTED):
+        verdicts = [w for w in waits if w["kind"] == WaitKind.APPROVAL]
+        last = max(verdicts, key=lambda w: w["decided_at"] or 0.0, default=None)
+        if last is not None and last["status"] == WaitStatus.EXPIRED:
+            return TerminationReason.TIMED_OUT
+        return TerminationReason(run_decision)
+    if any(w["decision"] == ExpiryDecision.TIMED_OUT for w in waits):
+        return TerminationReason.TIMED_OUT
+    return TerminationReason.COMPLETED
+
+
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
     """Raise UsageError unless `decision` is an answer a wait of `wait_kind` takes.
 
@@ -238,9 +258,8 @@ async def decide(
 ) -> DecisionResult:
     """Record a decision on a run's wait; the first one wins, atomically.
 
-    `by` is the name the decider gave; `principal` is who the channel authenticated (a token's
-    fingerprint), kept beside it in the decision's value and its timeline event.
-    """
+    `by` is who the caller says decided; `principal` is the identity that made the call (an
+    API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
     validate_run_id(run_id)
     store = services.store
     now = services.clock.now()
@@ -253,9 +272,13 @@ async def decide(
         waits = await store.read_waits(tx, run_id)
         wait = _target(run, waits, wait_id)
         check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
-        if wait["status"] == WaitStatus.DECIDED:
+        finished = Status(run["status"]) in FINISHED
+        retried = action_id is not None and wait["action_id"] == action_id
+        if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
+            # A double click, a second approver, or (once the run finished) a retry of the
+            # winning call itself: told what was recorded.
             return DecisionResult(wait, recorded=False)
-        if wait["status"] != WaitStatus.PENDING or Status(run["status"]) in FINISHED:
+        if wait["status"] != WaitStatus.PENDING or finished:
             raise RunFinished(
                 f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
                 f"{wait['status']}: it takes no more decisions"
@@ -264,9 +287,9 @@ async def decide(
             "decision": decision,
             "wait_id": wait["wait_id"],
             "by": by,
-            "principal": principal,
             "comment": comment,
             "channel": channel,
+            "principal": principal,
             "at": now,
             **(value or {}),
         }
@@ -297,7 +320,13 @@ async def decide(
             updated,
             "decided",
             now,
-            details={"decision": decision, "by": by, "channel": channel, "comment": comment},
+            details={
+                "decision": decision,
+                "by": by,
+                "principal": principal,
+                "channel": channel,
+                "comment": comment,
+            },
         )
         await store.add_event(
             tx,

@@ -23,12 +23,11 @@ from keel.core.errors import LeaseLost, NotInRun, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
-from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
-from keel.core.wait_model import ExpiryDecision
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.savers import FencedSaver
 
@@ -153,16 +152,9 @@ class Executor:
         assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
-            decision = run["decision"]
-            if decision in (Decision.APPROVED, Decision.REJECTED):
-                reason = decision
-            elif any(
-                w["decision"] == ExpiryDecision.TIMED_OUT
-                for w in await self.services.store.waits(ctx.run_id)
-            ):
-                reason = TerminationReason.TIMED_OUT
-            else:
-                reason = TerminationReason.COMPLETED
+            reason = waits.completed_because(
+                run["decision"], await self.services.store.waits(ctx.run_id)
+            )
         return await self._end(
             ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
         )

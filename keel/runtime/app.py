@@ -6,9 +6,11 @@ Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,24 +21,12 @@ from keel.core.notifications import Notifier
 from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
-from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
-from keel.runtime.summary import RunSummary, summarize
-from keel.runtime.worker import Worker, WorkerStats
+from keel.runtime.aio import AsyncApp
+from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
+from keel.runtime.summary import RunSummary
+from keel.runtime.worker import WorkerStats
 
 F = TypeVar("F", bound=Callable[[], Any])
-
-
-class Submission(dict[str, Any]):
-    """The run `App.submit` admitted or found: its row (still a dict to index), and `created`,
-    whether this call admitted it."""
-
-    def __init__(self, row: Row, *, created: bool) -> None:
-        super().__init__(row)
-        self.created = created
-
-    @property
-    def run_id(self) -> str:
-        return str(self["run_id"])
 
 
 class App:
@@ -51,7 +41,7 @@ class App:
         max_input_bytes: int = 1_000_000,
     ) -> None:
         """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`."""
-        self.aio = Runtime(
+        self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
             clock=clock,
             artifacts_root=artifacts_dir or os.environ.get("KEEL_ARTIFACTS_DIR", ".keel/artifacts"),
@@ -60,6 +50,17 @@ class App:
             max_input_bytes=max_input_bytes,
         )
         self._portal = self.aio.portal
+        # A script that never calls close() would otherwise end with its pool's tasks destroyed
+        # mid-flight ("Task was destroyed but it is pending!"); the weak reference keeps the
+        # exit hook from keeping the App alive.
+        ref = weakref.ref(self)
+
+        def close_at_exit() -> None:
+            if (app := ref()) is not None:
+                app.close()
+
+        self._close_at_exit = close_at_exit
+        atexit.register(close_at_exit)
 
     @property
     def url(self) -> str:
@@ -128,10 +129,9 @@ class App:
         """Admit a run (idempotent: the same job, input and version return the same run).
 
         The run's row; its `created` is False when the run already existed."""
-        row, created = self._portal.call(
+        return self._portal.call(
             self.aio.submit(workflow, job_id=job_id, input=input, version=version, rerun=rerun)
         )
-        return Submission(row, created=created)
 
     def get_run(self, run_id: str) -> RunDetails:
         return self._portal.call(self.aio.get_run(run_id))
@@ -146,14 +146,15 @@ class App:
 
     def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
-        return summarize(self.get_run(run_id), self.aio.clock.now())
+        return self._portal.call(self.aio.summary(run_id))
 
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
-        return self._portal.call(self.aio.decide(run_id, decision="approved", **kwargs))
+        return self._portal.call(self.aio.approve(run_id, **kwargs))
 
     def reject(self, run_id: str, **kwargs: Any) -> DecisionResult:
-        return self._portal.call(self.aio.decide(run_id, decision="rejected", **kwargs))
+        """Reject the run's pending approval; the first decision wins."""
+        return self._portal.call(self.aio.reject(run_id, **kwargs))
 
     def get_wait(self, wait_id: str) -> Row:
         """One wait (approval, in-doubt effect, signal) by id; WaitNotFound if unknown."""
@@ -188,12 +189,7 @@ class App:
     ) -> DecisionResult:
         """Tell an in-doubt effect's run whether the effect reached the provider."""
         return self._portal.call(
-            self.aio.decide(
-                run_id,
-                decision="performed" if performed else "not_performed",
-                value={"performed": performed, "result": result},
-                **kwargs,
-            )
+            self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
     def run_worker(
@@ -206,35 +202,28 @@ class App:
         handle_signals: bool = True,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
-        holder: dict[str, Worker] = {}
-
-        async def serve() -> WorkerStats:
-            worker = Worker(
-                self.aio,
-                concurrency=concurrency,
-                stop_when_idle=stop_when_idle,
-                grace=grace,
-                worker_id=worker_id,
-            )
-            holder["worker"] = worker
-            return await worker.run()
-
+        worker = self.aio.worker(
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            worker_id=worker_id,
+        )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
 
             def on_signal(signum: int, frame: Any) -> None:
-                if worker := holder.get("worker"):
-                    self._portal.loop.call_soon_threadsafe(worker.stop)
+                self._portal.loop.call_soon_threadsafe(worker.stop)
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)
         try:
-            return self._portal.call(serve())
+            return self._portal.call(worker.run())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
     def close(self) -> None:
+        atexit.unregister(self._close_at_exit)
         if self._portal.started:
             self._portal.call(self.aio.close())
         self._portal.close()

@@ -28,6 +28,27 @@ from keel.langgraph.savers import FencedSaver, make_saver
 DEFAULT_URL = "sqlite:///.keel/keel.db"
 
 
+class Submission(dict[str, Any]):
+    """The run `submit` admitted or found: its row (still a dict to index), and `created`,
+    whether this call admitted it."""
+
+    def __init__(self, row: Row, *, created: bool) -> None:
+        super().__init__(row)
+        self.created = created
+
+    @property
+    def run_id(self) -> str:
+        return str(self["run_id"])
+
+    @property
+    def job_id(self) -> str:
+        return str(self["job_id"])
+
+    @property
+    def status(self) -> str:
+        return str(self["status"])
+
+
 @dataclass
 class RunDetails:
     """Everything Keel knows about one run."""
@@ -38,6 +59,14 @@ class RunDetails:
     waits: list[Row]
     artifacts: list[Any]
     notifications: list[Row] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run["run_id"])
+
+    @property
+    def job_id(self) -> str:
+        return str(self.run["job_id"])
 
     @property
     def status(self) -> str:
@@ -195,7 +224,8 @@ class Runtime:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
-    ) -> tuple[Row, bool]:
+    ) -> Submission:
+        """Admit a run (idempotent: the same job, input and version return the same run)."""
         await self.open()
         wf = self.workflows.get(workflow, version)
         row, created = await runs.admit(
@@ -210,7 +240,7 @@ class Runtime:
         )
         if created:
             self.wake()
-        return row, created
+        return Submission(row, created=created)
 
     async def get_run(self, run_id: str) -> RunDetails:
         await self.open()
@@ -275,6 +305,25 @@ class Runtime:
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()
         return await waits.decide(self.services, run_id, **kwargs)
+
+    async def approve(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        """Approve the run's pending approval; the first decision wins."""
+        return await self.decide(run_id, decision="approved", **kwargs)
+
+    async def reject(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        """Reject the run's pending approval; the first decision wins."""
+        return await self.decide(run_id, decision="rejected", **kwargs)
+
+    async def resolve_effect(
+        self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any
+    ) -> waits.DecisionResult:
+        """Tell an in-doubt effect's run whether the effect reached the provider."""
+        return await self.decide(
+            run_id,
+            decision="performed" if performed else "not_performed",
+            value={"performed": performed, "result": result},
+            **kwargs,
+        )
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------
 

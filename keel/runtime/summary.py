@@ -15,13 +15,28 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from keel.core.codec import loads
-from keel.runtime.runtime import RunDetails
 
 # Nodes LangGraph adds around the user's graph: their writes are not the user's steps.
 _INTERNAL = frozenset({"__start__", "__end__"})
+
+
+class Details(Protocol):
+    """What the summary reads: `Runtime.get_run`'s `RunDetails` (rows as dicts)."""
+
+    @property
+    def run(self) -> dict[str, Any]: ...
+
+    @property
+    def timeline(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def effects(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def waits(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ class RunSummary:
         return start, end
 
 
-def summarize(details: RunDetails, now: float) -> RunSummary:
+def summarize(details: Details, now: float) -> RunSummary:
     run = details.run
     spans, attempts = _timing(details.timeline, run["status"], now)
     effects = Counter(str(e["status"]) for e in details.effects)
@@ -170,7 +185,7 @@ def _close(attempts: list[Attempt], at: float, by: str) -> None:
         attempts[-1].ended_at, attempts[-1].ended_by = at, by
 
 
-def _explain(details: RunDetails, pending: list[dict[str, Any]]) -> tuple[str, str]:
+def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]:
     """A headline and the sentence that says why, from the recorded facts only."""
     run = details.run
     status = run["status"]

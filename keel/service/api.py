@@ -302,6 +302,7 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 wait["run_id"],
                 wait_id=approval_id,
                 by=body.by or principal.label,
+                principal=principal.label,
                 action_id=idempotency_key or body.action_id,
                 comment=body.comment,
                 channel="http",

@@ -401,6 +401,36 @@ def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
     assert [(e["name"], e["status"]) for e in run["effects"]] == [("notify_requester", "sent")]
 
 
+def test_a_decision_on_a_finished_runs_decided_approval_is_409_run_finished(
+    svc: Service,
+) -> None:
+    run_id, approval_id = svc.waiting_run("late-1")
+    path = f"/approvals/{approval_id}/decision"
+    won = svc.http.post(path, json={"decision": "approve"}, headers={"Idempotency-Key": "k-1"})
+    assert won.status_code == 200, won.text
+    svc.work()
+    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "completed"
+    late = svc.http.post(path, json={"decision": "reject", "by": "bob"})
+    assert (late.status_code, late.json()["error"]) == (409, "run_finished"), late.text
+    assert late.json()["approval"]["decision"] == "approved"
+    again = svc.http.post(path, json={"decision": "approve"}, headers={"Idempotency-Key": "k-1"})
+    assert (again.status_code, again.json()["recorded"]) == (200, False)
+
+
+def test_a_decision_records_the_calling_token_beside_the_by_it_typed(svc: Service) -> None:
+    run_id, approval_id = svc.waiting_run("who-1")
+    answer = svc.http.post(
+        f"/approvals/{approval_id}/decision", json={"decision": "approve", "by": "alice"}
+    )
+    assert answer.status_code == 200, answer.text
+    token = answer.json()["principal"]
+    assert token.startswith("token:") and answer.json()["decided_by"] == "alice"
+    assert svc.http.get(f"/approvals/{approval_id}").json()["principal"] == token
+    timeline = svc.http.get(f"/runs/{run_id}").json()["timeline"]
+    (recorded,) = [e for e in timeline if e["kind"] == "decision.recorded"]
+    assert (recorded["data"]["by"], recorded["data"]["principal"]) == ("alice", token)
+
+
 def test_decision_errors(svc: Service) -> None:
     _, approval_id = svc.waiting_run("errors-1")
     path = f"/approvals/{approval_id}/decision"

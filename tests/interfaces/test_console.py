@@ -186,11 +186,11 @@ def test_log_in_find_a_run_by_job_id_and_see_its_timeline_and_artifacts(
     shot(page, "run")
 
 
-def test_a_bad_filter_is_explained_and_an_unknown_run_is_a_404_page(
+def test_bad_input_is_explained_on_a_page_and_changes_nothing(
     console: Callable[[keel.App], Console], make_app: Callable[..., keel.App]
 ) -> None:
     app = register(make_app())
-    waiting_runs(app, "ticket-1")
+    (run,) = waiting_runs(app, "ticket-1")
     page = console(app).login()
     response = page.goto("/ui/runs?since=yesterday&status=lost")
     assert response.status == 400
@@ -199,6 +199,19 @@ def test_a_bad_filter_is_explained_and_an_unknown_run_is_a_404_page(
     response = page.goto("/ui/runs/no-such-run")
     assert response.status == 404
     expect(page.locator(".error .message")).to_contain_text("no run 'no-such-run'")
+
+    page.goto("/ui/approvals")
+    csrf = page.locator("form.decide input[name=csrf]").get_attribute("value")
+    wait_id = app.get_run(run).waits[0]["wait_id"]
+    form = {"decision": "approve", "by": "alice", "csrf": csrf, "comment": "x" * 10_001}
+    answer = page.request.post(f"/ui/approvals/{wait_id}/decision", form=form)
+    assert answer.status == 422 and "comment" in answer.text()
+    assert "<html" in answer.text()  # a page for a person, not the API's JSON
+    form.update(comment="fine", decision="maybe")
+    answer = page.request.post(f"/ui/approvals/{wait_id}/decision", form=form)
+    assert answer.status == 400 and "choose approve or reject" in answer.text()
+    (wait,) = app.get_run(run).waits
+    assert wait["status"] == "pending"
 
 
 # -- deciding --------------------------------------------------------------------------------
@@ -287,6 +300,10 @@ def test_resolve_an_in_doubt_effect_as_not_performed_sends_it_once(
     expect(page.locator("tr.effect.in_doubt")).to_have_count(1)
     expect(page.locator("#summary .outcome")).to_contain_text("an effect is in doubt")
     shot(page, "in-doubt")
+    inbox = page.context.new_page()
+    inbox.goto("/ui/approvals")
+    expect(inbox.locator("ul.in-doubt-list li")).to_contain_text("charge")
+    inbox.close()
     form = page.locator("form.in-doubt")
     form.get_by_label("Your name").fill("carol")
     form.get_by_role("button", name="It was not performed").click()

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -22,7 +23,7 @@ from keel.service.console.actions import actions_router
 from keel.service.console.pages import pages_router
 from keel.service.console.render import page
 from keel.service.console.session import ConsoleRefusal, Sessions
-from keel.service.errors import Refused, keel_status
+from keel.service.errors import Refused, keel_status, validation_message
 
 Handler = Callable[[Request, Any], Any]
 
@@ -46,7 +47,7 @@ def install_console(api: FastAPI, keel_app: App, auth: Authenticator) -> None:
         return _error_page(request, sessions, exc.status, exc.message)
 
     api.add_exception_handler(ConsoleRefusal, on_refusal)
-    for kind in (KeelError, Refused):
+    for kind in (KeelError, Refused, RequestValidationError):
         api.add_exception_handler(kind, _for_people(api.exception_handlers[kind], sessions))
 
 
@@ -57,6 +58,8 @@ def _for_people(api_handler: Handler, sessions: Sessions) -> Handler:
             return await answer if inspect.isawaitable(answer) else answer
         if isinstance(exc, Refused):
             return _error_page(request, sessions, exc.status, exc.message)
+        if isinstance(exc, RequestValidationError):  # a form field too long, a bad number
+            return _error_page(request, sessions, 422, validation_message(exc))
         assert isinstance(exc, KeelError)
         status, _ = keel_status(exc)
         return _error_page(request, sessions, status, str(exc))

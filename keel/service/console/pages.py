@@ -106,6 +106,8 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
         problems: list[str] = []
         offset = _int(q.get("offset"), 0, problems, "offset")
         rows = keel_app.browse_pending_waits(kind="approval", limit=PAGE + 1, offset=offset)
+        # In-doubt effects need a person too; they are answered on their run's page.
+        in_doubt = keel_app.browse_pending_waits(kind="effect", limit=PAGE)
         decided = None
         if wait_id := q.get("decided"):
             try:
@@ -117,6 +119,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             "approvals.html",
             session=session,
             approvals=[_wait_view(w) for w in rows[:PAGE]],
+            in_doubt=[_wait_view(w) for w in in_doubt],
             has_next=len(rows) > PAGE,
             offset=offset,
             page_size=PAGE,

@@ -240,6 +240,11 @@ class Runtime:
             row["stranded"] = versions.is_stranded(row, served)
         return rows
 
+    async def database_now(self) -> float:
+        """The database's clock, which judges every lease and deadline (epoch seconds)."""
+        await self.open()
+        return await self.store.database_now()
+
     async def served_versions(self) -> dict[str, set[str]]:
         """Workflow name -> the versions its workers serve (see `keel.core.versions`)."""
         await self.open()

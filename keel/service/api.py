@@ -47,8 +47,8 @@ NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
     409: {
         "model": m.Problem,
-        "description": "The run is running or finished, or its checkpoint does not fit that "
-        "version (`version_mismatch`).",
+        "description": "The run finished (`run_finished`), or its checkpoint does not fit "
+        "that version (`version_mismatch`); a running run is 400.",
     },
 }
 

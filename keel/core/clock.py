@@ -115,8 +115,8 @@ def judge_skew(skew: float, *, lease_ttl: float, limit: float) -> str | None:
     ahead = f"{abs(skew):.3f} s {'ahead of' if skew >= 0 else 'behind'} the database's"
     if limit > 0 and abs(skew) > limit:
         raise ClockSkew(
-            f"this host's clock is {ahead} (limit {limit:g} s, ${MAX_SKEW_ENV}): fix its time "
-            "sync (NTP) before starting a worker here"
+            f"this host's clock is {ahead} (limit {limit:g} s: --max-clock-skew or "
+            f"${MAX_SKEW_ENV}): fix its time sync (NTP) before starting a worker here"
         )
     if abs(skew) > lease_ttl / 3:
         return f"this host's clock is {ahead}, more than a third of the lease TTL ({lease_ttl:g} s)"

@@ -8,6 +8,7 @@ host's, which the offset does not touch either.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from collections import Counter
@@ -85,3 +86,14 @@ def test_fast_clocks_steal_no_live_lease_and_fire_no_deadline_early(
 def _stderr(proc: subprocess.Popen[bytes]) -> str:
     assert proc.stderr is not None
     return proc.stderr.read().decode(errors="replace")
+
+
+@pytest.mark.slow
+def test_a_worker_hours_off_the_database_clock_refuses_to_start(spawn) -> None:
+    refused = spawn(lease_ttl=TTL, clock_offset="-2h")
+    assert refused.wait(timeout=60) == 1
+    stderr = _stderr(refused)
+    [line] = [line for line in stderr.splitlines() if line.startswith("error: ")] or [stderr]
+    found = re.match(r"error: this host's clock is ([\d.]+) s behind the database's", line)
+    assert found and abs(float(found[1]) - 7200) < 60, line  # measured over one round trip
+    assert "(limit 300 s: --max-clock-skew or $KEEL_MAX_CLOCK_SKEW)" in line and "NTP" in line

@@ -31,6 +31,8 @@ from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.runtime import Runtime
 
 log = logging.getLogger("keel.runtime.worker")
+STRANDED_CHECK_INTERVAL = 10.0
+"""Seconds between looks for stranded runs (each new one is logged once)."""
 
 
 def new_worker_id() -> str:
@@ -202,7 +204,7 @@ class Worker:
             log.info("applied %d deadline policies", applied)
         loop = asyncio.get_running_loop()
         if loop.time() >= self._next_stranded_check:
-            self._next_stranded_check = loop.time() + self.clock_check_interval / 6
+            self._next_stranded_check = loop.time() + STRANDED_CHECK_INTERVAL
             await self._report_stranded()
 
     async def _report_stranded(self) -> None:

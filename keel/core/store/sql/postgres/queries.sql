@@ -1,3 +1,6 @@
+-- Time is the database's: keel_now() (epoch seconds) in every statement, never a worker's clock.
+-- In a WHERE clause it is written (SELECT keel_now()), evaluated once per statement, not per row.
+
 -- name: schema_version
 -- The highest migration applied (the table may not exist yet: the store checks first).
 SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
@@ -63,7 +66,7 @@ WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_h
 SELECT run_id, status, lease_token, lease_owner FROM keel_runs
 WHERE ((status = 'queued'
         AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(startable)s::jsonb)))
-    OR (status = 'running' AND lease_expires_at < keel_now()
+    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
         AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))))
 ORDER BY created_at, run_id
 LIMIT 1
@@ -190,7 +193,7 @@ UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = %(worker_id)s;
 
 -- name: list_workers
 -- Workers that heartbeated within the last `window` seconds of the database's clock.
-SELECT * FROM keel_workers WHERE heartbeat_at >= keel_now() - %(window)s AND stopped_at IS NULL ORDER BY started_at;
+SELECT * FROM keel_workers WHERE heartbeat_at >= (SELECT keel_now()) - %(window)s AND stopped_at IS NULL ORDER BY started_at;
 
 -- name: count_unfinished
 -- Runs some worker still has to execute (waiting runs need a person first).
@@ -205,7 +208,7 @@ SELECT pg_notify('keel_wake', %(run_id)s) IS NULL AS sent;
 -- name: expired_waits
 -- Open waits whose deadline has passed, oldest first.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < keel_now()
+WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < (SELECT keel_now())
 ORDER BY deadline
 LIMIT %(limit)s;
 
@@ -241,8 +244,8 @@ RETURNING intent_id;
 -- name: claim_intent_candidate
 -- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
 SELECT * FROM keel_outbox
-WHERE (status = 'queued' AND available_at <= keel_now())
-   OR (status = 'sending' AND claim_expires_at < keel_now())
+WHERE (status = 'queued' AND available_at <= (SELECT keel_now()))
+   OR (status = 'sending' AND claim_expires_at < (SELECT keel_now()))
 ORDER BY available_at, intent_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
@@ -274,7 +277,7 @@ SELECT * FROM keel_outbox WHERE wait_id = %(wait_id)s ORDER BY created_at, inten
 -- name: due_stages
 -- Open waits whose next reminder or escalation is due.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= keel_now()
+WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= (SELECT keel_now())
 ORDER BY next_stage_at
 LIMIT %(limit)s;
 
@@ -295,7 +298,7 @@ SELECT keel_now() AS now;
 
 -- name: served_workflows
 -- What workers serve, most recently seen first, with whether each is live.
-SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= keel_now() - %(window)s THEN 1 ELSE 0 END AS live FROM keel_workers
+SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - %(window)s THEN 1 ELSE 0 END AS live FROM keel_workers
 WHERE workflows <> '[]'
 ORDER BY COALESCE(stopped_at, heartbeat_at) DESC, worker_id
 LIMIT 1000;

@@ -1,3 +1,6 @@
+-- Time is the database's: keel_now() (epoch seconds) in every statement, never a worker's clock.
+-- In a WHERE clause it is written (SELECT keel_now()), evaluated once per statement, not per row.
+
 -- name: schema_version
 -- The highest migration applied (the table may not exist yet: the store checks first).
 SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
@@ -61,7 +64,7 @@ WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
 SELECT run_id, status, lease_token, lease_owner FROM keel_runs
 WHERE ((status = 'queued'
         AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:startable)))
-    OR (status = 'running' AND lease_expires_at < keel_now()
+    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
         AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))))
 ORDER BY created_at, run_id
 LIMIT 1;
@@ -187,7 +190,7 @@ UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = :worker_id;
 
 -- name: list_workers
 -- Workers that heartbeated within the last `window` seconds of the database's clock.
-SELECT * FROM keel_workers WHERE heartbeat_at >= keel_now() - :window AND stopped_at IS NULL ORDER BY started_at;
+SELECT * FROM keel_workers WHERE heartbeat_at >= (SELECT keel_now()) - :window AND stopped_at IS NULL ORDER BY started_at;
 
 -- name: count_unfinished
 -- Runs some worker still has to execute (waiting runs need a person first).
@@ -202,7 +205,7 @@ SELECT :run_id AS sent;
 -- name: expired_waits
 -- Open waits whose deadline has passed, oldest first.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < keel_now()
+WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < (SELECT keel_now())
 ORDER BY deadline
 LIMIT :limit;
 
@@ -238,8 +241,8 @@ RETURNING intent_id;
 -- name: claim_intent_candidate
 -- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
 SELECT * FROM keel_outbox
-WHERE (status = 'queued' AND available_at <= keel_now())
-   OR (status = 'sending' AND claim_expires_at < keel_now())
+WHERE (status = 'queued' AND available_at <= (SELECT keel_now()))
+   OR (status = 'sending' AND claim_expires_at < (SELECT keel_now()))
 ORDER BY available_at, intent_id
 LIMIT 1;
 
@@ -270,7 +273,7 @@ SELECT * FROM keel_outbox WHERE wait_id = :wait_id ORDER BY created_at, intent_i
 -- name: due_stages
 -- Open waits whose next reminder or escalation is due.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= keel_now()
+WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= (SELECT keel_now())
 ORDER BY next_stage_at
 LIMIT :limit;
 
@@ -291,7 +294,7 @@ SELECT keel_now() AS now;
 
 -- name: served_workflows
 -- What workers serve, most recently seen first, with whether each is live.
-SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= keel_now() - :window THEN 1 ELSE 0 END AS live FROM keel_workers
+SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - :window THEN 1 ELSE 0 END AS live FROM keel_workers
 WHERE workflows <> '[]'
 ORDER BY COALESCE(stopped_at, heartbeat_at) DESC, worker_id
 LIMIT 1000;

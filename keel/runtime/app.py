@@ -186,7 +186,7 @@ class App:
 
         Refused with WorkflowVersionMismatch when it does not fit, UnknownWorkflow when `to` is
         not registered here, UsageError/RunFinished when the run is running or finished."""
-        return self._portal.call(self.aio.upgrade_run(run_id, to, by=by))
+        return self._portal.call(self.aio.upgrade_run(run_id, to=to, by=by))
 
     def stranded_runs(self, limit: int = 100) -> list[Row]:
         """Runs waiting for a worker of a workflow version that no worker serves."""

@@ -282,9 +282,13 @@ class Runtime:
             await self.store.served_workflows(3 * self.heartbeat_interval)
         )
 
-    async def stranded_runs(self, names: list[str] | None = None, limit: int = 100) -> list[Row]:
-        """Runs that need a worker of a version no worker serves (of workflows `names`, or
-        all), oldest first."""
+    async def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs that need a worker of a version no worker serves, oldest first."""
+        return await self.stranded_runs_of(None, limit)
+
+    async def stranded_runs_of(self, names: list[str] | None, limit: int = 100) -> list[Row]:
+        """Stranded runs of workflows `names` (None: all), oldest first (what a worker looks
+        for among its own workflows)."""
         served = await self.served_versions()
         names = sorted(served) if names is None else names
         keys = sorted(f"{name}@{v}" for name, vs in served.items() for v in vs)
@@ -294,7 +298,7 @@ class Runtime:
             row["stranded"] = True
         return stranded
 
-    async def upgrade_run(self, run_id: str, to_version: str, *, by: str | None = None) -> Row:
+    async def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
         """Move a queued or waiting run to another registered version of its workflow, when
         its checkpoint fits that version's graph; WorkflowVersionMismatch when it does not."""
         await self.open()
@@ -302,8 +306,8 @@ class Runtime:
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
-        workflow = self.workflows.get(run["workflow"], to_version)
-        versions.check_upgradable(run, to_version)
+        workflow = self.workflows.get(run["workflow"], to)
+        versions.check_upgradable(run, to)
         graph = workflow.factory().compile(checkpointer=self.fencing())
         problems = await checkpoint_misfits(graph, self.fencing(), run_id)
         if problems:
@@ -311,7 +315,7 @@ class Runtime:
                 f"run {run_id} cannot move from {run['workflow']}@{run['workflow_version']} to "
                 f"{workflow.key}: its checkpoint does not fit ({'; '.join(problems)})"
             )
-        row = await versions.upgrade(self.store, run_id, to_version, seen=run, by=by)
+        row = await versions.upgrade(self.store, run_id, to, seen=run, by=by)
         self.wake()
         return row
 

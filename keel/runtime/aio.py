@@ -18,7 +18,7 @@ from keel.runtime.worker import Worker, WorkerStats
 class AsyncApp(Runtime):
     async def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
-        return summarize(await self.get_run(run_id), self.clock.now())
+        return summarize(await self.get_run(run_id), await self.database_now())
 
     def worker(
         self,

@@ -176,6 +176,11 @@ class App:
         """Runs some worker holds now, by owner (lease token, expiry, last heartbeat)."""
         return self._portal.call(self.aio.running_runs(limit))
 
+    def database_now(self) -> float:
+        """The database's clock (epoch seconds), which judges every lease and deadline: the
+        console's "in 5 min" and "passed" are measured against it, not this host's clock."""
+        return self._portal.call(self.aio.database_now())
+
     def workers(self) -> list[Row]:
         """Live workers (host, pid, concurrency, last heartbeat)."""
         return self._portal.call(self.aio.workers())

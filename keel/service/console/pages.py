@@ -44,7 +44,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             status_code=400 if problems else 200,
             session=session,
             runs=rows[:PAGE],
-            now=keel_app.aio.clock.now(),
+            now=keel_app.database_now(),
             has_next=len(rows) > PAGE,
             offset=offset,
             page_size=PAGE,
@@ -58,7 +58,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
     def run_page(run_id: str, request: Request) -> HTMLResponse:
         session = sessions.require(request, "runs:read")
         details = keel_app.get_run(run_id)
-        summary = summarize(details, keel_app.aio.clock.now())
+        summary = summarize(details, keel_app.database_now())
         return page(
             request,
             "run.html",
@@ -123,7 +123,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             has_next=len(rows) > PAGE,
             offset=offset,
             page_size=PAGE,
-            now=keel_app.aio.clock.now(),
+            now=keel_app.database_now(),
             decided=decided,
             recorded=q.get("recorded") == "1",
             refused=q.get("refused"),
@@ -146,7 +146,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             held=held,
             # Runs held by a worker that stopped heartbeating: a takeover is due.
             orphans={k: v for k, v in held.items() if k not in known},
-            now=keel_app.aio.clock.now(),
+            now=keel_app.database_now(),
         )
 
     return router

@@ -105,7 +105,7 @@ class Executor:
         try:
             return await self._execute(lease, run)
         except Exception as exc:
-            return await self._failed_attempt(lease, run, exc)
+            return await self._failed_attempt(lease, exc)
 
     async def _execute(self, lease: Lease, run: Row) -> Outcome:
         rt = self.services
@@ -171,7 +171,7 @@ class Executor:
             leave(entered)
             self.saver.drop(lease.run_id, lease.token)
 
-    async def _failed_attempt(self, lease: Lease, run: Row, exc: Exception) -> Outcome:
+    async def _failed_attempt(self, lease: Lease, exc: Exception) -> Outcome:
         """Count an execution that failed outside the graph's own code, and say what comes next:
         given back (infrastructure), retried after a backoff (crash), or failed past the limit."""
         rt = self.services
@@ -181,15 +181,15 @@ class Executor:
         try:
             async with rt.store.fenced(lease.run_id, lease.token) as tx:
                 now = rt.clock.now()
+                current = await rt.store.read_run(tx, lease.run_id)
+                assert current is not None
+                if current["status"] != Status.RUNNING:
+                    return Status(current["status"])  # it had moved on (a wait was registered)
                 crashes, retries = await rt.store.count_failed_attempt(
                     tx, lease.run_id, lease.token, now, crash=not infra
                 )
                 attempt = retries if infra else crashes
                 limit = policy.max_infra_retries if infra else policy.max_crashes
-                current = await rt.store.read_run(tx, lease.run_id)
-                assert current is not None
-                if current["status"] != Status.RUNNING:
-                    return Status(current["status"])
                 data: dict[str, Any] = {
                     "cause": "infrastructure" if infra else "crash",
                     "attempt": attempt,

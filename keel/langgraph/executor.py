@@ -165,7 +165,7 @@ class Executor:
         except RunCancelled:
             return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
         except Released:
-            await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
+            await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED
         finally:
             leave(entered)
@@ -180,13 +180,12 @@ class Executor:
         policy = rt.attempts
         try:
             async with rt.store.fenced(lease.run_id, lease.token) as tx:
-                now = rt.clock.now()
                 current = await rt.store.read_run(tx, lease.run_id)
                 assert current is not None
                 if current["status"] != Status.RUNNING:
                     return Status(current["status"])  # it had moved on (a wait was registered)
                 crashes, retries = await rt.store.count_failed_attempt(
-                    tx, lease.run_id, lease.token, now, crash=not infra
+                    tx, lease.run_id, lease.token, crash=not infra
                 )
                 attempt = retries if infra else crashes
                 limit = policy.max_infra_retries if infra else policy.max_crashes
@@ -210,7 +209,6 @@ class Executor:
                         tx,
                         lease.run_id,
                         "attempt.failed",
-                        now,
                         data,
                         worker_id=self.worker_id,
                         token=lease.token,
@@ -220,7 +218,6 @@ class Executor:
                         tx,
                         current,
                         Status.FAILED,
-                        now,
                         worker_id=self.worker_id,
                         token=lease.token,
                         termination_reason=TerminationReason.EXECUTION_ERROR.value,
@@ -234,7 +231,6 @@ class Executor:
                         tx,
                         lease.run_id,
                         "attempt.interrupted",
-                        now,
                         data,
                         worker_id=self.worker_id,
                         token=lease.token,
@@ -244,7 +240,6 @@ class Executor:
                         tx,
                         current,
                         Status.QUEUED,
-                        now,
                         worker_id=self.worker_id,
                         token=lease.token,
                         event={"reason": "infrastructure fault"},
@@ -259,12 +254,11 @@ class Executor:
                         tx,
                         lease.run_id,
                         "attempt.crashed",
-                        now,
                         data,
                         worker_id=self.worker_id,
                         token=lease.token,
                     )
-                    await rt.store.hold_lease_until(tx, lease.run_id, lease.token, now + delay, now)
+                    await rt.store.hold_lease_for(tx, lease.run_id, lease.token, delay)
             log.warning(
                 "worker %s run %s (token %s): %s attempt %d of %d failed (%s); it will resume",
                 self.worker_id,
@@ -341,7 +335,6 @@ class Executor:
                     tx,
                     run,
                     status,
-                    rt.clock.now(),
                     worker_id=ctx.worker_id,
                     token=ctx.token,
                     termination_reason=reason.value,
@@ -381,3 +374,31 @@ def _output(values: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_OUTPUT_BYTES else json.dumps({"truncated": True})
+
+
+async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> list[str]:
+    """Why the run's latest checkpoint cannot go on in `graph` (another version of its
+    workflow, compiled with `saver`); empty when it fits, and for a run never checkpointed (it
+    starts from its admitted input).
+
+    The nodes the run would execute next (the one it is interrupted in among them) are read
+    from the checkpoint itself, by name, not through `graph`: a graph without such a node just
+    computes no task for it, and the run would end there as if finished.
+    """
+    config = cast(RunnableConfig, {"configurable": {"thread_id": run_id}})
+    saved = await saver.aget_tuple(config)
+    if saved is None:
+        return []
+    values = saved.checkpoint.get("channel_values", {})
+    pending = {channel.rsplit(":", 1)[-1] for channel in values if channel.startswith("branch:to:")}
+    pending |= {str(send.node) for send in values.get("__pregel_tasks", []) or []}
+    nodes = set(graph.nodes)
+    problems = [f"node {name!r} is not in that version" for name in sorted(pending - nodes)]
+    if not problems:
+        state = await graph.aget_state(config)
+        if pending - set(state.next):
+            problems.append(
+                f"that version would run {sorted(state.next) or 'nothing'} next, not the "
+                f"{sorted(pending)} the run stopped before"
+            )
+    return problems

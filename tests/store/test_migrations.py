@@ -17,6 +17,7 @@ import keel
 from keel.core import runs
 from keel.core.errors import SchemaMismatch
 from keel.core.store.base import load_migrations
+from keel.testing.postgres import drop_database
 from tests.support.graphs import echo_graph
 from tests.support.workers import drain
 
@@ -39,8 +40,7 @@ def empty_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield f"{PG_URL.rpartition('/')[0]}/{name}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(PG_URL, name)
 
 
 @pytest.fixture

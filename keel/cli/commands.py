@@ -11,12 +11,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import render
@@ -33,6 +34,7 @@ from keel.cli.guard import (
 )
 from keel.cli.render import decided_line, out
 from keel.core.lifecycle import Status
+from keel.core.store.base import Row
 from keel.runtime.app import App
 from keel.runtime.loading import load_app
 from keel.runtime.runtime import DEFAULT_URL
@@ -72,6 +74,18 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _listing(
+    rows: list[Row], as_json: bool, table: Callable[[list[Row]], Table], none: str
+) -> None:
+    """JSON for scripts (JSON columns decoded), else a table, or a line saying there is none."""
+    if as_json:
+        typer.echo(render.to_json([render.decoded(r) for r in rows]))
+    elif rows:
+        out().print(table(rows))
+    else:
+        say(none)
 
 
 @cli.callback()
@@ -162,13 +176,22 @@ def worker(
     concurrency: int = typer.Option(4, min=1),
     stop_when_idle: bool = typer.Option(False, help="Exit when no run is queued or running."),
     grace: float = typer.Option(30.0, help="Seconds running runs get to finish on SIGTERM."),
+    max_clock_skew: float | None = typer.Option(
+        None,
+        min=0,
+        help="Refuse to start when this host's clock is further than this many seconds from "
+        "the database's (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit).",
+    ),
 ) -> None:
     """Execute runs of APP's workflows until stopped (SIGTERM drains; twice stops now)."""
     loaded = load_app(app)
     try:
         check_database(loaded)
         stats = loaded.run_worker(
-            concurrency=concurrency, stop_when_idle=stop_when_idle, grace=grace
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            max_clock_skew=max_clock_skew,
         )
     finally:
         loaded.close()
@@ -264,12 +287,7 @@ def runs_list(
             limit=limit,
             offset=offset,
         )
-    if as_json:
-        typer.echo(render.to_json([render.decoded(r) for r in rows]))
-    elif rows:
-        out().print(render.runs_table(rows))
-    else:
-        say("no runs match")
+    _listing(rows, as_json, render.runs_table, "no runs match")
 
 
 @runs_cli.command("show")
@@ -354,34 +372,49 @@ ActionOption = Annotated[
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
 
 
-@cli.command()
+def _verdict_command(decision: str, verb: str) -> Callable[..., None]:
+    # approve and reject take the same options and differ only in the verdict they record.
+    def command(
+        run_id: RunArgument,
+        by: ByOption = None,
+        comment: CommentOption = None,
+        wait_id: WaitOption = None,
+        action_id: ActionOption = None,
+        app: AppOption = None,
+        db: DbOption = None,
+    ) -> None:
+        _decide(run_id, decision, by, comment, wait_id, action_id, app, db)
+
+    command.__name__ = command.__qualname__ = verb.lower()
+    command.__doc__ = (
+        f"{verb} the run's pending approval. The first decision wins; repeats change nothing."
+    )
+    return command
+
+
+approve = cli.command("approve")(guarded(_verdict_command("approved", "Approve")))
+reject = cli.command("reject")(guarded(_verdict_command("rejected", "Reject")))
+
+
+@runs_cli.command("upgrade")
 @guarded
-def approve(
+def runs_upgrade(
     run_id: RunArgument,
+    to: Annotated[str, typer.Option("--to", help="The version to move the run to.")],
     by: ByOption = None,
-    comment: CommentOption = None,
-    wait_id: WaitOption = None,
-    action_id: ActionOption = None,
     app: AppOption = None,
     db: DbOption = None,
 ) -> None:
-    """Approve the run's pending approval. The first decision wins; repeats change nothing."""
-    _decide(run_id, "approved", by, comment, wait_id, action_id, app, db)
+    """Move a queued or waiting run to another version of its workflow (see docs/versions.md).
 
-
-@cli.command()
-@guarded
-def reject(
-    run_id: RunArgument,
-    by: ByOption = None,
-    comment: CommentOption = None,
-    wait_id: WaitOption = None,
-    action_id: ActionOption = None,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Reject the run's pending approval. The first decision wins; repeats change nothing."""
-    _decide(run_id, "rejected", by, comment, wait_id, action_id, app, db)
+    APP (--app or $KEEL_APP) must register that version: the run's checkpoint is checked
+    against its graph, and the move is refused unless the nodes the run stopped before exist.
+    """
+    if not (app or os.environ.get("KEEL_APP")):
+        fail("keel runs upgrade needs --app MODULE:ATTRIBUTE, the app with the new version", 2)
+    with open_app(app, db) as loaded:
+        row = loaded.upgrade_run(run_id, to=to, by=by or login())
+    say(f"run {run_id} moved to {row['workflow']}@{row['workflow_version']}; {row['status']}")
 
 
 @cli.command("resolve-effect")
@@ -436,15 +469,17 @@ def cancel(
 @cli.command()
 @guarded
 def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = None) -> None:
-    """List live workers: host, pid, concurrency, last heartbeat."""
+    """List live workers (host, pid, concurrency, workflows, last heartbeat) and stranded runs."""
     with open_app(app, db) as loaded:
-        rows = loaded.workers()
+        rows, stranded = loaded.workers(), loaded.stranded_runs()
+    _listing(rows, as_json, render.workers_table, "no live workers")
     if as_json:
-        typer.echo(render.to_json(rows))
-    elif rows:
-        out().print(render.workers_table(rows))
-    else:
-        say("no live workers")
+        return
+    for run in stranded:
+        say(
+            f"stranded: run {run['run_id']} ({run['status']}) needs "
+            f"{run['workflow']}@{run['workflow_version']}, which no worker serves"
+        )
 
 
 @approvals_cli.command("list")
@@ -459,12 +494,7 @@ def approvals_list(
     """List open waits (pending approvals first by deadline) across all runs."""
     with open_app(app, db) as loaded:
         rows = [w for w in loaded.pending_waits(limit) if kind is None or w["kind"] == kind]
-    if as_json:
-        typer.echo(render.to_json([render.decoded(w) for w in rows]))
-    elif rows:
-        out().print(render.waits_table(rows))
-    else:
-        say("no open waits")
+    _listing(rows, as_json, render.waits_table, "no open waits")
 
 
 runs_cli.command("cancel")(cancel)

@@ -43,6 +43,14 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     400: {"model": m.Problem, "description": "A malformed id."},
     404: {"model": m.Problem, "description": "No such run, approval or artifact."},
 }
+NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {
+        "model": m.Problem,
+        "description": "The run finished (`run_finished`), or its checkpoint does not fit "
+        "that version (`version_mismatch`); a running run is 400.",
+    },
+}
 
 
 def create_app(
@@ -95,8 +103,14 @@ def _run_url(request: Request, run_id: str) -> str:
     return str(request.url_for("get_run", run_id=run_id))
 
 
-def _page_end(offset: int, limit: int, fetched: int) -> int | None:
-    return offset + limit if fetched > limit else None
+def _paging(offset: int, limit: int, fetched: int) -> dict[str, Any]:
+    """A page's limit, offset and next offset, from the `fetched` rows (one more than a page
+    when there is a next one)."""
+    return {
+        "limit": limit,
+        "offset": offset,
+        "next_offset": offset + limit if fetched > limit else None,
+    }
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -152,9 +166,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         )
         return m.RunPage(
             runs=[m.run_model(r, _run_url(request, r["run_id"])) for r in rows[:limit]],
-            limit=limit,
-            offset=offset,
-            next_offset=_page_end(offset, limit, len(rows)),
+            **_paging(offset, limit, len(rows)),
         )
 
     @router.get("/runs/{run_id}", response_model=m.RunDetail, responses=NOT_FOUND)
@@ -171,7 +183,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             for a in details.artifacts
         ]
         return m.run_detail(
-            details.run,
+            {**details.run, "stranded": details.stranded},
             url=url,
             run_url=url,
             timeline=details.timeline,
@@ -218,6 +230,15 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
         return m.run_model(row, _run_url(request, run_id))
 
+    @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
+    def upgrade_run(run_id: RunId, body: m.UpgradeIn, request: Request, principal: Writer) -> m.Run:
+        """Move a queued or waiting run to another registered version of its workflow (409
+        `version_mismatch` when its checkpoint does not fit that version's graph)."""
+        keel_app.upgrade_run(run_id, to=body.to, by=body.by or principal.label)
+        details = keel_app.get_run(run_id)  # its stranded flag, as now derived
+        row = {**details.run, "stranded": details.stranded}
+        return m.run_model(row, _run_url(request, run_id))
+
     return router
 
 
@@ -255,9 +276,7 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         page = matching[offset : offset + limit + 1]
         return m.ApprovalPage(
             approvals=[m.approval_model(w, _run_url(request, w["run_id"])) for w in page[:limit]],
-            limit=limit,
-            offset=offset,
-            next_offset=_page_end(offset, limit, len(page)),
+            **_paging(offset, limit, len(page)),
         )
 
     @router.get("/approvals/{approval_id}", response_model=m.Approval, responses=NOT_FOUND)

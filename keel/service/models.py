@@ -6,12 +6,14 @@ on (lease owners, internal hashes) stay in the timeline, not in these models.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from keel.core.codec import loads
 from keel.core.store.base import Row
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Body(BaseModel):
@@ -29,6 +31,11 @@ class SubmitIn(Body):
 
 class CancelIn(Body):
     by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
+
+
+class UpgradeIn(Body):
+    to: str = Field(min_length=1, max_length=200, description="The version to move the run to.")
+    by: str | None = Field(None, max_length=200, description="Who upgrades (for the timeline).")
 
 
 class DecisionIn(Body):
@@ -54,6 +61,10 @@ class Run(BaseModel):
     termination_reason: str | None
     error: str | None
     cancel_requested: bool
+    stranded: bool = Field(
+        description="The run needs a worker of a version that no worker serves (see "
+        "docs/versions.md); move it with POST /runs/{id}/upgrade."
+    )
     created_at: float
     updated_at: float
     started_at: float | None
@@ -194,6 +205,7 @@ def _run_fields(row: Row) -> dict[str, Any]:
         "termination_reason": row["termination_reason"],
         "error": row["error"],
         "cancel_requested": bool(row["cancel_requested"]),
+        "stranded": bool(row.get("stranded", False)),
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
         "started_at": row["started_at"],
@@ -230,43 +242,21 @@ def approval_model(row: Row, run_url: str) -> Approval:
 
 def event_model(row: Row) -> Event:
     data = row["data"]
-    return Event(
-        event_id=row["event_id"],
-        at=row["at"],
-        kind=row["kind"],
-        worker_id=row["worker_id"],
-        lease_token=row["lease_token"],
-        data=loads(data) if isinstance(data, str) else data,
-    )
+    return _from_row(Event, row, data=loads(data) if isinstance(data, str) else data)
+
+
+def _from_row(model: type[M], row: Row, **converted: Any) -> M:
+    """The model with each field its column as stored, except those `converted` gives."""
+    stored = {name: row[name] for name in model.model_fields if name not in converted}
+    return model(**stored, **converted)
 
 
 def effect_model(row: Row) -> Effect:
-    return Effect(
-        idempotency_key=row["idempotency_key"],
-        name=row["name"],
-        node=row["node"],
-        step=row["step"],
-        status=row["status"],
-        attempts=row["attempts"],
-        result=loads(row["result"]),
-        error=row["error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    return _from_row(Effect, row, result=loads(row["result"]))
 
 
 def notification_model(row: Row) -> Notification:
-    return Notification(
-        intent_id=row["intent_id"],
-        wait_id=row["wait_id"],
-        notifier=row["notifier"],
-        kind=row["kind"],
-        status=row["status"],
-        attempts=row["attempts"],
-        error=row["error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    return _from_row(Notification, row)
 
 
 def run_detail(

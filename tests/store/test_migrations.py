@@ -199,7 +199,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
     rt = old.aio
     rt.portal.call(rt.connector.open())
     before = max(v for v in VERSIONS if v < 6)
-    rt.portal.call(rt.store.migrate(rt.clock.now(), target=before))
+    rt.portal.call(rt.store.migrate(target=before))
     row, _ = rt.portal.call(
         runs.admit(
             rt.store,
@@ -207,7 +207,6 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
             version="1",
             job_id="legacy-effect-1",
             input={"text": "hi"},
-            now=rt.clock.now(),
             rerun=False,
             max_input_bytes=1000,
         )

@@ -33,6 +33,10 @@ class CancelIn(Body):
     by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
 
 
+class ResumeIn(Body):
+    by: str | None = Field(None, max_length=200, description="Who resumes (for the timeline).")
+
+
 class UpgradeIn(Body):
     to: str = Field(min_length=1, max_length=200, description="The version to move the run to.")
     by: str | None = Field(None, max_length=200, description="Who upgrades (for the timeline).")

@@ -4,6 +4,7 @@ owned by one fenced worker at a time, with side effects that happen once."""
 from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
 from keel.core.errors import (
+    ClockSkew,
     EffectFailed,
     InputTooLarge,
     InvalidId,
@@ -21,17 +22,23 @@ from keel.core.errors import (
     TransientError,
     UnknownWorkflow,
     WaitNotFound,
+    WorkflowVersionMismatch,
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
-from keel.core.ledger import Retry, effect
+from keel.core.ledger import KEY, Retry, effect
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
-from keel.runtime.app import App, Submission
+from keel.runtime.aio import AsyncApp
+from keel.runtime.app import App
+from keel.runtime.runtime import RunDetails, Submission
 
 __all__ = [
+    "KEY",
     "App",
     "ApprovalDecision",
+    "AsyncApp",
+    "ClockSkew",
     "Decision",
     "EffectFailed",
     "InputTooLarge",
@@ -47,6 +54,7 @@ __all__ = [
     "NotInRun",
     "Retry",
     "RunArtifacts",
+    "RunDetails",
     "RunFinished",
     "RunNotFound",
     "SchemaMismatch",
@@ -57,6 +65,7 @@ __all__ = [
     "TransientError",
     "UnknownWorkflow",
     "WaitNotFound",
+    "WorkflowVersionMismatch",
     "approval",
     "artifacts",
     "effect",

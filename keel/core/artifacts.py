@@ -27,6 +27,26 @@ from keel.core.faults import fault_point
 from keel.core.ids import safe_name
 from keel.core.ledger import check_lease
 
+MAX_NAME = 200
+
+
+def artifact_name(name: str) -> str:
+    """`name`, if it can be a file name as it is; InvalidId saying why otherwise.
+
+    Rewriting a name would make `report:v1.txt` and `report v1.txt` the same file, and a
+    truncated one would answer for a name nobody wrote: both are refused, never mapped.
+    """
+    if len(name) > MAX_NAME:
+        raise InvalidId(
+            f"artifact name {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME}"
+        )
+    if safe_name(name, "artifact name") != name:
+        raise InvalidId(
+            f"artifact name {name!r} may only contain letters, digits, '.', '_' and '-' "
+            "(and may not start with '.')"
+        )
+    return name
+
 
 @dataclass(frozen=True)
 class ArtifactInfo:
@@ -49,7 +69,7 @@ class RunArtifacts:
         """Raises (LeaseLost) unless the writer may still publish: called before each rename."""
 
     def path(self, name: str) -> Path:
-        return _inside(self.folder, self.folder / safe_name(name, "artifact name"))
+        return _inside(self.folder, self.folder / artifact_name(name))
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         target = self.path(name)

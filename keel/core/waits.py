@@ -25,7 +25,7 @@ from keel.core.runs import cancel_waits, transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
+from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -41,6 +41,8 @@ class ApprovalDecision:
     comment: str | None = None
     channel: str | None = None
     at: float | None = None
+    principal: str | None = None
+    """The identity that made the decision's call (`by` is what it said)."""
 
     @property
     def approved(self) -> bool:
@@ -57,6 +59,7 @@ class ApprovalDecision:
             comment=value.get("comment"),
             channel=value.get("channel"),
             at=value.get("at"),
+            principal=value.get("principal"),
         )
 
 
@@ -122,7 +125,6 @@ def _spec(value: Any) -> dict[str, Any]:
 async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     """Record the waits the graph paused on and release the run until a decision arrives."""
     rt = ctx.services
-    now = rt.clock.now()
     ids = []
     run: Row | None = None
     store = rt.store
@@ -130,13 +132,12 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
         current_run = await store.read_run(tx, ctx.run_id)
         if current_run is not None and current_run["cancel_requested"]:
             # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
-            await cancel_waits(store, tx, ctx.run_id, now)
+            await cancel_waits(store, tx, ctx.run_id)
             await transition(
                 store,
                 tx,
                 current_run,
                 Status.CANCELLED,
-                now,
                 worker_id=ctx.worker_id,
                 token=ctx.token,
                 termination_reason=TerminationReason.CANCELLED,
@@ -157,23 +158,21 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 name=spec.get("name", "interrupt"),
                 payload=dumps(spec.get("payload")),
                 approvers=dumps(spec.get("approvers", [])),
-                deadline=now + float(timeout) if timeout is not None else None,
+                deadline_after=float(timeout) if timeout is not None else None,
                 on_timeout=spec.get("on_timeout", "fail"),
                 schedule=dumps(schedule),
-                next_stage_at=now + float(schedule[0]["after"]) if schedule else None,
-                now=now,
+                first_stage_after=float(schedule[0]["after"]) if schedule else None,
             )
             if inserted:
                 if run is None:
                     run = await store.read_run(tx, ctx.run_id)
                 wait_row = await store.read_wait(tx, wid)
                 assert run is not None and wait_row is not None
-                await outbox.record(rt, tx, run, wait_row, "request", now)
+                await outbox.record(rt, tx, run, wait_row, "request")
                 await store.add_event(
                     tx,
                     ctx.run_id,
                     "wait.registered",
-                    now,
                     {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")},
                     worker_id=ctx.worker_id,
                     token=ctx.token,
@@ -187,7 +186,7 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
         assert run is not None
         # A decision that is already in (it raced the registration) resumes the run at once.
         target = Status.QUEUED if decided else Status.WAITING
-        await transition(store, tx, run, target, now, worker_id=ctx.worker_id, token=ctx.token)
+        await transition(store, tx, run, target, worker_id=ctx.worker_id, token=ctx.token)
     return target
 
 
@@ -198,6 +197,23 @@ async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str])
         for w in await store.waits(run_id)
         if w["status"] != WaitStatus.PENDING and w["interrupt_id"] in pending_interrupt_ids
     }
+
+
+def completed_because(run_decision: str | None, waits: Sequence[Row]) -> TerminationReason:
+    """Why a run whose graph returned ended: its approval verdict, unless nobody gave it.
+
+    A rejection the deadline's policy applied is recorded as the decision (`rejected`, which
+    the graph saw), but the run ended because time ran out: `timed_out`, as a `timeout` policy.
+    """
+    if run_decision in (Decision.APPROVED, Decision.REJECTED):
+        verdicts = [w for w in waits if w["kind"] == WaitKind.APPROVAL]
+        last = max(verdicts, key=lambda w: w["decided_at"] or 0.0, default=None)
+        if last is not None and last["status"] == WaitStatus.EXPIRED:
+            return TerminationReason.TIMED_OUT
+        return TerminationReason(run_decision)
+    if any(w["decision"] == ExpiryDecision.TIMED_OUT for w in waits):
+        return TerminationReason.TIMED_OUT
+    return TerminationReason.COMPLETED
 
 
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
@@ -234,11 +250,14 @@ async def decide(
     action_id: str | None = None,
     channel: str = "api",
     comment: str | None = None,
+    principal: str | None = None,
 ) -> DecisionResult:
-    """Record a decision on a run's wait; the first one wins, atomically."""
+    """Record a decision on a run's wait; the first one wins, atomically.
+
+    `by` is who the caller says decided; `principal` is the identity that made the call (an
+    API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
     validate_run_id(run_id)
     store = services.store
-    now = services.clock.now()
     async with store.transaction() as tx:
         # The run first, locked (as registration's fence does): its status stays what we read,
         # and decisions and registrations take their locks in one order.
@@ -248,9 +267,13 @@ async def decide(
         waits = await store.read_waits(tx, run_id)
         wait = _target(run, waits, wait_id)
         check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
-        if wait["status"] == WaitStatus.DECIDED:
+        finished = Status(run["status"]) in FINISHED
+        retried = action_id is not None and wait["action_id"] == action_id
+        if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
+            # A double click, a second approver, or (once the run finished) a retry of the
+            # winning call itself: told what was recorded.
             return DecisionResult(wait, recorded=False)
-        if wait["status"] != WaitStatus.PENDING or Status(run["status"]) in FINISHED:
+        if wait["status"] != WaitStatus.PENDING or finished:
             raise RunFinished(
                 f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
                 f"{wait['status']}: it takes no more decisions"
@@ -261,7 +284,8 @@ async def decide(
             "by": by,
             "comment": comment,
             "channel": channel,
-            "at": now,
+            "principal": principal,
+            "at": await store.db_now(tx),
             **(value or {}),
         }
         updated = await store.decide_wait(
@@ -273,7 +297,6 @@ async def decide(
             action_id=action_id,
             channel=channel,
             comment=comment,
-            now=now,
         )
         if updated is None:  # another decision committed first
             again = await store.read_wait(tx, wait["wait_id"])
@@ -290,18 +313,23 @@ async def decide(
             run,
             updated,
             "decided",
-            now,
-            details={"decision": decision, "by": by, "channel": channel, "comment": comment},
+            details={
+                "decision": decision,
+                "by": by,
+                "principal": principal,
+                "channel": channel,
+                "comment": comment,
+            },
         )
         await store.add_event(
             tx,
             run_id,
             "decision.recorded",
-            now,
             {
                 "wait_id": wait["wait_id"],
                 "decision": decision,
                 "by": by,
+                "principal": principal,
                 "channel": channel,
                 "action_id": action_id,
             },
@@ -310,7 +338,6 @@ async def decide(
             store,
             tx,
             run,
-            now,
             decision=run_decision,
             cause={"wait_id": wait["wait_id"], "decision": decision},
         )

@@ -23,12 +23,11 @@ from keel.core.errors import InvalidWorkflow, LeaseLost, NotInRun, Released, Run
 from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
-from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
-from keel.core.wait_model import ExpiryDecision
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.savers import FencedSaver
 
@@ -112,7 +111,7 @@ class Executor:
         try:
             return await self._execute(lease, run)
         except Exception as exc:
-            return await self._failed_attempt(lease, run, exc)
+            return await self._failed_attempt(lease, exc)
 
     async def _execute(self, lease: Lease, run: Row) -> Outcome:
         rt = self.services
@@ -172,13 +171,13 @@ class Executor:
         except RunCancelled:
             return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
         except Released:
-            await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
+            await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED
         finally:
             leave(entered)
             self.saver.drop(lease.run_id, lease.token)
 
-    async def _failed_attempt(self, lease: Lease, run: Row, exc: Exception) -> Outcome:
+    async def _failed_attempt(self, lease: Lease, exc: Exception) -> Outcome:
         """Count an execution that failed outside the graph's own code, and say what comes next:
         given back (infrastructure), retried after a backoff (crash), or failed past the limit."""
         rt = self.services
@@ -187,16 +186,15 @@ class Executor:
         policy = rt.attempts
         try:
             async with rt.store.fenced(lease.run_id, lease.token) as tx:
-                now = rt.clock.now()
-                crashes, retries = await rt.store.count_failed_attempt(
-                    tx, lease.run_id, lease.token, now, crash=not infra
-                )
-                attempt = retries if infra else crashes
-                limit = policy.max_infra_retries if infra else policy.max_crashes
                 current = await rt.store.read_run(tx, lease.run_id)
                 assert current is not None
                 if current["status"] != Status.RUNNING:
-                    return Status(current["status"])
+                    return Status(current["status"])  # it had moved on (a wait was registered)
+                crashes, retries = await rt.store.count_failed_attempt(
+                    tx, lease.run_id, lease.token, crash=not infra
+                )
+                attempt = retries if infra else crashes
+                limit = policy.max_infra_retries if infra else policy.max_crashes
                 data: dict[str, Any] = {
                     "cause": "infrastructure" if infra else "crash",
                     "attempt": attempt,
@@ -217,7 +215,6 @@ class Executor:
                         tx,
                         lease.run_id,
                         "attempt.failed",
-                        now,
                         data,
                         worker_id=self.worker_id,
                         token=lease.token,
@@ -227,7 +224,6 @@ class Executor:
                         tx,
                         current,
                         Status.FAILED,
-                        now,
                         worker_id=self.worker_id,
                         token=lease.token,
                         termination_reason=TerminationReason.EXECUTION_ERROR.value,
@@ -241,7 +237,6 @@ class Executor:
                         tx,
                         lease.run_id,
                         "attempt.interrupted",
-                        now,
                         data,
                         worker_id=self.worker_id,
                         token=lease.token,
@@ -251,7 +246,6 @@ class Executor:
                         tx,
                         current,
                         Status.QUEUED,
-                        now,
                         worker_id=self.worker_id,
                         token=lease.token,
                         event={"reason": "infrastructure fault"},
@@ -266,12 +260,11 @@ class Executor:
                         tx,
                         lease.run_id,
                         "attempt.crashed",
-                        now,
                         data,
                         worker_id=self.worker_id,
                         token=lease.token,
                     )
-                    await rt.store.hold_lease_until(tx, lease.run_id, lease.token, now + delay, now)
+                    await rt.store.hold_lease_for(tx, lease.run_id, lease.token, delay)
             log.warning(
                 "worker %s run %s (token %s): %s attempt %d of %d failed (%s); it will resume",
                 self.worker_id,
@@ -316,16 +309,9 @@ class Executor:
         assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
-            decision = run["decision"]
-            if decision in (Decision.APPROVED, Decision.REJECTED):
-                reason = decision
-            elif any(
-                w["decision"] == ExpiryDecision.TIMED_OUT
-                for w in await self.services.store.waits(ctx.run_id)
-            ):
-                reason = TerminationReason.TIMED_OUT
-            else:
-                reason = TerminationReason.COMPLETED
+            reason = waits.completed_because(
+                run["decision"], await self.services.store.waits(ctx.run_id)
+            )
         return await self._end(
             ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
         )
@@ -348,7 +334,6 @@ class Executor:
                     tx,
                     run,
                     status,
-                    rt.clock.now(),
                     worker_id=ctx.worker_id,
                     token=ctx.token,
                     termination_reason=reason.value,
@@ -388,3 +373,31 @@ def _output(values: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_OUTPUT_BYTES else json.dumps({"truncated": True})
+
+
+async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> list[str]:
+    """Why the run's latest checkpoint cannot go on in `graph` (another version of its
+    workflow, compiled with `saver`); empty when it fits, and for a run never checkpointed (it
+    starts from its admitted input).
+
+    The nodes the run would execute next (the one it is interrupted in among them) are read
+    from the checkpoint itself, by name, not through `graph`: a graph without such a node just
+    computes no task for it, and the run would end there as if finished.
+    """
+    config = cast(RunnableConfig, {"configurable": {"thread_id": run_id}})
+    saved = await saver.aget_tuple(config)
+    if saved is None:
+        return []
+    values = saved.checkpoint.get("channel_values", {})
+    pending = {channel.rsplit(":", 1)[-1] for channel in values if channel.startswith("branch:to:")}
+    pending |= {str(send.node) for send in values.get("__pregel_tasks", []) or []}
+    nodes = set(graph.nodes)
+    problems = [f"node {name!r} is not in that version" for name in sorted(pending - nodes)]
+    if not problems:
+        state = await graph.aget_state(config)
+        if pending - set(state.next):
+            problems.append(
+                f"that version would run {sorted(state.next) or 'nothing'} next, not the "
+                f"{sorted(pending)} the run stopped before"
+            )
+    return problems

@@ -6,9 +6,11 @@ Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,23 +22,12 @@ from keel.core.notifications import Notifier
 from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
-from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
-from keel.runtime.worker import Worker, WorkerStats
+from keel.runtime.aio import AsyncApp
+from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
+from keel.runtime.summary import RunSummary
+from keel.runtime.worker import WorkerStats
 
 F = TypeVar("F", bound=Callable[[], Any])
-
-
-class Submission(dict[str, Any]):
-    """The run `App.submit` admitted or found: its row (still a dict to index), and `created`,
-    whether this call admitted it."""
-
-    def __init__(self, row: Row, *, created: bool) -> None:
-        super().__init__(row)
-        self.created = created
-
-    @property
-    def run_id(self) -> str:
-        return str(self["run_id"])
 
 
 class App:
@@ -59,7 +50,7 @@ class App:
         backoff from `retry_backoff` seconds, doubling, capped at a minute) before it ends
         failed; `max_infra_retries`: executions an infrastructure fault may interrupt.
         """
-        self.aio = Runtime(
+        self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
             clock=clock,
             artifacts_root=artifacts_dir or os.environ.get("KEEL_ARTIFACTS_DIR", ".keel/artifacts"),
@@ -74,6 +65,17 @@ class App:
             ),
         )
         self._portal = self.aio.portal
+        # A script that never calls close() would otherwise end with its pool's tasks destroyed
+        # mid-flight ("Task was destroyed but it is pending!"); the weak reference keeps the
+        # exit hook from keeping the App alive.
+        ref = weakref.ref(self)
+
+        def close_at_exit() -> None:
+            if (app := ref()) is not None:
+                app.close()
+
+        self._close_at_exit = close_at_exit
+        atexit.register(close_at_exit)
 
     @property
     def url(self) -> str:
@@ -143,10 +145,9 @@ class App:
         """Admit a run (idempotent: the same job, input and version return the same run).
 
         The run's row; its `created` is False when the run already existed."""
-        row, created = self._portal.call(
+        return self._portal.call(
             self.aio.submit(workflow, job_id=job_id, input=input, version=version, rerun=rerun)
         )
-        return Submission(row, created=created)
 
     def get_run(self, run_id: str) -> RunDetails:
         return self._portal.call(self.aio.get_run(run_id))
@@ -154,12 +155,22 @@ class App:
     def list_runs(self, **filters: Any) -> list[Row]:
         return self._portal.call(self.aio.list_runs(**filters))
 
+    def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first, filtered by status, workflow, job id prefix (`job_prefix`) and
+        admission time (`since`, `until`), each with its number of `pending_waits`."""
+        return self._portal.call(self.aio.browse_runs(**filters))
+
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
+        return self._portal.call(self.aio.summary(run_id))
+
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
-        return self._portal.call(self.aio.decide(run_id, decision="approved", **kwargs))
+        return self._portal.call(self.aio.approve(run_id, **kwargs))
 
     def reject(self, run_id: str, **kwargs: Any) -> DecisionResult:
-        return self._portal.call(self.aio.decide(run_id, decision="rejected", **kwargs))
+        """Reject the run's pending approval; the first decision wins."""
+        return self._portal.call(self.aio.reject(run_id, **kwargs))
 
     def get_wait(self, wait_id: str) -> Row:
         """One wait (approval, in-doubt effect, signal) by id; WaitNotFound if unknown."""
@@ -169,10 +180,39 @@ class App:
         """Open waits, oldest deadline first."""
         return self._portal.call(self.aio.pending_waits(limit))
 
+    def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        """Open waits of one kind (None: all), oldest deadline first, paged."""
+        return self._portal.call(
+            self.aio.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+        )
+
+    def running_runs(self, limit: int = 1000) -> list[Row]:
+        """Runs some worker holds now, by owner (lease token, expiry, last heartbeat)."""
+        return self._portal.call(self.aio.running_runs(limit))
+
+    def database_now(self) -> float:
+        """The database's clock (epoch seconds), which judges every lease and deadline: the
+        console's "in 5 min" and "passed" are measured against it, not this host's clock."""
+        return self._portal.call(self.aio.database_now())
+
     def workers(self, *, silent_for: float = 0.0) -> list[Row]:
         """Live workers (host, pid, concurrency, last heartbeat, `state`); with `silent_for`,
         also the workers that went quiet within that many seconds without stopping."""
         return self._portal.call(self.aio.workers(silent_for=silent_for))
+
+    def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
+        """Move a queued or waiting run to version `to` of its workflow (registered in this
+        app), if its checkpoint fits that version's graph (the nodes it stopped before exist).
+
+        Refused with WorkflowVersionMismatch when it does not fit, UnknownWorkflow when `to` is
+        not registered here, UsageError/RunFinished when the run is running or finished."""
+        return self._portal.call(self.aio.upgrade_run(run_id, to=to, by=by))
+
+    def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs waiting for a worker of a workflow version that no worker serves."""
+        return self._portal.call(self.aio.stranded_runs(limit=limit))
 
     def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
@@ -193,12 +233,7 @@ class App:
     ) -> DecisionResult:
         """Tell an in-doubt effect's run whether the effect reached the provider."""
         return self._portal.call(
-            self.aio.decide(
-                run_id,
-                decision="performed" if performed else "not_performed",
-                value={"performed": performed, "result": result},
-                **kwargs,
-            )
+            self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
     def run_worker(
@@ -209,37 +244,35 @@ class App:
         grace: float = 30.0,
         worker_id: str | None = None,
         handle_signals: bool = True,
+        max_clock_skew: float | None = None,
     ) -> WorkerStats:
-        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
-        holder: dict[str, Worker] = {}
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
-        async def serve() -> WorkerStats:
-            worker = Worker(
-                self.aio,
-                concurrency=concurrency,
-                stop_when_idle=stop_when_idle,
-                grace=grace,
-                worker_id=worker_id,
-            )
-            holder["worker"] = worker
-            return await worker.run()
-
+        ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
+        $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
+        worker = self.aio.worker(
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
+        )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
 
             def on_signal(signum: int, frame: Any) -> None:
-                if worker := holder.get("worker"):
-                    self._portal.loop.call_soon_threadsafe(worker.stop)
+                self._portal.loop.call_soon_threadsafe(worker.stop)
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)
         try:
-            return self._portal.call(serve())
+            return self._portal.call(worker.run())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
     def close(self) -> None:
+        atexit.unregister(self._close_at_exit)
         if self._portal.started:
             self._portal.call(self.aio.close())
         self._portal.close()

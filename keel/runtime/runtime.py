@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from keel.backends import connect
-from keel.core import leases, outbox, runs, waits
+from keel.core import leases, outbox, runs, versions, waits
 from keel.core.artifacts import RunArtifacts
-from keel.core.clock import Clock, SystemClock
+from keel.core.clock import Clock, SystemClock, database_override
 from keel.core.codec import loads
 from keel.core.deadlines import sweep_deadlines
-from keel.core.errors import RunNotFound, WaitNotFound
+from keel.core.errors import RunNotFound, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
@@ -23,10 +23,31 @@ from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph.executor import Executor, compile_graph
+from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
 from keel.langgraph.savers import FencedSaver, make_saver
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
+
+
+class Submission(dict[str, Any]):
+    """The run `submit` admitted or found: its row (still a dict to index), and `created`,
+    whether this call admitted it."""
+
+    def __init__(self, row: Row, *, created: bool) -> None:
+        super().__init__(row)
+        self.created = created
+
+    @property
+    def run_id(self) -> str:
+        return str(self["run_id"])
+
+    @property
+    def job_id(self) -> str:
+        return str(self["job_id"])
+
+    @property
+    def status(self) -> str:
+        return str(self["status"])
 
 
 @dataclass
@@ -39,6 +60,16 @@ class RunDetails:
     waits: list[Row]
     artifacts: list[Any]
     notifications: list[Row] = field(default_factory=list)
+    stranded: bool = False
+    """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run["run_id"])
+
+    @property
+    def job_id(self) -> str:
+        return str(self.run["job_id"])
 
     @property
     def status(self) -> str:
@@ -84,6 +115,7 @@ class Runtime:
             wake=self.wake,
             attempts=attempts or Attempts(),
         )
+        self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
@@ -167,7 +199,7 @@ class Runtime:
             await self.connector.open()
             if check_schema:
                 await self.store.check_schema()
-            saver = make_saver(self.connector, self.store, self.clock)
+            saver = make_saver(self.connector, self.store)
             if self.store.dialect == "sqlite":
                 await saver.setup()  # idempotent; its lazy setup would commit our transactions
             self.saver = saver
@@ -189,8 +221,8 @@ class Runtime:
 
     async def migrate(self) -> list[str]:
         await self.connector.open()
-        applied = await self.store.migrate(self.clock.now())
-        saver = make_saver(self.connector, self.store, self.clock)
+        applied = await self.store.migrate()
+        saver = make_saver(self.connector, self.store)
         for attempt in range(1, 6):
             try:
                 await saver.setup()
@@ -215,7 +247,8 @@ class Runtime:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
-    ) -> tuple[Row, bool]:
+    ) -> Submission:
+        """Admit a run (idempotent: the same job, input and version return the same run)."""
         await self.open()
         wf = self.workflows.get(workflow, version)
         self._check(wf)  # refused before admission: a run of it could never execute
@@ -225,13 +258,12 @@ class Runtime:
             version=wf.version,
             job_id=job_id,
             input=input,
-            now=self.clock.now(),
             rerun=rerun,
             max_input_bytes=self.max_input_bytes,
         )
         if created:
             self.wake()
-        return row, created
+        return Submission(row, created=created)
 
     async def get_run(self, run_id: str) -> RunDetails:
         await self.open()
@@ -247,11 +279,85 @@ class Runtime:
             waits=await self.store.waits(run_id),
             artifacts=for_run,
             notifications=await self.store.intents(run_id),
+            stranded=versions.is_stranded(run, await self.served_versions()),
         )
 
     async def list_runs(self, **filters: Any) -> list[Row]:
+        """Runs, newest first, each with its derived `stranded` flag."""
         await self.open()
-        return await self.store.list_runs(**filters)
+        rows = await self.store.list_runs(**filters)
+        served = await self.served_versions()
+        for row in rows:
+            row["stranded"] = versions.is_stranded(row, served)
+        return rows
+
+    async def database_now(self) -> float:
+        """The database's clock, which judges every lease and deadline (epoch seconds)."""
+        await self.open()
+        return await self.store.database_now()
+
+    async def served_versions(self) -> dict[str, set[str]]:
+        """Workflow name -> the versions its workers serve (see `keel.core.versions`)."""
+        await self.open()
+        return versions.served_versions(
+            await self.store.served_workflows(3 * self.heartbeat_interval)
+        )
+
+    async def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs that need a worker of a version no worker serves, oldest first."""
+        return await self.stranded_runs_of(None, limit)
+
+    async def stranded_runs_of(self, names: list[str] | None, limit: int = 100) -> list[Row]:
+        """Stranded runs of workflows `names` (None: all), oldest first (what a worker looks
+        for among its own workflows)."""
+        served = await self.served_versions()
+        names = sorted(served) if names is None else names
+        keys = sorted(f"{name}@{v}" for name, vs in served.items() for v in vs)
+        rows = await self.store.other_versions(names, keys, limit)
+        stranded = [row for row in rows if versions.is_stranded(row, served)]
+        for row in stranded:
+            row["stranded"] = True
+        return stranded
+
+    async def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
+        """Move a queued or waiting run to another registered version of its workflow, when
+        its checkpoint fits that version's graph; WorkflowVersionMismatch when it does not."""
+        await self.open()
+        validate_run_id(run_id)
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        workflow = self.workflows.get(run["workflow"], to)
+        versions.check_upgradable(run, to)
+        graph = workflow.factory().compile(checkpointer=self.fencing())
+        problems = await checkpoint_misfits(graph, self.fencing(), run_id)
+        if problems:
+            raise WorkflowVersionMismatch(
+                f"run {run_id} cannot move from {run['workflow']}@{run['workflow_version']} to "
+                f"{workflow.key}: its checkpoint does not fit ({'; '.join(problems)})"
+            )
+        row = await versions.upgrade(self.store, run_id, to, seen=run, by=by)
+        self.wake()
+        return row
+
+    async def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first (`Store.browse_runs` filters), each with its `pending_waits`."""
+        await self.open()
+        rows = await self.store.browse_runs(**filters)
+        counts = await self.store.count_pending_waits([r["run_id"] for r in rows])
+        for row in rows:
+            row["pending_waits"] = counts.get(row["run_id"], 0)
+        return rows
+
+    async def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        await self.open()
+        return await self.store.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+
+    async def running_runs(self, limit: int = 1000) -> list[Row]:
+        await self.open()
+        return await self.store.running_runs(limit)
 
     async def get_wait(self, wait_id: str) -> Row:
         await self.open()
@@ -270,23 +376,23 @@ class Runtime:
         many seconds, `state` "silent": waiting for the database, or dead (nobody can tell
         from here; a live one comes back by itself once it reaches the database)."""
         await self.open()
-        now = self.clock.now()
-        live_since = now - 3 * self.heartbeat_interval
-        rows = await self.store.workers(min(live_since, now - silent_for))
+        live_window = 3 * self.heartbeat_interval
+        rows = await self.store.workers(max(live_window, silent_for))
+        now = await self.store.database_now()
         for row in rows:
-            row["state"] = "live" if row["heartbeat_at"] >= live_since else "silent"
+            row["state"] = "live" if row["heartbeat_at"] >= now - live_window else "silent"
         return rows
 
     async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         await self.open()
         validate_run_id(run_id)
-        return await runs.cancel(self.store, run_id, self.clock.now(), by=by)
+        return await runs.cancel(self.store, run_id, by=by)
 
     async def resume(self, run_id: str, *, by: str | None = None) -> Row:
         """Queue a failed run again, to continue from its last checkpoint with its ledger."""
         await self.open()
         validate_run_id(run_id)
-        row = await runs.resume(self.store, run_id, self.clock.now(), by=by)
+        row = await runs.resume(self.store, run_id, by=by)
         self.wake()
         return row
 
@@ -294,13 +400,32 @@ class Runtime:
         await self.open()
         return await waits.decide(self.services, run_id, **kwargs)
 
+    async def approve(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        """Approve the run's pending approval; the first decision wins."""
+        return await self.decide(run_id, decision="approved", **kwargs)
+
+    async def reject(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        """Reject the run's pending approval; the first decision wins."""
+        return await self.decide(run_id, decision="rejected", **kwargs)
+
+    async def resolve_effect(
+        self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any
+    ) -> waits.DecisionResult:
+        """Tell an in-doubt effect's run whether the effect reached the provider."""
+        return await self.decide(
+            run_id,
+            decision="performed" if performed else "not_performed",
+            value={"performed": performed, "result": result},
+            **kwargs,
+        )
+
     async def end_dead_lease(self, run_id: str, token: int) -> bool:
         """The worker holding `run_id` under `token` is dead (you saw its process exit): let
         the next claim take the run over now instead of after the lease TTL. False if that
         token no longer holds the run."""
         await self.open()
         validate_run_id(run_id)
-        return await leases.end_dead(self.store, run_id, token, self.clock.now())
+        return await leases.end_dead(self.store, run_id, token)
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------
 

@@ -19,14 +19,15 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Requ
 from fastapi.responses import FileResponse
 
 import keel
-from keel.core.artifacts import RunArtifacts
 from keel.core.errors import InvalidId, RunFinished, UsageError
-from keel.core.ids import safe_name, validate_run_id
 from keel.core.lifecycle import Decision, Status
 from keel.core.waits import check_answer
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
+from keel.service.console import install_console
+from keel.service.docs import install_docs
 from keel.service.errors import BodyLimit, Refused, install
+from keel.service.files import artifact_file
 from keel.service.health import health_router
 
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
@@ -42,6 +43,14 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     400: {"model": m.Problem, "description": "A malformed id."},
     404: {"model": m.Problem, "description": "No such run, approval or artifact."},
+}
+NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {
+        "model": m.Problem,
+        "description": "The run finished (`run_finished`), or its checkpoint does not fit "
+        "that version (`version_mismatch`); a running run is 400.",
+    },
 }
 
 
@@ -62,8 +71,12 @@ def create_app(
     api = FastAPI(
         title="Keel",
         version=_version(),
-        description="Admit and inspect crash-safe LangGraph runs; decide their approvals.",
+        description="Admit and inspect crash-safe LangGraph runs; decide their approvals. "
+        "People use the console at /ui.",
         responses=ERRORS,
+        # Served from local assets (keel.service.docs): the defaults load from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     api.state.keel = keel_app
     install(api)
@@ -71,6 +84,8 @@ def create_app(
     api.include_router(health_router(keel_app))
     api.include_router(runs_router(keel_app, auth))
     api.include_router(approvals_router(keel_app, auth))
+    install_docs(api)
+    install_console(api, keel_app, auth)
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:
@@ -175,7 +190,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             for a in details.artifacts
         ]
         return m.run_detail(
-            details.run,
+            {**details.run, "stranded": details.stranded},
             url=url,
             run_url=url,
             timeline=details.timeline,
@@ -196,20 +211,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         _: Reader,
     ) -> FileResponse:
         """One file of the run's artifacts folder."""
-        validate_run_id(run_id)
-        keel_app.get_run(run_id)  # 404 for an unknown run, before looking at any folder
-        try:
-            clean = safe_name(name, "artifact name")
-        except InvalidId as exc:
-            raise Refused(400, "invalid_id", str(exc)) from None
-        if clean != name:
-            # safe_name() maps unsafe characters to '_'; serving the mapped file would answer
-            # for a name that was never asked for.
-            raise Refused(400, "invalid_id", f"artifact name {name!r} is not a plain file name")
-        path = RunArtifacts(keel_app.aio.artifacts_root, run_id).path(name)
-        if not path.is_file():
-            raise Refused(404, "artifact_not_found", f"run {run_id} has no artifact {name!r}")
-        return FileResponse(path, filename=name)
+        return FileResponse(artifact_file(keel_app, run_id, name), filename=name)
 
     @router.post("/runs/{run_id}/cancel", response_model=m.Run, responses=NOT_FOUND)
     def cancel_run(
@@ -235,7 +237,18 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     ) -> m.Run:
         """Queue a failed run again: it continues from its last checkpoint with its ledger, so an
         effect it recorded is not performed again. 409 unless the run is failed."""
-        row = keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
+        keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
+        details = keel_app.get_run(run_id)
+        row = {**details.run, "stranded": details.stranded}
+        return m.run_model(row, _run_url(request, run_id))
+
+    @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
+    def upgrade_run(run_id: RunId, body: m.UpgradeIn, request: Request, principal: Writer) -> m.Run:
+        """Move a queued or waiting run to another registered version of its workflow (409
+        `version_mismatch` when its checkpoint does not fit that version's graph)."""
+        keel_app.upgrade_run(run_id, to=body.to, by=body.by or principal.label)
+        details = keel_app.get_run(run_id)  # its stranded flag, as now derived
+        row = {**details.run, "stranded": details.stranded}
         return m.run_model(row, _run_url(request, run_id))
 
     return router
@@ -326,6 +339,7 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 wait["run_id"],
                 wait_id=approval_id,
                 by=body.by or principal.label,
+                principal=principal.label,
                 action_id=idempotency_key or body.action_id,
                 comment=body.comment,
                 channel="http",

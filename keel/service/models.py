@@ -37,6 +37,11 @@ class ResumeIn(Body):
     by: str | None = Field(None, max_length=200, description="Who resumes (for the timeline).")
 
 
+class UpgradeIn(Body):
+    to: str = Field(min_length=1, max_length=200, description="The version to move the run to.")
+    by: str | None = Field(None, max_length=200, description="Who upgrades (for the timeline).")
+
+
 class DecisionIn(Body):
     decision: Literal["approve", "reject"]
     comment: str | None = Field(None, max_length=10_000)
@@ -60,6 +65,10 @@ class Run(BaseModel):
     termination_reason: str | None
     error: str | None
     cancel_requested: bool
+    stranded: bool = Field(
+        description="The run needs a worker of a version that no worker serves (see "
+        "docs/versions.md); move it with POST /runs/{id}/upgrade."
+    )
     created_at: float
     updated_at: float
     started_at: float | None
@@ -111,6 +120,8 @@ class Approval(BaseModel):
     escalation_level: int
     decision: str | None
     decided_by: str | None
+    principal: str | None
+    """The identity that made the call (e.g. `token:<fingerprint>`), beside the `by` it gave."""
     channel: str | None
     comment: str | None
     action_id: str | None
@@ -200,6 +211,7 @@ def _run_fields(row: Row) -> dict[str, Any]:
         "termination_reason": row["termination_reason"],
         "error": row["error"],
         "cancel_requested": bool(row["cancel_requested"]),
+        "stranded": bool(row.get("stranded", False)),
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
         "started_at": row["started_at"],
@@ -221,6 +233,7 @@ def approval_fields(row: Row, run_url: str) -> dict[str, Any]:
         "escalation_level": row.get("escalation_level") or 0,
         "decision": row["decision"],
         "decided_by": row["decided_by"],
+        "principal": decision_principal(row),
         "channel": row["channel"],
         "comment": row["comment"],
         "action_id": row["action_id"],
@@ -228,6 +241,12 @@ def approval_fields(row: Row, run_url: str) -> dict[str, Any]:
         "created_at": row["created_at"],
         "run_url": run_url,
     }
+
+
+def decision_principal(row: Row) -> str | None:
+    """Who made the decision's call, kept in its recorded value (older decisions have none)."""
+    value = loads(row["value"]) if row.get("value") else None
+    return value.get("principal") if isinstance(value, dict) else None
 
 
 def approval_model(row: Row, run_url: str) -> Approval:

@@ -149,16 +149,21 @@ def pg_fleet(cluster: ThrowawayCluster, tmp_path: Path) -> Iterator[Fleet]:
 def test_postmaster_sigkilled_three_times_under_100_runs_loses_nothing_and_sends_once(
     pg_fleet: Fleet, cluster: ThrowawayCluster
 ) -> None:
-    ids = pg_fleet.submit(100, work=0.02)
-    pg_fleet.start(3)
+    ids = pg_fleet.submit(100, work=0.1)
+    # Leases outlive the restart (a few seconds): an execution that waited for the pool through
+    # it goes on under a lease that is still its own. (With a TTL shorter than the outage it
+    # may go on after a takeover; the ledger's fenced reserve and the last lease check before
+    # the provider call are what stop it then: see docs/workers.md.)
+    pg_fleet.start(3, lease_ttl=10.0)
     kills = 0
-    for threshold in (15, 45, 70):
+    for threshold in (10, 30, 50):
         wait_until(lambda t=threshold: pg_fleet.delivered() >= t, 60, f"{threshold} emails")
         cluster.kill()  # the postmaster; its backends follow, every connection breaks
         kills += 1
+        assert pg_fleet.delivered() < 100, "the kills must land mid-batch"
         assert pg_fleet.alive() == [None, None, None], pg_fleet.logs()
         cluster.start()  # crash recovery, then connections again
-    assert kills == 3 and pg_fleet.delivered() < 100, "the kills must land mid-batch"
+    assert kills == 3
     pg_fleet.check(ids, exits_within=60)
 
 

@@ -85,4 +85,6 @@ def test_both_dialects_have_the_same_migrations() -> None:
     # used once and they only grow; migrate() applies them in order whatever the gaps.
     assert versions == sorted(set(versions)) and versions[0] == 1, "versions repeat or regress"
     for a, b in zip(sqlite, postgres, strict=True):
-        assert len(a.statements) == len(b.statements), f"migration {a.name} differs in size"
+        # SQLite's keel_now() is defined on each connection, PostgreSQL's in its migration.
+        tables = [s for s in b.statements if not s.startswith("CREATE OR REPLACE FUNCTION")]
+        assert len(a.statements) == len(tables), f"migration {a.name} differs in size"

@@ -31,6 +31,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 import keel
+from keel.core.clock import OFFSET_ENV
 from keel.core.errors import UsageError
 from keel.testing import pgcluster
 from keel.testing.pgcluster import ThrowawayCluster
@@ -60,9 +61,6 @@ the run over."""
 SKEW_TTL = 15.0
 """The lease TTL of a clock-skew cell: long enough that the held worker keeps its lease while
 the skewed one starts, so only a wrong clock can make it look expired."""
-CLOCK_OFFSET_ENV = "KEEL_CLOCK_OFFSET"
-"""Seconds a worker's own clock is shifted by (read by keel.core.clock where the runtime
-supports it)."""
 SKEW_LINGER = 2.0
 """How long the held worker stays held once the skewed one is up (two of its claim polls)."""
 
@@ -224,15 +222,11 @@ class ClockSkew(FaultKind):
         held_since, held_token = time.monotonic(), armed.token()
         env = {**armed.clean_env, "KEEL_LEASE_TTL": f"{SKEW_TTL:g}"}
         ahead = 3 * SKEW_TTL
-        if self.config.backend == "postgres":
-            # Another host whose wall clock is ahead: everything in the process reads it.
-            skewed_args = ["keel.chaos.skewed", f"{ahead:g}", *harness.worker_args()]
-        else:
-            # SQLite's clock is this host's, shared by every process on it: what can be ahead
-            # is the worker's own clock (KEEL_CLOCK_OFFSET, the runtime's test seam for it).
-            skewed_args = harness.worker_args()
-            env[CLOCK_OFFSET_ENV] = f"{ahead:g}"
-        procs.append(harness.spawn(skewed_args, env, f"{armed.log}.skewed"))
+        # A host whose clock is ahead: the worker's own clock (KEEL_CLOCK_OFFSET, read by
+        # SystemClock, the one clock Keel's worker reads). The database's is not moved: SQLite's
+        # is this host's, shared by every process on it, and PostgreSQL's is the server's.
+        env[OFFSET_ENV] = f"{ahead:g}"
+        procs.append(harness.spawn(harness.worker_args(), env, f"{armed.log}.skewed"))
         _until(armed, lambda: _up(armed, procs[1]) or armed.token() > held_token)
         linger = time.monotonic() + SKEW_LINGER
         _until(armed, lambda: time.monotonic() > linger or armed.token() > held_token)

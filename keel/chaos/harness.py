@@ -25,6 +25,7 @@ from keel.chaos.forkserver import SUPPORTED, ForkServer
 from keel.chaos.kinds import Armed, FaultKind, Kill
 from keel.chaos.world import World
 from keel.runtime.loading import load_app
+from keel.testing.postgres import drop_database
 
 KILLED = -9
 log = logging.getLogger("keel.chaos")
@@ -170,22 +171,16 @@ class Harness:
             self._drop(server, name)
 
     def _drop(self, server: str, name: str) -> None:
-        """Drop a cell's database. FORCE cannot end a session of another role (an autovacuum
-        worker that just started on it, say): such a session ends soon, so try again; a database
-        still there after that is left behind, named keel_chaos_*, rather than failing the cell."""
+        """Drop a cell's database (keel.testing.postgres.drop_database retries while a session
+        not ours to end, an autovacuum worker, is still on it); one still there after that is
+        left behind, named keel_chaos_*, rather than failing the cell."""
         import psycopg
 
-        for attempt in range(20):
-            try:
-                with (
-                    self._admin,
-                    psycopg.connect(server, autocommit=True) as conn,
-                ):
-                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                return
-            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
-                time.sleep(0.1 * (attempt + 1))
-        log.warning("could not drop the cell database %s; drop it by hand", name)
+        try:
+            with self._admin:
+                drop_database(server, name)
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.ObjectInUse):
+            log.warning("could not drop the cell database %s; drop it by hand", name)
 
     def app_on(self, url: str) -> keel.App:
         """An App on the cell's database with the user's workflows (the user's module is

@@ -22,16 +22,23 @@ from keel.core.store.base import Params, Row, load_queries
 log = logging.getLogger("keel.store")
 
 IDLE_IN_TRANSACTION_TIMEOUT = "10s"
-"""How long the server lets one of Keel's transactions sit idle before it ends it. Keel's own
-transactions never wait on anything but the database; one that is idle this long belongs to a
-frozen worker (SIGSTOP, a suspended VM, a stalled host) whose row locks, its run's among them,
-would otherwise stop every other worker from taking the run over until its TCP connection dies
-(keel chaos --fault freeze finds it). The frozen worker then finds its connection gone: an
-infrastructure fault, not a run failure."""
+"""How long the server lets one of Keel's transactions sit idle before it ends it, unless the
+deployment set its own bound (`ALTER DATABASE/ROLE ... SET idle_in_transaction_session_timeout`,
+docs/workers.md). Keel's own transactions never wait on anything but the database; one that is
+idle this long belongs to a frozen worker (SIGSTOP, a suspended VM, a stalled host) whose row
+locks, its run's among them, would otherwise stop every other worker from taking the run over
+until its TCP connection dies (keel chaos --fault freeze finds it). The frozen worker then finds
+its connection gone: an infrastructure fault, not a run failure."""
 
 
 async def _configure(conn: AsyncConnection[DictRow]) -> None:
-    await conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+    # Only where nothing bounds it yet (0, the server's default): a database or role setting
+    # the deployment chose is kept.
+    await conn.execute(
+        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
+        " WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
+        (IDLE_IN_TRANSACTION_TIMEOUT,),
+    )
 
 
 # OperationalError covers lost connections, admin/crash shutdown, pool timeouts, serialization

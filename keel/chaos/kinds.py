@@ -2,7 +2,7 @@
 
 Each kind is a column of the matrix (`keel chaos --fault kill,freeze,...`). `kill` SIGKILLs the
 armed worker there. The others *hold* it there — it SIGSTOPs itself at the point
-(KEEL_FAULTS_ACTION=stop, see keel.core.faults) — do something to the world while it is held,
+(`KEEL_FAULTS=point@n!stop`, see keel.core.faults) — do something to the world while it is held,
 and SIGCONT it:
 
 - `freeze`: another worker starts and the harness waits until the store shows it took the run

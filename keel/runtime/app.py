@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from keel.core.clock import Clock
 from keel.core.errors import UsageError
 from keel.core.notifications import Notifier
+from keel.core.retention import PruneReport
 from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
@@ -174,6 +175,39 @@ class App:
             )
         )
 
+    def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
+        """The run's timeline events with an id above `after`, in order (a resumable cursor)."""
+        return self._portal.call(self.aio.events_after(run_id, after, limit))
+
+    def run_status(self, run_id: str) -> str:
+        """The run's status alone: cheaper than `get_run` for a poller."""
+        return self._portal.call(self.aio.run_status(run_id))
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What /metrics reads from the database (runs, queue, ledger, waits, outbox, lag)."""
+        return self._portal.call(self.aio.metrics_snapshot())
+
+    def prune(
+        self,
+        *,
+        older_than: str | float,
+        statuses: list[str] | None = None,
+        keep_failed: bool = False,
+        dry_run: bool = False,
+        batch_size: int = 200,
+    ) -> PruneReport:
+        """Delete finished runs that finished more than `older_than` ago ("30d", "12h", or
+        seconds) with their checkpoints, ledger, waits, outbox, timeline and artifacts."""
+        return self._portal.call(
+            self.aio.prune(
+                older_than=older_than,
+                statuses=statuses,
+                keep_failed=keep_failed,
+                dry_run=dry_run,
+                batch_size=batch_size,
+            )
+        )
+
     def run_worker(
         self,
         *,
@@ -182,6 +216,7 @@ class App:
         grace: float = 30.0,
         worker_id: str | None = None,
         handle_signals: bool = True,
+        prune_older_than: str | float | None = None,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
         holder: dict[str, Worker] = {}
@@ -193,6 +228,7 @@ class App:
                 stop_when_idle=stop_when_idle,
                 grace=grace,
                 worker_id=worker_id,
+                prune_older_than=prune_older_than,
             )
             holder["worker"] = worker
             return await worker.run()

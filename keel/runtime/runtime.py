@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.backends import connect
-from keel.core import outbox, runs, waits
+from keel.core import outbox, retention, runs, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock
 from keel.core.codec import loads
@@ -256,6 +256,34 @@ class Runtime:
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()
         return await waits.decide(self.services, run_id, **kwargs)
+
+    async def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
+        """The run's timeline after event id `after` (RunNotFound for an unknown run)."""
+        await self.open()
+        validate_run_id(run_id)
+        rows = await self.store.events_after(run_id, after, limit)
+        if not rows and after == 0 and await self.store.get_run(run_id) is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return rows
+
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        """The database's figures /metrics reports, and `now` by this runtime's clock."""
+        await self.open()
+        now = self.clock.now()
+        return {"now": now, **await self.store.metrics_snapshot(now)}
+
+    async def run_status(self, run_id: str) -> str:
+        """The run's status alone (RunNotFound for an unknown run)."""
+        await self.open()
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return str(run["status"])
+
+    async def prune(self, **kwargs: Any) -> retention.PruneReport:
+        """Delete finished runs older than `older_than` (see keel.core.retention.prune)."""
+        await self.open()
+        return await retention.prune(self.services, **kwargs)
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------
 

@@ -35,7 +35,9 @@ def serve(
         api = create_app(keel_app, **create_app_kwargs)
         if owned:
             _close_on_shutdown(api, keel_app)
-        uvicorn.run(api, host=host, port=port, log_level=log_level, ws="none")
+        # log_config=None: uvicorn's records go through Keel's handler (keel.core.logs), with
+        # the same format and redaction as everything else.
+        uvicorn.run(api, host=host, port=port, log_level=log_level, ws="none", log_config=None)
     except BaseException:
         if owned:
             keel_app.close()

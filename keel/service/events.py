@@ -7,9 +7,10 @@ query), so a resumed stream has no gap and no repeat. New events are found by po
 store every `poll` seconds (250 ms), the same on SQLite and PostgreSQL. When the run has
 finished and every event was sent, the stream ends with an `end` event (`data` is the final
 status), so a client knows to stop rather than reconnect.
-"""
 
-from __future__ import annotations
+(No `from __future__ import annotations`: FastAPI resolves the local `Reader` alias from a
+real annotation object, as in keel/service/api.py.)
+"""
 
 from collections.abc import AsyncIterator
 from typing import Annotated, Any

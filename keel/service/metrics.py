@@ -256,9 +256,10 @@ class Metrics(logging.Handler):
         """Serve this registry on http://host:port/metrics from a daemon thread."""
         start_http_server(port, addr=host, registry=self.registry)
 
-    def close(self) -> None:
+    def detach(self) -> None:
+        """Stop counting (not `close`: logging's own reconfiguration, as uvicorn does at start,
+        closes every handler, and the counts must go on)."""
         logging.getLogger("keel").removeHandler(self)
-        super().close()
 
 
 def metrics_for(app: App) -> Metrics:

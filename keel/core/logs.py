@@ -35,6 +35,9 @@ LEVEL_ENV, FORMAT_ENV = "KEEL_LOG_LEVEL", "KEEL_LOG_FORMAT"
 # The ids a record may carry, in the order a text line shows them.
 FIELDS = ("run_id", "job_id", "workflow", "worker_id", "token", "node", "step")
 
+# Short names in text lines ("lease", not "token": `token=` values are redacted as secrets).
+_LABELS = {"run_id": "run", "job_id": "job", "worker_id": "worker", "token": "lease"}
+
 _bound: ContextVar[dict[str, Any] | None] = ContextVar("keel_log_fields", default=None)
 
 # -- redaction --------------------------------------------------------------------------------
@@ -137,11 +140,12 @@ def event(
     *,
     worker_id: str | None,
     token: int | None,
+    ids: dict[str, Any] | None = None,
 ) -> None:
     """Log one committed timeline event at INFO on `keel.events`."""
     if not EVENTS.isEnabledFor(logging.INFO):
         return
-    extra: dict[str, Any] = {"event": kind, "run_id": run_id, "event_data": data}
+    extra: dict[str, Any] = {**(ids or {}), "event": kind, "run_id": run_id, "event_data": data}
     if worker_id is not None:
         extra["worker_id"] = worker_id
     if token is not None:
@@ -177,7 +181,7 @@ def _short(value: Any) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """`2026-12-01T19:30:00.123Z INFO keel.events run=... worker=... | claimed (...)`."""
+    """`2026-12-01T19:30:00.123Z INFO keel.events run=... worker=... lease=2 | lease.claimed`."""
 
     def format(self, record: logging.LogRecord) -> str:
         when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -185,7 +189,7 @@ class TextFormatter(logging.Formatter):
         for key in FIELDS:
             value = getattr(record, key, None)
             if value is not None:
-                ids.append(f"{'run' if key == 'run_id' else key.removesuffix('_id')}={value}")
+                ids.append(f"{_LABELS.get(key, key)}={value}")
         duration = getattr(record, "duration", None)
         if duration is not None:
             ids.append(f"took={duration * 1000:.1f}ms")

@@ -29,8 +29,8 @@ def committed() -> Iterator[None]:
         _uncommitted.reset(token)
         raise
     _uncommitted.reset(token)
-    for run_id, kind, data, worker_id, lease_token in pending:
-        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token)
+    for run_id, kind, data, worker_id, lease_token, ids in pending:
+        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids)
 
 
 class RunQueries:
@@ -170,7 +170,9 @@ class RunQueries:
         *,
         worker_id: str | None = None,
         token: int | None = None,
+        ids: dict[str, Any] | None = None,
     ) -> None:
+        """Append to the run's timeline; `ids` are extra correlation ids for its log line."""
         await tx.execute(
             "insert_event",
             {
@@ -183,9 +185,9 @@ class RunQueries:
             },
         )
         pending = _uncommitted.get()
-        entry = (run_id, kind, data or {}, worker_id, token)
+        entry = (run_id, kind, data or {}, worker_id, token, ids)
         if pending is None:
-            logs.event(*entry[:3], worker_id=worker_id, token=token)
+            logs.event(*entry[:3], worker_id=worker_id, token=token, ids=ids)
         else:
             pending.append(entry)
 

@@ -18,7 +18,17 @@ from pathlib import Path
 
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
-CASES = ("floor", "step", "effect", "approval", "drain", "takeover", "state", "memory")
+CASES = (
+    "floor",
+    "step",
+    "effect",
+    "approval",
+    "drain",
+    "takeover",
+    "state",
+    "memory",
+    "prune",
+)
 
 
 def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], CaseResult]:
@@ -27,6 +37,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_drain,
         case_floor,
         case_memory,
+        case_prune,
         case_state,
         case_step,
         case_takeover,
@@ -41,6 +52,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
+        "prune": lambda s, d, f: case_prune.run(s, d),
     }
     return table[case]
 

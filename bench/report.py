@@ -319,7 +319,7 @@ def write(
         "spread; the min-max columns say how much.",
         "",
     ]
-    order = ["floor", "step", "effect", "approval", "drain", "takeover", "state", "memory"]
+    order = ["floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "prune"]
     for key in order:
         res = results.get(key)
         if res is None:

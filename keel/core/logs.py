@@ -35,6 +35,7 @@ LEVEL_ENV, FORMAT_ENV = "KEEL_LOG_LEVEL", "KEEL_LOG_FORMAT"
 # The ids a record may carry, in the order a text line shows them.
 FIELDS = ("run_id", "job_id", "workflow", "worker_id", "token", "node", "step")
 
+_FINISHED = ("status.completed", "status.failed", "status.cancelled")
 # Short names in text lines ("lease", not "token": `token=` values are redacted as secrets).
 _LABELS = {"run_id": "run", "job_id": "job", "worker_id": "worker", "token": "lease"}
 
@@ -151,7 +152,9 @@ def event(
     if token is not None:
         extra["token"] = token
     duration = data.get("duration")
-    if kind == "step":
+    if kind in _FINISHED:
+        duration = since_mark(run_id, "run")  # this execution: claim to finish
+    elif kind == "step":
         duration = since_mark(run_id, "step")
         if data.get("node"):
             extra["node"] = data["node"]

@@ -154,7 +154,7 @@ class Executor:
             # Admitted, never checkpointed (perhaps a crash right after the claim): start from
             # the admitted input; LangGraph alone would raise EmptyInputError on invoke(None).
             fault_point("run.before_first_checkpoint", workflow.name)
-            _resumed(run, "from its admitted input (no checkpoint yet)")
+            _resumed(run, "from its admitted input (no checkpoint yet)", "run.start")
             return loads(run["input"])
         state = await graph.aget_state(config)
         pending = {i.id for i in state.interrupts}
@@ -222,8 +222,8 @@ class Executor:
         return status
 
 
-def _resumed(run: Row, how: str) -> None:
-    log.info("run.resume %s", how, extra={"event": "run.resume", "run_id": run["run_id"]})
+def _resumed(run: Row, how: str, kind: str = "run.resume") -> None:
+    log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"]})
 
 
 async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:

@@ -280,10 +280,25 @@ class Runtime:
             raise RunNotFound(f"no run {run_id!r}")
         return str(run["status"])
 
-    async def prune(self, **kwargs: Any) -> retention.PruneReport:
+    async def prune(
+        self,
+        *,
+        older_than: str | float,
+        statuses: list[str] | None = None,
+        keep_failed: bool = False,
+        dry_run: bool = False,
+        batch_size: int = 200,
+    ) -> retention.PruneReport:
         """Delete finished runs older than `older_than` (see keel.core.retention.prune)."""
         await self.open()
-        return await retention.prune(self.services, **kwargs)
+        return await retention.prune(
+            self.services,
+            older_than=older_than,
+            statuses=statuses,
+            keep_failed=keep_failed,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------
 

@@ -16,7 +16,6 @@ docs/operations.md lists every metric and a starter set of alerts.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,9 +228,8 @@ class Metrics(logging.Handler):
         if kind in _FINISHED_EVENTS:
             status = kind.removeprefix("status.")
             self.finished.labels(workflow, status).inc()
-            started = getattr(record, "started", None)
-            if isinstance(started, float):
-                self.run_seconds.labels(workflow, status).observe(time.monotonic() - started)
+            if duration is not None:
+                self.run_seconds.labels(workflow, status).observe(duration)
         elif kind == "step" and duration is not None:
             self.step_seconds.labels(workflow, str(getattr(record, "node", ""))).observe(duration)
         elif kind == "lease.takeover":

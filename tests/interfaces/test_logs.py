@@ -3,6 +3,7 @@ and carry the ids, and never a secret (real `keel worker` and `keel serve` proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -153,3 +154,35 @@ def test_server_and_failing_worker_print_no_secret(db_url: str, tmp_path: Path) 
     assert "GET /runs" in text and "postgresql://keel:***@127.0.0.1" in text
     for secret in SECRETS:
         assert secret not in text
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_worker_serves_its_metrics_on_metrics_port(db_url: str, tmp_path: Path) -> None:
+    run_id = submit(db_url, "metered")
+    port = free_port()
+    worker = spawn_worker(
+        APP,
+        "--metrics-port",
+        str(port),
+        database_url=db_url,
+        cwd=REPO,
+        log=tmp_path / "w.log",
+        artifacts_dir=tmp_path / "artifacts",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        text = ""
+        while "keel_runs_finished_total{" not in text:
+            assert worker.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "w.log"
+            ).read_text()
+            with contextlib.suppress(httpx.TransportError):
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            time.sleep(0.1)
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=30) == 0
+    assert 'keel_runs{status="completed",workflow="observed"} 1.0' in text
+    assert 'keel_runs_finished_total{status="completed",workflow="observed@1"} 1.0' in text
+    assert 'keel_effects{effect="notify",state="sent"} 1.0' in text
+    assert timeline(db_url, run_id)[-1] == "status.completed"

@@ -13,8 +13,8 @@ import typer
 
 from keel.core import logs
 from keel.core.codec import dumps
-from keel.core.lifecycle import FINISHED, Status
 from keel.runtime.app import App
+from keel.runtime.follow import Cursor, event_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,28 +100,15 @@ def _when(at: float) -> str:
 def watch(app: App, run_id: str, *, after: int, as_json: bool, follow: bool, poll: float) -> str:
     """Print the run's events after `after`, then new ones as they commit, until the run has
     finished (or at once with follow=False); return its last status."""
-    status = app.run_status(run_id)
+    cursor = Cursor(app, run_id, after)
     while True:
-        rows = app.events_after(run_id, after, 500)
+        rows, over = cursor.poll()
         for row in rows:
-            after = int(row["event_id"])
-            typer.echo(dumps(_plain(row)) if as_json else event_line(row))
-        if len(rows) == 500:
-            continue
-        if not follow:
-            return status
-        status = app.run_status(run_id)
-        if Status(status) in FINISHED:
-            for row in app.events_after(run_id, after, 500):  # written with the status change
-                after = int(row["event_id"])
-                typer.echo(dumps(_plain(row)) if as_json else event_line(row))
-            return status
-        time.sleep(poll)
-
-
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    keys = ("event_id", "run_id", "at", "kind", "worker_id", "lease_token", "data")
-    return {k: row[k] for k in keys}
+            typer.echo(dumps(event_json(row)) if as_json else event_line(row))
+        if over or (not follow and not rows):
+            return cursor.status
+        if not rows:
+            time.sleep(poll)
 
 
 def event_line(row: dict[str, Any]) -> str:

@@ -20,8 +20,8 @@ from fastapi import APIRouter, Depends, Header, Path, Query
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from keel.core.codec import dumps
-from keel.core.lifecycle import FINISHED, Status
 from keel.runtime.app import App
+from keel.runtime.follow import Cursor, event_json
 from keel.service.auth import Authenticator, Principal
 from keel.service.errors import Refused
 
@@ -52,7 +52,7 @@ def events_router(keel_app: App, auth: Authenticator, *, poll: float = POLL_SECO
     ) -> EventSourceResponse:
         """Server-Sent Events: every timeline event after `Last-Event-ID` (or `after`), then
         new ones as they commit, until the run has finished (`event: end`)."""
-        keel_app.get_run(run_id)  # 404 before the stream starts
+        keel_app.run_status(run_id)  # 404 before the stream starts
         start = after or 0
         if last_event_id is not None:
             if not last_event_id.strip().isdigit():
@@ -64,36 +64,15 @@ def events_router(keel_app: App, auth: Authenticator, *, poll: float = POLL_SECO
 
 
 async def _stream(keel_app: App, run_id: str, after: int, poll: float) -> AsyncIterator[Any]:
+    cursor = Cursor(keel_app, run_id, after)
     while True:
-        rows = await anyio.to_thread.run_sync(keel_app.events_after, run_id, after, 500)
+        rows, over = await anyio.to_thread.run_sync(cursor.poll)
         for row in rows:
-            after = int(row["event_id"])
-            yield ServerSentEvent(data=dumps(event_json(row)), event=row["kind"], id=str(after))
-        if len(rows) == 500:
-            continue
+            yield ServerSentEvent(
+                data=dumps(event_json(row)), event=row["kind"], id=str(row["event_id"])
+            )
+        if over:
+            yield ServerSentEvent(data=dumps({"status": cursor.status}), event="end")
+            return
         if not rows:
-            status = await anyio.to_thread.run_sync(keel_app.run_status, run_id)
-            if Status(status) in FINISHED:
-                # Events are written with the status change: one more read sees them all.
-                tail = await anyio.to_thread.run_sync(keel_app.events_after, run_id, after, 500)
-                for row in tail:
-                    after = int(row["event_id"])
-                    yield ServerSentEvent(
-                        data=dumps(event_json(row)), event=row["kind"], id=str(after)
-                    )
-                yield ServerSentEvent(data=dumps({"status": status}), event="end")
-                return
-        await anyio.sleep(poll)
-
-
-def event_json(row: dict[str, Any]) -> dict[str, Any]:
-    """An event as the stream and `keel runs watch --json` show it."""
-    return {
-        "event_id": row["event_id"],
-        "run_id": row["run_id"],
-        "at": row["at"],
-        "kind": row["kind"],
-        "worker_id": row["worker_id"],
-        "lease_token": row["lease_token"],
-        "data": row["data"],
-    }
+            await anyio.sleep(poll)

@@ -62,9 +62,9 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
         "prune",
         "9. Database size with retention",
         f"{rounds} rounds of {per_round} runs of `chain5-effect` ({rounds * per_round} runs); "
-        "after each round the clock moves a day and, on the pruned database, "
-        '`app.prune(older_than="1d")` deletes the round before. Size after each round '
-        "(SQLite: used pages; PostgreSQL: `pg_database_size` after VACUUM).",
+        "after each round the clock moves half a day and, on the pruned database, "
+        '`app.prune(older_than="1d")` deletes what finished more than two rounds ago. Size '
+        "after each round (SQLite: used pages; PostgreSQL: `pg_database_size` after VACUUM).",
     )
     rows = []
     for backend in settings.backends:

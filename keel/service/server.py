@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
+from keel.core import logs
 from keel.runtime.app import App
 from keel.runtime.loading import load_app
 
@@ -29,6 +31,9 @@ def serve(
 
     from keel.service.api import create_app
 
+    if not logging.getLogger().handlers:
+        # Called from Python rather than `keel serve`: the same setup as every Keel process.
+        logs.configure(log_level)
     owned = isinstance(app_spec_or_app, str)
     keel_app = load_app(app_spec_or_app) if isinstance(app_spec_or_app, str) else app_spec_or_app
     try:

@@ -4,6 +4,7 @@ owned by one fenced worker at a time, with side effects that happen once."""
 from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
 from keel.core.errors import (
+    ClockSkew,
     EffectFailed,
     InputTooLarge,
     InvalidId,
@@ -19,6 +20,7 @@ from keel.core.errors import (
     TransientError,
     UnknownWorkflow,
     WaitNotFound,
+    WorkflowVersionMismatch,
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
@@ -30,6 +32,7 @@ from keel.runtime.app import App, Submission
 __all__ = [
     "App",
     "ApprovalDecision",
+    "ClockSkew",
     "Decision",
     "EffectFailed",
     "InputTooLarge",
@@ -53,6 +56,7 @@ __all__ = [
     "TransientError",
     "UnknownWorkflow",
     "WaitNotFound",
+    "WorkflowVersionMismatch",
     "approval",
     "artifacts",
     "effect",

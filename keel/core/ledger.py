@@ -320,7 +320,6 @@ async def reserve(
     ctx: RunContext, key: str, where: StepRef, name: str, content: str
 ) -> tuple[dict[str, Any], bool]:
     store: Store = ctx.services.store
-    now = ctx.services.clock.now()
     async with store.transaction() as tx:
         fence = await store.check_fence(tx, ctx.run_id, ctx.token)
         if fence["cancel_requested"]:
@@ -336,7 +335,6 @@ async def reserve(
             task_path=where.path,
             args_hash=content,
             token=ctx.token,
-            now=now,
         )
         existing = row or await store.read_effect(tx, key)
     assert existing is not None
@@ -361,7 +359,6 @@ async def record(
     error: str | None = None,
 ) -> None:
     store = ctx.services.store
-    now = ctx.services.clock.now()
     try:
         encoded = dumps(result)
     except (TypeError, ValueError):
@@ -376,13 +373,11 @@ async def record(
             result=encoded,
             error=error,
             token=ctx.token,
-            now=now,
         )
         await store.add_event(
             tx,
             ctx.run_id,
             f"effect.{status}",
-            now,
             {"key": key, "error": error} if error else {"key": key},
             worker_id=ctx.worker_id,
             token=ctx.token,
@@ -405,8 +400,5 @@ def _took(what: str, started: float, key: str, name: str, attempt: int, **more: 
 
 async def event(ctx: RunContext, kind: str, data: dict[str, Any]) -> None:
     store = ctx.services.store
-    now = ctx.services.clock.now()
     async with store.fenced(ctx.run_id, ctx.token) as tx:
-        await store.add_event(
-            tx, ctx.run_id, kind, now, data, worker_id=ctx.worker_id, token=ctx.token
-        )
+        await store.add_event(tx, ctx.run_id, kind, data, worker_id=ctx.worker_id, token=ctx.token)

@@ -88,19 +88,20 @@ async def prune(
     age = parse_age(older_than)
     wanted = finished_statuses(statuses, keep_failed)
     store = services.store
-    before = services.clock.now() - age
+    # The database's clock wrote `finished_at` and judges the cut-off, as it judges leases.
+    before = await store.database_now() - age
     report = PruneReport(dry_run=dry_run, before=before, statuses=wanted)
     if not wanted:
         return report
     started = time.monotonic()
     if dry_run:
-        rows = await store.prune_candidates(wanted, before, 1_000_000)
+        rows = await store.prune_candidates(wanted, age, 1_000_000)
         report.runs = len(rows)
         report.run_ids = [r["run_id"] for r in rows[:1000]]
         return report
     while True:
         async with store.transaction() as tx:
-            ids, counts = await store.prune_batch(tx, wanted, before, batch_size)
+            ids, counts = await store.prune_batch(tx, wanted, age, batch_size)
         if not ids:
             break
         report.batches += 1

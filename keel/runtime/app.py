@@ -158,6 +158,18 @@ class App:
         """Live workers (host, pid, concurrency, last heartbeat)."""
         return self._portal.call(self.aio.workers())
 
+    def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
+        """Move a queued or waiting run to version `to` of its workflow (registered in this
+        app), if its checkpoint fits that version's graph (the nodes it stopped before exist).
+
+        Refused with WorkflowVersionMismatch when it does not fit, UnknownWorkflow when `to` is
+        not registered here, UsageError/RunFinished when the run is running or finished."""
+        return self._portal.call(self.aio.upgrade_run(run_id, to, by=by))
+
+    def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs waiting for a worker of a workflow version that no worker serves."""
+        return self._portal.call(self.aio.stranded_runs(limit=limit))
+
     def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         return self._portal.call(self.aio.cancel(run_id, by=by))
@@ -217,8 +229,12 @@ class App:
         worker_id: str | None = None,
         handle_signals: bool = True,
         prune_older_than: str | float | None = None,
+        max_clock_skew: float | None = None,
     ) -> WorkerStats:
-        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
+
+        ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
+        $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
         holder: dict[str, Worker] = {}
 
         async def serve() -> WorkerStats:
@@ -229,6 +245,7 @@ class App:
                 grace=grace,
                 worker_id=worker_id,
                 prune_older_than=prune_older_than,
+                max_clock_skew=max_clock_skew,
             )
             holder["worker"] = worker
             return await worker.run()

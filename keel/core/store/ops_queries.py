@@ -38,13 +38,16 @@ class OpsQueries:
 
     # -- metrics --------------------------------------------------------------------------------
 
-    async def metrics_snapshot(self, now: float) -> dict[str, Any]:
-        """What the database says right now: runs per workflow and status, the queue, the
-        ledger per state, open waits, the outbox, and the oldest overdue sweep."""
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        """What the database says right now, by its own clock (`now`): runs per workflow and
+        status, the queue, the ledger per state, open waits, the outbox, the oldest overdue
+        sweep."""
         async with self.db.read() as tx:
+            now = await tx.one("database_now")
             queue = await tx.one("metrics_queue")
-            overdue = await tx.one("metrics_overdue", {"now": now})
+            overdue = await tx.one("metrics_overdue")
             return {
+                "now": float(now["now"]) if now else 0.0,
                 "runs": await tx.all("metrics_runs"),
                 "queue": queue or {"n": 0, "oldest": None},
                 "effects": await tx.all("metrics_effects"),
@@ -55,21 +58,25 @@ class OpsQueries:
 
     # -- retention ------------------------------------------------------------------------------
 
-    async def prune_candidates(self, statuses: list[str], before: float, limit: int) -> list[Row]:
+    async def prune_candidates(
+        self, statuses: list[str], older_than: float, limit: int
+    ) -> list[Row]:
+        """Finished runs that finished more than `older_than` seconds ago (database clock)."""
         async with self.db.read() as tx:
             return await tx.all(
                 "prune_candidates",
-                {"statuses": json.dumps(statuses), "before": before, "limit": limit},
+                {"statuses": json.dumps(statuses), "older_than": older_than, "limit": limit},
             )
 
     @staticmethod
     async def prune_batch(
-        tx: Tx, statuses: list[str], before: float, limit: int
+        tx: Tx, statuses: list[str], older_than: float, limit: int
     ) -> tuple[list[str], dict[str, int]]:
         """Delete up to `limit` finished runs and all their rows inside `tx`; return their ids
         and how many rows went from each table."""
         gone = await tx.all(
-            "prune_runs", {"statuses": json.dumps(statuses), "before": before, "limit": limit}
+            "prune_runs",
+            {"statuses": json.dumps(statuses), "older_than": older_than, "limit": limit},
         )
         ids = [str(r["run_id"]) for r in gone]
         counts = {"runs": len(ids)}

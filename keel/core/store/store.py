@@ -52,6 +52,19 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
     def read(self) -> AbstractAsyncContextManager[Tx]:
         return self.db.read()
 
+    # -- the database's clock ----------------------------------------------------------------
+
+    @staticmethod
+    async def db_now(tx: Tx) -> float:
+        """The database's time (epoch seconds): what leases and deadlines are judged by."""
+        row = await tx.one("database_now")
+        assert row is not None
+        return float(row["now"])
+
+    async def database_now(self) -> float:
+        async with self.db.read() as tx:
+            return await self.db_now(tx)
+
     # -- schema -------------------------------------------------------------------------------
 
     async def schema_version(self) -> int:
@@ -76,7 +89,7 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
                 f"{self.latest_version} that this Keel needs: {hint}"
             )
 
-    async def migrate(self, now: float, *, target: int | None = None) -> list[str]:
+    async def migrate(self, *, target: int | None = None) -> list[str]:
         """Apply pending migrations, each in its own locked transaction; return their names."""
         applied: list[str] = []
         async with self.db.transaction() as tx:
@@ -94,7 +107,7 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
                     await tx.script(statement)
                 await tx.execute(
                     "record_migration",
-                    {"version": migration.version, "name": migration.name, "now": now},
+                    {"version": migration.version, "name": migration.name},
                 )
                 applied.append(migration.name)
         return applied

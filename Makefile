@@ -6,9 +6,12 @@ STAMP := $(VENV)/.keel-installed
 
 .PHONY: demo test lint typecheck bench chaos soak clean
 
+# compat: a plain path in a .pth file, which mypy follows (PEP 660's default import hook it does
+# not), so a project beside this checkout type-checks against it.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev]" \
+	  --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)

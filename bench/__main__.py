@@ -19,21 +19,15 @@ from pathlib import Path
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
 CASES = (
-    "floor",
-    "step",
-    "effect",
-    "approval",
-    "drain",
-    "takeover",
-    "state",
-    "memory",
+    "floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "console",
     "prune",
-)
+)  # fmt: skip
 
 
 def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], CaseResult]:
     from bench import (
         case_approval,
+        case_console,
         case_drain,
         case_floor,
         case_memory,
@@ -53,6 +47,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "state": lambda s, d, f: case_state.run(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
         "prune": lambda s, d, f: case_prune.run(s, d),
+        "console": lambda s, d, f: case_console.run(s, d),
     }
     return table[case]
 

@@ -10,8 +10,10 @@ from keel.core.errors import (
     InvalidId,
     InvalidInput,
     InvalidTransition,
+    InvalidWorkflow,
     KeelError,
     LeaseLost,
+    NondeterminismError,
     NoPendingWait,
     NotInRun,
     RunFinished,
@@ -24,14 +26,18 @@ from keel.core.errors import (
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
-from keel.core.ledger import Retry, effect
+from keel.core.ledger import KEY, Retry, effect
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
-from keel.runtime.app import App, Submission
+from keel.runtime.aio import AsyncApp
+from keel.runtime.app import App
+from keel.runtime.runtime import RunDetails, Submission
 
 __all__ = [
+    "KEY",
     "App",
     "ApprovalDecision",
+    "AsyncApp",
     "ClockSkew",
     "Decision",
     "EffectFailed",
@@ -39,13 +45,16 @@ __all__ = [
     "InvalidId",
     "InvalidInput",
     "InvalidTransition",
+    "InvalidWorkflow",
     "KeelError",
     "LeaseLost",
     "ManualClock",
     "NoPendingWait",
+    "NondeterminismError",
     "NotInRun",
     "Retry",
     "RunArtifacts",
+    "RunDetails",
     "RunFinished",
     "RunNotFound",
     "SchemaMismatch",

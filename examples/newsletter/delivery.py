@@ -142,7 +142,9 @@ def find_announcement(
     reconcile=find_announcement,
     retry=keel.Retry(max_attempts=4, initial=0.2, maximum=5.0),
 )
-def announce(to: str, subject: str, link: str, digest: str, *, idempotency_key: str) -> Any:
+def announce(
+    to: str, subject: str, link: str, digest: str, *, idempotency_key: str = keel.KEY
+) -> Any:
     """Email or post the link to the published newsletter; once per key (see module doc)."""
     kind = transport()
     if kind == "smtp":

@@ -25,7 +25,7 @@ from keel.core.runs import cancel_waits, transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
+from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -41,6 +41,8 @@ class ApprovalDecision:
     comment: str | None = None
     channel: str | None = None
     at: float | None = None
+    principal: str | None = None
+    """The identity that made the decision's call (`by` is what it said)."""
 
     @property
     def approved(self) -> bool:
@@ -57,6 +59,7 @@ class ApprovalDecision:
             comment=value.get("comment"),
             channel=value.get("channel"),
             at=value.get("at"),
+            principal=value.get("principal"),
         )
 
 
@@ -196,6 +199,23 @@ async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str])
     }
 
 
+def completed_because(run_decision: str | None, waits: Sequence[Row]) -> TerminationReason:
+    """Why a run whose graph returned ended: its approval verdict, unless nobody gave it.
+
+    A rejection the deadline's policy applied is recorded as the decision (`rejected`, which
+    the graph saw), but the run ended because time ran out: `timed_out`, as a `timeout` policy.
+    """
+    if run_decision in (Decision.APPROVED, Decision.REJECTED):
+        verdicts = [w for w in waits if w["kind"] == WaitKind.APPROVAL]
+        last = max(verdicts, key=lambda w: w["decided_at"] or 0.0, default=None)
+        if last is not None and last["status"] == WaitStatus.EXPIRED:
+            return TerminationReason.TIMED_OUT
+        return TerminationReason(run_decision)
+    if any(w["decision"] == ExpiryDecision.TIMED_OUT for w in waits):
+        return TerminationReason.TIMED_OUT
+    return TerminationReason.COMPLETED
+
+
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
     """Raise UsageError unless `decision` is an answer a wait of `wait_kind` takes.
 
@@ -230,8 +250,12 @@ async def decide(
     action_id: str | None = None,
     channel: str = "api",
     comment: str | None = None,
+    principal: str | None = None,
 ) -> DecisionResult:
-    """Record a decision on a run's wait; the first one wins, atomically."""
+    """Record a decision on a run's wait; the first one wins, atomically.
+
+    `by` is who the caller says decided; `principal` is the identity that made the call (an
+    API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
     validate_run_id(run_id)
     store = services.store
     async with store.transaction() as tx:
@@ -243,9 +267,13 @@ async def decide(
         waits = await store.read_waits(tx, run_id)
         wait = _target(run, waits, wait_id)
         check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
-        if wait["status"] == WaitStatus.DECIDED:
+        finished = Status(run["status"]) in FINISHED
+        retried = action_id is not None and wait["action_id"] == action_id
+        if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
+            # A double click, a second approver, or (once the run finished) a retry of the
+            # winning call itself: told what was recorded.
             return DecisionResult(wait, recorded=False)
-        if wait["status"] != WaitStatus.PENDING or Status(run["status"]) in FINISHED:
+        if wait["status"] != WaitStatus.PENDING or finished:
             raise RunFinished(
                 f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
                 f"{wait['status']}: it takes no more decisions"
@@ -256,6 +284,7 @@ async def decide(
             "by": by,
             "comment": comment,
             "channel": channel,
+            "principal": principal,
             "at": await store.db_now(tx),
             **(value or {}),
         }
@@ -284,7 +313,13 @@ async def decide(
             run,
             updated,
             "decided",
-            details={"decision": decision, "by": by, "channel": channel, "comment": comment},
+            details={
+                "decision": decision,
+                "by": by,
+                "principal": principal,
+                "channel": channel,
+                "comment": comment,
+            },
         )
         await store.add_event(
             tx,
@@ -294,6 +329,7 @@ async def decide(
                 "wait_id": wait["wait_id"],
                 "decision": decision,
                 "by": by,
+                "principal": principal,
                 "channel": channel,
                 "action_id": action_id,
             },

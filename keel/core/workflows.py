@@ -27,6 +27,10 @@ class Workflow:
         return f"{self.name}@{self.version}"
 
 
+def _where(factory: Callable[[], Any]) -> str:
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', factory)}"
+
+
 @dataclass
 class Workflows:
     _by_key: dict[str, Workflow] = field(default_factory=dict)
@@ -35,6 +39,13 @@ class Workflows:
     def add(self, workflow: Workflow) -> None:
         if workflow.durability not in DURABILITIES:
             raise UsageError(f"durability must be one of {DURABILITIES}")
+        known = self._by_key.get(workflow.key)
+        if known is not None and known.factory is not workflow.factory:
+            # Silently keeping either would run some submissions on a graph nobody meant.
+            raise UsageError(
+                f"workflow {workflow.key!r} is already registered (by "
+                f"{_where(known.factory)}); give the new one another version"
+            )
         self._by_key[workflow.key] = workflow
         self._latest[workflow.name] = workflow
 
@@ -45,6 +56,9 @@ class Workflows:
             what = name if version is None else f"{name}@{version}"
             raise UnknownWorkflow(f"no workflow {what!r} is registered (registered: {known})")
         return found
+
+    def all(self) -> list[Workflow]:
+        return [self._by_key[k] for k in sorted(self._by_key)]
 
     def keys(self) -> list[str]:
         return sorted(self._by_key)

@@ -20,21 +20,23 @@ from langgraph.types import Command, interrupt
 from keel.core import leases, logs, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
-from keel.core.errors import LeaseLost, NotInRun, Released, RunCancelled
+from keel.core.errors import InvalidWorkflow, LeaseLost, NotInRun, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
-from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
-from keel.core.wait_model import ExpiryDecision
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
 MAX_OUTPUT_BYTES = 1_000_000
+# LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
+# LangGraph stops sharing one per task attempt.
+SCRATCHPAD = "__pregel_scratchpad"
 
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
@@ -54,7 +56,32 @@ def locate() -> StepRef:
         step=int(meta.get("langgraph_step", -1)),
         path="/".join(str(p) for p in path),
         namespace=namespace_without_task_ids(str(meta.get("langgraph_checkpoint_ns", ""))),
+        # LangGraph makes a scratchpad per attempt of a task and shares it with the runnables
+        # the node invokes (tools, chains): what numbers the task's effect calls. Without one
+        # (another LangGraph), the config, which is per attempt too but not shared with them.
+        scope=config.get("configurable", {}).get(SCRATCHPAD) or config,
     )
+
+
+def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
+    """Build and compile the workflow's graph; InvalidWorkflow, naming it, if that fails."""
+    try:
+        builder = workflow.factory()
+    except Exception as exc:
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: its factory raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(getattr(builder, "compile", None)):
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: the factory must return an uncompiled LangGraph builder "
+            f"(a StateGraph), not {type(builder).__name__}"
+        )
+    try:
+        return builder.compile(checkpointer=checkpointer)
+    except Exception as exc:
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: its graph does not compile: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class Executor:
@@ -72,12 +99,16 @@ class Executor:
     def graph(self, workflow: Workflow) -> Any:
         key = workflow.key
         if key not in self._graphs:
-            builder = workflow.factory()
-            self._graphs[key] = builder.compile(checkpointer=self.saver)
+            self._graphs[key] = compile_graph(workflow, self.saver)
         return self._graphs[key]
 
     async def execute(self, lease: Lease, run: Row) -> Outcome:
-        """Execute until the run finishes or waits; return the status it reached."""
+        """Execute until the run finishes or waits; return the status it reached.
+
+        Only the graph's own failures end the run failed at once. An infrastructure fault gives
+        the run back to resume from its last checkpoint; a crash outside the graph's nodes is
+        retried after a backoff; either ends the run failed past its limit (`Attempts`).
+        """
         # Every line logged inside (Keel's, LangGraph's, the nodes') carries these ids.
         with logs.bind(
             run_id=lease.run_id,
@@ -89,7 +120,10 @@ class Executor:
             marks={},
             started=time.monotonic(),
         ):
-            return await self._execute(lease, run)
+            try:
+                return await self._execute(lease, run)
+            except Exception as exc:
+                return await self._failed_attempt(lease, exc)
 
     async def _execute(self, lease: Lease, run: Row) -> Outcome:
         rt = self.services
@@ -115,7 +149,23 @@ class Executor:
         entered = enter(ctx)
         try:
             graph_input = await self._input(graph, config, run, workflow)
-            output = await graph.ainvoke(graph_input, config, durability=workflow.durability)
+            try:
+                output = await graph.ainvoke(graph_input, config, durability=workflow.durability)
+            except (LeaseLost, RunCancelled, Released):
+                raise
+            except Exception as exc:
+                if rt.store.is_infrastructure(exc):
+                    raise
+                # The graph's own failure (a node raised, a recursion limit): final.
+                log.exception(
+                    "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
+                )
+                return await self._end(
+                    ctx,
+                    Status.FAILED,
+                    TerminationReason.EXECUTION_ERROR,
+                    f"{type(exc).__name__}: {exc}",
+                )
             interrupts, values = await _outcome(graph, config, output)
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
@@ -135,19 +185,122 @@ class Executor:
         except Released:
             await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED
-        except Exception as exc:
-            log.exception(
-                "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
-            )
-            return await self._end(
-                ctx,
-                Status.FAILED,
-                TerminationReason.EXECUTION_ERROR,
-                f"{type(exc).__name__}: {exc}",
-            )
         finally:
             leave(entered)
             self.saver.drop(lease.run_id, lease.token)
+
+    async def _failed_attempt(self, lease: Lease, exc: Exception) -> Outcome:
+        """Count an execution that failed outside the graph's own code, and say what comes next:
+        given back (infrastructure), retried after a backoff (crash), or failed past the limit."""
+        rt = self.services
+        infra = rt.store.is_infrastructure(exc)
+        error = f"{type(exc).__name__}: {exc}"
+        policy = rt.attempts
+        try:
+            async with rt.store.fenced(lease.run_id, lease.token) as tx:
+                current = await rt.store.read_run(tx, lease.run_id)
+                assert current is not None
+                if current["status"] != Status.RUNNING:
+                    return Status(current["status"])  # it had moved on (a wait was registered)
+                crashes, retries = await rt.store.count_failed_attempt(
+                    tx, lease.run_id, lease.token, crash=not infra
+                )
+                attempt = retries if infra else crashes
+                limit = policy.max_infra_retries if infra else policy.max_crashes
+                data: dict[str, Any] = {
+                    "cause": "infrastructure" if infra else "crash",
+                    "attempt": attempt,
+                    "limit": limit,
+                    "error": error[:2000],
+                }
+                if attempt >= limit:
+                    log.error(
+                        "worker %s run %s: %s attempt %d of %d failed, giving up: %s",
+                        self.worker_id,
+                        lease.run_id,
+                        data["cause"],
+                        attempt,
+                        limit,
+                        error,
+                    )
+                    await rt.store.add_event(
+                        tx,
+                        lease.run_id,
+                        "attempt.failed",
+                        data,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                    )
+                    await transition(
+                        rt.store,
+                        tx,
+                        current,
+                        Status.FAILED,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                        termination_reason=TerminationReason.EXECUTION_ERROR.value,
+                        error=error,
+                        event={"cause": data["cause"], "attempts": attempt},
+                    )
+                    return Status.FAILED
+                if infra:
+                    # Resumable at once, by any worker that can reach the database.
+                    await rt.store.add_event(
+                        tx,
+                        lease.run_id,
+                        "attempt.interrupted",
+                        data,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                    )
+                    await transition(
+                        rt.store,
+                        tx,
+                        current,
+                        Status.QUEUED,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                        event={"reason": "infrastructure fault"},
+                    )
+                    await rt.store.notify_wake(tx, lease.run_id)
+                else:
+                    # The lease is kept for the backoff, then expires: whoever claims next
+                    # takes the run over, with a new token, as after a dead worker.
+                    delay = policy.delay(attempt)
+                    data["retry_in"] = round(delay, 3)
+                    await rt.store.add_event(
+                        tx,
+                        lease.run_id,
+                        "attempt.crashed",
+                        data,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                    )
+                    await rt.store.hold_lease_for(tx, lease.run_id, lease.token, delay)
+            log.warning(
+                "worker %s run %s (token %s): %s attempt %d of %d failed (%s); it will resume",
+                self.worker_id,
+                lease.run_id,
+                lease.token,
+                data["cause"],
+                attempt,
+                limit,
+                error,
+                exc_info=not infra,
+            )
+        except LeaseLost:
+            return LeaseEnd.LOST
+        except Exception as second:
+            # The database is still away: the lease expires after its TTL and the run resumes.
+            log.warning(
+                "worker %s run %s (token %s): %s; could not record it (%r): the lease expires",
+                self.worker_id,
+                lease.run_id,
+                lease.token,
+                error,
+                second,
+            )
+        return LeaseEnd.RETRY
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
         if await self.saver.aget_tuple(cast(RunnableConfig, config)) is None:
@@ -171,16 +324,9 @@ class Executor:
         assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
-            decision = run["decision"]
-            if decision in (Decision.APPROVED, Decision.REJECTED):
-                reason = decision
-            elif any(
-                w["decision"] == ExpiryDecision.TIMED_OUT
-                for w in await self.services.store.waits(ctx.run_id)
-            ):
-                reason = TerminationReason.TIMED_OUT
-            else:
-                reason = TerminationReason.COMPLETED
+            reason = waits.completed_because(
+                run["decision"], await self.services.store.waits(ctx.run_id)
+            )
         return await self._end(
             ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
         )

@@ -1,7 +1,17 @@
 """The composition root: the Runtime (async core), the App (sync facade), the worker."""
 
-from keel.runtime.app import App, Submission
-from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
+from keel.runtime.aio import AsyncApp
+from keel.runtime.app import App
+from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime, Submission
 from keel.runtime.worker import Worker, WorkerStats
 
-__all__ = ["DEFAULT_URL", "App", "RunDetails", "Runtime", "Submission", "Worker", "WorkerStats"]
+__all__ = [
+    "DEFAULT_URL",
+    "App",
+    "AsyncApp",
+    "RunDetails",
+    "Runtime",
+    "Submission",
+    "Worker",
+    "WorkerStats",
+]

@@ -6,37 +6,29 @@ Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from keel.core.clock import Clock
 from keel.core.errors import UsageError
+from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
 from keel.core.retention import PruneReport
 from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
-from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime
-from keel.runtime.worker import Worker, WorkerStats
+from keel.runtime.aio import AsyncApp
+from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
+from keel.runtime.summary import RunSummary
+from keel.runtime.worker import WorkerStats
 
 F = TypeVar("F", bound=Callable[[], Any])
-
-
-class Submission(dict[str, Any]):
-    """The run `App.submit` admitted or found: its row (still a dict to index), and `created`,
-    whether this call admitted it."""
-
-    def __init__(self, row: Row, *, created: bool) -> None:
-        super().__init__(row)
-        self.created = created
-
-    @property
-    def run_id(self) -> str:
-        return str(self["run_id"])
 
 
 class App:
@@ -49,17 +41,42 @@ class App:
         lease_ttl: float = 30.0,
         heartbeat_interval: float | None = None,
         max_input_bytes: int = 1_000_000,
+        max_attempts: int = 5,
+        max_infra_retries: int = 20,
+        retry_backoff: float = 1.0,
     ) -> None:
-        """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`."""
-        self.aio = Runtime(
+        """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`.
+
+        `max_attempts`: executions of one run that may crash outside its graph's nodes (with a
+        backoff from `retry_backoff` seconds, doubling, capped at a minute) before it ends
+        failed; `max_infra_retries`: executions an infrastructure fault may interrupt.
+        """
+        self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
             clock=clock,
             artifacts_root=artifacts_dir or os.environ.get("KEEL_ARTIFACTS_DIR", ".keel/artifacts"),
             lease_ttl=float(os.environ.get("KEEL_LEASE_TTL", lease_ttl)),
             heartbeat_interval=heartbeat_interval,
             max_input_bytes=max_input_bytes,
+            attempts=Attempts(
+                max_crashes=max_attempts,
+                max_infra_retries=max_infra_retries,
+                backoff=retry_backoff,
+                max_backoff=max(60.0, retry_backoff),
+            ),
         )
         self._portal = self.aio.portal
+        # A script that never calls close() would otherwise end with its pool's tasks destroyed
+        # mid-flight ("Task was destroyed but it is pending!"); the weak reference keeps the
+        # exit hook from keeping the App alive.
+        ref = weakref.ref(self)
+
+        def close_at_exit() -> None:
+            if (app := ref()) is not None:
+                app.close()
+
+        self._close_at_exit = close_at_exit
+        atexit.register(close_at_exit)
 
     @property
     def url(self) -> str:
@@ -79,10 +96,11 @@ class App:
 
         `termination(final_state)` may name the run's termination reason (e.g.
         "max_revisions_exceeded"); `max_concurrency` caps running runs across all workers.
+        The graph is built and compiled here: one that cannot compile raises InvalidWorkflow.
         """
 
         def register(factory: F) -> F:
-            self.aio.workflows.add(
+            self.aio.register(
                 Workflow(
                     name,
                     version,
@@ -128,10 +146,9 @@ class App:
         """Admit a run (idempotent: the same job, input and version return the same run).
 
         The run's row; its `created` is False when the run already existed."""
-        row, created = self._portal.call(
+        return self._portal.call(
             self.aio.submit(workflow, job_id=job_id, input=input, version=version, rerun=rerun)
         )
-        return Submission(row, created=created)
 
     def get_run(self, run_id: str) -> RunDetails:
         return self._portal.call(self.aio.get_run(run_id))
@@ -139,12 +156,22 @@ class App:
     def list_runs(self, **filters: Any) -> list[Row]:
         return self._portal.call(self.aio.list_runs(**filters))
 
+    def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first, filtered by status, workflow, job id prefix (`job_prefix`) and
+        admission time (`since`, `until`), each with its number of `pending_waits`."""
+        return self._portal.call(self.aio.browse_runs(**filters))
+
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
+        return self._portal.call(self.aio.summary(run_id))
+
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
-        return self._portal.call(self.aio.decide(run_id, decision="approved", **kwargs))
+        return self._portal.call(self.aio.approve(run_id, **kwargs))
 
     def reject(self, run_id: str, **kwargs: Any) -> DecisionResult:
-        return self._portal.call(self.aio.decide(run_id, decision="rejected", **kwargs))
+        """Reject the run's pending approval; the first decision wins."""
+        return self._portal.call(self.aio.reject(run_id, **kwargs))
 
     def get_wait(self, wait_id: str) -> Row:
         """One wait (approval, in-doubt effect, signal) by id; WaitNotFound if unknown."""
@@ -154,9 +181,27 @@ class App:
         """Open waits, oldest deadline first."""
         return self._portal.call(self.aio.pending_waits(limit))
 
-    def workers(self) -> list[Row]:
-        """Live workers (host, pid, concurrency, last heartbeat)."""
-        return self._portal.call(self.aio.workers())
+    def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        """Open waits of one kind (None: all), oldest deadline first, paged."""
+        return self._portal.call(
+            self.aio.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+        )
+
+    def running_runs(self, limit: int = 1000) -> list[Row]:
+        """Runs some worker holds now, by owner (lease token, expiry, last heartbeat)."""
+        return self._portal.call(self.aio.running_runs(limit))
+
+    def database_now(self) -> float:
+        """The database's clock (epoch seconds), which judges every lease and deadline: the
+        console's "in 5 min" and "passed" are measured against it, not this host's clock."""
+        return self._portal.call(self.aio.database_now())
+
+    def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Live workers (host, pid, concurrency, last heartbeat, `state`); with `silent_for`,
+        also the workers that went quiet within that many seconds without stopping."""
+        return self._portal.call(self.aio.workers(silent_for=silent_for))
 
     def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
         """Move a queued or waiting run to version `to` of its workflow (registered in this
@@ -164,7 +209,7 @@ class App:
 
         Refused with WorkflowVersionMismatch when it does not fit, UnknownWorkflow when `to` is
         not registered here, UsageError/RunFinished when the run is running or finished."""
-        return self._portal.call(self.aio.upgrade_run(run_id, to, by=by))
+        return self._portal.call(self.aio.upgrade_run(run_id, to=to, by=by))
 
     def stranded_runs(self, limit: int = 100) -> list[Row]:
         """Runs waiting for a worker of a workflow version that no worker serves."""
@@ -174,17 +219,17 @@ class App:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         return self._portal.call(self.aio.cancel(run_id, by=by))
 
+    def resume(self, run_id: str, *, by: str | None = None) -> Row:
+        """Put a failed run back in the queue: the same run continues from its last checkpoint
+        with its ledger, so no effect it recorded is performed again (`rerun` starts afresh)."""
+        return self._portal.call(self.aio.resume(run_id, by=by))
+
     def resolve_effect(
         self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any
     ) -> DecisionResult:
         """Tell an in-doubt effect's run whether the effect reached the provider."""
         return self._portal.call(
-            self.aio.decide(
-                run_id,
-                decision="performed" if performed else "not_performed",
-                value={"performed": performed, "result": result},
-                **kwargs,
-            )
+            self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
     def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
@@ -228,44 +273,37 @@ class App:
         grace: float = 30.0,
         worker_id: str | None = None,
         handle_signals: bool = True,
-        prune_older_than: str | float | None = None,
         max_clock_skew: float | None = None,
+        prune_older_than: str | float | None = None,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
         ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
         $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
-        holder: dict[str, Worker] = {}
-
-        async def serve() -> WorkerStats:
-            worker = Worker(
-                self.aio,
-                concurrency=concurrency,
-                stop_when_idle=stop_when_idle,
-                grace=grace,
-                worker_id=worker_id,
-                prune_older_than=prune_older_than,
-                max_clock_skew=max_clock_skew,
-            )
-            holder["worker"] = worker
-            return await worker.run()
-
+        worker = self.aio.worker(
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
+            prune_older_than=prune_older_than,
+        )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
 
             def on_signal(signum: int, frame: Any) -> None:
-                if worker := holder.get("worker"):
-                    self._portal.loop.call_soon_threadsafe(worker.stop)
+                self._portal.loop.call_soon_threadsafe(worker.stop)
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)
         try:
-            return self._portal.call(serve())
+            return self._portal.call(worker.run())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
     def close(self) -> None:
+        atexit.unregister(self._close_at_exit)
         if self._portal.started:
             self._portal.call(self.aio.close())
         self._portal.close()

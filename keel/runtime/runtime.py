@@ -16,16 +16,38 @@ from keel.core.codec import loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.errors import RunNotFound, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
+from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
 from keel.core.portal import Portal
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
-from keel.core.workflows import Workflows
-from keel.langgraph.executor import Executor, checkpoint_misfits
+from keel.core.workflows import Workflow, Workflows
+from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
 from keel.langgraph.savers import FencedSaver, make_saver
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
+
+
+class Submission(dict[str, Any]):
+    """The run `submit` admitted or found: its row (still a dict to index), and `created`,
+    whether this call admitted it."""
+
+    def __init__(self, row: Row, *, created: bool) -> None:
+        super().__init__(row)
+        self.created = created
+
+    @property
+    def run_id(self) -> str:
+        return str(self["run_id"])
+
+    @property
+    def job_id(self) -> str:
+        return str(self["job_id"])
+
+    @property
+    def status(self) -> str:
+        return str(self["status"])
 
 
 @dataclass
@@ -40,6 +62,14 @@ class RunDetails:
     notifications: list[Row] = field(default_factory=list)
     stranded: bool = False
     """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run["run_id"])
+
+    @property
+    def job_id(self) -> str:
+        return str(self.run["job_id"])
 
     @property
     def status(self) -> str:
@@ -69,6 +99,7 @@ class Runtime:
         heartbeat_interval: float | None = None,
         max_input_bytes: int = 1_000_000,
         portal: Portal | None = None,
+        attempts: Attempts | None = None,
     ) -> None:
         self.url = url
         self.heartbeat_interval = heartbeat_interval or lease_ttl / 3
@@ -82,12 +113,14 @@ class Runtime:
             lease_ttl=lease_ttl,
             artifacts_root=Path(artifacts_root),
             wake=self.wake,
+            attempts=attempts or Attempts(),
         )
         self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._wakers: list[asyncio.Event] = []
+        self._checked: set[str] = set()
 
     # What the core needs, handed down as `services`; read here for callers above the core.
     @property
@@ -123,6 +156,22 @@ class Runtime:
     def latest_schema_version(self) -> int:
         """The schema version this Keel needs (its last migration)."""
         return self.store.latest_version
+
+    def register(self, workflow: Workflow) -> None:
+        """Add a workflow whose graph compiles; InvalidWorkflow (nothing registered) if not."""
+        compile_graph(workflow)
+        self.workflows.add(workflow)
+        self._checked.add(workflow.key)
+
+    def check_workflows(self) -> None:
+        """InvalidWorkflow unless every registered graph compiles (once per workflow)."""
+        for workflow in self.workflows.all():
+            self._check(workflow)
+
+    def _check(self, workflow: Workflow) -> None:
+        if workflow.key not in self._checked:
+            compile_graph(workflow)
+            self._checked.add(workflow.key)
 
     def adopt(self, workflows: Workflows) -> None:
         """Serve another runtime's registry (shared, not copied) on this one's database."""
@@ -198,9 +247,11 @@ class Runtime:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
-    ) -> tuple[Row, bool]:
+    ) -> Submission:
+        """Admit a run (idempotent: the same job, input and version return the same run)."""
         await self.open()
         wf = self.workflows.get(workflow, version)
+        self._check(wf)  # refused before admission: a run of it could never execute
         row, created = await runs.admit(
             self.store,
             workflow=wf.name,
@@ -212,7 +263,7 @@ class Runtime:
         )
         if created:
             self.wake()
-        return row, created
+        return Submission(row, created=created)
 
     async def get_run(self, run_id: str) -> RunDetails:
         await self.open()
@@ -252,9 +303,13 @@ class Runtime:
             await self.store.served_workflows(3 * self.heartbeat_interval)
         )
 
-    async def stranded_runs(self, names: list[str] | None = None, limit: int = 100) -> list[Row]:
-        """Runs that need a worker of a version no worker serves (of workflows `names`, or
-        all), oldest first."""
+    async def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs that need a worker of a version no worker serves, oldest first."""
+        return await self.stranded_runs_of(None, limit)
+
+    async def stranded_runs_of(self, names: list[str] | None, limit: int = 100) -> list[Row]:
+        """Stranded runs of workflows `names` (None: all), oldest first (what a worker looks
+        for among its own workflows)."""
         served = await self.served_versions()
         names = sorted(served) if names is None else names
         keys = sorted(f"{name}@{v}" for name, vs in served.items() for v in vs)
@@ -264,7 +319,7 @@ class Runtime:
             row["stranded"] = True
         return stranded
 
-    async def upgrade_run(self, run_id: str, to_version: str, *, by: str | None = None) -> Row:
+    async def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
         """Move a queued or waiting run to another registered version of its workflow, when
         its checkpoint fits that version's graph; WorkflowVersionMismatch when it does not."""
         await self.open()
@@ -272,8 +327,8 @@ class Runtime:
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(f"no run {run_id!r}")
-        workflow = self.workflows.get(run["workflow"], to_version)
-        versions.check_upgradable(run, to_version)
+        workflow = self.workflows.get(run["workflow"], to)
+        versions.check_upgradable(run, to)
         graph = workflow.factory().compile(checkpointer=self.fencing())
         problems = await checkpoint_misfits(graph, self.fencing(), run_id)
         if problems:
@@ -281,9 +336,28 @@ class Runtime:
                 f"run {run_id} cannot move from {run['workflow']}@{run['workflow_version']} to "
                 f"{workflow.key}: its checkpoint does not fit ({'; '.join(problems)})"
             )
-        row = await versions.upgrade(self.store, run_id, to_version, seen=run, by=by)
+        row = await versions.upgrade(self.store, run_id, to, seen=run, by=by)
         self.wake()
         return row
+
+    async def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first (`Store.browse_runs` filters), each with its `pending_waits`."""
+        await self.open()
+        rows = await self.store.browse_runs(**filters)
+        counts = await self.store.count_pending_waits([r["run_id"] for r in rows])
+        for row in rows:
+            row["pending_waits"] = counts.get(row["run_id"], 0)
+        return rows
+
+    async def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        await self.open()
+        return await self.store.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+
+    async def running_runs(self, limit: int = 1000) -> list[Row]:
+        await self.open()
+        return await self.store.running_runs(limit)
 
     async def get_wait(self, wait_id: str) -> Row:
         await self.open()
@@ -296,15 +370,31 @@ class Runtime:
         await self.open()
         return await self.store.pending_waits(limit)
 
-    async def workers(self) -> list[Row]:
-        """Workers that announced themselves within three heartbeat intervals."""
+    async def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Workers that announced themselves within three heartbeat intervals, each with
+        `state` "live"; with `silent_for`, also those not stopped that went quiet within that
+        many seconds, `state` "silent": waiting for the database, or dead (nobody can tell
+        from here; a live one comes back by itself once it reaches the database)."""
         await self.open()
-        return await self.store.workers(3 * self.heartbeat_interval)
+        live_window = 3 * self.heartbeat_interval
+        rows = await self.store.workers(max(live_window, silent_for))
+        now = await self.store.database_now()
+        for row in rows:
+            row["state"] = "live" if row["heartbeat_at"] >= now - live_window else "silent"
+        return rows
 
     async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         await self.open()
         validate_run_id(run_id)
         return await runs.cancel(self.store, run_id, by=by)
+
+    async def resume(self, run_id: str, *, by: str | None = None) -> Row:
+        """Queue a failed run again, to continue from its last checkpoint with its ledger."""
+        await self.open()
+        validate_run_id(run_id)
+        row = await runs.resume(self.store, run_id, by=by)
+        self.wake()
+        return row
 
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()
@@ -350,6 +440,25 @@ class Runtime:
             keep_failed=keep_failed,
             dry_run=dry_run,
             batch_size=batch_size,
+        )
+
+    async def approve(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        """Approve the run's pending approval; the first decision wins."""
+        return await self.decide(run_id, decision="approved", **kwargs)
+
+    async def reject(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        """Reject the run's pending approval; the first decision wins."""
+        return await self.decide(run_id, decision="rejected", **kwargs)
+
+    async def resolve_effect(
+        self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any
+    ) -> waits.DecisionResult:
+        """Tell an in-doubt effect's run whether the effect reached the provider."""
+        return await self.decide(
+            run_id,
+            decision="performed" if performed else "not_performed",
+            value={"performed": performed, "result": result},
+            **kwargs,
         )
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------

@@ -19,15 +19,16 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Requ
 from fastapi.responses import FileResponse
 
 import keel
-from keel.core.artifacts import RunArtifacts
 from keel.core.errors import InvalidId, RunFinished, UsageError
-from keel.core.ids import safe_name, validate_run_id
 from keel.core.lifecycle import Decision, Status
 from keel.core.waits import check_answer
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
+from keel.service.console import install_console
+from keel.service.docs import install_docs
 from keel.service.errors import BodyLimit, Refused, install
 from keel.service.events import events_router
+from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 
@@ -72,8 +73,12 @@ def create_app(
     api = FastAPI(
         title="Keel",
         version=_version(),
-        description="Admit and inspect crash-safe LangGraph runs; decide their approvals.",
+        description="Admit and inspect crash-safe LangGraph runs; decide their approvals. "
+        "People use the console at /ui.",
         responses=ERRORS,
+        # Served from local assets (keel.service.docs): the defaults load from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     api.state.keel = keel_app
     install(api)
@@ -83,6 +88,8 @@ def create_app(
     api.include_router(events_router(keel_app, auth))
     _metrics_route(api, keel_app)
     api.include_router(approvals_router(keel_app, auth))
+    install_docs(api)
+    install_console(api, keel_app, auth)
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:
@@ -219,20 +226,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         _: Reader,
     ) -> FileResponse:
         """One file of the run's artifacts folder."""
-        validate_run_id(run_id)
-        keel_app.get_run(run_id)  # 404 for an unknown run, before looking at any folder
-        try:
-            clean = safe_name(name, "artifact name")
-        except InvalidId as exc:
-            raise Refused(400, "invalid_id", str(exc)) from None
-        if clean != name:
-            # safe_name() maps unsafe characters to '_'; serving the mapped file would answer
-            # for a name that was never asked for.
-            raise Refused(400, "invalid_id", f"artifact name {name!r} is not a plain file name")
-        path = RunArtifacts(keel_app.aio.artifacts_root, run_id).path(name)
-        if not path.is_file():
-            raise Refused(404, "artifact_not_found", f"run {run_id} has no artifact {name!r}")
-        return FileResponse(path, filename=name)
+        return FileResponse(artifact_file(keel_app, run_id, name), filename=name)
 
     @router.post("/runs/{run_id}/cancel", response_model=m.Run, responses=NOT_FOUND)
     def cancel_run(
@@ -243,6 +237,24 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     ) -> m.Run:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
+        return m.run_model(row, _run_url(request, run_id))
+
+    @router.post(
+        "/runs/{run_id}/resume",
+        response_model=m.Run,
+        responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "The run is not failed."}},
+    )
+    def resume_run(
+        run_id: RunId,
+        request: Request,
+        principal: Writer,
+        body: Annotated[m.ResumeIn | None, Body()] = None,
+    ) -> m.Run:
+        """Queue a failed run again: it continues from its last checkpoint with its ledger, so an
+        effect it recorded is not performed again. 409 unless the run is failed."""
+        keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
+        details = keel_app.get_run(run_id)
+        row = {**details.run, "stranded": details.stranded}
         return m.run_model(row, _run_url(request, run_id))
 
     @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
@@ -342,6 +354,7 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 wait["run_id"],
                 wait_id=approval_id,
                 by=body.by or principal.label,
+                principal=principal.label,
                 action_id=idempotency_key or body.action_id,
                 comment=body.comment,
                 channel="http",

@@ -33,6 +33,10 @@ class CancelIn(Body):
     by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
 
 
+class ResumeIn(Body):
+    by: str | None = Field(None, max_length=200, description="Who resumes (for the timeline).")
+
+
 class UpgradeIn(Body):
     to: str = Field(min_length=1, max_length=200, description="The version to move the run to.")
     by: str | None = Field(None, max_length=200, description="Who upgrades (for the timeline).")
@@ -116,6 +120,8 @@ class Approval(BaseModel):
     escalation_level: int
     decision: str | None
     decided_by: str | None
+    principal: str | None
+    """The identity that made the call (e.g. `token:<fingerprint>`), beside the `by` it gave."""
     channel: str | None
     comment: str | None
     action_id: str | None
@@ -227,6 +233,7 @@ def approval_fields(row: Row, run_url: str) -> dict[str, Any]:
         "escalation_level": row.get("escalation_level") or 0,
         "decision": row["decision"],
         "decided_by": row["decided_by"],
+        "principal": decision_principal(row),
         "channel": row["channel"],
         "comment": row["comment"],
         "action_id": row["action_id"],
@@ -234,6 +241,12 @@ def approval_fields(row: Row, run_url: str) -> dict[str, Any]:
         "created_at": row["created_at"],
         "run_url": run_url,
     }
+
+
+def decision_principal(row: Row) -> str | None:
+    """Who made the decision's call, kept in its recorded value (older decisions have none)."""
+    value = loads(row["value"]) if row.get("value") else None
+    return value.get("principal") if isinstance(value, dict) else None
 
 
 def approval_model(row: Row, run_url: str) -> Approval:

@@ -164,6 +164,7 @@ def slack_router(
             wait["run_id"],
             wait_id=wait["wait_id"],
             by=f"slack:{action['user']}",
+            principal=f"slack:{action['user']}",
             action_id=f"slack:{action['click']}" if action["click"] else None,
             channel="slack",
         )

@@ -33,6 +33,7 @@ from typer.testing import CliRunner, Result
 from keel.cli import render
 from keel.cli.commands import cli
 from keel.core.store.base import load_migrations
+from keel.testing.postgres import drop_database
 from keel.testing.smtp import SmtpSink
 from tests.support.apps import versions
 from tests.support.apps.cli import SUBJECT, WORKFLOW
@@ -71,8 +72,7 @@ def fresh_url(backend: str, db_url: str, tmp_path: Path) -> Iterator[str]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield f"{db_url.rpartition('/')[0]}/{name}"
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(db_url, name)
 
 
 def invoke(env: dict[str, str], *args: str) -> Result:
@@ -434,7 +434,7 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune"}
     assert {n[0] for n in names if len(n) == 1} == expected
-    runs_commands = {"list", "show", "cancel", "upgrade", "watch"}
+    runs_commands = {"list", "show", "cancel", "resume", "upgrade", "watch"}
     assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == runs_commands
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
@@ -492,3 +492,51 @@ def test_serve_answers_until_sigterm(env: dict[str, str]) -> None:
         _, err = server.communicate(timeout=60)
     assert server.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err
+
+
+# -- failures that must not loop: resume, broken graphs -----------------------------------------
+
+
+def test_runs_resume_continues_a_failed_run_without_sending_again(
+    env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    broken = tmp_path / "printer-broken"
+    broken.touch()
+    shop = "tests.support.apps.shipping:app"
+    with SmtpSink() as sink:
+        env = {**env, "KEEL_TEST_SMTP": f"127.0.0.1:{sink.port}", "SHIPPING_BROKEN": str(broken)}
+        submitted = keel(
+            env, "submit", shop, "shipping", "--job-id", "o-1", "--input", '{"order": "o-1"}'
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = submitted_run_id(submitted.stdout)
+        assert keel(env, "worker", shop, "--stop-when-idle").returncode == 0
+        assert show(env, db_url, run_id)["run"]["status"] == "failed"
+        assert sink.count() == 1
+
+        broken.unlink()  # fixed; now resume rather than rerun
+        resumed = keel(env, "runs", "resume", run_id, "--by", "ops")
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"resumed run {run_id}" in resumed.stdout
+        again = keel(env, "runs", "resume", run_id)
+        assert again.returncode == 1
+        assert "only a failed run can be resumed" in one_error_line(again.stderr)
+        assert keel(env, "worker", shop, "--stop-when-idle").returncode == 0
+        final = show(env, db_url, run_id)
+        assert final["run"]["status"] == "completed"
+        assert final["run"]["output"] is not None
+        assert sink.count() == 1  # the confirmation went out once, before the failure
+        assert [e["status"] for e in final["effects"]] == ["sent"]
+
+
+def test_a_graph_that_cannot_compile_is_refused_at_submit_and_worker_start(
+    env: dict[str, str],
+) -> None:
+    broken = "tests.support.apps.broken:app"
+    submitted = keel(env, "submit", broken, "no-start", "--job-id", "j", "--input", "{}")
+    assert submitted.returncode == 1
+    line = one_error_line(submitted.stderr)
+    assert "workflow no-start@1: its graph does not compile" in line
+    worker = keel(env, "worker", broken, "--stop-when-idle")
+    assert worker.returncode == 1
+    assert "does not compile" in one_error_line(worker.stderr)

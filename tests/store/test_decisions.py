@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 from collections.abc import Callable
@@ -180,6 +181,34 @@ def test_late_decision_after_the_run_finished_changes_nothing(make_app: AppFacto
     after = app.get_run(run)
     assert (after.run, after.timeline, after.waits) == (before.run, before.timeline, before.waits)
     assert after.decision == "rejected"
+
+
+def test_late_decision_naming_the_decided_wait_of_a_finished_run_is_refused_too(
+    make_app: AppFactory,
+) -> None:
+    # The HTTP API names the wait; it must answer as the CLI, which names the run, does.
+    app, run = waiting_review(make_app)
+    wait_id = app.approve(run, by="alice", action_id="click-1").wait["wait_id"]
+    drain(app)
+    before = app.get_run(run)
+    with pytest.raises(RunFinished, match="completed"):
+        app.reject(run, wait_id=wait_id, by="bob", action_id="click-2")
+    # The winning call itself, retried (same action id), is still told what it recorded.
+    retry = app.approve(run, wait_id=wait_id, by="alice", action_id="click-1")
+    assert (retry.recorded, retry.decision) == (False, "approved")
+    after = app.get_run(run)
+    assert (after.run, after.timeline, after.waits) == (before.run, before.timeline, before.waits)
+
+
+def test_a_decision_keeps_the_principal_beside_the_by(make_app: AppFactory) -> None:
+    app, run = waiting_review(make_app)
+    app.approve(run, by="alice", principal="token:3f9a")
+    details = app.get_run(run)
+    (recorded,) = [e for e in details.timeline if e["kind"] == "decision.recorded"]
+    assert (recorded["data"]["by"], recorded["data"]["principal"]) == ("alice", "token:3f9a")
+    assert details.waits[0]["decided_by"] == "alice"
+    value = json.loads(details.waits[0]["value"])
+    assert keel.ApprovalDecision.from_value(value).principal == "token:3f9a"
 
 
 def test_decision_on_queued_run_without_wait_raises_no_pending_wait(make_app: AppFactory) -> None:

@@ -90,6 +90,26 @@ def test_artifact_name_cannot_write_outside_its_run_folder(tmp_path: Path, name:
     assert files_under(tmp_path) == {target}
 
 
+@pytest.mark.parametrize(
+    "name", ["report:v1.txt", "report?v1.txt", "report v1.txt", "ré.txt", "a" * 201 + ".txt"]
+)
+def test_a_name_that_would_need_rewriting_is_refused_not_rewritten(
+    tmp_path: Path, name: str
+) -> None:
+    store = RunArtifacts(tmp_path / "root", "run-1")
+    store.write_text("report_v1.txt", "the original")
+    with pytest.raises(InvalidId, match="artifact name"):
+        store.write_text(name, "another report")
+    assert store.read_bytes("report_v1.txt") == b"the original"
+    assert [a.name for a in store.list()] == ["report_v1.txt"]
+
+
+def test_a_name_of_200_characters_is_kept_whole(tmp_path: Path) -> None:
+    name = "a" * 196 + ".txt"
+    store = RunArtifacts(tmp_path / "root", "run-1")
+    assert store.write_text(name, "x").name == name
+
+
 def test_symlink_in_a_run_folder_cannot_redirect_a_write_outside(tmp_path: Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("precious")

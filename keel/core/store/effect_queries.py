@@ -21,6 +21,8 @@ class EffectQueries:
         step: int,
         task_path: str,
         args_hash: str,
+        arg_hashes: str,
+        call_index: int,
         token: int,
     ) -> Row | None:
         """Reserve an idempotency key (pending); None if the ledger already has it."""
@@ -34,6 +36,8 @@ class EffectQueries:
                 "step": step,
                 "task_path": task_path,
                 "args_hash": args_hash,
+                "arg_hashes": arg_hashes,
+                "call_index": call_index,
                 "lease_token": token,
             },
         )

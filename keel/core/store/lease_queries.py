@@ -42,6 +42,56 @@ class LeaseQueries:
             )
         return row
 
+    async def check_lease_held(self, run_id: str, token: int) -> Row:
+        """Raise LeaseLost unless `token` holds the run and its lease has not expired (by the
+        database's clock).
+
+        A read outside any write transaction: the last look before something that no
+        transaction can fence (a provider call, a rename), so it narrows the window a frozen
+        worker has, rather than closing it.
+        """
+        async with self.db.read() as tx:
+            row = await tx.one("lease_held", {"run_id": run_id})
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if int(row["lease_token"]) != token:
+            raise LeaseLost(
+                f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
+                f"owner {row['lease_owner']})"
+            )
+        if not row["live"]:
+            # Not taken over yet, but takeable: a call now could race the next owner's.
+            raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
+        return row
+
+    # -- failed attempts ------------------------------------------------------------------------
+
+    @staticmethod
+    async def count_failed_attempt(
+        tx: Tx, run_id: str, token: int, *, crash: bool
+    ) -> tuple[int, int]:
+        """One more crashed (`crash`) or infrastructure-interrupted attempt; the run's counts
+        of both afterwards."""
+        row = await tx.one(
+            "count_failed_attempt",
+            {
+                "run_id": run_id,
+                "lease_token": token,
+                "crash": int(crash),
+                "infra": int(not crash),
+            },
+        )
+        if row is None:
+            raise LeaseLost(f"run {run_id}: lease token {token} is stale")
+        return int(row["crash_count"]), int(row["infra_retries"])
+
+    @staticmethod
+    async def hold_lease_for(tx: Tx, run_id: str, token: int, delay: float) -> None:
+        """Keep the lease `delay` seconds from now by the database's clock, then let it lapse."""
+        await tx.execute(
+            "hold_lease_until", {"run_id": run_id, "lease_token": token, "delay": delay}
+        )
+
     # -- claims ---------------------------------------------------------------------------------
 
     @staticmethod

@@ -145,7 +145,7 @@ def lookup_sent_email(
     retry=keel.Retry(max_attempts=4, initial=0.2, maximum=5.0),
 )
 def send_email(
-    to: str, subject: str, body: str, *, ticket_id: str, idempotency_key: str
+    to: str, subject: str, body: str, *, ticket_id: str, idempotency_key: str = keel.KEY
 ) -> dict[str, Any]:
     """Send the reply; Keel calls this at most once per idempotency key (see module doc)."""
     msg = compose(to, subject, body, ticket_id=ticket_id, idempotency_key=idempotency_key)

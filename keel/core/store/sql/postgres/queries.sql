@@ -27,6 +27,13 @@ INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version
 SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = %(run_id)s
 FOR SHARE;
 
+-- name: lease_held
+-- Whether a lease token still holds its run, unexpired, right now (the last check before a
+-- provider call or an artifact's rename; a plain read, it holds no lock).
+SELECT run_id, status, lease_token, lease_owner, cancel_requested,
+       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live
+FROM keel_runs WHERE run_id = %(run_id)s;
+
 -- name: insert_run
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
@@ -132,9 +139,9 @@ SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
 -- name: insert_effect
 -- Reserve an idempotency key (pending) unless it is already in the ledger.
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          status, attempts, lease_token, created_at, updated_at)
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-        'pending', 0, %(lease_token)s, keel_now(), keel_now())
+        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now())
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -320,6 +327,67 @@ LIMIT %(limit)s;
 UPDATE keel_runs SET workflow_version = %(version)s, updated_at = keel_now()
 WHERE run_id = %(run_id)s AND status IN ('queued', 'waiting')
 RETURNING *;
+
+-- name: browse_runs
+-- The console's run list, newest first: filters by status, workflow, job id prefix (a range
+-- in byte order, so the "C"-collated job index serves it whatever the database's collation)
+-- and admission time; paged.
+SELECT * FROM keel_runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(job_prefix)s::text IS NULL OR (job_id COLLATE "C" >= %(job_prefix)s::text
+       AND job_id COLLATE "C" < %(job_prefix_end)s::text))
+  AND (%(since)s::float8 IS NULL OR created_at >= %(since)s::float8)
+  AND (%(until)s::float8 IS NULL OR created_at < %(until)s::float8)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: count_pending_waits
+-- How many open waits each of some runs has (the run list's "pending" column).
+SELECT run_id, COUNT(*) AS n FROM keel_waits
+WHERE status = 'pending' AND run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+GROUP BY run_id;
+
+-- name: browse_pending_waits
+-- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
+SELECT * FROM keel_waits
+WHERE status = 'pending' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY deadline, created_at, wait_id
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: running_runs
+-- Runs a worker holds now, by worker (the workers page).
+SELECT run_id, job_id, workflow, workflow_version, lease_owner, lease_token, lease_expires_at,
+       heartbeat_at, started_at
+FROM keel_runs WHERE status = 'running'
+ORDER BY lease_owner, started_at
+LIMIT %(limit)s;
+
+-- name: count_failed_attempt
+-- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
+UPDATE keel_runs
+SET crash_count = crash_count + %(crash)s, infra_retries = infra_retries + %(infra)s,
+    updated_at = keel_now()
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+RETURNING crash_count, infra_retries;
+
+-- name: hold_lease_until
+-- Keep a crashed run's lease until its backoff is over: it is claimable again after that.
+UPDATE keel_runs SET lease_expires_at = keel_now() + %(delay)s, updated_at = keel_now()
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running';
+
+-- name: clear_failure
+-- A resumed run starts afresh: no termination reason, error or failed attempts.
+UPDATE keel_runs
+SET termination_reason = NULL, error = NULL, crash_count = 0, infra_retries = 0,
+    cancel_requested = 0, updated_at = keel_now()
+WHERE run_id = %(run_id)s;
+
+-- name: reopen_failed_effects
+-- A resumed run's failed effects go back to pending: the ledger then asks the reconciler (or a
+-- person) whether they reached the provider, as after a crash, instead of failing them again.
+UPDATE keel_effects SET status = 'pending', updated_at = keel_now()
+WHERE run_id = %(run_id)s AND status = 'failed';
 
 -- name: events_after
 -- A run's timeline after the event `after` (0: from the start), in order, at most `limit`.

@@ -1,0 +1,81 @@
+"""`app.aio`: the App's operations as coroutines, with the same names and return types.
+
+The Runtime holds every operation on runs; this adds the one that needs the worker (which
+itself builds on the Runtime), so that `await app.aio.run_worker()` mirrors `app.run_worker()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+
+from keel.runtime.runtime import Runtime
+from keel.runtime.summary import RunSummary, summarize
+from keel.runtime.worker import Worker, WorkerStats
+
+
+class AsyncApp(Runtime):
+    async def summary(self, run_id: str) -> RunSummary:
+        """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
+        return summarize(await self.get_run(run_id), await self.database_now())
+
+    def worker(
+        self,
+        *,
+        concurrency: int = 4,
+        stop_when_idle: bool = False,
+        grace: float = 30.0,
+        worker_id: str | None = None,
+        max_clock_skew: float | None = None,
+        prune_older_than: str | float | None = None,
+    ) -> Worker:
+        """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains).
+
+        Its run() raises ClockSkew if this host's clock is more than `max_clock_skew` seconds
+        (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
+        return Worker(
+            self,
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
+            prune_older_than=prune_older_than,
+        )
+
+    async def run_worker(
+        self,
+        *,
+        concurrency: int = 4,
+        stop_when_idle: bool = False,
+        grace: float = 30.0,
+        worker_id: str | None = None,
+        handle_signals: bool = True,
+        max_clock_skew: float | None = None,
+        prune_older_than: str | float | None = None,
+    ) -> WorkerStats:
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
+
+        ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
+        $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
+        worker = self.worker(
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
+            prune_older_than=prune_older_than,
+        )
+        loop = asyncio.get_running_loop()
+        # Only the main thread may take signals; elsewhere the caller stops the worker.
+        handled = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, worker.stop)
+                handled.append(sig)
+        try:
+            return await worker.run()
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)

@@ -20,6 +20,7 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 
 CASES = (
     "floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "console",
+    "prune",
 )  # fmt: skip
 
 
@@ -30,6 +31,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_drain,
         case_floor,
         case_memory,
+        case_prune,
         case_state,
         case_step,
         case_takeover,
@@ -44,6 +46,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
+        "prune": lambda s, d, f: case_prune.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
     }
     return table[case]

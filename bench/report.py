@@ -329,6 +329,7 @@ def write(
     ]
     order = [
         "floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "console",
+        "prune",
     ]  # fmt: skip
     for key in order:
         res = results.get(key)

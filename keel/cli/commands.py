@@ -8,8 +8,10 @@ Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad u
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +22,7 @@ import typer
 from rich.table import Table
 
 from keel.chaos.command import chaos as chaos_command
-from keel.cli import render
+from keel.cli import observe, render
 from keel.cli.guard import (
     BAD_USAGE,
     bad_spec_is_usage,
@@ -171,11 +173,25 @@ def demo(
 
 @cli.command()
 @guarded
+@observe.logged
 def worker(
     app: str = typer.Argument(..., help="MODULE:ATTRIBUTE of a keel.App"),
     concurrency: int = typer.Option(4, min=1),
     stop_when_idle: bool = typer.Option(False, help="Exit when no run is queued or running."),
     grace: float = typer.Option(30.0, help="Seconds running runs get to finish on SIGTERM."),
+    metrics_port: int | None = typer.Option(
+        None,
+        min=0,
+        max=65535,
+        show_default=False,
+        help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (see --metrics-host).",
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", help="Interface for --metrics-port."),
+    prune_older_than: str | None = typer.Option(
+        None,
+        show_default=False,
+        help="Also prune finished runs older than this (30d, 12h) every hour.",
+    ),
     max_clock_skew: float | None = typer.Option(
         None,
         min=0,
@@ -187,10 +203,15 @@ def worker(
     loaded = load_app(app)
     try:
         check_database(loaded)
+        if metrics_port is not None:
+            from keel.service.metrics import metrics_for
+
+            metrics_for(loaded).serve(metrics_port, metrics_host)
         stats = loaded.run_worker(
             concurrency=concurrency,
             stop_when_idle=stop_when_idle,
             grace=grace,
+            prune_older_than=prune_older_than,
             max_clock_skew=max_clock_skew,
         )
     finally:
@@ -200,11 +221,11 @@ def worker(
 
 @cli.command()
 @guarded
+@observe.logged
 def serve(
     app: Annotated[str, typer.Argument(help="MODULE:ATTRIBUTE of a keel.App")],
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
-    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve APP's HTTP API (runs, approvals, health) until SIGINT/SIGTERM; see docs/http.md.
 
@@ -215,7 +236,9 @@ def serve(
 
     check_database(load_app(app))
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
-    serve_http(app, host=host, port=port, log_level=log_level)
+    serve_http(
+        app, host=host, port=port, log_level=logging.getLevelName(logging.getLogger().level).lower()
+    )
 
 
 @cli.command()
@@ -512,6 +535,72 @@ def approvals_list(
 
 
 runs_cli.command("cancel")(cancel)
+cli.command("chaos")(bad_spec_is_usage(observe.logged(chaos_command)))
+
+
+@cli.command()
+@guarded
+def prune(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Finished more than this long ago: 30d, 12h, 90m.")
+    ],
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Only runs in this finished status (repeatable; default: completed, failed, "
+            "cancelled).",
+            show_default=False,
+        ),
+    ] = None,
+    keep_failed: Annotated[
+        bool, typer.Option("--keep-failed", help="Keep failed runs (they can still be resumed).")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only say which runs would be pruned.")
+    ] = False,
+    batch_size: Annotated[int, typer.Option(min=1, help="Runs deleted per transaction.")] = 200,
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Delete finished runs with their checkpoints, ledger, waits, outbox, timeline and files."""
+    with open_app(app, db) as loaded:
+        report = loaded.prune(
+            older_than=older_than,
+            statuses=status,
+            keep_failed=keep_failed,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
+    if as_json:
+        typer.echo(render.to_json(dataclasses.asdict(report)))
+    else:
+        observe.print_prune(report)
+
+
+@runs_cli.command("watch")
+@guarded
+def runs_watch(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
+    after: Annotated[int, typer.Option(min=0, help="Start after this event id.")] = 0,
+    follow: Annotated[
+        bool,
+        typer.Option(help="Keep following until the run finishes (--no-follow: print and exit)."),
+    ] = True,
+    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between reads.")] = 0.25,
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Follow a run's timeline live: its events so far, then new ones as they commit."""
+    with open_app(app, db) as loaded:
+        status = observe.watch(
+            loaded, run_id, after=after, as_json=as_json, follow=follow, poll=poll
+        )
+    if not as_json:
+        say(f"run {run_id} is {status}")
+
+
 runs_cli.command("resume")(resume)
 cli.command("chaos")(bad_spec_is_usage(chaos_command))
 

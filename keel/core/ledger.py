@@ -16,6 +16,7 @@ import functools
 import inspect
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -231,6 +232,7 @@ class Effect(Generic[P, R]):
         answered = _answered(row)
         if row["status"] == EffectStatus.PENDING:
             if self.reconcile is not None:
+                started = time.monotonic()
                 try:
                     extra = {self._reconcile_token: ctx.token} if self._reconcile_token else {}
                     found = await _call(
@@ -239,6 +241,14 @@ class Effect(Generic[P, R]):
                 except Exception as exc:
                     log.warning("reconciler of %s failed for %s: %r", self.name, key, exc)
                 else:
+                    _took(
+                        "effect.reconcile",
+                        started,
+                        key,
+                        self.name,
+                        int(row["attempts"]),
+                        found=found is not None,
+                    )
                     if found is None:
                         await event(ctx, "effect.reconciled", {"key": key, "found": False})
                         return _PERFORM
@@ -297,11 +307,13 @@ class Effect(Generic[P, R]):
         extra = {"idempotency_key": key, **({self._token: ctx.token} if self._token else {})}
         while True:
             attempts += 1
+            started = time.monotonic()
             try:
                 result = await self._attempt(ctx, host, args, {**kwargs, **extra})
             except (LeaseLost, RunCancelled):
                 raise  # nothing was performed: the key stays as it was, for the next owner
             except Exception as exc:
+                _took("effect.perform", started, key, self.name, attempts, error=repr(exc))
                 if self.retry.retries(exc, attempts):
                     delay = self.retry.delay(attempts, exc)
                     await event(
@@ -316,6 +328,7 @@ class Effect(Generic[P, R]):
                     continue
                 await record(ctx, key, EffectStatus.FAILED, attempts, error=repr(exc))
                 raise EffectFailed(key, repr(exc)) from exc
+            _took("effect.perform", started, key, self.name, attempts)
             fault_point("effect.after_perform", self.name, where.node, where.path)
             await record(ctx, key, EffectStatus.SENT, attempts, result=result)
             fault_point("effect.after_record", self.name, where.node, where.path)
@@ -412,11 +425,17 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any
             call_index=call.index,
             token=ctx.token,
         )
-        if row is not None:
-            return row, True
-        existing = await store.read_effect(tx, call.key)
+        existing = row or await store.read_effect(tx, call.key)
     assert existing is not None
-    return existing, False
+    log.info(
+        "effect.reserve %s key=%s status=%s%s",
+        name,
+        call.key,
+        existing["status"],
+        "" if row is None else " (new)",
+        extra={"event": "effect.reserve", "effect": name},
+    )
+    return existing, row is not None
 
 
 async def record(
@@ -452,6 +471,20 @@ async def record(
             worker_id=ctx.worker_id,
             token=ctx.token,
         )
+
+
+def _took(what: str, started: float, key: str, name: str, attempt: int, **more: Any) -> None:
+    """One line for a provider call (the effect or its reconciler), with how long it took."""
+    shown = " ".join(f"{k}={v}" for k, v in more.items())
+    log.info(
+        "%s %s key=%s attempt=%d %s",
+        what,
+        name,
+        key,
+        attempt,
+        shown,
+        extra={"event": what, "effect": name, "duration": round(time.monotonic() - started, 6)},
+    )
 
 
 async def event(ctx: RunContext, kind: str, data: dict[str, Any]) -> None:

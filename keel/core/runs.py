@@ -114,7 +114,9 @@ async def claimed(store: Store, tx: Tx, candidate: Row, worker_id: str, ttl: flo
         data = {"previous_owner": candidate["lease_owner"], **data}
     kind = "lease.takeover" if takeover else "lease.claimed"
     token = int(row["lease_token"])
-    await _record_move(store, tx, candidate, Status.RUNNING, kind, data, worker_id, token)
+    # The claim is logged before the executor binds the run's ids: give them to its line.
+    ids = {"job_id": row["job_id"], "workflow": f"{row['workflow']}@{row['workflow_version']}"}
+    await _record_move(store, tx, candidate, Status.RUNNING, kind, data, worker_id, token, ids=ids)
     return row
 
 
@@ -127,9 +129,12 @@ async def _record_move(
     data: dict[str, Any],
     worker_id: str | None,
     token: int | None,
+    ids: dict[str, Any] | None = None,
 ) -> None:
     moved = {"from": current["status"], "to": target.value, **data}
-    await store.add_event(tx, current["run_id"], kind, moved, worker_id=worker_id, token=token)
+    await store.add_event(
+        tx, current["run_id"], kind, moved, worker_id=worker_id, token=token, ids=ids
+    )
 
 
 async def wake_after_wait(

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 from langgraph.types import Command, interrupt
 
-from keel.core import leases, waits
+from keel.core import leases, logs, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
 from keel.core.errors import InvalidWorkflow, LeaseLost, NotInRun, Released, RunCancelled
@@ -108,10 +109,21 @@ class Executor:
         the run back to resume from its last checkpoint; a crash outside the graph's nodes is
         retried after a backoff; either ends the run failed past its limit (`Attempts`).
         """
-        try:
-            return await self._execute(lease, run)
-        except Exception as exc:
-            return await self._failed_attempt(lease, exc)
+        # Every line logged inside (Keel's, LangGraph's, the nodes') carries these ids.
+        with logs.bind(
+            run_id=lease.run_id,
+            job_id=run["job_id"],
+            workflow=f"{run['workflow']}@{run['workflow_version']}",
+            worker_id=self.worker_id,
+            token=lease.token,
+            locate=locate,
+            marks={},
+            started=time.monotonic(),
+        ):
+            try:
+                return await self._execute(lease, run)
+            except Exception as exc:
+                return await self._failed_attempt(lease, exc)
 
     async def _execute(self, lease: Lease, run: Row) -> Outcome:
         rt = self.services
@@ -295,13 +307,16 @@ class Executor:
             # Admitted, never checkpointed (perhaps a crash right after the claim): start from
             # the admitted input; LangGraph alone would raise EmptyInputError on invoke(None).
             fault_point("run.before_first_checkpoint", workflow.name)
+            _resumed(run, "from its admitted input (no checkpoint yet)", "run.start")
             return loads(run["input"])
         state = await graph.aget_state(config)
         pending = {i.id for i in state.interrupts}
         if pending:
             resume = await waits.resume_map(self.services.store, run["run_id"], pending)
             if resume:
+                _resumed(run, f"with {len(resume)} decided wait(s)")
                 return Command(resume=resume)
+        _resumed(run, "from its last checkpoint")
         return None
 
     async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> Outcome:
@@ -350,6 +365,10 @@ class Executor:
             )
             return LeaseEnd.LOST
         return status
+
+
+def _resumed(run: Row, how: str, kind: str = "run.resume") -> None:
+    log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"]})
 
 
 async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:

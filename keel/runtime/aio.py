@@ -28,6 +28,7 @@ class AsyncApp(Runtime):
         grace: float = 30.0,
         worker_id: str | None = None,
         max_clock_skew: float | None = None,
+        prune_older_than: str | float | None = None,
     ) -> Worker:
         """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains).
 
@@ -40,6 +41,7 @@ class AsyncApp(Runtime):
             grace=grace,
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
+            prune_older_than=prune_older_than,
         )
 
     async def run_worker(
@@ -51,6 +53,7 @@ class AsyncApp(Runtime):
         worker_id: str | None = None,
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
+        prune_older_than: str | float | None = None,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -62,6 +65,7 @@ class AsyncApp(Runtime):
             grace=grace,
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
+            prune_older_than=prune_older_than,
         )
         loop = asyncio.get_running_loop()
         # Only the main thread may take signals; elsewhere the caller stops the worker.

@@ -19,6 +19,7 @@ from keel.core.clock import Clock
 from keel.core.errors import UsageError
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
+from keel.core.retention import PruneReport
 from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
@@ -236,6 +237,39 @@ class App:
             self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
+    def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
+        """The run's timeline events with an id above `after`, in order (a resumable cursor)."""
+        return self._portal.call(self.aio.events_after(run_id, after, limit))
+
+    def run_status(self, run_id: str) -> str:
+        """The run's status alone: cheaper than `get_run` for a poller."""
+        return self._portal.call(self.aio.run_status(run_id))
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What /metrics reads from the database (runs, queue, ledger, waits, outbox, lag)."""
+        return self._portal.call(self.aio.metrics_snapshot())
+
+    def prune(
+        self,
+        *,
+        older_than: str | float,
+        statuses: list[str] | None = None,
+        keep_failed: bool = False,
+        dry_run: bool = False,
+        batch_size: int = 200,
+    ) -> PruneReport:
+        """Delete finished runs that finished more than `older_than` ago ("30d", "12h", or
+        seconds) with their checkpoints, ledger, waits, outbox, timeline and artifacts."""
+        return self._portal.call(
+            self.aio.prune(
+                older_than=older_than,
+                statuses=statuses,
+                keep_failed=keep_failed,
+                dry_run=dry_run,
+                batch_size=batch_size,
+            )
+        )
+
     def run_worker(
         self,
         *,
@@ -245,6 +279,7 @@ class App:
         worker_id: str | None = None,
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
+        prune_older_than: str | float | None = None,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -256,6 +291,7 @@ class App:
             grace=grace,
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
+            prune_older_than=prune_older_than,
         )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import infra, leases
+from keel.core import infra, leases, logs, retention
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
@@ -64,6 +64,8 @@ class Worker:
         grace: float = 30.0,
         sweep_interval: float = 1.0,
         sweep_before_exit: bool = True,
+        prune_older_than: str | float | None = None,
+        prune_interval: float = 3600.0,
         max_clock_skew: float | None = None,
         clock_check_interval: float = 60.0,
     ) -> None:
@@ -87,6 +89,11 @@ class Worker:
         self.max_poll_interval = max_poll_interval
         self.stop_when_idle = stop_when_idle
         self.grace = grace
+        # Checked here, not at the first scheduled prune an hour later.
+        self.prune_older_than = (
+            None if prune_older_than is None else retention.parse_age(prune_older_than)
+        )
+        self.prune_interval = prune_interval
         self.stats = WorkerStats()
         self._tasks: dict[str, tuple[Lease, asyncio.Task[Outcome]]] = {}
         self._stopping = asyncio.Event()
@@ -109,6 +116,10 @@ class Worker:
                 task.cancel()
 
     async def run(self) -> WorkerStats:
+        with logs.bind(worker_id=self.worker_id):
+            return await self._run()
+
+    async def _run(self) -> WorkerStats:
         rt = self.runtime
         await rt.open()
         rt.check_workflows()  # a graph that cannot compile is refused here, not at every claim
@@ -118,7 +129,15 @@ class Worker:
         wake = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
         listener = asyncio.create_task(rt.connector.listen("keel_wake", wake.set))
+        pruner = asyncio.create_task(self._prune()) if self.prune_older_than else None
         await self._guarded(self._announce())
+        log.info(
+            "worker %s started: concurrency %d, workflows %s",
+            self.worker_id,
+            self.concurrency,
+            ", ".join(sorted(rt.workflows.keys())) or "none",
+            extra={"event": "worker.started"},
+        )
         delay = self.poll_interval
         next_sweep = 0.0
         loop = asyncio.get_running_loop()
@@ -165,9 +184,10 @@ class Worker:
                     delay = self.poll_interval
         finally:
             await self._drain()
-            heartbeat.cancel()
-            listener.cancel()
-            await asyncio.gather(heartbeat, listener, return_exceptions=True)
+            background = [heartbeat, listener, *([pruner] if pruner else [])]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await self._goodbye()
         return self.stats
 
@@ -219,10 +239,7 @@ class Worker:
                 break
             lease, row = got
             claimed += 1
-            self.stats.claimed += 1
-            log.info(
-                "worker %s claimed run %s (token %s)", self.worker_id, lease.run_id, lease.token
-            )
+            self.stats.claimed += 1  # the claim's timeline event was logged as it committed
             task = asyncio.create_task(
                 executor.execute(lease, row), name=f"keel-run-{lease.run_id}"
             )
@@ -238,7 +255,11 @@ class Worker:
             return
         if task.exception() is not None:
             log.error(
-                "worker %s run %s: executor crashed: %r", self.worker_id, run_id, task.exception()
+                "worker %s run %s: executor crashed: %r",
+                self.worker_id,
+                run_id,
+                task.exception(),
+                extra={"event": "executor.crashed", "run_id": run_id},
             )
             return
         if task.result() in (LeaseEnd.LOST, LeaseEnd.RELEASED, LeaseEnd.RETRY):
@@ -329,10 +350,13 @@ class Worker:
                 await self._announce()
             except Exception as exc:
                 # Kept at its interval, not backed off: each renewal missed brings the TTL closer.
+                failed = {"event": "heartbeat.failed"}
                 if rt.store.is_infrastructure(exc):
-                    log.warning("heartbeat: database unavailable (%r); leases may expire", exc)
+                    log.warning(
+                        "heartbeat: database unavailable (%r); leases may expire", exc, extra=failed
+                    )
                 else:
-                    log.exception("heartbeat failed; leases may expire")
+                    log.exception("heartbeat failed; leases may expire", extra=failed)
                 continue
             for lease in lost:
                 entry = self._tasks.get(lease.run_id)
@@ -342,8 +366,18 @@ class Worker:
                         self.worker_id,
                         lease.run_id,
                         lease.token,
+                        extra={"event": "lease.lost", "run_id": lease.run_id},
                     )
                     entry[1].cancel()
+
+    async def _prune(self) -> None:
+        assert self.prune_older_than is not None
+        while True:
+            try:
+                await self.runtime.prune(older_than=self.prune_older_than)
+            except Exception:
+                log.exception("scheduled prune failed; the next one retries")
+            await asyncio.sleep(self.prune_interval)
 
     async def _drain(self) -> None:
         if not self._tasks:

@@ -27,8 +27,10 @@ from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
 from keel.service.errors import BodyLimit, Refused, install
+from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
+from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
 MAX_PAGE = 500
@@ -83,6 +85,8 @@ def create_app(
     api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     api.include_router(health_router(keel_app))
     api.include_router(runs_router(keel_app, auth))
+    api.include_router(events_router(keel_app, auth))
+    _metrics_route(api, keel_app)
     api.include_router(approvals_router(keel_app, auth))
     install_docs(api)
     install_console(api, keel_app, auth)
@@ -97,6 +101,17 @@ def create_app(
             ) from exc
         api.include_router(slack_router(keel_app, secret))
     return api
+
+
+def _metrics_route(api: FastAPI, keel_app: keel.App) -> None:
+    metrics = metrics_for(keel_app)
+
+    # Unauthenticated like /healthz: scrapers rarely carry tokens. It shows counts and
+    # workflow names, never ids or payloads; keep the port private or put a proxy in front.
+    @api.get("/metrics", tags=["health"], response_class=Response, include_in_schema=True)
+    def prometheus_metrics() -> Response:
+        """Prometheus metrics (text exposition format); see docs/operations.md."""
+        return Response(metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _version() -> str:

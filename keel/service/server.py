@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
+from keel.core import logs
 from keel.runtime.app import App
 from keel.runtime.loading import load_app
 
@@ -29,13 +31,18 @@ def serve(
 
     from keel.service.api import create_app
 
+    if not logging.getLogger().handlers:
+        # Called from Python rather than `keel serve`: the same setup as every Keel process.
+        logs.configure(log_level)
     owned = isinstance(app_spec_or_app, str)
     keel_app = load_app(app_spec_or_app) if isinstance(app_spec_or_app, str) else app_spec_or_app
     try:
         api = create_app(keel_app, **create_app_kwargs)
         if owned:
             _close_on_shutdown(api, keel_app)
-        uvicorn.run(api, host=host, port=port, log_level=log_level, ws="none")
+        # log_config=None: uvicorn's records go through Keel's handler (keel.core.logs), with
+        # the same format and redaction as everything else.
+        uvicorn.run(api, host=host, port=port, log_level=log_level, ws="none", log_config=None)
     except BaseException:
         if owned:
             keel_app.close()

@@ -76,7 +76,8 @@ def spawn_worker(
     PYTHONUNBUFFERED is set, so the output of a worker killed mid-run is complete up to its
     death. That output goes to `log` if given (appended, stdout and stderr together), else to
     `stdout` and `stderr` as `subprocess.Popen` takes them (default: inherited; pass
-    `subprocess.PIPE` to read it, or `subprocess.DEVNULL`).
+    `subprocess.PIPE` to read it, or `subprocess.DEVNULL`). A worker logs a line per run event
+    at INFO: read a pipe as it fills, or pass `env={"KEEL_LOG_LEVEL": "warning"}`.
 
     The caller owns the process: wait for it (`proc.wait(timeout=...)`), signal it
     (SIGTERM drains, SIGKILL crashes, SIGSTOP freezes) and kill it if the test ends first.

@@ -432,15 +432,10 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     names = [(n,) for n in group.commands if n not in ("runs", "approvals")]
     names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
-    expected |= {"resolve-effect", "cancel", "workers", "chaos"}
+    expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune"}
     assert {n[0] for n in names if len(n) == 1} == expected
-    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == {
-        "list",
-        "show",
-        "cancel",
-        "resume",
-        "upgrade",
-    }
+    runs_commands = {"list", "show", "cancel", "resume", "upgrade", "watch"}
+    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == runs_commands
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
     for name in names:

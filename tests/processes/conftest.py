@@ -47,7 +47,8 @@ def spawn(
 ) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Start `keel worker` processes of the fleet app; any still running at the end are killed.
 
-    Their lease TTL is 1 s unless a test asks for another; stderr is piped (a test may read it).
+    Their lease TTL is 1 s unless a test asks for another; stderr is piped (a test may read it)
+    and carries warnings and errors only.
     """
     procs: list[subprocess.Popen[bytes]] = []
     markers = tmp_path / "markers"
@@ -67,6 +68,9 @@ def spawn(
                 "FLEET_SMTP_URL": sink.url,
                 "FLEET_SPOOL": str(sink.spool),
                 "FLEET_MARKERS": str(markers),
+                # Warnings only: a worker's INFO line per event would fill the unread pipe and
+                # block the worker on its next write.
+                "KEEL_LOG_LEVEL": "warning",
             },
             cwd=REPO,
             stdout=subprocess.DEVNULL,

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Connector, Row, Tx
+from keel.core.store.run_queries import committed
 
 
 class LeaseQueries:
@@ -24,9 +25,10 @@ class LeaseQueries:
 
     @asynccontextmanager
     async def fenced(self, run_id: str, token: int) -> AsyncIterator[Tx]:
-        async with self.db.transaction() as tx:
-            await self.check_fence(tx, run_id, token)
-            yield tx
+        with committed():
+            async with self.db.transaction() as tx:
+                await self.check_fence(tx, run_id, token)
+                yield tx
 
     @staticmethod
     async def check_fence(tx: Tx, run_id: str, token: int) -> Row:

@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
+from keel.core import logs
 from keel.core.codec import dumps, loads
 from keel.core.store.base import Connector, Row, Tx
+
+# Timeline events added by the open transaction, logged only once it has committed.
+_uncommitted: ContextVar[list[tuple[Any, ...]] | None] = ContextVar(
+    "keel_uncommitted_events", default=None
+)
+
+
+@contextmanager
+def committed() -> Iterator[None]:
+    """Around a write transaction (outside it): log its events if, and after, it commits."""
+    pending: list[tuple[Any, ...]] = []
+    token = _uncommitted.set(pending)
+    try:
+        yield
+    except BaseException:
+        _uncommitted.reset(token)
+        raise
+    _uncommitted.reset(token)
+    for run_id, kind, data, worker_id, lease_token, ids in pending:
+        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids)
 
 
 class RunQueries:
@@ -191,7 +215,9 @@ class RunQueries:
         *,
         worker_id: str | None = None,
         token: int | None = None,
+        ids: dict[str, Any] | None = None,
     ) -> None:
+        """Append to the run's timeline; `ids` are extra correlation ids for its log line."""
         await tx.execute(
             "insert_event",
             {
@@ -202,6 +228,12 @@ class RunQueries:
                 "data": dumps(data or {}),
             },
         )
+        pending = _uncommitted.get()
+        entry = (run_id, kind, data or {}, worker_id, token, ids)
+        if pending is None:
+            logs.event(*entry[:3], worker_id=worker_id, token=token, ids=ids)
+        else:
+            pending.append(entry)
 
     async def events(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:

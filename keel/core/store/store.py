@@ -8,7 +8,8 @@ are grouped by table in the `*_queries` modules and combined here.
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 from keel.core import infra
@@ -16,7 +17,8 @@ from keel.core.errors import SchemaMismatch
 from keel.core.store.base import Connector, Tx, load_migrations
 from keel.core.store.effect_queries import EffectQueries
 from keel.core.store.lease_queries import LeaseQueries
-from keel.core.store.run_queries import RunQueries
+from keel.core.store.ops_queries import OpsQueries
+from keel.core.store.run_queries import RunQueries, committed
 from keel.core.store.wait_queries import WaitQueries
 
 
@@ -27,7 +29,7 @@ class Lease:
     token: int
 
 
-class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries):
+class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
     def __init__(self, connector: Connector) -> None:
         self.db = connector
         self.migrations = load_migrations(connector.dialect)
@@ -45,9 +47,13 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries):
         in `keel.core.infra`, fed by this backend's driver errors)?"""
         return infra.is_infrastructure(exc, self.db.is_transient)
 
-    def transaction(self) -> AbstractAsyncContextManager[Tx]:
-        """A write transaction (SQLite: the write lock is taken at its start)."""
-        return self.db.transaction()
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """A write transaction (SQLite: the write lock is taken at its start). The timeline
+        events it adds are logged once it has committed."""
+        with committed():
+            async with self.db.transaction() as tx:
+                yield tx
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
         return self.db.read()

@@ -128,9 +128,12 @@ SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
 WHERE run_id = %(run_id)s;
 
 -- name: insert_event
--- Append to a run's timeline.
+-- Append to a run's timeline. One writer of a run's events at a time, until it commits (a
+-- transaction lock on the run): a run's event ids then grow in commit order, so a reader that
+-- follows the timeline by id (`events_after`) never skips an event committed late.
+WITH turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(%(run_id)s)))
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
-VALUES (%(run_id)s, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s);
+SELECT %(run_id)s, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM turn;
 
 -- name: list_events
 -- A run's timeline in order.
@@ -392,3 +395,81 @@ WHERE run_id = %(run_id)s;
 -- person) whether they reached the provider, as after a crash, instead of failing them again.
 UPDATE keel_effects SET status = 'pending', updated_at = keel_now()
 WHERE run_id = %(run_id)s AND status = 'failed';
+
+-- name: events_after
+-- A run's timeline after the event `after` (0: from the start), in order, at most `limit`.
+SELECT * FROM keel_events WHERE run_id = %(run_id)s AND event_id > %(after)s
+ORDER BY event_id LIMIT %(limit)s;
+
+-- name: metrics_runs
+-- Runs per workflow and status (scraped by /metrics).
+SELECT workflow, status, COUNT(*) AS n FROM keel_runs GROUP BY workflow, status;
+
+-- name: metrics_queue
+-- Queued runs and when the oldest was admitted.
+SELECT COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_runs WHERE status = 'queued';
+
+-- name: metrics_effects
+-- Ledger rows per effect name and state.
+SELECT name, status, COUNT(*) AS n FROM keel_effects GROUP BY name, status;
+
+-- name: metrics_waits
+-- Open waits per kind and when the oldest opened.
+SELECT kind, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_waits
+WHERE status = 'pending' GROUP BY kind;
+
+-- name: metrics_outbox
+-- Notifications per state and when the oldest of each state was recorded.
+SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_outbox GROUP BY status;
+
+-- name: metrics_overdue
+-- The oldest thing the sweeper should already have handled: a passed deadline or stage of an
+-- open wait, or an expired lease of a running run.
+SELECT MIN(t) AS oldest FROM (
+    SELECT MIN(deadline) AS t FROM keel_waits WHERE status = 'pending' AND deadline < (SELECT keel_now())
+    UNION ALL
+    SELECT MIN(next_stage_at) FROM keel_waits WHERE status = 'pending' AND next_stage_at < (SELECT keel_now())
+    UNION ALL
+    SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running' AND lease_expires_at < (SELECT keel_now())
+) AS due;
+
+-- name: prune_candidates
+-- Finished runs in `statuses` that finished more than `older_than` seconds ago by the
+-- database's clock, oldest first (a dry run's list).
+SELECT run_id, workflow, status, finished_at FROM keel_runs
+WHERE status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb))
+  AND finished_at IS NOT NULL AND finished_at < (SELECT keel_now()) - %(older_than)s
+ORDER BY finished_at, run_id LIMIT %(limit)s;
+
+-- name: prune_runs
+-- Delete one batch of finished runs, skipping any a writer holds; their ids for the rest.
+DELETE FROM keel_runs WHERE run_id IN (
+    SELECT run_id FROM keel_runs
+    WHERE status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb))
+      AND finished_at IS NOT NULL AND finished_at < (SELECT keel_now()) - %(older_than)s
+    ORDER BY finished_at, run_id LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING run_id;
+
+-- name: prune_events
+DELETE FROM keel_events WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_effects
+DELETE FROM keel_effects WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_waits
+DELETE FROM keel_waits WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_outbox
+DELETE FROM keel_outbox WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_checkpoints
+-- LangGraph's checkpoint tables: a run's id is its thread_id.
+DELETE FROM checkpoints WHERE thread_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_checkpoint_writes
+DELETE FROM checkpoint_writes WHERE thread_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_checkpoint_blobs
+DELETE FROM checkpoint_blobs WHERE thread_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));

@@ -1,0 +1,132 @@
+"""Retention: delete finished runs older than a cut-off, with everything they left behind.
+
+A run's rows live in Keel's tables (the run, its timeline, ledger, waits, outbox intents) and in
+LangGraph's checkpoint tables; its files in its artifacts folder. `prune` deletes them in
+batches, one short transaction each, so workers keep claiming and writing between batches (on
+SQLite a batch holds the write lock for milliseconds, on PostgreSQL it skips rows a writer
+holds). Only finished runs (completed, failed, cancelled) are ever candidates: a queued,
+running or waiting run is never touched, whatever its age. A failed run can still be resumed
+until it is pruned: `keep_failed` keeps them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from keel.core.artifacts import RunArtifacts
+from keel.core.errors import UsageError
+from keel.core.lifecycle import FINISHED, Status
+from keel.core.services import Services
+
+log = logging.getLogger("keel.retention")
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str | float) -> float:
+    """Seconds from `30d`, `12h`, `90m`, `3600` (seconds) or a number."""
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        found = _AGE.match(text)
+        if not found:
+            raise UsageError(
+                f"age {text!r} is not a number followed by s, m, h, d or w (e.g. 30d, 12h)"
+            )
+        seconds = float(found.group(1)) * _UNIT[found.group(2)]
+    if seconds <= 0:
+        raise UsageError(f"age {text!r} must be more than zero")
+    return seconds
+
+
+def finished_statuses(statuses: list[str] | None, keep_failed: bool) -> list[str]:
+    """The statuses a prune may delete: finished ones only, whatever was asked."""
+    wanted = statuses or [s.value for s in FINISHED]
+    for status in wanted:
+        if status not in {s.value for s in Status}:
+            raise UsageError(f"unknown status {status!r}")
+        if status not in {s.value for s in FINISHED}:
+            raise UsageError(
+                f"only finished runs can be pruned (completed, failed, cancelled), not {status!r}"
+            )
+    return sorted(s for s in set(wanted) if not (keep_failed and s == Status.FAILED))
+
+
+@dataclass
+class PruneReport:
+    """What a prune deleted (or, for a dry run, would delete: `runs` only)."""
+
+    dry_run: bool
+    before: float
+    statuses: list[str]
+    runs: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    folders: int = 0
+    batches: int = 0
+    run_ids: list[str] = field(default_factory=list)
+    """The pruned (or, dry, the would-be pruned) runs' ids, at most the first 1000."""
+
+
+async def prune(
+    services: Services,
+    *,
+    older_than: str | float,
+    statuses: list[str] | None = None,
+    keep_failed: bool = False,
+    dry_run: bool = False,
+    batch_size: int = 200,
+    pause: float = 0.01,
+) -> PruneReport:
+    """Delete finished runs that finished more than `older_than` ago (see the module doc)."""
+    if batch_size < 1:
+        raise UsageError("batch_size must be at least 1")
+    age = parse_age(older_than)
+    wanted = finished_statuses(statuses, keep_failed)
+    store = services.store
+    # The database's clock wrote `finished_at` and judges the cut-off, as it judges leases.
+    before = await store.database_now() - age
+    report = PruneReport(dry_run=dry_run, before=before, statuses=wanted)
+    if not wanted:
+        return report
+    started = time.monotonic()
+    if dry_run:
+        rows = await store.prune_candidates(wanted, age, 1_000_000)
+        report.runs = len(rows)
+        report.run_ids = [r["run_id"] for r in rows[:1000]]
+        return report
+    while True:
+        async with store.transaction() as tx:
+            ids, counts = await store.prune_batch(tx, wanted, age, batch_size)
+        if not ids:
+            break
+        report.batches += 1
+        report.runs += len(ids)
+        for table, n in counts.items():
+            report.rows[table] = report.rows.get(table, 0) + n
+        if len(report.run_ids) < 1000:
+            report.run_ids += ids[: 1000 - len(report.run_ids)]
+        # After the commit: a crash in between leaves a folder without rows, which the next
+        # prune cannot see; so folders go only once their runs are gone for good, and a
+        # missing one is fine.
+        for run_id in ids:
+            folder = RunArtifacts(services.artifacts_root, run_id).folder
+            if folder.exists():
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                report.folders += 1
+        if len(ids) < batch_size:
+            break
+        await asyncio.sleep(pause)  # let workers' transactions in between batches
+    log.info(
+        "pruned %d runs finished before %s in %d batches (%d artifact folders)",
+        report.runs,
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(before)),
+        report.batches,
+        report.folders,
+        extra={"event": "prune", "duration": round(time.monotonic() - started, 6)},
+    )
+    return report

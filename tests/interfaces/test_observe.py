@@ -1,0 +1,158 @@
+"""Live events over SSE and Prometheus metrics, through a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+import keel
+from keel.service import create_app
+from tests.support.apps.service import LiveServer, register
+from tests.support.in_doubt import in_doubt
+from tests.support.providers import Provider
+from tests.support.service_client import ADMIN, TOKENS, Service, bearer
+from tests.support.workers import drain
+
+AppFactory = Callable[..., keel.App]
+
+
+def sse(response: httpx.Response) -> Iterator[dict[str, str]]:
+    """The events of a text/event-stream response, as they arrive (pings skipped)."""
+    event: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            event[field] = value.removeprefix(" ")
+
+
+def test_sse_replays_then_streams_and_resumes_after_a_drop_without_gaps_or_repeats(
+    svc: Service,
+) -> None:
+    app = svc.app
+    run = svc.http.post(
+        "/runs", json={"workflow": "review", "job_id": "sse-1", "input": {"topic": "t"}}
+    )
+    run_id = run.json()["run_id"]
+    drain(app)
+    assert app.get_run(run_id).status == "waiting"
+    seen: list[dict[str, str]] = []
+    headers = bearer(ADMIN)
+    with httpx.Client(base_url=svc.url, timeout=10) as client:
+        with client.stream("GET", f"/runs/{run_id}/events", headers=headers) as first:
+            assert first.status_code == 200
+            assert first.headers["content-type"].startswith("text/event-stream")
+            for event in sse(first):
+                seen.append(event)
+                if event["event"] == "wait.registered" or len(seen) >= 50:
+                    break  # the connection drops here, the run still waiting
+        assert seen and seen[-1]["event"] == "wait.registered", seen
+        # Meanwhile the run goes on: a decision, then a worker finishes it.
+        app.approve(run_id, by="editor")
+        worker = threading.Thread(target=drain, args=(app,))
+        worker.start()
+        with client.stream(
+            "GET", f"/runs/{run_id}/events", headers={**headers, "Last-Event-ID": seen[-1]["id"]}
+        ) as second:
+            for event in sse(second):
+                seen.append(event)
+                if event["event"] == "end":
+                    break
+        worker.join(30)
+    assert seen[-1]["event"] == "end" and '"completed"' in seen[-1]["data"]
+    ids = [int(e["id"]) for e in seen[:-1]]
+    timeline = app.get_run(run_id).timeline
+    # Exactly the run's timeline, in order, each event once, across the dropped connection.
+    assert ids == [int(e["event_id"]) for e in timeline]
+    assert [e["event"] for e in seen[:-1]] == [e["kind"] for e in timeline]
+    # A client that comes back after the end gets nothing twice, just the end again.
+    with (
+        httpx.Client(base_url=svc.url, timeout=10) as client,
+        client.stream(
+            "GET", f"/runs/{run_id}/events", headers={**headers, "Last-Event-ID": str(ids[-1])}
+        ) as again,
+    ):
+        assert [e["event"] for e in sse(again)] == ["end"]
+
+
+def test_sse_refuses_unknown_runs_bad_cursors_and_missing_tokens(svc: Service) -> None:
+    assert svc.http.get("/runs/nope-0123456789abcdef/events").status_code == 404
+    run = svc.http.post(
+        "/runs", json={"workflow": "review", "job_id": "sse-2", "input": {"topic": "t"}}
+    )
+    run_id = run.json()["run_id"]
+    bad = svc.http.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": "ten"})
+    assert bad.status_code == 400
+    assert httpx.get(f"{svc.url}/runs/{run_id}/events").status_code == 401
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_metrics_report_runs_queue_effects_in_doubt_approvals_and_takeovers(
+    make_app: AppFactory,
+) -> None:
+    app = register(make_app(lease_ttl=5))
+    server = LiveServer(create_app(app, tokens=TOKENS)).__enter__()  # counts from here on
+    try:
+        # A payment whose charge is in doubt after two takeovers (tests/support/in_doubt.py).
+        in_doubt(make_app, Provider(), delivered=False)
+        # A review approved (its effect sent), one waiting for its approval, one queued.
+        done = app.submit("review", job_id="m-1", input={"topic": "a"})["run_id"]
+        waiting = app.submit("review", job_id="m-2", input={"topic": "b"})["run_id"]
+        drain(app)
+        app.approve(done, by="editor")
+        drain(app)
+        app.submit("other", job_id="m-3", input={"topic": "c"})
+        assert app.get_run(done).status == "completed"
+        assert app.get_run(waiting).status == "waiting"
+        m = scrape(server.url)
+    finally:
+        server.__exit__(None, None, None)
+
+    def value(name: str, **labels: str) -> float:
+        return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value("keel_database_up") == 1
+    assert value("keel_runs", workflow="review", status="completed") == 1
+    assert value("keel_runs", workflow="review", status="waiting") == 1
+    assert value("keel_runs", workflow="pay", status="waiting") == 1
+    assert value("keel_runs", workflow="other", status="queued") == 1
+    assert value("keel_queue_depth") == 1
+    assert value("keel_queue_oldest_age_seconds") >= 0
+    assert value("keel_effects", effect="charge", state="in_doubt") == 1
+    assert value("keel_effects", effect="notify_requester", state="sent") == 1
+    assert value("keel_effects_in_doubt") == 1
+    assert value("keel_waits_pending", kind="approval") == 1
+    assert value("keel_waits_pending", kind="effect") == 1
+    assert value("keel_sweeper_lag_seconds") == 0
+    assert value("keel_outbox_backlog") == 0
+    # Counted in this process: the thief's claim and the resuming worker's were takeovers.
+    assert value("keel_lease_takeovers_total") == 2
+    assert value("keel_effects_marked_in_doubt_total", workflow="pay@1") == 1
+    assert value("keel_runs_finished_total", workflow="review@1", status="completed") == 1
+    assert value("keel_run_duration_seconds_count", workflow="review@1", status="completed") == 1
+    assert value("keel_step_duration_seconds_count", workflow="review@1", node="notify") == 1
+    assert (
+        value(
+            "keel_effect_call_duration_seconds_count",
+            effect="notify_requester",
+            call="perform",
+            outcome="ok",
+        )
+        == 1
+    )
+    assert value("keel_heartbeat_failures_total") == 0
+    assert value("keel_events_total", kind="lease.takeover") == 2

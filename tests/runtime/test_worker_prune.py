@@ -1,0 +1,48 @@
+"""A worker started with `prune_older_than` prunes old finished runs while it works."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+import keel
+from keel.core.errors import UsageError
+from keel.runtime.worker import Worker
+from tests.support.checks import wait_until
+from tests.support.graphs import echo_graph
+from tests.support.workers import drain
+
+AppFactory = Callable[..., keel.App]
+
+
+def test_a_worker_prunes_old_finished_runs_on_its_schedule(make_app: AppFactory) -> None:
+    clock = keel.ManualClock()
+    app = make_app(clock=clock)
+    app.workflow("echo")(echo_graph)
+    old = app.submit("echo", job_id="old", input={"text": "a"})["run_id"]
+    drain(app)
+    clock.advance(3 * 86400)
+    recent = app.submit("echo", job_id="recent", input={"text": "b"})["run_id"]
+    worker = Worker(app.aio, prune_older_than="2d", prune_interval=3600)
+    serving = asyncio.run_coroutine_threadsafe(worker.run(), app.aio.portal.loop)
+    try:
+        wait_until(
+            lambda: (
+                [r["run_id"] for r in app.list_runs()] == [recent]
+                and app.get_run(recent).status == "completed"
+            ),
+            30,
+            "the old run pruned and the recent one completed",
+        )
+    finally:
+        app.aio.portal.loop.call_soon_threadsafe(worker.stop)
+        serving.result(timeout=30)
+    assert old not in [r["run_id"] for r in app.list_runs()]
+
+
+def test_a_bad_prune_age_is_refused_before_the_worker_starts(make_app: AppFactory) -> None:
+    app = make_app()
+    with pytest.raises(UsageError, match="not a number"):
+        Worker(app.aio, prune_older_than="monthly")

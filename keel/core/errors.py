@@ -17,6 +17,11 @@ class InvalidId(KeelError, ValueError):
 class InvalidInput(KeelError, ValueError):
     """The input is not valid."""
 
+    def __init__(self, message: str | None = None, *, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.errors = list(errors or [])
+        """One sentence per problem, each naming its field (`input.to: ...`)."""
+
 
 class InputTooLarge(InvalidInput):
     """The input is larger than the configured limit."""

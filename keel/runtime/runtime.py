@@ -12,7 +12,7 @@ from keel.backends import connect
 from keel.core import outbox, runs, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock
-from keel.core.codec import loads
+from keel.core.codec import canonical_json, loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.errors import RunNotFound, WaitNotFound
 from keel.core.ids import validate_run_id
@@ -23,6 +23,7 @@ from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflows
 from keel.langgraph.executor import Executor
+from keel.langgraph.inputs import check_input
 from keel.langgraph.savers import FencedSaver, make_saver
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
@@ -228,6 +229,8 @@ class Runtime:
         """Admit a run (idempotent: the same job, input and version return the same run)."""
         await self.open()
         wf = self.workflows.get(workflow, version)
+        # What the graph will be given is the admitted JSON: check that, after JSON's own rules.
+        check_input(wf, loads(canonical_json(input)))
         row, created = await runs.admit(
             self.store,
             workflow=wf.name,

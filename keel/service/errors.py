@@ -113,7 +113,12 @@ def install(api: FastAPI) -> None:
         if status >= 500:
             log.error("%s %s: %r", request.method, request.url.path, exc)
         approval = getattr(exc, "approval", None)
-        return problem(status, code, str(exc), approval=approval)
+        response = problem(status, code, str(exc), approval=approval)
+        if isinstance(exc, InvalidInput) and exc.errors:
+            response = JSONResponse(
+                {"error": code, "message": str(exc), "errors": exc.errors}, status_code=status
+            )
+        return response
 
     async def on_refused(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Refused)

@@ -323,6 +323,10 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert invoke(env, *submit).exit_code == 2  # no input at all
     assert invoke(env, *submit, "--input", "{}", "--input-file", "x.json").exit_code == 2
 
+    not_an_object = invoke(env, *submit, "--input", "[1, 2]")
+    assert not_an_object.exit_code == 2
+    assert "input: expected an object" in one_error_line(not_an_object.stderr)
+
     unknown_workflow = invoke(
         env, "submit", FRESH, "no-such-flow", "--job-id", "t-1", "--input", "{}"
     )

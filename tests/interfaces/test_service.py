@@ -431,6 +431,18 @@ def test_a_decision_records_the_calling_token_beside_the_by_it_typed(svc: Servic
     assert (recorded["data"]["by"], recorded["data"]["principal"]) == ("alice", token)
 
 
+def test_an_input_the_graph_cannot_take_is_422_with_field_errors(svc: Service) -> None:
+    body = {"workflow": WORKFLOW, "job_id": "bad-input", "input": "hello"}
+    answer = svc.http.post("/runs", json=body)
+    assert (answer.status_code, answer.json()["error"]) == (422, "invalid_input"), answer.text
+    assert answer.json()["errors"] == [answer.json()["errors"][0]]
+    assert answer.json()["errors"][0].startswith("input: expected an object")
+    typo = svc.http.post("/runs", json={**body, "input": {"topik": "ai"}})
+    assert typo.status_code == 422
+    assert typo.json()["errors"][0].startswith("input.topik: not a field of")
+    assert svc.http.get("/runs").json()["runs"] == []
+
+
 def test_decision_errors(svc: Service) -> None:
     _, approval_id = svc.waiting_run("errors-1")
     path = f"/approvals/{approval_id}/decision"

@@ -6,7 +6,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import pydantic
 import pytest
+from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.core.errors import InputTooLarge, InvalidId, InvalidInput, UnknownWorkflow
@@ -120,6 +122,58 @@ def test_non_json_input_is_refused_and_nothing_is_written(make_app: AppFactory, 
     with pytest.raises(InvalidInput, match="canonical JSON"):
         app.submit("echo", job_id="bad", input=bad)
     assert app.list_runs() == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("hello", "input: expected an object (EchoState), got str"),
+        ([1, 2], "input: expected an object (EchoState), got list"),
+        ({"text": 5}, "input.text: Input should be a valid string"),
+        ({"txet": "hi"}, "input.txet: not a field of EchoState (its fields: n, out, text)"),
+        (
+            {"text": "hi", "n": ["a"]},
+            "input.n.0: Input should be a valid integer, unable to parse string as an integer",
+        ),
+    ],
+)
+def test_input_the_graph_cannot_take_is_refused_at_submit_by_field(
+    make_app: AppFactory, bad: Any, says: str
+) -> None:
+    app = echo_app(make_app)
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("echo", job_id="bad", input=bad)
+    assert refused.value.errors == [says]
+    assert says in str(refused.value)
+    assert app.list_runs() == []
+
+
+class Ticket(pydantic.BaseModel):
+    to: str
+    priority: int = 1
+
+
+def ticket_graph() -> StateGraph:
+    g = StateGraph(Ticket)
+    g.add_node("n", lambda state: {"priority": state.priority})
+    g.add_edge(START, "n")
+    g.add_edge("n", END)
+    return g
+
+
+def test_a_pydantic_input_schema_is_validated_as_langgraph_would(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ticket")(ticket_graph)
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("ticket", job_id="t-1", input={"priority": "high"})
+    assert refused.value.errors == [
+        "input.to: Field required",
+        "input.priority: Input should be a valid integer, unable to parse string as an integer",
+    ]
+    assert app.list_runs() == []
+    run = app.submit("ticket", job_id="t-1", input={"to": "ana@example.com"})
+    drain(app)
+    assert app.get_run(run.run_id).status == "completed"
 
 
 def test_unknown_workflow_is_refused_naming_what_is_registered(make_app: AppFactory) -> None:

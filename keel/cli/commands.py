@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -195,6 +196,12 @@ def serve(
     serve_http(app, host=host, port=port, log_level=log_level)
 
 
+class IfExists(StrEnum):
+    NEW = "new"
+    REUSE = "reuse"
+    ERROR = "error"
+
+
 @cli.command()
 @guarded
 def submit(
@@ -216,20 +223,49 @@ def submit(
     rerun: Annotated[
         bool, typer.Option("--rerun", help="Admit a new attempt even if this job already ran.")
     ] = False,
+    if_exists: Annotated[
+        IfExists,
+        typer.Option(
+            "--if-exists",
+            help="When the job already has a run with other input: admit a new run (new), "
+            "give back the job's latest run (reuse), or refuse (error).",
+        ),
+    ] = IfExists.NEW,
     as_json: JsonOption = False,
 ) -> None:
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
     value = read_input(input_json, input_file)
     with open_app(app, None) as loaded:
-        row = loaded.submit(workflow, job_id=job_id, input=value, version=version, rerun=rerun)
+        row = loaded.submit(
+            workflow,
+            job_id=job_id,
+            input=value,
+            version=version,
+            rerun=rerun,
+            if_exists=if_exists.value,
+        )
     if as_json:
         keys = ("run_id", "job_id", "workflow", "workflow_version", "attempt", "status")
-        typer.echo(render.to_json({"created": row.created, **{k: row[k] for k in keys}}))
+        typer.echo(
+            render.to_json(
+                {"created": row.created, **{k: row[k] for k in keys}, "other_runs": row.other_runs}
+            )
+        )
         return
     what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
-    if row.created:
+    if row.run_id in row.other_runs:
+        say(
+            f"reused run {row.run_id} ({what}), whose input differs from this one; status "
+            f"{row['status']} (--if-exists new admits a run for this input)"
+        )
+    elif row.created:
         attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
         say(f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker")
+        if row.other_runs:
+            say(
+                f"note: job {row.job_id} already had {len(row.other_runs)} run(s) with other "
+                f"input (latest {row.other_runs[0]}); --if-exists error refuses this"
+            )
     else:
         say(
             f"already admitted: run {row['run_id']} ({what}) exists with the same input and "

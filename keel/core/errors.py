@@ -27,6 +27,14 @@ class InputTooLarge(InvalidInput):
     """The input is larger than the configured limit."""
 
 
+class JobExists(KeelError):
+    """The job already has a run with other input (submit with if_exists="error")."""
+
+    def __init__(self, message: str, *, runs: list[str]) -> None:
+        super().__init__(message)
+        self.runs = runs
+
+
 class UnknownWorkflow(KeelError, LookupError):
     """No workflow of that name (and version) is registered."""
 

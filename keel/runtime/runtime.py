@@ -4,6 +4,7 @@ operations on runs that the App, the CLI and the HTTP service call."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from keel.backends import connect
 from keel.core import outbox, runs, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock
-from keel.core.codec import canonical_json, loads
+from keel.core.codec import loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.errors import RunNotFound, WaitNotFound
 from keel.core.ids import validate_run_id
@@ -33,9 +34,11 @@ class Submission(dict[str, Any]):
     """The run `submit` admitted or found: its row (still a dict to index), and `created`,
     whether this call admitted it."""
 
-    def __init__(self, row: Row, *, created: bool) -> None:
+    def __init__(self, row: Row, *, created: bool, other_runs: list[str] | None = None) -> None:
         super().__init__(row)
         self.created = created
+        self.other_runs = list(other_runs or [])
+        """The job's runs of this workflow with other input, newest first (see `if_exists`)."""
 
     @property
     def run_id(self) -> str:
@@ -225,13 +228,16 @@ class Runtime:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
+        if_exists: str = "new",
     ) -> Submission:
-        """Admit a run (idempotent: the same job, input and version return the same run)."""
+        """Admit a run (idempotent: the same job, input and version return the same run).
+
+        When the job already has runs with other input (`other_runs`), `if_exists` says what to
+        do: "new" admits this one too, "reuse" returns the job's latest run, "error" raises
+        JobExists."""
         await self.open()
         wf = self.workflows.get(workflow, version)
-        # What the graph will be given is the admitted JSON: check that, after JSON's own rules.
-        check_input(wf, loads(canonical_json(input)))
-        row, created = await runs.admit(
+        admitted = await runs.admit(
             self.store,
             workflow=wf.name,
             version=wf.version,
@@ -240,10 +246,12 @@ class Runtime:
             now=self.clock.now(),
             rerun=rerun,
             max_input_bytes=self.max_input_bytes,
+            if_exists=if_exists,
+            check=functools.partial(check_input, wf),
         )
-        if created:
+        if admitted.created:
             self.wake()
-        return Submission(row, created=created)
+        return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
 
     async def get_run(self, run_id: str) -> RunDetails:
         await self.open()

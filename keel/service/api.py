@@ -111,13 +111,16 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     @router.post(
         "/runs",
         status_code=201,
-        response_model=m.Run,
+        response_model=m.Submitted,
         responses={
-            200: {"model": m.Run, "description": "That job was already admitted: its run."},
+            200: {"model": m.Submitted, "description": "That job was already admitted: its run."},
             201: {"description": "A new run, queued for a worker."},
+            409: {"model": m.Problem, "description": "if_exists=error and other input ran."},
         },
     )
-    def submit_run(body: m.SubmitIn, request: Request, response: Response, _: Writer) -> m.Run:
+    def submit_run(
+        body: m.SubmitIn, request: Request, response: Response, _: Writer
+    ) -> m.Submitted:
         """Admit a run (idempotent: the same job, input and version return the same run)."""
         row = keel_app.submit(
             body.workflow,
@@ -125,12 +128,13 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             input=body.input,
             version=body.version,
             rerun=body.rerun,
+            if_exists=body.if_exists,
         )
         url = _run_url(request, row["run_id"])
         response.status_code = 201 if row.created else 200
         if row.created:
             response.headers["Location"] = url
-        return m.run_model(row, url)
+        return m.Submitted(**m.run_model(row, url).model_dump(), other_runs=row.other_runs)
 
     @router.get("/runs", response_model=m.RunPage)
     def list_runs(

@@ -25,6 +25,11 @@ class SubmitIn(Body):
     input: Any = Field(description="The run's input (any JSON value; a dict for most graphs).")
     version: str | None = Field(None, description="Workflow version; the latest when omitted.")
     rerun: bool = Field(False, description="Admit a new attempt even if this job already ran.")
+    if_exists: Literal["new", "reuse", "error"] = Field(
+        "new",
+        description="When the job already has a run with other input: admit a new run, give "
+        "back the job's latest run, or refuse (409 job_exists).",
+    )
 
 
 class CancelIn(Body):
@@ -59,6 +64,12 @@ class Run(BaseModel):
     started_at: float | None
     finished_at: float | None
     url: str
+
+
+class Submitted(Run):
+    other_runs: list[str] = Field(
+        description="The job's runs of this workflow with other input, newest first."
+    )
 
 
 class RunPage(BaseModel):

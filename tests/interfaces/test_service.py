@@ -443,6 +443,19 @@ def test_an_input_the_graph_cannot_take_is_422_with_field_errors(svc: Service) -
     assert svc.http.get("/runs").json()["runs"] == []
 
 
+def test_a_job_with_other_input_is_told_and_can_be_refused(svc: Service) -> None:
+    first = svc.submit("job-if")
+    assert (first.status_code, first.json()["other_runs"]) == (201, [])
+    body = {"workflow": WORKFLOW, "job_id": "job-if", "input": {"topic": "other"}}
+    refused = svc.http.post("/runs", json={**body, "if_exists": "error"})
+    assert (refused.status_code, refused.json()["error"]) == (409, "job_exists"), refused.text
+    reused = svc.http.post("/runs", json={**body, "if_exists": "reuse"})
+    assert (reused.status_code, reused.json()["run_id"]) == (200, first.json()["run_id"])
+    new = svc.http.post("/runs", json=body)
+    assert new.status_code == 201
+    assert new.json()["other_runs"] == [first.json()["run_id"]]
+
+
 def test_decision_errors(svc: Service) -> None:
     _, approval_id = svc.waiting_run("errors-1")
     path = f"/approvals/{approval_id}/decision"

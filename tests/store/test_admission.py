@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pydantic
@@ -11,7 +13,14 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.core.errors import InputTooLarge, InvalidId, InvalidInput, UnknownWorkflow
+from keel.core.errors import (
+    InputTooLarge,
+    InvalidId,
+    InvalidInput,
+    JobExists,
+    UnknownWorkflow,
+    UsageError,
+)
 from tests.support.checks import event_kinds
 from tests.support.graphs import echo_graph
 from tests.support.workers import drain
@@ -72,6 +81,50 @@ def test_rerun_creates_numbered_attempts_instead_of_reusing_the_run(make_app: Ap
     assert len(app.list_runs(job_id="job-1")) == 3
     drain(app)
     assert {r["status"] for r in app.list_runs(job_id="job-1")} == {"completed"}
+
+
+def test_forty_racing_reruns_each_get_their_own_new_attempt(make_app: AppFactory) -> None:
+    apps = [echo_app(make_app) for _ in range(4)]
+    first = apps[0].submit("echo", job_id="job-1", input={"text": "x"})
+    barrier = threading.Barrier(40)
+
+    def rerun(n: int) -> keel.Submission:
+        barrier.wait()
+        return apps[n % 4].submit("echo", job_id="job-1", input={"text": "x"}, rerun=True)
+
+    with ThreadPoolExecutor(40) as pool:
+        got = list(pool.map(rerun, range(40)))
+    assert all(s.created for s in got), "every rerun call admitted a run of its own"
+    assert len({s.run_id for s in got}) == 40, "no caller got another caller's attempt"
+    assert sorted(s["attempt"] for s in got) == list(range(2, 42))
+    assert len(apps[0].list_runs(job_id="job-1", limit=100)) == 41
+    assert first.run_id not in {s.run_id for s in got}
+
+
+def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
+    make_app: AppFactory,
+) -> None:
+    app = echo_app(make_app)
+    first = app.submit("echo", job_id="job-1", input={"text": "x"})
+    assert first.other_runs == []
+    with pytest.raises(JobExists, match="job job-1 already has a run with other input") as no:
+        app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="error")
+    assert no.value.runs == [first.run_id]
+    assert len(app.list_runs(job_id="job-1")) == 1
+    reused = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="reuse")
+    assert (reused.run_id, reused.created, reused.other_runs) == (
+        first.run_id,
+        False,
+        [first.run_id],
+    )
+    second = app.submit("echo", job_id="job-1", input={"text": "y"})  # "new", the default
+    assert second.created and second.other_runs == [first.run_id]
+    # The same input again is that run, whatever the policy: nothing new to refuse.
+    again = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="error")
+    assert (again.run_id, again.created) == (second.run_id, False)
+    with pytest.raises(UsageError, match="if_exists must be one of"):
+        app.submit("echo", job_id="job-1", input={"text": "z"}, if_exists="maybe")
+    assert len(app.list_runs(job_id="job-1")) == 2
 
 
 def test_different_input_is_a_different_run(make_app: AppFactory) -> None:

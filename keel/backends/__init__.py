@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 from keel.core.errors import UsageError
 from keel.core.store.base import Connector
+
+_PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
+
+
+def redact(url: str) -> str:
+    """A database URL without its password, fit for a terminal, a log or an error message."""
+    return _PASSWORD.sub(r"\1***@", url)
 
 
 def connect(url: str) -> Connector:
@@ -15,4 +24,6 @@ def connect(url: str) -> Connector:
         from keel.backends.postgres import PostgresConnector
 
         return PostgresConnector(url)
-    raise UsageError(f"unsupported database URL {url!r}: use sqlite:///path or postgresql://...")
+    raise UsageError(
+        f"unsupported database URL {redact(url)!r}: use sqlite:///path or postgresql://..."
+    )

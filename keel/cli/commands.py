@@ -22,7 +22,9 @@ import typer
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import render
 from keel.cli.guard import (
+    APP_HINT,
     BAD_USAGE,
+    OPTIONS_HINT,
     bad_spec_is_usage,
     check_database,
     check_kind,
@@ -31,6 +33,7 @@ from keel.cli.guard import (
     login,
     read_input,
     say,
+    warn,
 )
 from keel.cli.render import decided_line, out
 from keel.core.lifecycle import Status
@@ -84,7 +87,9 @@ def root() -> None:
 
 
 @contextmanager
-def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> Iterator[App]:
+def open_app(
+    app_spec: str | None, db: str | None, *, existing: bool = True, hint: str = OPTIONS_HINT
+) -> Iterator[App]:
     """The App a command works on (given on the command line), closed afterwards.
 
     The command line outranks the environment; at the same level --app outranks --db, and an
@@ -106,7 +111,7 @@ def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> 
     else:
         app = App()  # $KEEL_DATABASE_URL, then the default
     try:
-        check_database(app, existing=existing)
+        check_database(app, existing=existing, hint=hint)
         yield app
     finally:
         app.close()
@@ -167,13 +172,13 @@ def worker(
     """Execute runs of APP's workflows until stopped (SIGTERM drains; twice stops now)."""
     loaded = load_app(app)
     try:
-        check_database(loaded)
+        check_database(loaded, hint=APP_HINT)
         stats = loaded.run_worker(
             concurrency=concurrency, stop_when_idle=stop_when_idle, grace=grace
         )
     finally:
         loaded.close()
-    typer.echo(f"worker stopped: claimed {stats.claimed}, finished {stats.finished}")
+    typer.echo(f"worker stopped: {stats}")
 
 
 @cli.command()
@@ -189,9 +194,16 @@ def serve(
     Requests only record and wake: run workers separately (`keel worker APP`). Bearer tokens
     come from $KEEL_API_TOKENS, the Slack signing secret from $KEEL_SLACK_SIGNING_SECRET.
     """
+    from keel.service.auth import ENV as TOKENS_ENV
+    from keel.service.auth import load_tokens
     from keel.service.server import serve as serve_http
 
-    check_database(load_app(app))
+    check_database(load_app(app), hint=APP_HINT)
+    if not load_tokens(None):
+        warn(
+            f"no API tokens: ${TOKENS_ENV} is empty, so every request but /healthz and /readyz "
+            f"gets 401 (e.g. {TOKENS_ENV}='ops-token=*'; see docs/http.md)"
+        )
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
     serve_http(app, host=host, port=port, log_level=log_level)
 
@@ -235,7 +247,7 @@ def submit(
 ) -> None:
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
     value = read_input(input_json, input_file)
-    with open_app(app, None) as loaded:
+    with open_app(app, None, hint=APP_HINT) as loaded:
         row = loaded.submit(
             workflow,
             job_id=job_id,
@@ -500,7 +512,7 @@ def approvals_list(
     if as_json:
         typer.echo(render.to_json([render.decoded(w) for w in rows]))
     elif rows:
-        out().print(render.waits_table(rows))
+        out().print(render.waits_table(rows, across=True))
     else:
         say("no open waits")
 

@@ -40,6 +40,13 @@ def say(message: str) -> None:
     out().print(message, soft_wrap=True, markup=False)
 
 
+def warn(message: str) -> None:
+    """One yellow line on stderr; the command goes on."""
+    Console(stderr=True, highlight=False).print(
+        Text(f"warning: {message}", style="yellow"), soft_wrap=True
+    )
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """One red line on stderr, no traceback, and the exit code."""
     Console(stderr=True, highlight=False).print(
@@ -86,12 +93,18 @@ def guarded(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def check_database(app: App, *, existing: bool = True) -> None:
-    """Fail fast where the database is missing (unless `existing` is False) or unreachable."""
+OPTIONS_HINT = "or pass --db/--app"
+APP_HINT = "or point APP at an existing database: App(url) or $KEEL_DATABASE_URL"
+"""For commands whose APP argument chooses the database: they take no --db/--app."""
+
+
+def check_database(app: App, *, existing: bool = True, hint: str = OPTIONS_HINT) -> None:
+    """Fail fast where the database is missing (unless `existing` is False) or unreachable;
+    `hint` names what this command takes to choose another database."""
     try:
         preflight.check_database(app.url, existing=existing)
     except preflight.NoDatabase as exc:
-        fail(f"{exc} (or pass --db/--app)")
+        fail(f"{exc} ({hint})")
 
 
 def read_input(input_json: str | None, input_file: str | None) -> Any:

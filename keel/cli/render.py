@@ -241,9 +241,14 @@ def effects_table(effects: Iterable[Row]) -> Table:
     return table
 
 
-def waits_table(waits: Iterable[Row], now: float | None = None) -> Table:
+def waits_table(waits: Iterable[Row], now: float | None = None, *, across: bool = False) -> Table:
+    """A run's waits; `across` runs (`keel approvals list`) adds each wait's run and payload,
+    what `keel approve RUN` needs and what the approver decides on."""
     table = Table(title="waits", title_justify="left")
-    for column in ("wait_id", "kind", "name", "status", "deadline", "decision", "by", "channel"):
+    columns = ["wait_id", "kind", "name", "status", "deadline", "decision", "by", "channel"]
+    if across:
+        columns = ["run_id", *columns[:3], "payload", *columns[3:5]]
+    for column in columns:
         table.add_column(column, overflow="fold")
     for w in waits:
         deadline: str | Text = when(w.get("deadline"), now)
@@ -252,6 +257,18 @@ def waits_table(waits: Iterable[Row], now: float | None = None) -> Table:
             deadline = Text(short_when(w.get("deadline"), now).split(" (")[0], style="dim")
         elif w.get("on_timeout") and w.get("deadline") is not None:
             deadline = f"{deadline} then {w['on_timeout']}"
+        if across:
+            payload = compact(decoded(w).get("payload"), 80)
+            table.add_row(
+                w["run_id"],
+                w["wait_id"],
+                w["kind"],
+                w["name"],
+                payload,
+                status_text(w["status"]),
+                deadline,
+            )
+            continue
         table.add_row(
             w["wait_id"],
             w["kind"],

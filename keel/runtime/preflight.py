@@ -9,15 +9,13 @@ here look at the file, or open one plain connection with a short timeout, first.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from keel.backends import redact as redact
 from keel.core.errors import KeelError, SchemaMismatch
 from keel.runtime.app import App
 from keel.runtime.runtime import Runtime
-
-_PASSWORD = re.compile(r"(://[^:/@]+:)[^@/]*@")
 
 
 class DatabaseUnavailable(KeelError):
@@ -26,11 +24,6 @@ class DatabaseUnavailable(KeelError):
 
 class NoDatabase(DatabaseUnavailable):
     """There is no database where the URL points."""
-
-
-def redact(url: str) -> str:
-    """A database URL without its password, fit for a terminal or a log."""
-    return _PASSWORD.sub(r"\1***@", url)
 
 
 def check_file(url: str) -> None:

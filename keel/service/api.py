@@ -9,6 +9,7 @@ and wakes a worker; no graph ever runs inside a request.
 aliases, which are local names, from real annotation objects.)
 """
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -29,6 +30,7 @@ from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.errors import BodyLimit, Refused, install
 from keel.service.health import health_router
 
+log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
 MAX_PAGE = 500
 _APPROVAL_ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -58,7 +60,10 @@ def create_app(
     approvals:write, or * for all); None reads $KEEL_API_TOKENS. A Slack signing secret (or
     $KEEL_SLACK_SIGNING_SECRET) adds `POST /slack/actions`.
     """
-    auth = Authenticator(load_tokens(tokens))
+    known = load_tokens(tokens)
+    if not known:
+        log.warning("no API tokens configured: every request but /healthz and /readyz gets 401")
+    auth = Authenticator(known)
     api = FastAPI(
         title="Keel",
         version=_version(),

@@ -180,7 +180,13 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
 
         worker = keel(env, "worker", APP, "--stop-when-idle", "--concurrency", "2")
         assert worker.returncode == 0, worker.stderr
-        assert "claimed 1" in worker.stdout
+        # The run went to its approval: not "finished".
+        assert "claimed 1: finished 0, waiting 1" in worker.stdout
+
+        # What `keel approve RUN` needs, and what the approver decides on.
+        pending = invoke(env, "approvals", "list", "--db", db_url)
+        assert pending.exit_code == 0, pending.output
+        assert run_id in pending.stdout and TICKET["to"] in pending.stdout
 
         text = invoke(env, "runs", "show", run_id, "--db", db_url)
         assert text.exit_code == 0, text.output
@@ -343,6 +349,16 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert "the limit is" in one_error_line(too_large.stderr)
 
     assert invoke(env, "runs", "list", "--status", "sleeping", "--db", db_url).exit_code == 2
+    typo = invoke(env, "runs", "list", "--db", "postgresq://keel:s3cret@127.0.0.1:1/keel")
+    assert typo.exit_code == 2
+    assert "unsupported database URL 'postgresq://keel:***@" in one_error_line(typo.stderr)
+    assert "s3cret" not in typo.output
+    # submit takes its database from APP: no --db/--app to suggest.
+    missing = dict(env, KEEL_DATABASE_URL=f"sqlite:///{tmp_path}/none/keel.db")
+    nowhere = invoke(missing, *submit, "--input", json.dumps(TICKET))
+    assert nowhere.exit_code == 1
+    line = one_error_line(nowhere.stderr)
+    assert "--db" not in line and "$KEEL_DATABASE_URL" in line
     unreachable = invoke(env, "runs", "list", "--db", "postgresql://keel:s3cret@127.0.0.1:1/keel")
     assert unreachable.exit_code == 1
     line = one_error_line(unreachable.stderr)
@@ -456,3 +472,5 @@ def test_serve_answers_until_sigterm(env: dict[str, str]) -> None:
         _, err = server.communicate(timeout=60)
     assert server.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err
+    # No $KEEL_API_TOKENS in this environment: said before the first 401, not after.
+    assert "warning: no API tokens: $KEEL_API_TOKENS is empty" in err

@@ -195,6 +195,14 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if body and not _takes(scope):
+            await problem(
+                415,
+                "unsupported_media_type",
+                "send the body as JSON (Content-Type: application/json), not "
+                f"{_header(scope, b'content-type')}",
+            )(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -213,6 +221,28 @@ class BodyLimit:
         # The unread rest of the body makes the connection unusable for another request.
         response.headers["Connection"] = "close"
         await response(scope, receive, send)
+
+
+FORM_PATHS = ("/slack/actions",)
+"""Slack posts its actions form-encoded; every other body Keel reads is JSON."""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _takes(scope: Scope) -> bool:
+    """Whether the request's body is in a type its endpoint reads (JSON, or Slack's form)."""
+    if str(scope.get("path", "")).endswith(FORM_PATHS):
+        return True
+    given = _header(scope, b"content-type")
+    if given is None:
+        return True  # read as JSON, as FastAPI does
+    kind = given.split(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 def _content_length(scope: Scope) -> int | None:

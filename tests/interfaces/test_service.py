@@ -232,7 +232,7 @@ def test_submit_refuses_bad_bodies(serve: Callable[..., Service]) -> None:
         assert answer.json()["error"] == code
         assert text in answer.json()["message"]
     not_json = svc.http.post("/runs", content=b"{not json", headers={"Content-Type": "a/json"})
-    assert not_json.status_code == 422
+    assert not_json.status_code == 415
     not_json = svc.http.post(
         "/runs", content=b"{not json", headers={"Content-Type": "application/json"}
     )
@@ -454,6 +454,16 @@ def test_a_job_with_other_input_is_told_and_can_be_refused(svc: Service) -> None
     new = svc.http.post("/runs", json=body)
     assert new.status_code == 201
     assert new.json()["other_runs"] == [first.json()["run_id"]]
+
+
+def test_a_body_that_is_not_json_is_415_saying_so(svc: Service) -> None:
+    body = '{"workflow": "x", "job_id": "j", "input": {}}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded"):
+        headers = {"Content-Type": kind}
+        answer = svc.http.post("/runs", content=body, headers=headers)
+        assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_media_type")
+        assert "application/json" in answer.json()["message"]
+    assert svc.http.get("/runs").json()["runs"] == []
 
 
 def test_decision_errors(svc: Service) -> None:

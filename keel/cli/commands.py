@@ -8,16 +8,18 @@ Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad u
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.table import Table
 
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import render
@@ -37,6 +39,7 @@ from keel.cli.guard import (
 )
 from keel.cli.render import decided_line, out
 from keel.core.lifecycle import Status
+from keel.core.store.base import Row
 from keel.runtime.app import App
 from keel.runtime.loading import load_app
 from keel.runtime.runtime import DEFAULT_URL
@@ -76,6 +79,18 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _listing(
+    rows: list[Row], as_json: bool, table: Callable[[list[Row]], Table], none: str
+) -> None:
+    """JSON for scripts (JSON columns decoded), else a table, or a line saying there is none."""
+    if as_json:
+        typer.echo(render.to_json([render.decoded(r) for r in rows]))
+    elif rows:
+        out().print(table(rows))
+    else:
+        say(none)
 
 
 @cli.callback()
@@ -312,12 +327,7 @@ def runs_list(
             limit=limit,
             offset=offset,
         )
-    if as_json:
-        typer.echo(render.to_json([render.decoded(r) for r in rows]))
-    elif rows:
-        out().print(render.runs_table(rows))
-    else:
-        say("no runs match")
+    _listing(rows, as_json, render.runs_table, "no runs match")
 
 
 @runs_cli.command("show")
@@ -404,34 +414,28 @@ ActionOption = Annotated[
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
 
 
-@cli.command()
-@guarded
-def approve(
-    run_id: RunArgument,
-    by: ByOption = None,
-    comment: CommentOption = None,
-    wait_id: WaitOption = None,
-    action_id: ActionOption = None,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Approve the run's pending approval. The first decision wins; repeats change nothing."""
-    _decide(run_id, "approved", by, comment, wait_id, action_id, app, db)
+def _verdict_command(decision: str, verb: str) -> Callable[..., None]:
+    # approve and reject take the same options and differ only in the verdict they record.
+    def command(
+        run_id: RunArgument,
+        by: ByOption = None,
+        comment: CommentOption = None,
+        wait_id: WaitOption = None,
+        action_id: ActionOption = None,
+        app: AppOption = None,
+        db: DbOption = None,
+    ) -> None:
+        _decide(run_id, decision, by, comment, wait_id, action_id, app, db)
+
+    command.__name__ = command.__qualname__ = verb.lower()
+    command.__doc__ = (
+        f"{verb} the run's pending approval. The first decision wins; repeats change nothing."
+    )
+    return command
 
 
-@cli.command()
-@guarded
-def reject(
-    run_id: RunArgument,
-    by: ByOption = None,
-    comment: CommentOption = None,
-    wait_id: WaitOption = None,
-    action_id: ActionOption = None,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Reject the run's pending approval. The first decision wins; repeats change nothing."""
-    _decide(run_id, "rejected", by, comment, wait_id, action_id, app, db)
+approve = cli.command("approve")(guarded(_verdict_command("approved", "Approve")))
+reject = cli.command("reject")(guarded(_verdict_command("rejected", "Reject")))
 
 
 @cli.command("resolve-effect")
@@ -489,12 +493,7 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
     """List live workers: host, pid, concurrency, last heartbeat."""
     with open_app(app, db) as loaded:
         rows = loaded.workers()
-    if as_json:
-        typer.echo(render.to_json(rows))
-    elif rows:
-        out().print(render.workers_table(rows))
-    else:
-        say("no live workers")
+    _listing(rows, as_json, render.workers_table, "no live workers")
 
 
 @approvals_cli.command("list")
@@ -509,12 +508,7 @@ def approvals_list(
     """List open waits (pending approvals first by deadline) across all runs."""
     with open_app(app, db) as loaded:
         rows = [w for w in loaded.pending_waits(limit) if kind is None or w["kind"] == kind]
-    if as_json:
-        typer.echo(render.to_json([render.decoded(w) for w in rows]))
-    elif rows:
-        out().print(render.waits_table(rows, across=True))
-    else:
-        say("no open waits")
+    _listing(rows, as_json, functools.partial(render.waits_table, across=True), "no open waits")
 
 
 runs_cli.command("cancel")(cancel)

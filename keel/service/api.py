@@ -100,8 +100,14 @@ def _run_url(request: Request, run_id: str) -> str:
     return str(request.url_for("get_run", run_id=run_id))
 
 
-def _page_end(offset: int, limit: int, fetched: int) -> int | None:
-    return offset + limit if fetched > limit else None
+def _paging(offset: int, limit: int, fetched: int) -> dict[str, Any]:
+    """A page's limit, offset and next offset, from the `fetched` rows (one more than a page
+    when there is a next one)."""
+    return {
+        "limit": limit,
+        "offset": offset,
+        "next_offset": offset + limit if fetched > limit else None,
+    }
 
 
 # -- runs ---------------------------------------------------------------------------------
@@ -161,9 +167,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         )
         return m.RunPage(
             runs=[m.run_model(r, _run_url(request, r["run_id"])) for r in rows[:limit]],
-            limit=limit,
-            offset=offset,
-            next_offset=_page_end(offset, limit, len(rows)),
+            **_paging(offset, limit, len(rows)),
         )
 
     @router.get("/runs/{run_id}", response_model=m.RunDetail, responses=NOT_FOUND)
@@ -260,9 +264,7 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         page = matching[offset : offset + limit + 1]
         return m.ApprovalPage(
             approvals=[m.approval_model(w, _run_url(request, w["run_id"])) for w in page[:limit]],
-            limit=limit,
-            offset=offset,
-            next_offset=_page_end(offset, limit, len(page)),
+            **_paging(offset, limit, len(page)),
         )
 
     @router.get("/approvals/{approval_id}", response_model=m.Approval, responses=NOT_FOUND)

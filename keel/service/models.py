@@ -6,12 +6,14 @@ on (lease owners, internal hashes) stay in the timeline, not in these models.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from keel.core.codec import loads
 from keel.core.store.base import Row
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Body(BaseModel):
@@ -250,43 +252,21 @@ def approval_model(row: Row, run_url: str) -> Approval:
 
 def event_model(row: Row) -> Event:
     data = row["data"]
-    return Event(
-        event_id=row["event_id"],
-        at=row["at"],
-        kind=row["kind"],
-        worker_id=row["worker_id"],
-        lease_token=row["lease_token"],
-        data=loads(data) if isinstance(data, str) else data,
-    )
+    return _from_row(Event, row, data=loads(data) if isinstance(data, str) else data)
+
+
+def _from_row(model: type[M], row: Row, **converted: Any) -> M:
+    """The model with each field its column as stored, except those `converted` gives."""
+    stored = {name: row[name] for name in model.model_fields if name not in converted}
+    return model(**stored, **converted)
 
 
 def effect_model(row: Row) -> Effect:
-    return Effect(
-        idempotency_key=row["idempotency_key"],
-        name=row["name"],
-        node=row["node"],
-        step=row["step"],
-        status=row["status"],
-        attempts=row["attempts"],
-        result=loads(row["result"]),
-        error=row["error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    return _from_row(Effect, row, result=loads(row["result"]))
 
 
 def notification_model(row: Row) -> Notification:
-    return Notification(
-        intent_id=row["intent_id"],
-        wait_id=row["wait_id"],
-        notifier=row["notifier"],
-        kind=row["kind"],
-        status=row["status"],
-        attempts=row["attempts"],
-        error=row["error"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
+    return _from_row(Notification, row)
 
 
 def run_detail(

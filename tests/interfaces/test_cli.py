@@ -199,6 +199,11 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
         assert wait["payload"] == {"to": TICKET["to"]}
         assert details["effects"] == []
         assert sink.count() == 0
+        listed = invoke(env, "approvals", "list", "--json", "--db", db_url)
+        assert listed.exit_code == 0, listed.output
+        [open_wait] = json.loads(listed.stdout)
+        assert (open_wait["run_id"], open_wait["payload"]) == (run_id, {"to": TICKET["to"]})
+        assert "manager" in invoke(env, "approvals", "list", "--db", db_url).stdout
 
         # Two people approve at the same moment from two processes: one decision is recorded.
         racers = {who: keel_bg(env, "approve", run_id, "--by", who) for who in ("alice", "bob")}
@@ -244,6 +249,12 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
         table = invoke(env, "runs", "list", "--status", "completed", "--db", db_url)
         assert run_id in table.stdout
         assert "cli-ticket@1" in table.stdout
+
+        assert "no open waits" in invoke(env, "approvals", "list", "--db", db_url).stdout
+        assert json.loads(invoke(env, "approvals", "list", "--json", "--db", db_url).stdout) == []
+        # Both workers stopped when idle: none is live.
+        assert json.loads(invoke(env, "workers", "--json", "--db", db_url).stdout) == []
+        assert "no live workers" in invoke(env, "workers", "--db", db_url).stdout
 
         late = invoke(env, "approve", run_id, "--by", "dave", "--db", db_url)
         assert late.exit_code == 1

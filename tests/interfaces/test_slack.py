@@ -91,6 +91,19 @@ def service(setup: tuple[keel.App, SlackNotifier], clock: keel.ManualClock) -> I
         yield url
 
 
+NOTIFICATION_FIELDS = {
+    "intent_id",
+    "wait_id",
+    "notifier",
+    "kind",
+    "status",
+    "attempts",
+    "error",
+    "created_at",
+    "updated_at",
+}
+
+
 def waiting_run(app: keel.App, job: str = "weekly") -> tuple[str, str]:
     run_id = app.submit("ask", job_id=job, input={})["run_id"]
     run_to_idle(app)
@@ -194,8 +207,18 @@ def test_a_dispatcher_that_died_after_posting_or_updating_is_not_repeated(
     assert deliver(app) == 1
     assert len(slack.made("chat.update")) == 1, "reconcile saw the edit: no second update"
     assert len(slack.made("chat.postMessage")) == 1
-    statuses = sorted((n["kind"], n["status"]) for n in app.get_run(run_id).notifications)
+    rows = app.get_run(run_id).notifications
+    statuses = sorted((n["kind"], n["status"]) for n in rows)
     assert statuses == [("decided", "delivered"), ("request", "delivered")]
+    # The HTTP run page shows each intent's stored columns as they are (no claim, no payload).
+    from keel.service import create_app
+
+    with uvicorn_server(create_app(app, tokens={"t0k3n": ["*"]})) as url:
+        page = httpx.get(f"{url}/runs/{run_id}", headers={"Authorization": "Bearer t0k3n"})
+    assert page.status_code == 200, page.text
+    shown = page.json()["notifications"]
+    assert shown and all(set(n) == NOTIFICATION_FIELDS for n in shown)
+    assert shown == [{k: r[k] for k in sorted(NOTIFICATION_FIELDS)} for r in rows]
 
 
 def test_rate_limits_and_server_errors_are_retried_without_duplicates(

@@ -3,6 +3,12 @@
 A write goes to a temp file in the same folder, is flushed and fsynced, renamed over the
 target, and the folder is fsynced: a reader sees the old file or the new one, never half.
 Folder and file names are sanitized and checked to stay under the artifacts root.
+
+Inside a run the rename is a publication the lease fences: it happens only after a check that
+this worker still holds the run, so a worker that froze or carried on past a takeover leaves
+the next owner's files alone. The check and the rename are two moves, not one transaction: a
+freeze between them longer than the lease's remaining time is the window that stays (see
+docs/effects.md).
 """
 
 from __future__ import annotations
@@ -10,14 +16,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keel.core.context import current
-from keel.core.errors import InvalidId
+from keel.core.context import RunContext, current
+from keel.core.errors import InvalidId, UsageError
 from keel.core.faults import fault_point
 from keel.core.ids import safe_name
+from keel.core.ledger import check_lease
 
 MAX_NAME = 200
 
@@ -48,9 +56,17 @@ class ArtifactInfo:
 
 
 class RunArtifacts:
-    def __init__(self, root: str | os.PathLike[str], run_id: str) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        run_id: str,
+        *,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
         self.folder = _inside(self.root, self.root / safe_name(run_id, "run id"))
+        self._fence = fence
+        """Raises (LeaseLost) unless the writer may still publish: called before each rename."""
 
     def path(self, name: str) -> Path:
         return _inside(self.folder, self.folder / artifact_name(name))
@@ -65,6 +81,8 @@ class RunArtifacts:
                 fh.flush()
                 os.fsync(fh.fileno())
             fault_point("artifact.before_rename", target.name)
+            if self._fence is not None:
+                self._fence()
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -94,7 +112,18 @@ class RunArtifacts:
 def artifacts() -> RunArtifacts:
     """The current run's artifact folder (inside a node)."""
     ctx = current("keel.artifacts()")
-    return RunArtifacts(ctx.services.artifacts_root, ctx.run_id)
+    return RunArtifacts(ctx.services.artifacts_root, ctx.run_id, fence=lambda: _fence(ctx))
+
+
+def _fence(ctx: RunContext) -> None:
+    portal = ctx.services.portal
+    if portal.on_loop():
+        raise UsageError(
+            "keel.artifacts() writes block (fsync, and a lease check before the rename): call "
+            "them from a plain `def` node, or from an async node through "
+            "`await asyncio.to_thread(folder.write_text, name, text)`"
+        )
+    portal.call(check_lease(ctx))
 
 
 def _inside(root: Path, candidate: Path) -> Path:

@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from keel.core.effect_keys import CallOrder
 from keel.core.errors import NotInRun
 from keel.core.ids import StepRef
 from keel.core.services import Services
@@ -27,7 +28,8 @@ class RunContext:
     """Pause the graph for a wait (LangGraph's interrupt); returns the resume value."""
     last_heartbeat: Any = None
     """Details the previous attempt stored with keel.heartbeat(), if any."""
-    inflight: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    calls: CallOrder = field(default_factory=CallOrder)
+    """How many times each task of this execution has called each effect (the call order)."""
     pending_heartbeat: asyncio.Task[Any] | None = None
 
 

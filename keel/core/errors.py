@@ -98,3 +98,21 @@ class TransientError(KeelError):
     def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class NondeterminismError(KeelError):
+    """A replay called an effect with other arguments than the call the ledger recorded."""
+
+    def __init__(self, *, node: str, effect: str, key: str, changed: list[str]) -> None:
+        what = ", ".join(changed) if changed else "the arguments"
+        super().__init__(
+            f"node {node!r} called effect {effect!r} with other arguments than the call the "
+            f"ledger recorded at this place of the run (changed: {what}; key {key}). Nothing "
+            "was performed. Make the node pass the same arguments on every replay (e.g. take a "
+            "timestamp from the state, not the clock), or name the arguments that identify the "
+            "effect with @keel.effect(key=...)"
+        )
+        self.node = node
+        self.effect = effect
+        self.key = key
+        self.changed = changed

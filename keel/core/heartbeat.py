@@ -42,6 +42,11 @@ def heartbeat(details: Any = None) -> None:
     portal.call(_beat(ctx, details), context=contextvars.copy_context())
 
 
+async def renew(ctx: RunContext) -> None:
+    """Renew the run's lease now (LeaseLost if it was taken over): after a long backoff."""
+    await _beat(ctx, None)
+
+
 def last_heartbeat() -> Any:
     """The details the previous attempt of this run stored with heartbeat(), or None."""
     return current("keel.last_heartbeat()").last_heartbeat

@@ -94,6 +94,9 @@ class StepRef:
     step: int
     path: str
     namespace: str = ""
+    scope: object = dataclasses.field(default=None, compare=False, hash=False, repr=False)
+    """The one attempt of the task at this place (not part of any key): it tells a task's
+    retry, which counts its effect calls from the first again, from a later call."""
 
     def key(self, kind: str, name: str, content_hash: str) -> str:
         return (

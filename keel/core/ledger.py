@@ -1,6 +1,9 @@
 """The effect ledger: every side effect runs once under a deterministic idempotency key.
 
-reserve (pending) -> perform -> record (sent), two fenced commits. A key found `pending` at
+The key is the call's place in the run (keel.core.effect_keys); the arguments' hashes are kept
+beside it, and a replay that brings other arguments to the same place is refused. reserve
+(pending) -> lease check -> perform -> record (sent): two fenced commits around the provider
+call, and a last look at the lease in the thread that makes it. A key found `pending` at
 reserve time was left by a crash: it may or may not have reached the provider, so Keel asks
 the effect's reconciler, retries under the same key if the provider dedupes by key, or marks it
 `in_doubt` and pauses the run for a person. It never guesses.
@@ -8,7 +11,6 @@ the effect's reconciler, retries under the same key if the provider dedupes by k
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import functools
 import inspect
@@ -19,11 +21,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
+from keel.core import heartbeat
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, current
-from keel.core.errors import EffectFailed, RunCancelled, TransientError, UsageError
+from keel.core.effect_keys import Arguments, Identity, KeySpec, effect_key, legacy_key
+from keel.core.errors import (
+    EffectFailed,
+    LeaseLost,
+    NondeterminismError,
+    RunCancelled,
+    TransientError,
+    UsageError,
+)
 from keel.core.faults import fault_point
-from keel.core.ids import StepRef, args_hash
+from keel.core.ids import StepRef
 from keel.core.portal import Host
 from keel.core.store.store import Store
 from keel.core.wait_model import EffectAnswer, WaitKind
@@ -81,6 +92,20 @@ class Retry:
 NO_RETRY = Retry(max_attempts=1)
 
 
+@dataclass(frozen=True)
+class Call:
+    """One call of an effect: where it is, its key, what identifies its arguments."""
+
+    where: StepRef
+    index: int
+    """Its order among the calls of this effect by the same task, from 0."""
+    key: str
+    legacy_key: str
+    identity: Identity
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 async def _call(fn: Callable[..., Any], host: Host | None, *args: Any, **kwargs: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
@@ -90,6 +115,20 @@ async def _call(fn: Callable[..., Any], host: Host | None, *args: Any, **kwargs:
         f"{getattr(fn, '__name__', fn)} is a plain function called from an async node; "
         "make the effect `async def` or the node a plain `def`"
     )
+
+
+async def check_lease(ctx: RunContext) -> None:
+    """Raise LeaseLost (RunCancelled) unless this run's lease is still ours, unexpired (and
+    the run not cancelled), judged by the database now."""
+    row = await ctx.services.store.check_lease_held(ctx.run_id, ctx.token, ctx.services.clock.now())
+    if row["cancel_requested"]:
+        raise RunCancelled(f"run {ctx.run_id} was cancelled")
+
+
+def _token_keyword(fn: Callable[..., Any] | None) -> str | None:
+    """The keyword under which `fn` takes the lease's fencing token, if it takes it."""
+    params = inspect.signature(fn).parameters if fn is not None else {}
+    return next((k for k in ("fencing_token", "lease_token") if k in params), None)
 
 
 class Effect(Generic[P, R]):
@@ -103,6 +142,7 @@ class Effect(Generic[P, R]):
         reconcile: Callable[..., Any] | None,
         provider_idempotent: bool,
         retry: Retry,
+        key: KeySpec = None,
     ) -> None:
         if "idempotency_key" not in inspect.signature(fn).parameters:
             raise UsageError(f"effect {name!r}: the function must accept `idempotency_key`")
@@ -110,61 +150,45 @@ class Effect(Generic[P, R]):
         self.reconcile = reconcile
         self.provider_idempotent = provider_idempotent
         self.retry = retry
+        self.arguments = Arguments(fn, name, key)
         self.is_async = inspect.iscoroutinefunction(fn)
+        self._token = _token_keyword(fn)
+        self._reconcile_token = _token_keyword(reconcile)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if "idempotency_key" in kwargs:
-            raise UsageError(
-                f"effect {self.name!r}: Keel supplies `idempotency_key`; do not pass it"
-            )
         ctx = current(f"effect {self.name!r}")
+        # Arguments the function cannot take fail here, before anything is counted or reserved.
+        identity = self.arguments.identity(args, kwargs)
+        where = ctx.locate()
+        # Numbered now, in the order the node makes its calls, not the order coroutines start.
+        index = ctx.calls.next(where, self.name)
+        call = Call(
+            where,
+            index,
+            effect_key(where, self.name, index),
+            legacy_key(where, self.name, args, kwargs),
+            identity,
+            args,
+            kwargs,
+        )
         if self.is_async and ctx.services.portal.on_loop():
-            return cast(R, self._run(ctx, args, kwargs, None))  # the async node awaits it
+            return cast(R, self._settle(ctx, call, None))  # the async node awaits it
         # A sync node's thread blocks until done; an un-awaited coroutine would send nothing.
         return cast(
             R,
             ctx.services.portal.call(
-                lambda host: self._run(ctx, args, kwargs, host),
+                lambda host: self._settle(ctx, call, host),
                 context=contextvars.copy_context(),
             ),
         )
 
-    async def _run(
-        self, ctx: RunContext, args: tuple[Any, ...], kwargs: dict[str, Any], host: Host | None
-    ) -> Any:
-        where = ctx.locate()
-        content = args_hash(args, kwargs)
-        key = where.key("effect", self.name, content)
-        # Two identical calls in flight in one task (asyncio.gather) share one performance.
-        if key in ctx.inflight:
-            return await ctx.inflight[key]
-        waiter = asyncio.get_running_loop().create_future()
-        ctx.inflight[key] = waiter
-        try:
-            result = await self._settle(ctx, where, key, content, args, kwargs, host)
-        except BaseException as exc:
-            waiter.set_exception(exc)
-            waiter.exception()  # retrieved: a lone caller must not log "never retrieved"
-            raise
-        else:
-            waiter.set_result(result)
-            return result
-        finally:
-            del ctx.inflight[key]
-
-    async def _settle(
-        self,
-        ctx: RunContext,
-        where: StepRef,
-        key: str,
-        content: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        host: Host | None,
-    ) -> Any:
+    async def _settle(self, ctx: RunContext, call: Call, host: Host | None) -> Any:
         fault_point("effect.before_reserve", self.name)
-        row, new = await reserve(ctx, key, where, self.name, content)
+        row, new = await reserve(ctx, call, self.name)
+        key = str(row["idempotency_key"])
+        if not new:
+            await self._same_arguments(ctx, call, row)
         status = row["status"]
         if status in (EffectStatus.SENT, EffectStatus.CONFIRMED):
             return loads(row["result"])
@@ -172,10 +196,23 @@ class Effect(Generic[P, R]):
             raise EffectFailed(key, row["error"] or "unknown error")
         attempts = int(row["attempts"])
         if not new:
-            outcome = await self._in_doubt(ctx, key, row, args, kwargs, host)
+            outcome = await self._in_doubt(ctx, key, row, call.args, call.kwargs, host)
             if outcome is not _PERFORM:
                 return outcome
-        return await self._perform(ctx, key, attempts, args, kwargs, host)
+        return await self._perform(ctx, key, attempts, call.args, call.kwargs, host)
+
+    async def _same_arguments(self, ctx: RunContext, call: Call, row: dict[str, Any]) -> None:
+        """Refuse a replay whose call at this place brings other arguments than the ledger's."""
+        if row["arg_hashes"] is None or row["args_hash"] == call.identity.digest:
+            return  # a row from before 0006 is found by a key its arguments are hashed into
+        changed = call.identity.changed(loads(row["arg_hashes"]))
+        key = str(row["idempotency_key"])
+        await event(
+            ctx,
+            "effect.nondeterminism",
+            {"key": key, "effect": self.name, "node": call.where.node, "changed": changed},
+        )
+        raise NondeterminismError(node=call.where.node, effect=self.name, key=key, changed=changed)
 
     async def _in_doubt(
         self,
@@ -191,7 +228,10 @@ class Effect(Generic[P, R]):
         if row["status"] == EffectStatus.PENDING:
             if self.reconcile is not None:
                 try:
-                    found = await _call(self.reconcile, host, *args, idempotency_key=key, **kwargs)
+                    extra = {self._reconcile_token: ctx.token} if self._reconcile_token else {}
+                    found = await _call(
+                        self.reconcile, host, *args, idempotency_key=key, **extra, **kwargs
+                    )
                 except Exception as exc:
                     log.warning("reconciler of %s failed for %s: %r", self.name, key, exc)
                 else:
@@ -249,10 +289,13 @@ class Effect(Generic[P, R]):
         kwargs: dict[str, Any],
         host: Host | None,
     ) -> Any:
+        extra = {"idempotency_key": key, **({self._token: ctx.token} if self._token else {})}
         while True:
             attempts += 1
             try:
-                result = await _call(self.fn, host, *args, idempotency_key=key, **kwargs)
+                result = await self._attempt(ctx, host, args, {**kwargs, **extra})
+            except (LeaseLost, RunCancelled):
+                raise  # nothing was performed: the key stays as it was, for the next owner
             except Exception as exc:
                 if self.retry.retries(exc, attempts):
                     delay = self.retry.delay(attempts, exc)
@@ -262,6 +305,9 @@ class Effect(Generic[P, R]):
                         {"key": key, "attempt": attempts, "delay": delay, "error": repr(exc)},
                     )
                     await ctx.services.clock.sleep(delay)
+                    # A backoff can be as long as the lease: hold it before the next attempt
+                    # rather than depend on the heartbeat's cadence (the lease check is next).
+                    await heartbeat.renew(ctx)
                     continue
                 await record(ctx, key, EffectStatus.FAILED, attempts, error=repr(exc))
                 raise EffectFailed(key, repr(exc)) from exc
@@ -269,6 +315,25 @@ class Effect(Generic[P, R]):
             await record(ctx, key, EffectStatus.SENT, attempts, result=result)
             fault_point("effect.after_record", self.name)
             return result
+
+    async def _attempt(
+        self, ctx: RunContext, host: Host | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """One provider call, after a last check of the lease where the call is made."""
+        if self.is_async:
+            fault_point("effect.before_call", self.name)
+            await check_lease(ctx)
+            return await self.fn(*args, **kwargs)
+
+        def checked() -> Any:
+            fault_point("effect.before_call", self.name)
+            # In the thread that makes the call, right before it: a node thread that carried
+            # on (or froze) past a takeover finds out here, not after paying. What remains is a
+            # freeze between this line and the next; docs/effects.md says what closes it.
+            ctx.services.portal.call(check_lease(ctx))
+            return self.fn(*args, **kwargs)
+
+        return await _call(checked, host)
 
 
 def _answered(row: dict[str, Any]) -> list[str]:
@@ -287,12 +352,16 @@ def effect(
     reconcile: Callable[..., Any] | None = None,
     provider_idempotent: bool = False,
     retry: Retry | None = None,
+    key: KeySpec = None,
 ) -> Callable[[Callable[P, R]], Effect[P, R]]:
     """Make a function an effect: once per key, whatever the retries and crashes around it.
 
     The function (sync or async) must take an ``idempotency_key`` keyword; pass it on to the
-    provider if it dedupes by key. ``reconcile`` has the same signature and returns the
-    effect's result if the provider has it, ``None`` if it never happened.
+    provider if it dedupes by key. A function that takes ``fencing_token`` (or
+    ``lease_token``) also gets the run's lease token, for providers that refuse stale writers.
+    ``reconcile`` has the same signature and returns the effect's result if the provider has
+    it, ``None`` if it never happened. ``key`` names the arguments that identify the effect
+    (or is a function of the bound arguments): a replay may change the others.
     """
 
     def wrap(fn: Callable[P, R]) -> Effect[P, R]:
@@ -302,6 +371,7 @@ def effect(
             reconcile=reconcile,
             provider_idempotent=provider_idempotent,
             retry=retry or Retry(),
+            key=key,
         )
 
     return wrap
@@ -310,31 +380,38 @@ def effect(
 # -- ledger rows (fenced) --------------------------------------------------------------------
 
 
-async def reserve(
-    ctx: RunContext, key: str, where: StepRef, name: str, content: str
-) -> tuple[dict[str, Any], bool]:
+async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any], bool]:
+    """The call's ledger row, and whether this reserved it (pending) just now."""
     store: Store = ctx.services.store
     now = ctx.services.clock.now()
+    where = call.where
     async with store.transaction() as tx:
         fence = await store.check_fence(tx, ctx.run_id, ctx.token)
         if fence["cancel_requested"]:
             # A cancelled run starts no new side effect, whatever its checkpoint cadence.
             raise RunCancelled(f"run {ctx.run_id} was cancelled")
+        # A run in flight across the upgrade to 0006 finds its earlier effects by their old
+        # keys (arguments hashed in, no per-argument hashes): served, never performed again.
+        legacy = await store.read_effect(tx, call.legacy_key)
+        if legacy is not None and legacy["arg_hashes"] is None:
+            return legacy, False
         row = await store.insert_effect(
             tx,
-            key,
+            call.key,
             run_id=ctx.run_id,
             name=name,
             node=where.node,
             step=where.step,
             task_path=where.path,
-            args_hash=content,
+            args_hash=call.identity.digest,
+            arg_hashes=dumps(call.identity.hashes),
+            call_index=call.index,
             token=ctx.token,
             now=now,
         )
         if row is not None:
             return row, True
-        existing = await store.read_effect(tx, key)
+        existing = await store.read_effect(tx, call.key)
     assert existing is not None
     return existing, False
 

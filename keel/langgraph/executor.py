@@ -33,6 +33,9 @@ from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
 MAX_OUTPUT_BYTES = 1_000_000
+# LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
+# LangGraph stops sharing one per task attempt.
+SCRATCHPAD = "__pregel_scratchpad"
 
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
@@ -52,6 +55,10 @@ def locate() -> StepRef:
         step=int(meta.get("langgraph_step", -1)),
         path="/".join(str(p) for p in path),
         namespace=namespace_without_task_ids(str(meta.get("langgraph_checkpoint_ns", ""))),
+        # LangGraph makes a scratchpad per attempt of a task and shares it with the runnables
+        # the node invokes (tools, chains): what numbers the task's effect calls. Without one
+        # (another LangGraph), the config, which is per attempt too but not shared with them.
+        scope=config.get("configurable", {}).get(SCRATCHPAD) or config,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 import pytest
+from langchain_core.runnables import RunnableLambda
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 
@@ -116,7 +117,9 @@ def test_parallel_fanout_replay_reuses_each_branch_key(make_app: AppFactory) -> 
     assert sorted(r["id"] for r in details.output["results"]) == ["p-1", "p-2", "p-3"]
 
 
-def test_same_call_twice_in_one_node_returns_the_stored_result(make_app: AppFactory) -> None:
+def test_same_call_twice_in_one_node_is_two_effects_with_their_own_keys(
+    make_app: AppFactory,
+) -> None:
     provider = Provider()
     app = make_app()
     app.workflow("pay")(lambda: pay_graph(charge_effect(provider), twice=True))
@@ -124,26 +127,56 @@ def test_same_call_twice_in_one_node_returns_the_stored_result(make_app: AppFact
     drain(app)
     details = app.get_run(run)
     assert details.status == "completed"
-    assert len(provider.calls) == 1
-    assert details.output["receipt"] == details.output["again"] == {"id": "p-1", "payload": 5}
-    assert len(details.effects) == 1
+    assert len(provider.deliveries) == 2  # two charges asked for, two made
+    assert details.output["receipt"] != details.output["again"]
+    assert sorted(e["call_index"] for e in details.effects) == [0, 1]
 
 
-def test_sync_effect_in_sync_node_runs_once_per_distinct_args(make_app: AppFactory) -> None:
+def test_effects_called_through_runnables_a_node_invokes_are_numbered_in_one_order(
+    make_app: AppFactory,
+) -> None:
+    provider = Provider()
+
+    @keel.effect("send")
+    def send(to: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, to)
+
+    tool = RunnableLambda(lambda to: send(to))  # its own child config, the node's task
+
+    def deliver(state: MailState) -> dict[str, Any]:
+        return {"receipt": [tool.invoke(state["to"]), tool.invoke("b@x")]}
+
+    def build() -> StateGraph:
+        g = StateGraph(MailState)
+        g.add_node("deliver", deliver)
+        g.add_edge(START, "deliver")
+        g.add_edge("deliver", END)
+        return g
+
+    app = make_app()
+    app.workflow("mail")(build)
+    run = app.submit("mail", job_id="tools-1", input={"to": "a@x"})["run_id"]
+    drain(app)
+    details = app.get_run(run)
+    assert details.status == "completed", details.run["error"]
+    assert len(provider.deliveries) == 2
+    assert sorted(e["call_index"] for e in details.effects) == [0, 1]
+
+
+def test_sync_effect_in_sync_node_performs_each_call_once(make_app: AppFactory) -> None:
     provider = Provider()
     notify = notify_effect(provider)
 
     def node(state: dict[str, Any]) -> dict[str, Any]:
         a, b, a_again = notify("a@x"), notify("b@x"), notify("a@x")
-        assert a == a_again
-        return {"out": f"{a['id']},{b['id']}"}
+        return {"out": f"{a['id']},{b['id']},{a_again['id']}"}
 
     app = make_app()
     app.workflow("echo")(lambda: echo_graph(node))  # type: ignore[arg-type]
     run = app.submit("echo", job_id="e-1", input={})["run_id"]
     drain(app)
-    assert app.get_run(run).output["out"] == "p-1,p-2"
-    assert len(provider.calls) == 2
+    assert app.get_run(run).output["out"] == "p-1,p-2,p-3"
+    assert len(provider.calls) == len(set(provider.calls)) == 3
 
 
 def test_async_effect_in_async_node_is_recorded_in_the_ledger(make_app: AppFactory) -> None:
@@ -207,9 +240,9 @@ def test_async_effect_called_from_sync_node_is_performed_not_dropped(
     run = app.submit("echo", job_id="e-1", input={})["run_id"]
     drain(app)
     details = app.get_run(run)
-    assert (details.status, details.output["out"]) == ("completed", "p-1,p-1")
-    assert len(provider.calls) == 1
-    assert [e["status"] for e in details.effects] == ["sent"]
+    assert (details.status, details.output["out"]) == ("completed", "p-1,p-2")
+    assert len(provider.calls) == 2
+    assert [e["status"] for e in details.effects] == ["sent", "sent"]
 
 
 # -- retries ---------------------------------------------------------------------------------

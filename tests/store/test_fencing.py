@@ -22,6 +22,7 @@ from langgraph.types import Interrupt
 import keel
 from keel.core import leases, ledger, waits
 from keel.core.context import RunContext, current
+from keel.core.effect_keys import Identity, effect_key, legacy_key
 from keel.core.errors import LeaseLost
 from keel.core.ids import StepRef
 from keel.core.store.store import Lease
@@ -121,13 +122,14 @@ def test_stale_token_fenced_transaction_raises_lease_lost_and_writes_nothing(
 
 def test_stale_token_cannot_reserve_or_record_an_effect(takeover: Takeover) -> None:
     where = StepRef(takeover.run_id, "send", 1, "__pregel_pull/send")
-    key = where.key("effect", "email", "h")
+    key = effect_key(where, "email", 0)
+    call = ledger.Call(where, 0, key, legacy_key(where, "email", (), {}), Identity({}), (), {})
     stale, live = takeover.ctx(takeover.a), takeover.ctx(takeover.b)
     with pytest.raises(LeaseLost):
-        takeover.call(ledger.reserve(stale, key, where, "email", "h"))
+        takeover.call(ledger.reserve(stale, call, "email"))
     assert takeover.app.get_run(takeover.run_id).effects == []
 
-    row, new = takeover.call(ledger.reserve(live, key, where, "email", "h"))
+    row, new = takeover.call(ledger.reserve(live, call, "email"))
     assert new and (row["status"], row["lease_token"]) == ("pending", 2)
     before = takeover.snapshot()
     with pytest.raises(LeaseLost):

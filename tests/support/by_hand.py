@@ -88,6 +88,7 @@ class Node:
     pauses: list[Any] = field(default_factory=list)
     """Every value the node paused with, in order."""
     ctx: RunContext = field(init=False)
+    _attempt: object = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         run_id = str(self.run["run_id"])
@@ -98,7 +99,9 @@ class Node:
             token=self.lease.token,
             worker_id=self.lease.worker_id,
             services=self.app.aio.services,
-            locate=lambda: StepRef(run_id, self.name, self.step, f"__pregel_pull/{self.name}"),
+            locate=lambda: StepRef(
+                run_id, self.name, self.step, f"__pregel_pull/{self.name}", scope=self._attempt
+            ),
             pause=self._pause,
         )
 
@@ -113,10 +116,16 @@ class Node:
         raise Paused(value)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call `fn` (an effect, `keel.approval`) inside the run, from this thread."""
+        """Call `fn` (an effect, `keel.approval`) inside the run, from this thread: one
+        execution of the node (a second `call` is its replay)."""
+        return self.execute(lambda: fn(*args, **kwargs))
+
+    def execute(self, body: Callable[[], T]) -> T:
+        """One execution of the node: `body` may call several effects, numbered in order."""
+        self._attempt = object()
         entered = context.enter(self.ctx)
         try:
-            return fn(*args, **kwargs)
+            return body()
         finally:
             context.leave(entered)
 

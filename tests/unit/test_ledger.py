@@ -83,14 +83,82 @@ def test_a_call_is_reserved_performed_and_recorded_sent_then_served_from_the_led
     assert kinds(node).count("effect.sent") == 1
 
 
-def test_other_arguments_are_another_effect_with_another_key(app: keel.App) -> None:
+def test_other_arguments_in_one_execution_are_another_effect_with_another_key(
+    app: keel.App,
+) -> None:
     provider = Provider()
     send = send_effect(provider)
     node = start(app)
-    node.call(send, "a@example.com")
-    node.call(send, "b@example.com")
+    node.execute(lambda: (send("a@example.com"), send("b@example.com")))
     assert len(set(provider.deliveries)) == 2
     assert ledger(node) == [("sent", 1), ("sent", 1)]
+
+
+def test_the_same_call_twice_in_one_execution_is_two_effects_served_on_replay(
+    app: keel.App,
+) -> None:
+    provider = Provider()
+    send = send_effect(provider)
+    node = start(app)
+    first = node.execute(lambda: (send("a@example.com"), send("a@example.com")))
+    assert first[0] != first[1] and len(provider.deliveries) == 2
+    again = node.execute(lambda: (send("a@example.com"), send("a@example.com")))
+    assert again == first and len(provider.calls) == 2
+    assert sorted(e["call_index"] for e in app.get_run(node.run_id).effects) == [0, 1]
+
+
+def test_a_replay_with_other_arguments_is_refused_naming_them_and_performs_nothing(
+    app: keel.App,
+) -> None:
+    provider = Provider()
+    calls: list[str] = []
+
+    @keel.effect("notify")
+    def notify(to: str, body: str, *, idempotency_key: str) -> Any:
+        calls.append(idempotency_key)
+        return provider.deliver(idempotency_key, body)
+
+    node = start(app, name="tell")
+    node.call(notify, "a@example.com", "sent at 10:00")
+    with pytest.raises(keel.NondeterminismError) as info:
+        node.call(notify, "a@example.com", body="sent at 10:05")  # a replay, a new timestamp
+    assert (info.value.node, info.value.effect, info.value.changed) == ("tell", "notify", ["body"])
+    assert "node 'tell'" in str(info.value) and "changed: body" in str(info.value)
+    assert len(calls) == 1 and len(provider.deliveries) == 1
+    assert ledger(node) == [("sent", 1)]  # the recorded effect is kept as it was
+    refused = [e for e in app.get_run(node.run_id).timeline if e["kind"] == "effect.nondeterminism"]
+    assert refused[0]["data"]["changed"] == ["body"]
+
+
+def test_key_names_the_arguments_that_identify_the_effect_the_others_may_change(
+    app: keel.App,
+) -> None:
+    provider = Provider()
+
+    @keel.effect("notify", key=("to",))
+    def notify(to: str, body: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, body)
+
+    node = start(app)
+    first = node.call(notify, "a@example.com", "sent at 10:00")
+    assert node.call(notify, "a@example.com", "sent at 10:05") == first  # served, not re-sent
+    assert len(provider.deliveries) == 1
+    with pytest.raises(keel.NondeterminismError, match=r"changed: to;"):
+        node.call(notify, "b@example.com", "sent at 10:05")
+    assert len(provider.deliveries) == 1
+
+
+def test_arguments_the_function_cannot_take_fail_before_anything_is_reserved(
+    app: keel.App,
+) -> None:
+    provider = Provider()
+    send = send_effect(provider)
+    node = start(app)
+    with pytest.raises(TypeError, match="effect 'send'"):
+        node.call(send, "a@example.com", "unexpected")
+    with pytest.raises(keel.KeelError, match="idempotency_key is supplied by Keel"):
+        node.call(send, "a@example.com", idempotency_key="mine")
+    assert provider.calls == [] and ledger(node) == []
 
 
 def test_a_permanent_error_is_recorded_failed_and_never_performed_again(app: keel.App) -> None:
@@ -281,3 +349,49 @@ def test_a_run_cancelled_while_running_starts_no_new_effect(app: keel.App) -> No
     with pytest.raises(RunCancelled):
         node.call(send_effect(provider), "a@example.com")
     assert provider.calls == [] and ledger(node) == []
+
+
+# -- the last look at the lease, right before the provider call ----------------------------------
+
+
+def test_a_lease_expired_after_the_reserve_performs_nothing(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    provider = Provider()
+
+    def lookup(to: str, *, idempotency_key: str) -> Any:
+        clock.advance(app.aio.lease_ttl + 1)  # the worker stalls here, past its lease
+        return None
+
+    send = keel.effect("send", reconcile=lookup)(
+        lambda to, *, idempotency_key: provider.deliver(idempotency_key, to)
+    )
+    node = start(app)
+    crashed(node, send_effect(provider, crashes=["before"]))
+    provider.calls.clear()
+    with pytest.raises(LeaseLost, match="expired"):
+        node.call(send, "a@example.com")  # reserved, reconciled: then the lease is gone
+    assert provider.deliveries == [] and ledger(node) == [("pending", 0)]
+
+
+def test_a_function_that_takes_a_fencing_token_receives_the_runs_token(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    seen: list[tuple[str, int]] = []
+
+    @keel.effect("write")
+    def write(row: str, *, idempotency_key: str, fencing_token: int) -> Any:
+        seen.append((row, fencing_token))
+        return row
+
+    @keel.effect("legacy_write")
+    def legacy_write(row: str, *, idempotency_key: str, lease_token: int) -> Any:
+        seen.append((row, lease_token))
+        return row
+
+    node = start(app)
+    node.execute(lambda: (write("r1"), legacy_write("r2")))
+    live = take_over(app, clock)
+    live.step = 2
+    live.call(write, "r3")
+    assert seen == [("r1", 1), ("r2", 1), ("r3", 2)]

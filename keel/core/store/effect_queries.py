@@ -21,6 +21,8 @@ class EffectQueries:
         step: int,
         task_path: str,
         args_hash: str,
+        arg_hashes: str,
+        call_index: int,
         token: int,
         now: float,
     ) -> Row | None:
@@ -35,6 +37,8 @@ class EffectQueries:
                 "step": step,
                 "task_path": task_path,
                 "args_hash": args_hash,
+                "arg_hashes": arg_hashes,
+                "call_index": call_index,
                 "lease_token": token,
                 "now": now,
             },

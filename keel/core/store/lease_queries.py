@@ -40,6 +40,27 @@ class LeaseQueries:
             )
         return row
 
+    async def check_lease_held(self, run_id: str, token: int, now: float) -> Row:
+        """Raise LeaseLost unless `token` holds the run and its lease has not expired.
+
+        A read outside any write transaction: the last look before something that no
+        transaction can fence (a provider call, a rename), so it narrows the window a frozen
+        worker has, rather than closing it.
+        """
+        async with self.db.read() as tx:
+            row = await tx.one("lease_held", {"run_id": run_id, "now": now})
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if int(row["lease_token"]) != token:
+            raise LeaseLost(
+                f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
+                f"owner {row['lease_owner']})"
+            )
+        if not row["live"]:
+            # Not taken over yet, but takeable: a call now could race the next owner's.
+            raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
+        return row
+
     # -- claims ---------------------------------------------------------------------------------
 
     @staticmethod

@@ -15,6 +15,11 @@ Workflows:
 - `mailer-unreconciled`: the same graph whose effect has no reconciler and whose provider does
   not dedupe: a crash after the provider accepted the message leaves the key in doubt.
 - `revisions`: draft, then a loop that sends the same email (same args) in two iterations.
+- `mailer-idempotent`: the same graph whose effect has no reconciler but is declared
+  `provider_idempotent` (retried under its key when in doubt).
+- `stamped`: send an email whose body carries the time it was written (new on every replay);
+  `stamped-keyed` sends it through an effect whose `key=` leaves the body out.
+- `report`: write an artifact saying which process wrote it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import operator
 import os
 import smtplib
+import time
 from email.message import EmailMessage
 from typing import Annotated, Any, TypedDict
 from urllib.parse import urlsplit
@@ -68,6 +74,13 @@ def lookup(to: str, subject: str, body: str, *, idempotency_key: str) -> dict[st
 send_email: Effect[..., dict[str, Any]] = keel.effect("send_email", reconcile=lookup)(deliver)
 # Same name (so the same fault label arms it), no reconciler, provider not idempotent.
 send_email_unreconciled: Effect[..., dict[str, Any]] = keel.effect("send_email")(deliver)
+send_email_idempotent: Effect[..., dict[str, Any]] = keel.effect(
+    "send_email", provider_idempotent=True
+)(deliver)
+# The recipient and subject say which email this is; the body may be written anew.
+send_email_keyed: Effect[..., dict[str, Any]] = keel.effect(
+    "send_email", reconcile=lookup, key=("to", "subject")
+)(deliver)
 
 
 class MailState(TypedDict, total=False):
@@ -160,10 +173,40 @@ def revisions_graph() -> StateGraph:
     return g
 
 
+def stamped_graph(effect: Effect[..., dict[str, Any]]) -> StateGraph:
+    def send(state: MailState) -> MailState:
+        # Non-deterministic on purpose: the clock read again on every replay of the node.
+        body = f"Your ticket {state['ticket']} is solved (written at {time.time_ns()}).\n"
+        result = effect(state["to"], f"Re: ticket {state['ticket']}", body)
+        return {"message_id": result["message_id"], "log": ["sent"]}
+
+    g = StateGraph(MailState)
+    g.add_node("send", send)
+    g.add_edge(START, "send")
+    g.add_edge("send", END)
+    return g
+
+
+def report_graph() -> StateGraph:
+    def publish(state: MailState) -> MailState:
+        keel.artifacts().write_text("report.txt", f"written by process {os.getpid()}\n")
+        return {"log": ["published"]}
+
+    g = StateGraph(MailState)
+    g.add_node("publish", publish)
+    g.add_edge(START, "publish")
+    g.add_edge("publish", END)
+    return g
+
+
 def register(target: keel.App) -> keel.App:
     target.workflow("mailer")(lambda: mailer_graph(send_email))
     target.workflow("mailer-unreconciled")(lambda: mailer_graph(send_email_unreconciled))
+    target.workflow("mailer-idempotent")(lambda: mailer_graph(send_email_idempotent))
     target.workflow("revisions")(revisions_graph)
+    target.workflow("stamped")(lambda: stamped_graph(send_email))
+    target.workflow("stamped-keyed")(lambda: stamped_graph(send_email_keyed))
+    target.workflow("report")(report_graph)
     return target
 
 

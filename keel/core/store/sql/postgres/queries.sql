@@ -24,6 +24,13 @@ INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version
 SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = %(run_id)s
 FOR SHARE;
 
+-- name: lease_held
+-- Whether a lease token still holds its run, unexpired, right now (the last check before a
+-- provider call or an artifact's rename; a plain read, it holds no lock).
+SELECT run_id, status, lease_token, lease_owner, cancel_requested,
+       CASE WHEN lease_expires_at > %(now)s THEN 1 ELSE 0 END AS live
+FROM keel_runs WHERE run_id = %(run_id)s;
+
 -- name: insert_run
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
@@ -132,9 +139,9 @@ SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
 -- name: insert_effect
 -- Reserve an idempotency key (pending) unless it is already in the ledger.
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          status, attempts, lease_token, created_at, updated_at)
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-        'pending', 0, %(lease_token)s, %(now)s, %(now)s)
+        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, %(now)s, %(now)s)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 

@@ -1,0 +1,151 @@
+"""What names an effect call, and what tells a replay's call from the recorded one.
+
+An effect's key is its place in the run: the node's StepRef and its call order among that
+task's calls of the same effect. The arguments are not part of it; they are hashed beside it,
+one hash per argument name, so a replay that calls the same place with other arguments is
+recognized as non-determinism (and told which arguments changed) instead of being performed
+as a new effect. `key=` narrows what is compared to the arguments that identify the effect.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from keel.core.codec import canonical_json
+from keel.core.errors import UsageError
+from keel.core.ids import StepRef, args_hash, digest
+
+KeySpec = str | tuple[str, ...] | Callable[[dict[str, Any]], Any] | None
+"""`@keel.effect(key=...)`: argument name(s), a function of the bound arguments (by name,
+defaults applied) returning JSON, or None (all arguments)."""
+
+SUPPLIED = frozenset({"idempotency_key", "fencing_token", "lease_token"})
+"""Keywords Keel passes to an effect's function itself; a caller never passes them."""
+
+
+def effect_key(where: StepRef, name: str, call: int) -> str:
+    """The key of the `call`-th call (from 0) of effect `name` by the task at `where`."""
+    return where.key("effect", name, f"call:{call}")
+
+
+def legacy_key(where: StepRef, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """The key Keel gave the same call before version 0006 (arguments hashed into it)."""
+    return where.key("effect", name, args_hash(args, kwargs))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The arguments of one call that identify it, hashed."""
+
+    hashes: dict[str, str]
+    """Per compared argument name, a hash of its canonical JSON."""
+
+    @property
+    def digest(self) -> str:
+        return digest(canonical_json(self.hashes))[:32]
+
+    def changed(self, recorded: Mapping[str, str] | None) -> list[str]:
+        """The names whose hash differs from `recorded` (added and removed names included)."""
+        if recorded is None:
+            return []
+        names = sorted(set(recorded) | set(self.hashes))
+        return [n for n in names if recorded.get(n) != self.hashes.get(n)]
+
+
+class Arguments:
+    """Binds an effect's call arguments to its parameter names and picks those `key=` names."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, key: KeySpec) -> None:
+        self.signature = inspect.signature(fn)
+        self.name = name
+        params = self.signature.parameters
+        if isinstance(key, str):
+            key = (key,)
+        if isinstance(key, tuple | list):
+            unknown = [k for k in key if k not in params or k in SUPPLIED]
+            if unknown or not key:
+                raise UsageError(
+                    f"effect {name!r}: key= names {unknown or '(nothing)'}, which are not "
+                    f"arguments of the function (its arguments: "
+                    f"{', '.join(p for p in params if p not in SUPPLIED)})"
+                )
+            self.key: tuple[str, ...] | Callable[[dict[str, Any]], Any] | None = tuple(key)
+        elif key is None or callable(key):
+            self.key = key
+        else:
+            raise UsageError(
+                f"effect {name!r}: key= takes argument names or a function of the bound "
+                f"arguments, not {type(key).__name__}"
+            )
+
+    def identity(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Identity:
+        """Hash what identifies this call; a call the function could not take raises TypeError
+        here, before anything is reserved or performed."""
+        supplied = SUPPLIED & kwargs.keys()
+        if supplied:
+            raise UsageError(
+                f"effect {self.name!r}: {', '.join(sorted(supplied))} is supplied by Keel; "
+                "do not pass it"
+            )
+        placeholders = {p: None for p in SUPPLIED if p in self.signature.parameters}
+        try:
+            bound = self.signature.bind(*args, **kwargs, **placeholders)
+        except TypeError as exc:
+            raise TypeError(f"effect {self.name!r}: {exc}") from None
+        values = self._named(bound)
+        if self.key is None:
+            chosen: dict[str, Any] = values
+        elif isinstance(self.key, tuple):
+            bound.apply_defaults()
+            with_defaults = self._named(bound)
+            chosen = {k: with_defaults.get(k) for k in self.key}
+        else:
+            bound.apply_defaults()
+            chosen = {"key=": self.key(self._named(bound))}
+        return Identity({n: digest(canonical_json(v))[:16] for n, v in chosen.items()})
+
+    def _named(self, bound: inspect.BoundArguments) -> dict[str, Any]:
+        """Bound arguments by name, `**kwargs` spread out, Keel's own keywords left out."""
+        named: dict[str, Any] = {}
+        for pname, value in bound.arguments.items():
+            kind = self.signature.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                named.update(value)
+            elif pname not in SUPPLIED:
+                named[pname] = list(value) if kind is inspect.Parameter.VAR_POSITIONAL else value
+        return named
+
+
+class CallOrder:
+    """Counts a run's effect calls per task execution, to number repeated calls of an effect.
+
+    A task execution is named by `StepRef.scope`, an object LangGraph makes once per attempt
+    of a task (a retried node starts counting from 0 again, as it starts from its first line).
+    Counters of earlier steps of the same namespace are dropped: those tasks have finished.
+    """
+
+    def __init__(self) -> None:
+        # task -> (scope, step, namespace, counts); a scope object is held so its id stays
+        # unique while it is counted.
+        self._tasks: dict[object, tuple[object, int, str, Counter[str]]] = {}
+
+    def next(self, where: StepRef, name: str) -> int:
+        # Without a scope (a node played by hand) the place itself names the task.
+        task: object = where if where.scope is None else id(where.scope)
+        entry = self._tasks.get(task)
+        if entry is None or (where.scope is not None and entry[0] is not where.scope):
+            self._tasks = {
+                t: e
+                for t, e in self._tasks.items()
+                if not (e[2] == where.namespace and e[1] < where.step)
+            }
+            entry = (where.scope, where.step, where.namespace, Counter())
+            self._tasks[task] = entry
+        counts = entry[3]
+        call = counts[name]
+        counts[name] += 1
+        return call

@@ -1,0 +1,122 @@
+"""What production does to effects, with real worker processes: a worker frozen (SIGSTOP) right
+before the provider call or an artifact's rename wakes after another worker took the run over;
+a node that puts the clock in an effect's arguments is replayed after a SIGKILL.
+
+Each test counts what the outside world saw: the messages the SMTP sink accepted, the bytes of
+the artifact on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.checks import wait_until
+from tests.support.crash import Chaos, Worker, assert_fenced
+
+pytestmark = pytest.mark.slow
+
+
+def frozen(worker: Worker) -> bool:
+    """Whether the process stopped itself (SIGSTOP at its fault point): state T in /proc."""
+    try:
+        stat = Path(f"/proc/{worker.pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] in ("T", "t")
+
+
+def freeze_at(chaos: Chaos, point: str) -> Worker:
+    if chaos.db_url.startswith("postgresql"):
+        # A process frozen in the middle of a transaction (its heartbeat, say) keeps its row
+        # locks, and claims skip locked rows: without a server-side bound no one could take
+        # the run over until it wakes. That bound is the deployment's to set (docs/workers.md).
+        with psycopg.connect(chaos.db_url, autocommit=True) as conn:
+            name = conn.execute("SELECT current_database()").fetchone()
+            assert name is not None
+            conn.execute(
+                f"ALTER DATABASE \"{name[0]}\" SET idle_in_transaction_session_timeout = '3s'"
+            )
+    zombie = chaos.spawn(f"{point}!stop")
+    wait_until(lambda: frozen(zombie), timeout=40, what=f"the worker to freeze at {point}")
+    return zombie
+
+
+def wake(zombie: Worker) -> None:
+    """SIGCONT, then let it find out it lost the run and stop (it is idle by then)."""
+    os.kill(zombie.pid, signal.SIGCONT)
+    assert zombie.wait() == 0, zombie.output()
+    assert "lease" in zombie.output().lower(), zombie.output()
+
+
+@pytest.mark.parametrize("workflow", ["mailer", "mailer-idempotent"])
+def test_worker_frozen_before_the_provider_call_sends_nothing_when_it_wakes(
+    chaos: Chaos, workflow: str
+) -> None:
+    run_id = chaos.submit(workflow, "T-1")
+    chaos.prepare()
+    assert chaos.app.approve(run_id, by="alice").recorded
+    zombie = freeze_at(chaos, "effect.before_call:send_email")
+    try:
+        chaos.drain()  # waits out the frozen worker's lease, reconciles or retries, sends
+    finally:
+        wake(zombie)
+    details = chaos.details(run_id)
+    report = chaos.report(run_id)
+    assert details.status == "completed", report
+    assert chaos.sink.count(subject="Re: ticket T-1") == 1, report  # the new owner's, only
+    assert len(chaos.mails_for(details)) == 1, report
+    assert_fenced(chaos.details(run_id), [zombie], takeover=True)
+
+
+def test_worker_frozen_before_an_artifact_rename_leaves_the_next_owners_file_alone(
+    chaos: Chaos,
+) -> None:
+    run_id = chaos.submit("report", "R-1")
+    zombie = freeze_at(chaos, "artifact.before_rename:report.txt")
+    try:
+        rescuer = chaos.drain()
+        folder = chaos.tmp_path / "artifacts" / run_id
+        published = (folder / "report.txt").read_bytes()
+        assert published == f"written by process {rescuer.pid}\n".encode()
+        inode = (folder / "report.txt").stat().st_ino
+    finally:
+        wake(zombie)
+    assert (folder / "report.txt").read_bytes() == published
+    assert (folder / "report.txt").stat().st_ino == inode  # not replaced, even by equal bytes
+    assert sorted(p.name for p in folder.iterdir()) == ["report.txt"]  # its temp file is gone
+    assert chaos.details(run_id).status == "completed"
+
+
+def test_a_replay_with_a_new_timestamp_in_the_body_is_refused_not_sent_again(
+    chaos: Chaos,
+) -> None:
+    run_id = chaos.submit("stamped", "S-1")
+    chaos.crash("effect.after_record:send_email")  # sent and recorded, the step not saved
+    chaos.drain()
+    details = chaos.details(run_id)
+    report = chaos.report(run_id)
+    assert (details.status, details.termination_reason) == ("failed", "execution_error"), report
+    error = details.run["error"]
+    assert error.startswith("NondeterminismError: node 'send' called effect 'send_email'"), error
+    assert "changed: body" in error, error
+    assert chaos.sink.count(subject="Re: ticket S-1") == 1, report
+    assert [e["status"] for e in details.effects] == ["sent"], report
+
+
+def test_with_key_naming_the_recipient_and_subject_the_replay_completes_with_one_send(
+    chaos: Chaos,
+) -> None:
+    run_id = chaos.submit("stamped-keyed", "S-2")
+    chaos.crash("effect.after_record:send_email")
+    chaos.drain()
+    details = chaos.details(run_id)
+    report = chaos.report(run_id)
+    assert details.status == "completed", report
+    assert chaos.sink.count(subject="Re: ticket S-2") == 1, report
+    [mail] = chaos.mails_for(details)
+    assert details.output["message_id"] == mail.message_id.strip(), report

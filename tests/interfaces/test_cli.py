@@ -8,6 +8,7 @@ is counted by what the sink received.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -241,6 +242,8 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
         final = show(env, db_url, run_id)
         assert [(e["name"], e["status"]) for e in final["effects"]] == [("send_email", "sent")]
         assert final["waits"][0]["decided_by"] == winner
+        # --by is what was typed; the login that ran the command is recorded beside it.
+        assert final["waits"][0]["value"]["principal"] == f"login:{getpass.getuser()}"
         body = TICKET["body"].encode()
         assert [(a["name"], a["size"]) for a in final["artifacts"]] == [("reply.txt", len(body))]
         text = invoke(env, "runs", "show", run_id, "--db", db_url)

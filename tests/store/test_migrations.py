@@ -109,7 +109,7 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     rt.portal.call(rt.connector.open())
     assert rt.portal.call(rt.store.migrate(rt.clock.now(), target=1)) == NAMES[:1]
     assert version(old) == 1
-    row, created = rt.portal.call(
+    admission = rt.portal.call(
         runs.admit(
             rt.store,
             workflow="echo",
@@ -121,7 +121,8 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
             max_input_bytes=1000,
         )
     )
-    assert created
+    assert admission.created
+    row = admission.row
     old.close()
 
     new = apps()
@@ -196,7 +197,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
     rt.portal.call(rt.connector.open())
     before = max(v for v in VERSIONS if v < 6)
     rt.portal.call(rt.store.migrate(rt.clock.now(), target=before))
-    row, _ = rt.portal.call(
+    row = rt.portal.call(
         runs.admit(
             rt.store,
             workflow="notify",
@@ -207,7 +208,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
             rerun=False,
             max_input_bytes=1000,
         )
-    )
+    ).row
     where = StepRef(row["run_id"], "echo", 1, "__pregel_pull/echo", namespace="echo")
     key = legacy_key(where, "notify", ("a@x",), {})
     execute(

@@ -14,7 +14,6 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +26,7 @@ from keel.cli.guard import (
     APP_HINT,
     BAD_USAGE,
     OPTIONS_HINT,
+    IfExists,
     bad_spec_is_usage,
     check_database,
     check_kind,
@@ -223,12 +223,6 @@ def serve(
     serve_http(app, host=host, port=port, log_level=log_level)
 
 
-class IfExists(StrEnum):
-    NEW = "new"
-    REUSE = "reuse"
-    ERROR = "error"
-
-
 @cli.command()
 @guarded
 def submit(
@@ -279,25 +273,8 @@ def submit(
             )
         )
         return
-    what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
-    if row.run_id in row.other_runs:
-        say(
-            f"reused run {row.run_id} ({what}), whose input differs from this one; status "
-            f"{row['status']} (--if-exists new admits a run for this input)"
-        )
-    elif row.created:
-        attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
-        say(f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker")
-        if row.other_runs:
-            say(
-                f"note: job {row.job_id} already had {len(row.other_runs)} run(s) with other "
-                f"input (latest {row.other_runs[0]}); --if-exists error refuses this"
-            )
-    else:
-        say(
-            f"already admitted: run {row['run_id']} ({what}) exists with the same input and "
-            f"version; status {row['status']} (use --rerun for a new attempt)"
-        )
+    for line in render.submitted_lines(row):
+        say(line)
 
 
 @runs_cli.command("list")

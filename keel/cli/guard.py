@@ -12,6 +12,7 @@ import json
 import sqlite3
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -30,6 +31,15 @@ from keel.runtime.runtime import RunDetails
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class IfExists(StrEnum):
+    """`keel submit --if-exists`: what to do when the job already has a run with other input."""
+
+    NEW = "new"
+    REUSE = "reuse"
+    ERROR = "error"
+
 
 BAD_USAGE = 2
 USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)

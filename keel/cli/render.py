@@ -23,7 +23,7 @@ from keel.core.store.base import Row
 
 # Re-exported: output that shows a database URL hides its password the preflight's way.
 from keel.runtime.preflight import redact as redact
-from keel.runtime.runtime import RunDetails
+from keel.runtime.runtime import RunDetails, Submission
 
 # Columns that hold JSON text in Keel's tables; scripts get them decoded.
 JSON_COLUMNS = (
@@ -325,6 +325,29 @@ def out() -> Console:
     # Piped output is not cut to 80 columns: a grep should see whole ids.
     piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
     return Console(highlight=False, soft_wrap=False, width=160 if piped else None)
+
+
+def submitted_lines(row: Submission) -> list[str]:
+    """What `keel submit` says about the run it admitted, found or reused."""
+    what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
+    if row.run_id in row.other_runs:
+        return [
+            f"reused run {row.run_id} ({what}), whose input differs from this one; status "
+            f"{row['status']} (--if-exists new admits a run for this input)"
+        ]
+    if not row.created:
+        return [
+            f"already admitted: run {row['run_id']} ({what}) exists with the same input and "
+            f"version; status {row['status']} (use --rerun for a new attempt)"
+        ]
+    attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
+    lines = [f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker"]
+    if row.other_runs:
+        lines.append(
+            f"note: job {row.job_id} already had {len(row.other_runs)} run(s) with other "
+            f"input (latest {row.other_runs[0]}); --if-exists error refuses this"
+        )
+    return lines
 
 
 def decided_line(wait: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ from keel.core.artifacts import RunArtifacts, artifact_name
 from keel.core.errors import InvalidId, RunFinished, UsageError
 from keel.core.ids import validate_run_id
 from keel.core.lifecycle import Decision, Status
+from keel.core.wait_model import EffectAnswer
 from keel.core.waits import check_answer
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
@@ -313,6 +314,59 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         try:
             result = record(
                 wait["run_id"],
+                wait_id=approval_id,
+                by=body.by or principal.label,
+                principal=principal.label,
+                action_id=idempotency_key or body.action_id,
+                comment=body.comment,
+                channel="http",
+            )
+        except RunFinished as exc:
+            now = keel_app.get_wait(approval_id)
+            raise Refused(
+                409, "run_finished", str(exc), approval=m.approval_fields(now, run_url)
+            ) from None
+        return m.DecisionOut(**m.approval_fields(result.wait, run_url), recorded=result.recorded)
+
+    @router.post(
+        "/approvals/{approval_id}/resolution",
+        response_model=m.DecisionOut,
+        responses={
+            **NOT_FOUND,
+            409: {"model": m.Problem, "description": "Not an in-doubt effect, or finished."},
+        },
+    )
+    def resolve_effect(
+        approval_id: ApprovalId,
+        body: m.ResolutionIn,
+        request: Request,
+        principal: Writer,
+        idempotency_key: Annotated[
+            str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
+        ] = None,
+    ) -> m.DecisionOut:
+        """Say whether an in-doubt effect reached the provider; the first answer wins."""
+        wait = keel_app.get_wait(_checked(approval_id))
+        run_url = _run_url(request, wait["run_id"])
+        try:
+            check_answer(
+                wait["kind"],
+                EffectAnswer.PERFORMED if body.performed else EffectAnswer.NOT_PERFORMED,
+                wait_id=approval_id,
+            )
+        except UsageError:
+            raise Refused(
+                409,
+                "wrong_kind",
+                f"{approval_id} is a {wait['kind']} wait, not an in-doubt effect: decide it at "
+                f"/approvals/{approval_id}/decision",
+                approval=m.approval_fields(wait, run_url),
+            ) from None
+        try:
+            result = keel_app.resolve_effect(
+                wait["run_id"],
+                performed=body.performed,
+                result=body.result,
                 wait_id=approval_id,
                 by=body.by or principal.label,
                 principal=principal.label,

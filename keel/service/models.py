@@ -38,6 +38,14 @@ class CancelIn(Body):
     by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
 
 
+class ResolutionIn(Body):
+    performed: bool = Field(description="Whether the in-doubt effect reached the provider.")
+    result: Any = Field(None, description="The provider's result, when it was performed.")
+    comment: str | None = Field(None, max_length=10_000)
+    by: str | None = Field(None, max_length=200, description="Who answers; defaults to the token.")
+    action_id: str | None = Field(None, min_length=1, max_length=200)
+
+
 class DecisionIn(Body):
     decision: Literal["approve", "reject"]
     comment: str | None = Field(None, max_length=10_000)

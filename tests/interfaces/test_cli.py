@@ -8,6 +8,7 @@ is counted by what the sink received.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -241,6 +242,8 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
         final = show(env, db_url, run_id)
         assert [(e["name"], e["status"]) for e in final["effects"]] == [("send_email", "sent")]
         assert final["waits"][0]["decided_by"] == winner
+        # --by is what was typed; the login that ran the command is recorded beside it.
+        assert final["waits"][0]["value"]["principal"] == f"login:{getpass.getuser()}"
         body = TICKET["body"].encode()
         assert [(a["name"], a["size"]) for a in final["artifacts"]] == [("reply.txt", len(body))]
         text = invoke(env, "runs", "show", run_id, "--db", db_url)
@@ -376,6 +379,26 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert "cannot connect to postgresql://keel:***@127.0.0.1:1/keel" in line
     assert "s3cret" not in unreachable.output
     assert json.loads(invoke(env, "runs", "list", "--json", "--db", db_url).stdout) == []
+
+
+def test_submit_tells_of_other_input_for_the_job_and_if_exists_refuses_it(
+    env: dict[str, str],
+) -> None:
+    submit = ("submit", FRESH, WORKFLOW, "--job-id", "ticket-9")
+    first = invoke(env, *submit, "--input", json.dumps(TICKET))
+    assert first.exit_code == 0, first.output
+    run_id = submitted_run_id(first.stdout)
+    other = json.dumps({**TICKET, "body": "Another answer."})
+    refused = invoke(env, *submit, "--input", other, "--if-exists", "error")
+    assert refused.exit_code == 1
+    assert f"already has a run with other input ({run_id})" in one_error_line(refused.stderr)
+    reused = invoke(env, *submit, "--input", other, "--if-exists", "reuse")
+    assert reused.exit_code == 0 and f"reused run {run_id}" in reused.stdout
+    admitted = invoke(env, *submit, "--input", other)
+    assert admitted.exit_code == 0, admitted.output
+    assert f"note: job ticket-9 already had 1 run(s) with other input (latest {run_id})" in (
+        admitted.stdout
+    )
 
 
 def test_a_never_migrated_database_asks_for_keel_migrate(

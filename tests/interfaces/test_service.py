@@ -32,6 +32,7 @@ from tests.support.service_client import (
     empty_database,
     start_serve,
 )
+from tests.support.workers import drain
 
 # -- health ---------------------------------------------------------------------------------
 
@@ -464,6 +465,35 @@ def test_a_body_that_is_not_json_is_415_saying_so(svc: Service) -> None:
         assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_media_type")
         assert "application/json" in answer.json()["message"]
     assert svc.http.get("/runs").json()["runs"] == []
+
+
+def test_an_in_doubt_effect_is_resolved_over_http_once(
+    make_app: Callable[..., keel.App],
+) -> None:
+    provider = Provider()
+    app, run_id = in_doubt(make_app, provider, delivered=True)
+    (wait,) = app.get_run(run_id).waits
+    with LiveServer(create_app(app, tokens=TOKENS)) as server:
+        svc = Service(app, server.url)
+        try:
+            path = f"/approvals/{wait['wait_id']}/resolution"
+            wrong = svc.http.post(
+                f"/approvals/{wait['wait_id']}/decision", json={"decision": "approve"}
+            )
+            assert (wrong.status_code, wrong.json()["error"]) == (409, "wrong_kind")
+            answer = svc.http.post(path, json={"performed": True, "result": {"charged": 5}})
+            assert answer.status_code == 200, answer.text
+            assert (answer.json()["recorded"], answer.json()["decision"]) == (True, "performed")
+            assert answer.json()["principal"].startswith("token:")
+            again = svc.http.post(path, json={"performed": False})
+            assert (again.status_code, again.json()["recorded"]) == (200, False)
+        finally:
+            svc.close()
+    drain(app)
+    done = app.get_run(run_id)
+    assert done.status == "completed"
+    assert [e["status"] for e in done.effects] == ["confirmed"]
+    assert len(provider.calls) == 1, "never sent a second time"
 
 
 def test_decision_errors(svc: Service) -> None:

@@ -109,7 +109,7 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     rt.portal.call(rt.connector.open())
     assert rt.portal.call(rt.store.migrate(rt.clock.now(), target=1)) == NAMES[:1]
     assert version(old) == 1
-    admission = rt.portal.call(
+    admitted = rt.portal.call(
         runs.admit(
             rt.store,
             workflow="echo",
@@ -121,8 +121,8 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
             max_input_bytes=1000,
         )
     )
-    assert admission.created
-    row = admission.row
+    row = admitted.row
+    assert admitted.created
     old.close()
 
     new = apps()

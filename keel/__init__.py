@@ -4,6 +4,7 @@ owned by one fenced worker at a time, with side effects that happen once."""
 from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
 from keel.core.errors import (
+    ClockSkew,
     EffectFailed,
     InputTooLarge,
     InvalidId,
@@ -21,6 +22,7 @@ from keel.core.errors import (
     TransientError,
     UnknownWorkflow,
     WaitNotFound,
+    WorkflowVersionMismatch,
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
@@ -36,6 +38,7 @@ __all__ = [
     "App",
     "ApprovalDecision",
     "AsyncApp",
+    "ClockSkew",
     "Decision",
     "EffectFailed",
     "InputTooLarge",
@@ -62,6 +65,7 @@ __all__ = [
     "TransientError",
     "UnknownWorkflow",
     "WaitNotFound",
+    "WorkflowVersionMismatch",
     "approval",
     "artifacts",
     "effect",

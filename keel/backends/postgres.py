@@ -1,4 +1,9 @@
-"""PostgreSQL connector: psycopg 3 with a connection pool; row locks fence concurrent owners."""
+"""PostgreSQL connector: psycopg 3 with a connection pool; row locks fence concurrent owners.
+
+Queries read time from `keel_now()` (the server's clock, defined by migration 0005). A test
+clock, when one drives this connector, is handed to it per checkout in the `keel.fake_now`
+setting, which `keel_now()` reads first.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ class PostgresConnector:
         self._queries = load_queries(self.dialect)
         self._pool: AsyncConnectionPool[AsyncConnection[DictRow]] | None = None
         self._min_size, self._max_size = min_size, max_size
+        self.clock_override: Callable[[], float] | None = None
 
     @property
     def pool(self) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
@@ -84,13 +90,23 @@ class PostgresConnector:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTx]:
-        async with self.pool.connection() as conn, conn.transaction():
-            yield PostgresTx(conn, self._queries)
+        async with self.pool.connection() as conn:
+            await self._set_clock(conn)
+            async with conn.transaction():
+                yield PostgresTx(conn, self._queries)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:
         async with self.pool.connection() as conn:
+            await self._set_clock(conn)
             yield PostgresTx(conn, self._queries)
+
+    async def _set_clock(self, conn: AsyncConnection[DictRow]) -> None:
+        # Session-wide, on every checkout: all of this pool's connections serve the same clock,
+        # and production never sets it (keel_now() is then the server's clock_timestamp()).
+        if self.clock_override is not None:
+            now = repr(float(self.clock_override()))
+            await conn.execute("SELECT set_config('keel.fake_now', %s, false)", (now,))
 
     async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
         """Call `on_notify` for every NOTIFY on `channel` until cancelled; reconnect on errors."""

@@ -1,4 +1,8 @@
-"""SQLite connector: one connection per process, WAL, BEGIN IMMEDIATE for writes."""
+"""SQLite connector: one connection per process, WAL, BEGIN IMMEDIATE for writes.
+
+SQLite lives on one host, so the host's clock is the database's: `keel_now()`, which every query
+uses for leases and deadlines as PostgreSQL's does, is a function defined on the connection.
+"""
 
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class SqliteConnector:
         self._synchronous = synchronous
         self._queries = load_queries(self.dialect)
         self._conn: aiosqlite.Connection | None = None
+        self.clock_override: Callable[[], float] | None = None
         # Shared with the checkpoint saver, which runs on the same connection.
         self.lock = TaskReentrantLock()
 
@@ -67,6 +72,7 @@ class SqliteConnector:
         await self._enable_wal(conn)
         await conn.execute(f"PRAGMA synchronous={self._synchronous}")
         await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+        await conn.create_function("keel_now", 0, self._keel_now)
         self._conn = conn
 
     async def _enable_wal(self, conn: aiosqlite.Connection) -> None:
@@ -82,6 +88,10 @@ class SqliteConnector:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.01)
+
+    def _keel_now(self) -> float:
+        override = self.clock_override
+        return override() if override is not None else time.time()
 
     async def close(self) -> None:
         if self._conn is not None:

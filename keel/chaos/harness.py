@@ -287,4 +287,4 @@ class Harness:
 async def _expire_now(app: keel.App, wait_id: str) -> None:
     await app.aio.open()
     async with app.aio.store.transaction() as tx:
-        await app.aio.store.expire_deadline_now(tx, wait_id, app.aio.clock.now())
+        await app.aio.store.expire_deadline_now(tx, wait_id)

@@ -183,13 +183,22 @@ def worker(
     concurrency: int = typer.Option(4, min=1),
     stop_when_idle: bool = typer.Option(False, help="Exit when no run is queued or running."),
     grace: float = typer.Option(30.0, help="Seconds running runs get to finish on SIGTERM."),
+    max_clock_skew: float | None = typer.Option(
+        None,
+        min=0,
+        help="Refuse to start when this host's clock is further than this many seconds from "
+        "the database's (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit).",
+    ),
 ) -> None:
     """Execute runs of APP's workflows until stopped (SIGTERM drains; twice stops now)."""
     loaded = load_app(app)
     try:
         check_database(loaded, hint=APP_HINT)
         stats = loaded.run_worker(
-            concurrency=concurrency, stop_when_idle=stop_when_idle, grace=grace
+            concurrency=concurrency,
+            stop_when_idle=stop_when_idle,
+            grace=grace,
+            max_clock_skew=max_clock_skew,
         )
     finally:
         loaded.close()
@@ -415,6 +424,27 @@ approve = cli.command("approve")(guarded(_verdict_command("approved", "Approve")
 reject = cli.command("reject")(guarded(_verdict_command("rejected", "Reject")))
 
 
+@runs_cli.command("upgrade")
+@guarded
+def runs_upgrade(
+    run_id: RunArgument,
+    to: Annotated[str, typer.Option("--to", help="The version to move the run to.")],
+    by: ByOption = None,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Move a queued or waiting run to another version of its workflow (see docs/versions.md).
+
+    APP (--app or $KEEL_APP) must register that version: the run's checkpoint is checked
+    against its graph, and the move is refused unless the nodes the run stopped before exist.
+    """
+    if not (app or os.environ.get("KEEL_APP")):
+        fail("keel runs upgrade needs --app MODULE:ATTRIBUTE, the app with the new version", 2)
+    with open_app(app, db) as loaded:
+        row = loaded.upgrade_run(run_id, to=to, by=by or login())
+    say(f"run {run_id} moved to {row['workflow']}@{row['workflow_version']}; {row['status']}")
+
+
 @cli.command("resolve-effect")
 @guarded
 def resolve_effect(
@@ -467,10 +497,17 @@ def cancel(
 @cli.command()
 @guarded
 def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = None) -> None:
-    """List live workers: host, pid, concurrency, last heartbeat."""
+    """List live workers (host, pid, concurrency, workflows, last heartbeat) and stranded runs."""
     with open_app(app, db) as loaded:
-        rows = loaded.workers()
+        rows, stranded = loaded.workers(), loaded.stranded_runs()
     _listing(rows, as_json, render.workers_table, "no live workers")
+    if as_json:
+        return
+    for run in stranded:
+        say(
+            f"stranded: run {run['run_id']} ({run['status']}) needs "
+            f"{run['workflow']}@{run['workflow_version']}, which no worker serves"
+        )
 
 
 @approvals_cli.command("list")

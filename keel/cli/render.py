@@ -32,6 +32,7 @@ JSON_COLUMNS = (
     "data",
     "payload",
     "approvers",
+    "workflows",
     "value",
     "result",
     "heartbeat_details",
@@ -113,10 +114,13 @@ def compact(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def status_text(value: str | None) -> Text:
+def status_text(value: str | None, *, stranded: bool = False) -> Text:
     if value is None:
         return Text("-", style="dim")
-    return Text(value, style=STATUS_STYLE.get(value, ""))
+    text = Text(value, style=STATUS_STYLE.get(value, ""))
+    if stranded:  # no worker serves its version: it would look queued forever
+        text.append(" (stranded)", style="bold red")
+    return text
 
 
 def decoded(row: Row) -> dict[str, Any]:
@@ -132,7 +136,7 @@ def decoded(row: Row) -> dict[str, Any]:
 
 def details_json(details: RunDetails) -> dict[str, Any]:
     return {
-        "run": decoded(details.run),
+        "run": {**decoded(details.run), "stranded": details.stranded},
         "timeline": [decoded(e) for e in details.timeline],
         "effects": [decoded(e) for e in details.effects],
         "waits": [decoded(w) for w in details.waits],
@@ -162,7 +166,7 @@ def runs_table(rows: Iterable[Row], now: float | None = None) -> Table:
         table.add_row(
             row["run_id"],
             f"{row['workflow']}@{row['workflow_version']}",
-            status_text(row["status"]),
+            status_text(row["status"], stranded=bool(row.get("stranded"))),
             row["decision"] or "-",
             row["termination_reason"] or "-",
             short_when(row["updated_at"], now),
@@ -184,7 +188,7 @@ def run_summary(run: Row, now: float | None = None) -> Table:
         ("run", run["run_id"]),
         ("job", run["job_id"]),
         ("workflow", f"{run['workflow']}@{run['workflow_version']} (attempt {run['attempt']})"),
-        ("status", status_text(run["status"])),
+        ("status", status_text(run["status"], stranded=bool(run.get("stranded")))),
         ("decision", run["decision"] or "-"),
         ("termination reason", run["termination_reason"] or "-"),
         ("lease", lease),
@@ -293,7 +297,7 @@ def artifacts_table(artifacts: Iterable[Any]) -> Table:
 
 def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
     table = Table(title="workers", title_justify="left")
-    for column in ("worker_id", "host", "pid", "concurrency", "started", "heartbeat"):
+    for column in ("worker_id", "host", "pid", "concurrency", "workflows", "started", "heartbeat"):
         table.add_column(column, overflow="fold")
     for w in rows:
         table.add_row(
@@ -301,6 +305,7 @@ def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
             w["host"],
             str(w["pid"]),
             str(w["concurrency"]),
+            ", ".join(json.loads(w.get("workflows") or "[]")) or "-",
             when(w["started_at"], now),
             short_when(w["heartbeat_at"], now),
         )
@@ -308,7 +313,8 @@ def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
 
 
 def run_view(details: RunDetails, now: float | None = None) -> Group:
-    parts: list[Any] = [run_summary(details.run, now), Text(""), timeline_table(details.timeline)]
+    run = {**details.run, "stranded": details.stranded}
+    parts: list[Any] = [run_summary(run, now), Text(""), timeline_table(details.timeline)]
     parts.append(effects_table(details.effects) if details.effects else Text("effects: none"))
     parts.append(waits_table(details.waits, now) if details.waits else Text("waits: none"))
     parts.append(

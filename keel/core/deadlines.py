@@ -36,22 +36,21 @@ async def sweep_deadlines(services: Services, limit: int = 100) -> int:
     """Apply due reminders/escalations and the policy of each wait past its deadline;
     return how many this call applied."""
     store = services.store
-    now = services.clock.now()
-    staged, expired = await store.due_waits(now, limit)
+    staged, expired = await store.due_waits(limit)
     applied = 0
     for wait in staged:
         async with store.transaction() as tx:
-            applied += await _advance(services, tx, wait, now)
+            applied += await _advance(services, tx, wait)
     for wait in expired:
         async with store.transaction() as tx:
-            if await _apply(services, tx, wait, now):
+            if await _apply(services, tx, wait):
                 applied += 1
     if applied:
         services.wake()
     return applied
 
 
-async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
+async def _advance(services: Services, tx: Tx, wait: Row) -> bool:
     """Deliver the wait's next reminder or escalation, once."""
     store = services.store
     schedule = loads(wait["schedule"])
@@ -72,7 +71,6 @@ async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
         tx,
         wait["run_id"],
         "wait.reminded" if stage["kind"] == "remind" else "wait.escalated",
-        now,
         {"wait_id": wait["wait_id"], "level": following, "to": stage.get("to", [])},
     )
     run = await store.read_run(tx, wait["run_id"])
@@ -83,20 +81,21 @@ async def _advance(services: Services, tx: Tx, wait: Row, now: float) -> bool:
         run,
         row,
         stage["kind"],
-        now,
         stage=following,
         details={"to": stage.get("to", [])},
     )
     return True
 
 
-async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
+async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
     store = services.store
     # The run first, locked, as decisions do: one lock order, and a status that stays true.
     run = await store.lock_run(tx, wait["run_id"])
     # The wait as it is now, not as the sweep read it: a stage applied since moved its level,
     # another sweeper may have extended its deadline.
     fresh = await store.read_wait(tx, wait["wait_id"])
+    # Judged by the database's clock, like the sweep's query: never this worker's.
+    now = await store.db_now(tx)
     if fresh is None or fresh["status"] != WaitStatus.PENDING or not float(fresh["deadline"]) < now:
         return False
     wait = fresh
@@ -104,17 +103,16 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
     stages = len(loads(wait["schedule"]))
     if policy == "escalate" and int(wait["escalation_level"]) == stages:
         window = float(wait["deadline"]) - float(wait["created_at"])
-        row = await store.escalate_wait(tx, wait["wait_id"], stages, now + max(window, 1.0))
+        row = await store.escalate_wait(tx, wait["wait_id"], stages, max(window, 1.0))
         if row is not None:
             await store.add_event(
                 tx,
                 wait["run_id"],
                 "wait.escalated",
-                now,
                 {"wait_id": wait["wait_id"], "level": stages + 1},
             )
             assert run is not None
-            await outbox.record(services, tx, run, row, "escalate", now, stage=stages + 1)
+            await outbox.record(services, tx, run, row, "escalate", stage=stages + 1)
         return row is not None
     decision = DECISION_ON_TIMEOUT.get(policy, ExpiryDecision.TIMED_OUT)
     value: dict[str, Any] = {
@@ -126,19 +124,18 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
         "at": now,
         "performed": False,
     }
-    row = await store.expire_wait(tx, wait["wait_id"], decision, dumps(value), now)
+    row = await store.expire_wait(tx, wait["wait_id"], decision, dumps(value))
     if row is None:  # a person or another sweeper got there first
         return False
     await store.add_event(
         tx,
         wait["run_id"],
         "wait.expired",
-        now,
         {"wait_id": wait["wait_id"], "policy": policy, "decision": decision},
     )
     if run is None or Status(run["status"]).finished:
         return True
-    await outbox.record(services, tx, run, row, "expired", now, details={"policy": policy})
+    await outbox.record(services, tx, run, row, "expired", details={"policy": policy})
     if policy in ("cancel", "fail") and run["status"] == Status.WAITING:
         target = Status.CANCELLED if policy == "cancel" else Status.FAILED
         reason = TerminationReason.CANCELLED if policy == "cancel" else TerminationReason.TIMED_OUT
@@ -147,7 +144,6 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
             tx,
             run,
             target,
-            now,
             termination_reason=reason.value,
             error=None if policy == "cancel" else f"wait {wait['wait_id']} passed its deadline",
         )
@@ -161,7 +157,6 @@ async def _apply(services: Services, tx: Tx, wait: Row, now: float) -> bool:
         store,
         tx,
         run,
-        now,
         decision=run_decision,
         cause={"wait_id": wait["wait_id"], "decision": decision, "policy": policy},
     )

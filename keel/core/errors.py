@@ -71,6 +71,14 @@ class Released(KeelError):
     """The worker is stopping: it gave the run back at a step boundary for another to resume."""
 
 
+class ClockSkew(KeelError):
+    """This host's clock is too far from the database's: fix its time sync (NTP) first."""
+
+
+class WorkflowVersionMismatch(KeelError):
+    """The run's checkpoint does not fit that version of its workflow."""
+
+
 class SchemaMismatch(KeelError):
     """The database schema is not the version this Keel expects: run `keel migrate`."""
 

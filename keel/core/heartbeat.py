@@ -21,12 +21,11 @@ from keel.core.errors import LeaseLost
 async def _beat(ctx: RunContext, details: Any) -> None:
     rt = ctx.services
     store = rt.store
-    now = rt.clock.now()
     async with store.transaction() as tx:
-        if not await store.renew_lease(tx, ctx.run_id, ctx.token, now, now + rt.lease_ttl):
+        if not await store.renew_lease(tx, ctx.run_id, ctx.token, rt.lease_ttl):
             raise LeaseLost(f"run {ctx.run_id}: lease {ctx.token} was taken over")
         if details is not None:
-            await store.set_heartbeat_details(tx, ctx.run_id, ctx.token, dumps(details), now)
+            await store.set_heartbeat_details(tx, ctx.run_id, ctx.token, dumps(details))
 
 
 def heartbeat(details: Any = None) -> None:

@@ -32,7 +32,6 @@ async def claim(
     store: Store,
     worker_id: str,
     workflows: Iterable[str],
-    now: float,
     ttl: float,
     limits: Mapping[str, int] | None = None,
 ) -> tuple[Lease, Row] | None:
@@ -43,25 +42,25 @@ async def claim(
         if limits:
             running = await store.lock_running_counts(tx)
             startable = [k for k in keys if running.get(k, 0) < limits.get(k, 1 << 30)]
-        candidate = await store.claim_candidate(tx, now, keys, startable)
+        candidate = await store.claim_candidate(tx, keys, startable)
         if candidate is None:
             return None
-        row = await claimed(store, tx, candidate, worker_id, now, ttl)
+        row = await claimed(store, tx, candidate, worker_id, ttl)
     return Lease(row["run_id"], worker_id, int(row["lease_token"])), row
 
 
-async def renew(store: Store, leases: Iterable[Lease], now: float, ttl: float) -> list[Lease]:
+async def renew(store: Store, leases: Iterable[Lease], ttl: float) -> list[Lease]:
     """Extend the given leases; return those this worker no longer holds."""
     lost = []
     fault_point("lease.renew")
     async with store.transaction() as tx:
         for lease in leases:
-            if not await store.renew_lease(tx, lease.run_id, lease.token, now, now + ttl):
+            if not await store.renew_lease(tx, lease.run_id, lease.token, ttl):
                 lost.append(lease)
     return lost
 
 
-async def release(store: Store, lease: Lease, now: float, reason: str) -> None:
+async def release(store: Store, lease: Lease, reason: str) -> None:
     """Give a running run back to the queue (graceful shutdown) so another worker resumes it."""
     async with store.fenced(lease.run_id, lease.token) as tx:
         run = await store.read_run(tx, lease.run_id)
@@ -73,7 +72,6 @@ async def release(store: Store, lease: Lease, now: float, reason: str) -> None:
             tx,
             run,
             Status.QUEUED,
-            now,
             worker_id=lease.worker_id,
             token=lease.token,
             event={"reason": reason},

@@ -120,7 +120,7 @@ async def _call(fn: Callable[..., Any], host: Host | None, *args: Any, **kwargs:
 async def check_lease(ctx: RunContext) -> None:
     """Raise LeaseLost (RunCancelled) unless this run's lease is still ours, unexpired (and
     the run not cancelled), judged by the database now."""
-    row = await ctx.services.store.check_lease_held(ctx.run_id, ctx.token, ctx.services.clock.now())
+    row = await ctx.services.store.check_lease_held(ctx.run_id, ctx.token)
     if row["cancel_requested"]:
         raise RunCancelled(f"run {ctx.run_id} was cancelled")
 
@@ -387,7 +387,6 @@ def effect(
 async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any], bool]:
     """The call's ledger row, and whether this reserved it (pending) just now."""
     store: Store = ctx.services.store
-    now = ctx.services.clock.now()
     where = call.where
     async with store.transaction() as tx:
         fence = await store.check_fence(tx, ctx.run_id, ctx.token)
@@ -411,7 +410,6 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any
             arg_hashes=dumps(call.identity.hashes),
             call_index=call.index,
             token=ctx.token,
-            now=now,
         )
         if row is not None:
             return row, True
@@ -430,7 +428,6 @@ async def record(
     error: str | None = None,
 ) -> None:
     store = ctx.services.store
-    now = ctx.services.clock.now()
     try:
         encoded = dumps(result)
     except (TypeError, ValueError):
@@ -445,13 +442,11 @@ async def record(
             result=encoded,
             error=error,
             token=ctx.token,
-            now=now,
         )
         await store.add_event(
             tx,
             ctx.run_id,
             f"effect.{status}",
-            now,
             {"key": key, "error": error} if error else {"key": key},
             worker_id=ctx.worker_id,
             token=ctx.token,
@@ -460,8 +455,5 @@ async def record(
 
 async def event(ctx: RunContext, kind: str, data: dict[str, Any]) -> None:
     store = ctx.services.store
-    now = ctx.services.clock.now()
     async with store.fenced(ctx.run_id, ctx.token) as tx:
-        await store.add_event(
-            tx, ctx.run_id, kind, now, data, worker_id=ctx.worker_id, token=ctx.token
-        )
+        await store.add_event(tx, ctx.run_id, kind, data, worker_id=ctx.worker_id, token=ctx.token)

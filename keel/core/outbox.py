@@ -50,7 +50,6 @@ async def record(
     run: Row,
     wait: Row,
     kind: str,
-    now: float,
     *,
     stage: int = 0,
     details: dict[str, Any] | None = None,
@@ -83,7 +82,6 @@ async def record(
                     "details": {"stage": stage, **(details or {})},
                 }
             ),
-            now=now,
         )
     return added
 
@@ -92,7 +90,7 @@ async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
     """Deliver up to `limit` due intents; return how many were settled."""
     settled = 0
     for _ in range(limit):
-        claimed = await _claim(services.store, worker_id, services.clock.now(), services.lease_ttl)
+        claimed = await _claim(services.store, worker_id, services.lease_ttl)
         if claimed is None:
             break
         await _deliver(services, worker_id, *claimed)
@@ -100,9 +98,9 @@ async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
     return settled
 
 
-async def _claim(store: Store, worker_id: str, now: float, ttl: float) -> tuple[Row, bool] | None:
+async def _claim(store: Store, worker_id: str, ttl: float) -> tuple[Row, bool] | None:
     async with store.transaction() as tx:
-        candidate = await store.claim_intent_candidate(tx, now)
+        candidate = await store.claim_intent_candidate(tx)
         if candidate is None:
             return None
         in_doubt = candidate["status"] == IntentStatus.SENDING
@@ -111,8 +109,7 @@ async def _claim(store: Store, worker_id: str, now: float, ttl: float) -> tuple[
             candidate["intent_id"],
             status=IntentStatus.SENDING,
             worker_id=worker_id,
-            now=now,
-            expires_at=now + ttl,
+            ttl=ttl,
         )
     assert row is not None
     return row, in_doubt
@@ -194,7 +191,6 @@ async def _settle(
     error: str | None = None,
     delay: float = 0.0,
 ) -> None:
-    now = services.clock.now()
     store = services.store
     async with store.transaction() as tx:
         settled = await store.settle_intent(
@@ -204,15 +200,13 @@ async def _settle(
             status=status,
             result=dumps(result),
             error=error,
-            available_at=now + delay,
-            now=now,
+            delay=delay,
         )
         if settled is not None and status != IntentStatus.QUEUED:
             await store.add_event(
                 tx,
                 row["run_id"],
                 f"notification.{status}",
-                now,
                 {"intent_id": row["intent_id"], "notifier": row["notifier"], "kind": row["kind"]},
                 worker_id=worker_id,
             )

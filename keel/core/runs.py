@@ -44,7 +44,6 @@ async def admit(
     version: str,
     job_id: str,
     input: Any,
-    now: float,
     rerun: bool,
     max_input_bytes: int,
     if_exists: str = "new",
@@ -90,7 +89,6 @@ async def admit(
                 attempt=attempt,
                 input_hash=content,
                 input_json=input_json,
-                now=now,
             )
             # A rerun racing another one for the same attempt number lost the insert (its
             # conflict waited for the winner's commit): the next number is free now. Without
@@ -102,7 +100,6 @@ async def admit(
                 tx,
                 rid,
                 "admitted",
-                now,
                 {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt},
             )
             await store.notify_wake(tx, rid)
@@ -116,7 +113,6 @@ async def transition(
     tx: Tx,
     current: Row,
     target: Status,
-    now: float,
     *,
     worker_id: str | None = None,
     token: int | None = None,
@@ -132,40 +128,35 @@ async def transition(
         tx,
         current["run_id"],
         target.value,
-        now,
         decision=decision,
         termination_reason=termination_reason,
         error=error,
         output=output,
-        finished_at=now if target in FINISHED else None,
+        finished=target in FINISHED,
     )
     data = dict(event or {})
     if termination_reason:
         data["termination_reason"] = termination_reason
     if error:
         data["error"] = error[:2000]
-    await _record_move(
-        store, tx, current, target, f"status.{target.value}", now, data, worker_id, token
-    )
+    await _record_move(store, tx, current, target, f"status.{target.value}", data, worker_id, token)
 
 
-async def claimed(
-    store: Store, tx: Tx, candidate: Row, worker_id: str, now: float, ttl: float
-) -> Row:
+async def claimed(store: Store, tx: Tx, candidate: Row, worker_id: str, ttl: float) -> Row:
     """Take the lease of a claimable run (queued, or running under an expired lease) and move
     it to running; return the claimed row, with its new token."""
     check_transition(candidate["status"], Status.RUNNING)
-    row = await store.claim_run(tx, candidate["run_id"], worker_id, now, now + ttl)
+    row = await store.claim_run(tx, candidate["run_id"], worker_id, ttl)
     assert row is not None
     # A claim's status event is named after the lease: "lease.claimed", or "lease.takeover"
     # (running -> running) with the owner it fenced out.
     takeover = candidate["status"] == Status.RUNNING
-    data: dict[str, Any] = {"expires_at": now + ttl}
+    data: dict[str, Any] = {"expires_at": row["lease_expires_at"]}
     if takeover:
         data = {"previous_owner": candidate["lease_owner"], **data}
     kind = "lease.takeover" if takeover else "lease.claimed"
     token = int(row["lease_token"])
-    await _record_move(store, tx, candidate, Status.RUNNING, kind, now, data, worker_id, token)
+    await _record_move(store, tx, candidate, Status.RUNNING, kind, data, worker_id, token)
     return row
 
 
@@ -175,40 +166,38 @@ async def _record_move(
     current: Row,
     target: Status,
     kind: str,
-    now: float,
     data: dict[str, Any],
     worker_id: str | None,
     token: int | None,
 ) -> None:
     moved = {"from": current["status"], "to": target.value, **data}
-    await store.add_event(tx, current["run_id"], kind, now, moved, worker_id=worker_id, token=token)
+    await store.add_event(tx, current["run_id"], kind, moved, worker_id=worker_id, token=token)
 
 
 async def wake_after_wait(
     store: Store,
     tx: Tx,
     run: Row,
-    now: float,
     *,
     decision: str | None,
     cause: dict[str, Any],
 ) -> None:
     """A wait was answered: record the run's decision and queue it to resume if it waits."""
     if decision is not None:
-        await store.set_run_decision(tx, run["run_id"], decision, now)
+        await store.set_run_decision(tx, run["run_id"], decision)
     if run["status"] == Status.WAITING:
-        await transition(store, tx, run, Status.QUEUED, now, event=cause)
+        await transition(store, tx, run, Status.QUEUED, event=cause)
     await store.notify_wake(tx, run["run_id"])
 
 
-async def cancel_waits(store: Store, tx: Tx, run_id: str, now: float) -> None:
+async def cancel_waits(store: Store, tx: Tx, run_id: str) -> None:
     """End the run's pending waits as cancelled: nobody is asked any more."""
     for wait in await store.read_waits(tx, run_id):
         if wait["status"] == WaitStatus.PENDING:
-            await store.expire_wait(tx, wait["wait_id"], ExpiryDecision.CANCELLED, "null", now)
+            await store.expire_wait(tx, wait["wait_id"], ExpiryDecision.CANCELLED, "null")
 
 
-async def cancel(store: Store, run_id: str, now: float, *, by: str | None) -> Row:
+async def cancel(store: Store, run_id: str, *, by: str | None) -> Row:
     """Cancel a run: at once if it is queued or waiting, at its next step boundary if running."""
     async with store.transaction() as tx:
         # Locked: a claim committing meanwhile must not be overwritten by a stale "queued".
@@ -219,16 +208,15 @@ async def cancel(store: Store, run_id: str, now: float, *, by: str | None) -> Ro
         if status in FINISHED:
             raise RunFinished(f"run {run_id} is already {status.value}")
         if status == Status.RUNNING:
-            await store.request_cancel(tx, run_id, now)
-            await store.add_event(tx, run_id, "cancel.requested", now, {"by": by})
+            await store.request_cancel(tx, run_id)
+            await store.add_event(tx, run_id, "cancel.requested", {"by": by})
         else:
-            await cancel_waits(store, tx, run_id, now)
+            await cancel_waits(store, tx, run_id)
             await transition(
                 store,
                 tx,
                 run,
                 Status.CANCELLED,
-                now,
                 termination_reason=TerminationReason.CANCELLED,
                 event={"by": by},
             )

@@ -125,7 +125,6 @@ def _spec(value: Any) -> dict[str, Any]:
 async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     """Record the waits the graph paused on and release the run until a decision arrives."""
     rt = ctx.services
-    now = rt.clock.now()
     ids = []
     run: Row | None = None
     store = rt.store
@@ -133,13 +132,12 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
         current_run = await store.read_run(tx, ctx.run_id)
         if current_run is not None and current_run["cancel_requested"]:
             # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
-            await cancel_waits(store, tx, ctx.run_id, now)
+            await cancel_waits(store, tx, ctx.run_id)
             await transition(
                 store,
                 tx,
                 current_run,
                 Status.CANCELLED,
-                now,
                 worker_id=ctx.worker_id,
                 token=ctx.token,
                 termination_reason=TerminationReason.CANCELLED,
@@ -160,23 +158,21 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 name=spec.get("name", "interrupt"),
                 payload=dumps(spec.get("payload")),
                 approvers=dumps(spec.get("approvers", [])),
-                deadline=now + float(timeout) if timeout is not None else None,
+                deadline_after=float(timeout) if timeout is not None else None,
                 on_timeout=spec.get("on_timeout", "fail"),
                 schedule=dumps(schedule),
-                next_stage_at=now + float(schedule[0]["after"]) if schedule else None,
-                now=now,
+                first_stage_after=float(schedule[0]["after"]) if schedule else None,
             )
             if inserted:
                 if run is None:
                     run = await store.read_run(tx, ctx.run_id)
                 wait_row = await store.read_wait(tx, wid)
                 assert run is not None and wait_row is not None
-                await outbox.record(rt, tx, run, wait_row, "request", now)
+                await outbox.record(rt, tx, run, wait_row, "request")
                 await store.add_event(
                     tx,
                     ctx.run_id,
                     "wait.registered",
-                    now,
                     {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")},
                     worker_id=ctx.worker_id,
                     token=ctx.token,
@@ -190,7 +186,7 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
         assert run is not None
         # A decision that is already in (it raced the registration) resumes the run at once.
         target = Status.QUEUED if decided else Status.WAITING
-        await transition(store, tx, run, target, now, worker_id=ctx.worker_id, token=ctx.token)
+        await transition(store, tx, run, target, worker_id=ctx.worker_id, token=ctx.token)
     return target
 
 
@@ -262,7 +258,6 @@ async def decide(
     API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
     validate_run_id(run_id)
     store = services.store
-    now = services.clock.now()
     async with store.transaction() as tx:
         # The run first, locked (as registration's fence does): its status stays what we read,
         # and decisions and registrations take their locks in one order.
@@ -290,7 +285,7 @@ async def decide(
             "comment": comment,
             "channel": channel,
             "principal": principal,
-            "at": now,
+            "at": await store.db_now(tx),
             **(value or {}),
         }
         updated = await store.decide_wait(
@@ -302,7 +297,6 @@ async def decide(
             action_id=action_id,
             channel=channel,
             comment=comment,
-            now=now,
         )
         if updated is None:  # another decision committed first
             again = await store.read_wait(tx, wait["wait_id"])
@@ -319,7 +313,6 @@ async def decide(
             run,
             updated,
             "decided",
-            now,
             details={
                 "decision": decision,
                 "by": by,
@@ -332,7 +325,6 @@ async def decide(
             tx,
             run_id,
             "decision.recorded",
-            now,
             {
                 "wait_id": wait["wait_id"],
                 "decision": decision,
@@ -346,7 +338,6 @@ async def decide(
             store,
             tx,
             run,
-            now,
             decision=run_decision,
             cause={"wait_id": wait["wait_id"], "decision": decision},
         )

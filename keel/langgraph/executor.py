@@ -124,7 +124,7 @@ class Executor:
         except RunCancelled:
             return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
         except Released:
-            await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
+            await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED
         except Exception as exc:
             log.exception(
@@ -184,7 +184,6 @@ class Executor:
                     tx,
                     run,
                     status,
-                    rt.clock.now(),
                     worker_id=ctx.worker_id,
                     token=ctx.token,
                     termination_reason=reason.value,
@@ -224,3 +223,31 @@ def _output(values: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_OUTPUT_BYTES else json.dumps({"truncated": True})
+
+
+async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> list[str]:
+    """Why the run's latest checkpoint cannot go on in `graph` (another version of its
+    workflow, compiled with `saver`); empty when it fits, and for a run never checkpointed (it
+    starts from its admitted input).
+
+    The nodes the run would execute next (the one it is interrupted in among them) are read
+    from the checkpoint itself, by name, not through `graph`: a graph without such a node just
+    computes no task for it, and the run would end there as if finished.
+    """
+    config = cast(RunnableConfig, {"configurable": {"thread_id": run_id}})
+    saved = await saver.aget_tuple(config)
+    if saved is None:
+        return []
+    values = saved.checkpoint.get("channel_values", {})
+    pending = {channel.rsplit(":", 1)[-1] for channel in values if channel.startswith("branch:to:")}
+    pending |= {str(send.node) for send in values.get("__pregel_tasks", []) or []}
+    nodes = set(graph.nodes)
+    problems = [f"node {name!r} is not in that version" for name in sorted(pending - nodes)]
+    if not problems:
+        state = await graph.aget_state(config)
+        if pending - set(state.next):
+            problems.append(
+                f"that version would run {sorted(state.next) or 'nothing'} next, not the "
+                f"{sorted(pending)} the run stopped before"
+            )
+    return problems

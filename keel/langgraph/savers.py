@@ -30,7 +30,6 @@ from psycopg_pool import AsyncConnectionPool
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.postgres import PostgresConnector
 from keel.backends.sqlite import SqliteConnector
-from keel.core.clock import Clock
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
@@ -42,10 +41,9 @@ class Fencing:
     """The leases this process holds, and the fenced transaction around each write."""
 
     store: Store
-    clock: Clock
 
-    def bind(self, store: Store, clock: Clock) -> None:
-        self.store, self.clock = store, clock
+    def bind(self, store: Store) -> None:
+        self.store = store
         self.holders: dict[str, tuple[int, str]] = {}
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
@@ -107,7 +105,7 @@ class Fencing:
             fault_point("checkpoint.before_write")
             if step is not None:
                 await self.store.add_event(
-                    tx, run_id, "step", self.clock.now(), step, worker_id=worker_id, token=token
+                    tx, run_id, "step", step, worker_id=worker_id, token=token
                 )
             yield tx
         if step is None:
@@ -238,7 +236,7 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
 FencedSaver = FencedSqliteSaver | FencedPostgresSaver
 
 
-def make_saver(connector: Connector, store: Store, clock: Clock) -> FencedSaver:
+def make_saver(connector: Connector, store: Store) -> FencedSaver:
     """The official LangGraph saver for the connector's database, fenced, on its connections."""
     saver: FencedSaver
     if isinstance(connector, SqliteConnector):
@@ -247,5 +245,5 @@ def make_saver(connector: Connector, store: Store, clock: Clock) -> FencedSaver:
         saver = FencedPostgresSaver(connector.pool)
     else:
         raise TypeError(f"no LangGraph saver for {type(connector).__name__}")
-    saver.bind(store, clock)
+    saver.bind(store)
     return saver

@@ -22,6 +22,7 @@ class AsyncApp(Runtime):
         stop_when_idle: bool = False,
         grace: float = 30.0,
         worker_id: str | None = None,
+        max_clock_skew: float | None = None,
     ) -> Worker:
         """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains)."""
         return Worker(
@@ -30,6 +31,7 @@ class AsyncApp(Runtime):
             stop_when_idle=stop_when_idle,
             grace=grace,
             worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
         )
 
     async def run_worker(
@@ -40,13 +42,18 @@ class AsyncApp(Runtime):
         grace: float = 30.0,
         worker_id: str | None = None,
         handle_signals: bool = True,
+        max_clock_skew: float | None = None,
     ) -> WorkerStats:
-        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
+
+        ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
+        $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
         worker = self.worker(
             concurrency=concurrency,
             stop_when_idle=stop_when_idle,
             grace=grace,
             worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
         )
         loop = asyncio.get_running_loop()
         # Only the main thread may take signals; elsewhere the caller stops the worker.

@@ -167,6 +167,18 @@ class App:
         """Live workers (host, pid, concurrency, last heartbeat)."""
         return self._portal.call(self.aio.workers())
 
+    def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
+        """Move a queued or waiting run to version `to` of its workflow (registered in this
+        app), if its checkpoint fits that version's graph (the nodes it stopped before exist).
+
+        Refused with WorkflowVersionMismatch when it does not fit, UnknownWorkflow when `to` is
+        not registered here, UsageError/RunFinished when the run is running or finished."""
+        return self._portal.call(self.aio.upgrade_run(run_id, to=to, by=by))
+
+    def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs waiting for a worker of a workflow version that no worker serves."""
+        return self._portal.call(self.aio.stranded_runs(limit=limit))
+
     def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         return self._portal.call(self.aio.cancel(run_id, by=by))
@@ -187,13 +199,18 @@ class App:
         grace: float = 30.0,
         worker_id: str | None = None,
         handle_signals: bool = True,
+        max_clock_skew: float | None = None,
     ) -> WorkerStats:
-        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now)."""
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
+
+        ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
+        $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
         worker = self.aio.worker(
             concurrency=concurrency,
             stop_when_idle=stop_when_idle,
             grace=grace,
             worker_id=worker_id,
+            max_clock_skew=max_clock_skew,
         )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from keel.backends import connect
-from keel.core import outbox, runs, waits
+from keel.core import outbox, runs, versions, waits
 from keel.core.artifacts import RunArtifacts
-from keel.core.clock import Clock, SystemClock
+from keel.core.clock import Clock, SystemClock, database_override
 from keel.core.codec import loads
 from keel.core.deadlines import sweep_deadlines
-from keel.core.errors import RunNotFound, WaitNotFound
+from keel.core.errors import RunNotFound, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
 from keel.core.notifications import Notifier
 from keel.core.portal import Portal
@@ -23,7 +23,7 @@ from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflows
-from keel.langgraph.executor import Executor
+from keel.langgraph.executor import Executor, checkpoint_misfits
 from keel.langgraph.inputs import check_input
 from keel.langgraph.savers import FencedSaver, make_saver
 
@@ -63,6 +63,8 @@ class RunDetails:
     waits: list[Row]
     artifacts: list[Any]
     notifications: list[Row] = field(default_factory=list)
+    stranded: bool = False
+    """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
 
     @property
     def run_id(self) -> str:
@@ -114,6 +116,7 @@ class Runtime:
             artifacts_root=Path(artifacts_root),
             wake=self.wake,
         )
+        self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
@@ -180,7 +183,7 @@ class Runtime:
             await self.connector.open()
             if check_schema:
                 await self.store.check_schema()
-            saver = make_saver(self.connector, self.store, self.clock)
+            saver = make_saver(self.connector, self.store)
             if self.store.dialect == "sqlite":
                 await saver.setup()  # idempotent; its lazy setup would commit our transactions
             self.saver = saver
@@ -202,8 +205,8 @@ class Runtime:
 
     async def migrate(self) -> list[str]:
         await self.connector.open()
-        applied = await self.store.migrate(self.clock.now())
-        saver = make_saver(self.connector, self.store, self.clock)
+        applied = await self.store.migrate()
+        saver = make_saver(self.connector, self.store)
         for attempt in range(1, 6):
             try:
                 await saver.setup()
@@ -243,7 +246,6 @@ class Runtime:
             version=wf.version,
             job_id=job_id,
             input=input,
-            now=self.clock.now(),
             rerun=rerun,
             max_input_bytes=self.max_input_bytes,
             if_exists=if_exists,
@@ -267,11 +269,62 @@ class Runtime:
             waits=await self.store.waits(run_id),
             artifacts=for_run,
             notifications=await self.store.intents(run_id),
+            stranded=versions.is_stranded(run, await self.served_versions()),
         )
 
     async def list_runs(self, **filters: Any) -> list[Row]:
+        """Runs, newest first, each with its derived `stranded` flag."""
         await self.open()
-        return await self.store.list_runs(**filters)
+        rows = await self.store.list_runs(**filters)
+        served = await self.served_versions()
+        for row in rows:
+            row["stranded"] = versions.is_stranded(row, served)
+        return rows
+
+    async def database_now(self) -> float:
+        """The database's clock, which judges every lease and deadline (epoch seconds)."""
+        await self.open()
+        return await self.store.database_now()
+
+    async def served_versions(self) -> dict[str, set[str]]:
+        """Workflow name -> the versions its workers serve (see `keel.core.versions`)."""
+        await self.open()
+        return versions.served_versions(
+            await self.store.served_workflows(3 * self.heartbeat_interval)
+        )
+
+    async def stranded_runs(self, limit: int = 100, *, names: list[str] | None = None) -> list[Row]:
+        """Runs that need a worker of a version no worker serves (of workflows `names`, or
+        all), oldest first."""
+        served = await self.served_versions()
+        names = sorted(served) if names is None else names
+        keys = sorted(f"{name}@{v}" for name, vs in served.items() for v in vs)
+        rows = await self.store.other_versions(names, keys, limit)
+        stranded = [row for row in rows if versions.is_stranded(row, served)]
+        for row in stranded:
+            row["stranded"] = True
+        return stranded
+
+    async def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
+        """Move a queued or waiting run to another registered version of its workflow, when
+        its checkpoint fits that version's graph; WorkflowVersionMismatch when it does not."""
+        await self.open()
+        validate_run_id(run_id)
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        workflow = self.workflows.get(run["workflow"], to)
+        versions.check_upgradable(run, to)
+        graph = workflow.factory().compile(checkpointer=self.fencing())
+        problems = await checkpoint_misfits(graph, self.fencing(), run_id)
+        if problems:
+            raise WorkflowVersionMismatch(
+                f"run {run_id} cannot move from {run['workflow']}@{run['workflow_version']} to "
+                f"{workflow.key}: its checkpoint does not fit ({'; '.join(problems)})"
+            )
+        row = await versions.upgrade(self.store, run_id, to, seen=run, by=by)
+        self.wake()
+        return row
 
     async def get_wait(self, wait_id: str) -> Row:
         await self.open()
@@ -287,12 +340,12 @@ class Runtime:
     async def workers(self) -> list[Row]:
         """Workers that announced themselves within three heartbeat intervals."""
         await self.open()
-        return await self.store.workers(self.clock.now() - 3 * self.heartbeat_interval)
+        return await self.store.workers(3 * self.heartbeat_interval)
 
     async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         await self.open()
         validate_run_id(run_id)
-        return await runs.cancel(self.store, run_id, self.clock.now(), by=by)
+        return await runs.cancel(self.store, run_id, by=by)
 
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()

@@ -4,6 +4,11 @@ Runs are asyncio tasks (sync nodes run in threads). A heartbeat renews the lease
 every `heartbeat_interval`; a run whose lease was taken over is cancelled here and fenced out
 in the database. Stopping: no new claims, running runs get `grace` seconds, then are cancelled
 and their leases given back so another worker resumes them at once.
+
+The database's clock judges every lease and deadline; the worker still compares its own clock
+with it at start (refusing to start past `max_clock_skew`) and every minute (warning), since a
+host that far off logs and signs with a wrong time. It also says, once per run, when a run of
+one of its workflows is under a version that no live worker executes (stranded).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from keel.core import leases
+from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
+from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED
 from keel.core.store.store import Lease
@@ -25,6 +32,8 @@ from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.runtime import Runtime
 
 log = logging.getLogger("keel.runtime.worker")
+STRANDED_CHECK_INTERVAL = 10.0
+"""Seconds between looks for stranded runs (each new one is logged once)."""
 
 
 def new_worker_id() -> str:
@@ -63,8 +72,21 @@ class Worker:
         grace: float = 30.0,
         sweep_interval: float = 1.0,
         sweep_before_exit: bool = True,
+        max_clock_skew: float | None = None,
+        clock_check_interval: float = 60.0,
     ) -> None:
+        """`max_clock_skew` (default `$KEEL_MAX_CLOCK_SKEW`, else 300 s; 0: no limit): how far
+        this host's clock may be from the database's for the worker to start."""
         self.runtime = runtime
+        if max_clock_skew is None:
+            max_clock_skew = float(os.environ.get(MAX_SKEW_ENV) or DEFAULT_MAX_SKEW)
+        self.max_clock_skew = max_clock_skew
+        self.clock_check_interval = clock_check_interval
+        self.clock_skew: float | None = None
+        """This host's clock minus the database's, as last measured."""
+        self._skew_warned = False
+        self._stranded_logged: set[str] = set()
+        self._next_stranded_check = 0.0
         self.sweep_interval = sweep_interval
         self.sweep_before_exit = sweep_before_exit
         self.concurrency = max(1, concurrency)
@@ -90,6 +112,7 @@ class Worker:
     async def run(self) -> WorkerStats:
         rt = self.runtime
         await rt.open()
+        await self._check_clock()  # ClockSkew: refuse to start
         rt.set_draining(False)  # an earlier worker's stop on this runtime is over
         executor = rt.executor(self.worker_id)
         wake = rt.waker()
@@ -148,7 +171,6 @@ class Worker:
                 rt.store,
                 self.worker_id,
                 rt.workflows.keys(),
-                rt.clock.now(),
                 rt.lease_ttl,
                 rt.workflows.limits(),
             )
@@ -196,14 +218,72 @@ class Worker:
             return
         if applied:
             log.info("applied %d deadline policies", applied)
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._next_stranded_check:
+            self._next_stranded_check = loop.time() + STRANDED_CHECK_INTERVAL
+            await self._report_stranded()
+
+    async def _report_stranded(self) -> None:
+        """Say once per run when a run of one of this worker's workflows waits for a version
+        that no worker serves: it would otherwise look merely queued, forever."""
+        rt = self.runtime
+        keys = rt.workflows.keys()
+        names = sorted({key.rpartition("@")[0] for key in keys})
+        try:
+            stranded = await rt.stranded_runs(names=names)
+        except Exception:
+            log.exception("looking for stranded runs failed; the next pass retries")
+            return
+        for run in stranded:
+            if run["run_id"] in self._stranded_logged:
+                continue
+            self._stranded_logged.add(run["run_id"])
+            log.warning(
+                "run %s (%s) is stranded on %s@%s: no live worker executes that version (this "
+                "one has %s); move it with `keel runs upgrade %s --to VERSION`",
+                run["run_id"],
+                run["status"],
+                run["workflow"],
+                run["workflow_version"],
+                ", ".join(keys),
+                run["run_id"],
+            )
+
+    async def _check_clock(self) -> None:
+        """Measure this clock against the database's; warn past a third of the lease TTL (once
+        until it is back in range), raise ClockSkew past `max_clock_skew`."""
+        rt = self.runtime
+        before = rt.clock.now()
+        db_now = await rt.store.database_now()
+        skew = (before + rt.clock.now()) / 2 - db_now
+        self.clock_skew = skew
+        warning = judge_skew(skew, lease_ttl=rt.lease_ttl, limit=self.max_clock_skew)
+        if warning and not self._skew_warned:
+            log.warning(
+                "worker %s: %s; leases and deadlines follow the database's clock, but fix "
+                "this host's time sync",
+                self.worker_id,
+                warning,
+            )
+        self._skew_warned = warning is not None
 
     async def _heartbeat(self) -> None:
         rt = self.runtime
+        loop = asyncio.get_running_loop()
+        next_clock_check = loop.time() + self.clock_check_interval
         while True:
             await asyncio.sleep(rt.heartbeat_interval)
+            if loop.time() >= next_clock_check:
+                next_clock_check = loop.time() + self.clock_check_interval
+                try:
+                    await self._check_clock()
+                except ClockSkew as exc:  # running runs are safe: only say it, loudly
+                    log.error("worker %s: %s", self.worker_id, exc)
+                except Exception:
+                    log.exception("clock check failed; the next one retries")
             held = [lease for lease, _ in self._tasks.values()]
             try:
-                lost = await leases.renew(rt.store, held, rt.clock.now(), rt.lease_ttl)
+                lost = await leases.renew(rt.store, held, rt.lease_ttl)
                 await self._announce()
             except Exception:
                 log.exception("heartbeat failed; leases may expire")
@@ -232,7 +312,7 @@ class Worker:
         rt = self.runtime
         for lease in held:
             try:
-                await leases.release(rt.store, lease, rt.clock.now(), "worker stopping")
+                await leases.release(rt.store, lease, "worker stopping")
             except Exception as exc:  # lost meanwhile, or the database is gone: the TTL decides
                 log.warning(
                     "worker %s run %s token %s: lease not released: %r",
@@ -243,7 +323,7 @@ class Worker:
                 )
 
     async def _announce(self) -> None:
-        store, now = self.runtime.store, self.runtime.clock.now()
+        store = self.runtime.store
         async with store.transaction() as tx:
             await store.upsert_worker(
                 tx,
@@ -251,13 +331,13 @@ class Worker:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 concurrency=self.concurrency,
-                now=now,
+                workflows=self.runtime.workflows.keys(),
             )
 
     async def _goodbye(self) -> None:
         store = self.runtime.store
         try:
             async with store.transaction() as tx:
-                await store.stop_worker(tx, self.worker_id, self.runtime.clock.now())
+                await store.stop_worker(tx, self.worker_id)
         except Exception as exc:
             log.warning("could not record worker stop: %r", exc)

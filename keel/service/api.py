@@ -46,6 +46,14 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     400: {"model": m.Problem, "description": "A malformed id."},
     404: {"model": m.Problem, "description": "No such run, approval or artifact."},
 }
+NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {
+        "model": m.Problem,
+        "description": "The run finished (`run_finished`), or its checkpoint does not fit "
+        "that version (`version_mismatch`); a running run is 400.",
+    },
+}
 
 
 def create_app(
@@ -185,7 +193,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             for a in details.artifacts
         ]
         return m.run_detail(
-            details.run,
+            {**details.run, "stranded": details.stranded},
             url=url,
             run_url=url,
             timeline=details.timeline,
@@ -226,6 +234,15 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     ) -> m.Run:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
+        return m.run_model(row, _run_url(request, run_id))
+
+    @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
+    def upgrade_run(run_id: RunId, body: m.UpgradeIn, request: Request, principal: Writer) -> m.Run:
+        """Move a queued or waiting run to another registered version of its workflow (409
+        `version_mismatch` when its checkpoint does not fit that version's graph)."""
+        keel_app.upgrade_run(run_id, to=body.to, by=body.by or principal.label)
+        details = keel_app.get_run(run_id)  # its stranded flag, as now derived
+        row = {**details.run, "stranded": details.stranded}
         return m.run_model(row, _run_url(request, run_id))
 
     return router

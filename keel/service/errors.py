@@ -33,6 +33,7 @@ from keel.core.errors import (
     UnknownWorkflow,
     UsageError,
     WaitNotFound,
+    WorkflowVersionMismatch,
 )
 from keel.service.auth import AuthError
 
@@ -48,6 +49,7 @@ KEEL_ERRORS: tuple[tuple[type[KeelError], int, str], ...] = (
     (WaitNotFound, 404, "approval_not_found"),
     (RunFinished, 409, "run_finished"),
     (JobExists, 409, "job_exists"),
+    (WorkflowVersionMismatch, 409, "version_mismatch"),
     (NoPendingWait, 409, "no_pending_wait"),
     (InvalidTransition, 409, "invalid_transition"),
     (LeaseLost, 409, "lease_lost"),

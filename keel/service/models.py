@@ -46,6 +46,11 @@ class ResolutionIn(Body):
     action_id: str | None = Field(None, min_length=1, max_length=200)
 
 
+class UpgradeIn(Body):
+    to: str = Field(min_length=1, max_length=200, description="The version to move the run to.")
+    by: str | None = Field(None, max_length=200, description="Who upgrades (for the timeline).")
+
+
 class DecisionIn(Body):
     decision: Literal["approve", "reject"]
     comment: str | None = Field(None, max_length=10_000)
@@ -69,6 +74,10 @@ class Run(BaseModel):
     termination_reason: str | None
     error: str | None
     cancel_requested: bool
+    stranded: bool = Field(
+        description="The run needs a worker of a version that no worker serves (see "
+        "docs/versions.md); move it with POST /runs/{id}/upgrade."
+    )
     created_at: float
     updated_at: float
     started_at: float | None
@@ -217,6 +226,7 @@ def _run_fields(row: Row) -> dict[str, Any]:
         "termination_reason": row["termination_reason"],
         "error": row["error"],
         "cancel_requested": bool(row["cancel_requested"]),
+        "stranded": bool(row.get("stranded", False)),
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
         "started_at": row["started_at"],

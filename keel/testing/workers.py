@@ -46,6 +46,7 @@ def spawn_worker(
     faults: str | None = None,
     lease_ttl: float | None = None,
     artifacts_dir: StrPath | None = None,
+    clock_offset: float | str | None = None,
     env: Mapping[str, str] | None = None,
     cwd: StrPath | None = None,
     log: StrPath | None = None,
@@ -67,7 +68,10 @@ def spawn_worker(
       itself at that fault point (its exit status is then `-signal.SIGKILL`);
     - `lease_ttl`: KEEL_LEASE_TTL in seconds; keep it short (1) when a clean worker has to take
       over the run of a killed one, since it waits for the dead worker's lease to expire;
-    - `artifacts_dir`: KEEL_ARTIFACTS_DIR.
+    - `artifacts_dir`: KEEL_ARTIFACTS_DIR;
+    - `clock_offset`: KEEL_CLOCK_OFFSET, seconds (or `"2h"`, `"-90s"`) the worker's own clock
+      is off by, to show that leases and deadlines follow the database's clock; past 300 s the
+      worker refuses to start unless `"--max-clock-skew", "0"` is among `args`.
 
     PYTHONUNBUFFERED is set, so the output of a worker killed mid-run is complete up to its
     death. That output goes to `log` if given (appended, stdout and stderr together), else to
@@ -86,6 +90,7 @@ def spawn_worker(
         "KEEL_FAULTS": faults,
         "KEEL_LEASE_TTL": None if lease_ttl is None else f"{lease_ttl:g}",
         "KEEL_ARTIFACTS_DIR": None if artifacts_dir is None else os.fspath(artifacts_dir),
+        "KEEL_CLOCK_OFFSET": None if clock_offset is None else str(clock_offset),
     }
     full.update({name: value for name, value in settings.items() if value is not None})
     full.setdefault("PYTHONUNBUFFERED", "1")

@@ -45,7 +45,6 @@ class LeaseOnFirstWrite:
         run_id = str(config["configurable"]["thread_id"])
         if run_id in saver.holders:
             return
-        now = saver.clock.now()
         async with saver.store.transaction() as tx:
             admitted = await tx.one(
                 "insert_run",
@@ -57,13 +56,12 @@ class LeaseOnFirstWrite:
                     "attempt": 1,
                     "input_hash": "conformance",
                     "input": canonical_json(None),
-                    "now": now,
                 },
             )
             assert admitted is not None, f"run {run_id} already exists but is not held"
         # Every run admitted earlier is already claimed under a live lease, so the oldest
         # claimable run of the workflow is the one just admitted.
-        claimed = await leases.claim(saver.store, WORKER, [f"{WORKFLOW}@{VERSION}"], now, LEASE_TTL)
+        claimed = await leases.claim(saver.store, WORKER, [f"{WORKFLOW}@{VERSION}"], LEASE_TTL)
         assert claimed is not None and claimed[0].run_id == run_id, claimed
         saver.hold(run_id, claimed[0].token, WORKER)
 

@@ -35,11 +35,14 @@ from keel.cli import render
 from keel.cli.commands import cli
 from keel.core.store.base import load_migrations
 from keel.testing.smtp import SmtpSink
+from tests.support.apps import versions
 from tests.support.apps.cli import SUBJECT, WORKFLOW
+from tests.support.workers import drain
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.support.apps.cli:app"  # bound to $KEEL_DATABASE_URL when a subprocess imports it
-FRESH = "tests.support.apps.cli:fresh_app"  # a new App per use, for in-process runs
+FRESH = "tests.support.apps.cli:fresh_app"
+VERSIONS_APP = "tests.support.apps.versions:fresh_app"  # a new App per use, for in-process runs
 TICKET = {"to": "customer@example.com", "body": "Fixed in 2.3.1.", "log": []}
 
 
@@ -401,6 +404,31 @@ def test_submit_tells_of_other_input_for_the_job_and_if_exists_refuses_it(
     )
 
 
+def test_a_stranded_run_is_shown_and_upgraded_from_the_cli(env: dict[str, str], make_app) -> None:
+    old = versions.register_v1(make_app())
+    run_id = old.submit(versions.WORKFLOW, job_id="o-1", input={"order": "o-1"})["run_id"]
+    drain(old)
+    new = versions.register_new(make_app())
+    drain(new)  # the new deployment's worker: it serves 2 and 3, not 1
+    listed = invoke(env, "runs", "list")
+    assert re.search(r"order@1\W+waiting \(stranded\)", listed.stdout), listed.stdout
+    assert "waiting (stranded)" in invoke(env, "runs", "show", run_id).stdout
+    assert json.loads(invoke(env, "runs", "show", run_id, "--json").stdout)["run"]["stranded"]
+    upgrade = ("runs", "upgrade", run_id, "--app", VERSIONS_APP)
+    no_app = invoke(env, "runs", "upgrade", run_id, "--to", "2")
+    assert no_app.exit_code == 2 and "needs --app" in one_error_line(no_app.stderr)
+    misfit = invoke(env, *upgrade, "--to", "3")
+    assert misfit.exit_code == 1
+    assert "node 'review' is not in that version" in one_error_line(misfit.stderr)
+    moved = invoke(env, *upgrade, "--to", "2", "--by", "ops")
+    assert moved.exit_code == 0, moved.output
+    assert f"run {run_id} moved to order@2; waiting" in moved.stdout
+    assert "stranded" not in invoke(env, "runs", "list").stdout
+    new.approve(run_id, by="manager")
+    drain(new)
+    assert new.get_run(run_id).output["shipped_by"] == "v2"
+
+
 def test_a_never_migrated_database_asks_for_keel_migrate(
     backend: str, fresh_url: str, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -449,7 +477,12 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos"}
     assert {n[0] for n in names if len(n) == 1} == expected
-    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == {"list", "show", "cancel"}
+    assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == {
+        "list",
+        "show",
+        "cancel",
+        "upgrade",
+    }
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
     for name in names:

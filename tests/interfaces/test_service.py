@@ -21,6 +21,7 @@ import pytest
 
 import keel
 from keel.service import create_app, health
+from tests.support.apps import versions
 from tests.support.apps.service import PERFORMED, WORKFLOW, LiveServer, register
 from tests.support.in_doubt import in_doubt
 from tests.support.providers import Provider
@@ -672,3 +673,34 @@ def test_slack_actions_only_with_a_signing_secret(make_app: Callable[..., keel.A
     else:
         with_slack = create_app(app, tokens=TOKENS, slack_signing_secret="s3cret")
         assert "/slack/actions" in with_slack.openapi()["paths"]
+
+
+# -- versions -------------------------------------------------------------------------------
+
+
+def test_a_stranded_run_is_shown_and_upgraded_with_write_scope(make_app: Any) -> None:
+    old = versions.register_v1(make_app())
+    run_id = old.submit(versions.WORKFLOW, job_id="o-1", input={"order": "o-1"})["run_id"]
+    drain(old)
+    new = versions.register_new(make_app())
+    drain(new)  # a worker of the new deployment announces itself: version 1 is served no more
+    with LiveServer(create_app(new, tokens=TOKENS)) as server:
+        admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
+        reader = httpx.Client(base_url=server.url, headers=bearer("reader-secret"), timeout=30)
+        with admin, reader:
+            [listed] = admin.get("/runs").json()["runs"]
+            assert (listed["status"], listed["stranded"]) == ("waiting", True)
+            assert admin.get(f"/runs/{run_id}").json()["stranded"] is True
+            path = f"/runs/{run_id}/upgrade"
+            assert reader.post(path, json={"to": "2"}).status_code == 403
+            misfit = admin.post(path, json={"to": "3"})
+            assert (misfit.status_code, misfit.json()["error"]) == (409, "version_mismatch")
+            assert "node 'review' is not in that version" in misfit.json()["message"]
+            unknown = admin.post(path, json={"to": "9"})
+            assert (unknown.status_code, unknown.json()["error"]) == (422, "unknown_workflow")
+            moved = admin.post(path, json={"to": "2", "by": "ops"})
+            assert moved.status_code == 200, moved.text
+            assert (moved.json()["workflow_version"], moved.json()["stranded"]) == ("2", False)
+    new.approve(run_id, by="manager")
+    drain(new)
+    assert new.get_run(run_id).output["shipped_by"] == "v2"

@@ -53,12 +53,15 @@ def spawn(
     markers = tmp_path / "markers"
     markers.mkdir(exist_ok=True)
 
-    def start(*args: str, lease_ttl: float = 1.0) -> subprocess.Popen[bytes]:
+    def start(
+        *args: str, lease_ttl: float = 1.0, clock_offset: str | None = None
+    ) -> subprocess.Popen[bytes]:
         proc = spawn_worker(
             FLEET_APP,
             *args,
             database_url=db_url,
             lease_ttl=lease_ttl,
+            clock_offset=clock_offset,
             artifacts_dir=tmp_path / "artifacts",
             env={
                 "FLEET_SMTP_URL": sink.url,

@@ -50,9 +50,7 @@ class Takeover:
         return self.rt.portal.call(coro)
 
     def claim(self, worker: str) -> Lease:
-        got = self.call(
-            leases.claim(self.rt.store, worker, self.rt.workflows.keys(), self.clock.now(), TTL)
-        )
+        got = self.call(leases.claim(self.rt.store, worker, self.rt.workflows.keys(), TTL))
         assert got is not None
         return got[0]
 
@@ -96,9 +94,7 @@ def test_takeover_bumps_the_token_and_names_the_previous_owner(takeover: Takeove
 
 def test_live_lease_cannot_be_taken_over(takeover: Takeover) -> None:
     takeover.clock.advance(TTL - 1)  # B's lease has not expired yet
-    got = takeover.call(
-        leases.claim(takeover.rt.store, "worker-c", ["echo@1"], takeover.clock.now(), TTL)
-    )
+    got = takeover.call(leases.claim(takeover.rt.store, "worker-c", ["echo@1"], TTL))
     assert got is None
 
 
@@ -110,7 +106,7 @@ def test_stale_token_fenced_transaction_raises_lease_lost_and_writes_nothing(
 
     async def write(token: int) -> None:
         async with store.fenced(run, token) as tx:
-            await store.add_event(tx, run, "probe", takeover.clock.now(), {"token": token})
+            await store.add_event(tx, run, "probe", {"token": token})
 
     with pytest.raises(LeaseLost, match=r"token 1 is stale \(current 2, owner worker-b\)"):
         takeover.call(write(1))
@@ -191,14 +187,14 @@ def test_stale_token_cannot_register_a_wait_or_change_status(takeover: Takeover)
 
 
 def test_stale_token_cannot_renew_or_release_the_lease(takeover: Takeover) -> None:
-    store, now = takeover.rt.store, takeover.clock.now()
-    lost = takeover.call(leases.renew(store, [takeover.a, takeover.b], now, TTL))
+    store = takeover.rt.store
+    lost = takeover.call(leases.renew(store, [takeover.a, takeover.b], TTL))
     assert lost == [takeover.a]
     before = takeover.snapshot()
     with pytest.raises(LeaseLost):
-        takeover.call(leases.release(store, takeover.a, now, "stale shutdown"))
+        takeover.call(leases.release(store, takeover.a, "stale shutdown"))
     assert takeover.snapshot() == before
-    takeover.call(leases.release(store, takeover.b, now, "shutdown"))
+    takeover.call(leases.release(store, takeover.b, "shutdown"))
     run = takeover.app.get_run(takeover.run_id).run
     assert (run["status"], run["lease_owner"]) == ("queued", None)
 
@@ -242,7 +238,7 @@ def test_stale_execution_in_the_same_process_cannot_write_checkpoints(
         async def start(worker: str) -> asyncio.Task[str]:
             # PostgreSQL skips a row a checkpoint write holds (SKIP LOCKED): poll, as workers do.
             for _ in range(500):
-                got = await leases.claim(rt.store, worker, rt.workflows.keys(), clock.now(), 30)
+                got = await leases.claim(rt.store, worker, rt.workflows.keys(), 30)
                 if got is not None:
                     return asyncio.create_task(rt.executor(worker).execute(*got))
                 await asyncio.sleep(0.01)

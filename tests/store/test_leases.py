@@ -49,23 +49,23 @@ def test_expired_lease_is_taken_over_with_a_higher_token_and_the_old_one_cannot_
     app.workflow("chain")(chain)
     run_id = app.submit("chain", job_id="lease", input={"n": 0})["run_id"]
     store, keys = app.aio.store, app.aio.workflows.keys()
-    first = _call(app, lambda: leases.claim(store, "w-a", keys, clock.now(), 10))
+    first = _call(app, lambda: leases.claim(store, "w-a", keys, 10))
     assert first is not None
     lease_a, _ = first
-    assert _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 10)) is None
+    assert _call(app, lambda: leases.claim(store, "w-b", keys, 10)) is None
     clock.advance(9)
-    assert _call(app, lambda: leases.renew(store, [lease_a], clock.now(), 10)) == []
+    assert _call(app, lambda: leases.renew(store, [lease_a], 10)) == []
     clock.advance(9)  # renewed at t=9: still held at t=18
-    assert _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 10)) is None
+    assert _call(app, lambda: leases.claim(store, "w-b", keys, 10)) is None
     clock.advance(2)  # t=20 > 19: expired
-    second = _call(app, lambda: leases.claim(store, "w-b", keys, clock.now(), 10))
+    second = _call(app, lambda: leases.claim(store, "w-b", keys, 10))
     assert second is not None
     lease_b, row = second
     assert (lease_b.run_id, lease_b.token) == (run_id, lease_a.token + 1)
     assert row["lease_owner"] == "w-b"
-    assert _call(app, lambda: leases.renew(store, [lease_a], clock.now(), 10)) == [lease_a]
+    assert _call(app, lambda: leases.renew(store, [lease_a], 10)) == [lease_a]
     with pytest.raises(keel.LeaseLost):
-        _call(app, lambda: leases.release(store, lease_a, clock.now(), "stale"))
+        _call(app, lambda: leases.release(store, lease_a, "stale"))
     kinds = [e["kind"] for e in app.get_run(run_id).timeline]
     assert kinds == ["admitted", "lease.claimed", "lease.takeover"]
 

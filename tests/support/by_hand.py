@@ -160,9 +160,7 @@ def claim(app: keel.App, worker_id: str = "worker-a", **node: Any) -> Node:
 
     async def go() -> tuple[Lease, dict[str, Any]] | None:
         await rt.open()
-        return await leases.claim(
-            rt.store, worker_id, rt.workflows.keys(), rt.clock.now(), rt.lease_ttl
-        )
+        return await leases.claim(rt.store, worker_id, rt.workflows.keys(), rt.lease_ttl)
 
     got = on_loop(app, go())
     assert got is not None, "nothing to claim"

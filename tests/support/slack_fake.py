@@ -319,7 +319,7 @@ def claim_and_die(app: keel.App, *notifiers: Any) -> tuple[Any, Any]:
 
     async def go() -> Any:
         rt = app.aio
-        claimed = await outbox._claim(rt.store, "doomed-dispatcher", rt.clock.now(), rt.lease_ttl)
+        claimed = await outbox._claim(rt.store, "doomed-dispatcher", rt.lease_ttl)
         assert claimed is not None, "nothing to claim"
         return await outbox._notification(rt, claimed[0])
 

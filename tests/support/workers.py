@@ -44,9 +44,7 @@ def claim(app: keel.App, worker_id: str) -> tuple[Lease, dict[str, Any]]:
     async def go() -> tuple[Lease, dict[str, Any]]:
         rt = app.aio
         await rt.open()
-        got = await leases.claim(
-            rt.store, worker_id, rt.workflows.keys(), rt.clock.now(), rt.lease_ttl
-        )
+        got = await leases.claim(rt.store, worker_id, rt.workflows.keys(), rt.lease_ttl)
         assert got is not None, "nothing to claim"
         return got
 
@@ -70,7 +68,7 @@ async def steal_lease(app: keel.App, clock: keel.ManualClock) -> None:
     # PostgreSQL claims skip a row locked by a checkpoint write still in flight (FOR UPDATE
     # SKIP LOCKED against the write's FOR SHARE fence): poll, as a real worker would.
     for _ in range(500):
-        got = await leases.claim(rt.store, "thief", rt.workflows.keys(), clock.now(), rt.lease_ttl)
+        got = await leases.claim(rt.store, "thief", rt.workflows.keys(), rt.lease_ttl)
         if got is not None:
             return
         await asyncio.sleep(0.01)

@@ -68,6 +68,9 @@ class Tx(Protocol):
 class Connector(Protocol):
     dialect: str
     url: str
+    clock_override: Callable[[], float] | None
+    """A test clock that `keel_now()` reads on this connector's connections instead of the
+    database's own clock (None in production)."""
 
     async def open(self) -> None: ...
 

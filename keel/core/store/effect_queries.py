@@ -24,7 +24,6 @@ class EffectQueries:
         arg_hashes: str,
         call_index: int,
         token: int,
-        now: float,
     ) -> Row | None:
         """Reserve an idempotency key (pending); None if the ledger already has it."""
         return await tx.one(
@@ -40,7 +39,6 @@ class EffectQueries:
                 "arg_hashes": arg_hashes,
                 "call_index": call_index,
                 "lease_token": token,
-                "now": now,
             },
         )
 
@@ -58,7 +56,6 @@ class EffectQueries:
         result: str,
         error: str | None,
         token: int,
-        now: float,
     ) -> None:
         await tx.one(
             "update_effect",
@@ -69,7 +66,6 @@ class EffectQueries:
                 "result": result,
                 "error": error,
                 "lease_token": token,
-                "now": now,
             },
         )
 
@@ -89,7 +85,6 @@ class EffectQueries:
         notifier: str,
         kind: str,
         payload: str,
-        now: float,
     ) -> bool:
         """Record a notification to deliver; False if it was already recorded (a replay)."""
         row = await tx.one(
@@ -101,20 +96,19 @@ class EffectQueries:
                 "notifier": notifier,
                 "kind": kind,
                 "payload": payload,
-                "now": now,
             },
         )
         return row is not None
 
     @staticmethod
-    async def claim_intent_candidate(tx: Tx, now: float) -> Row | None:
-        """The oldest intent due, or one whose sender's claim expired (PostgreSQL: locked,
-        skipping rows others hold)."""
-        return await tx.one("claim_intent_candidate", {"now": now})
+    async def claim_intent_candidate(tx: Tx) -> Row | None:
+        """The oldest intent due, or one whose sender's claim expired, by the database's clock
+        (PostgreSQL: locked, skipping rows others hold)."""
+        return await tx.one("claim_intent_candidate", {})
 
     @staticmethod
     async def claim_intent(
-        tx: Tx, intent_id: str, *, status: str, worker_id: str, now: float, expires_at: float
+        tx: Tx, intent_id: str, *, status: str, worker_id: str, ttl: float
     ) -> Row | None:
         return await tx.one(
             "claim_intent",
@@ -122,8 +116,7 @@ class EffectQueries:
                 "intent_id": intent_id,
                 "status": status,
                 "worker_id": worker_id,
-                "expires_at": expires_at,
-                "now": now,
+                "ttl": ttl,
             },
         )
 
@@ -136,8 +129,7 @@ class EffectQueries:
         status: str,
         result: str,
         error: str | None,
-        available_at: float,
-        now: float,
+        delay: float,
     ) -> Row | None:
         """Record an intent's outcome; None unless `worker_id` still holds its claim."""
         return await tx.one(
@@ -148,8 +140,7 @@ class EffectQueries:
                 "status": status,
                 "result": result,
                 "error": error,
-                "available_at": available_at,
-                "now": now,
+                "delay": delay,
             },
         )
 

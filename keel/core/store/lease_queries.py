@@ -40,15 +40,16 @@ class LeaseQueries:
             )
         return row
 
-    async def check_lease_held(self, run_id: str, token: int, now: float) -> Row:
-        """Raise LeaseLost unless `token` holds the run and its lease has not expired.
+    async def check_lease_held(self, run_id: str, token: int) -> Row:
+        """Raise LeaseLost unless `token` holds the run and its lease has not expired (by the
+        database's clock).
 
         A read outside any write transaction: the last look before something that no
         transaction can fence (a provider call, a rename), so it narrows the window a frozen
         worker has, rather than closing it.
         """
         async with self.db.read() as tx:
-            row = await tx.one("lease_held", {"run_id": run_id, "now": now})
+            row = await tx.one("lease_held", {"run_id": run_id})
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
         if int(row["lease_token"]) != token:
@@ -71,50 +72,41 @@ class LeaseQueries:
         return {r["workflow_key"]: int(r["n"]) for r in await tx.all("running_counts")}
 
     @staticmethod
-    async def claim_candidate(
-        tx: Tx, now: float, workflows: list[str], startable: list[str]
-    ) -> Row | None:
+    async def claim_candidate(tx: Tx, workflows: list[str], startable: list[str]) -> Row | None:
         """The oldest claimable run (PostgreSQL: locked, skipping rows others hold): queued
-        with a key in `startable`, or running under an expired lease with a key in `workflows`."""
+        with a key in `startable`, or running under a lease expired by the database's clock with
+        a key in `workflows`."""
         return await tx.one(
             "claim_candidate",
-            {"now": now, "workflows": json.dumps(workflows), "startable": json.dumps(startable)},
+            {"workflows": json.dumps(workflows), "startable": json.dumps(startable)},
         )
 
     @staticmethod
-    async def claim_run(
-        tx: Tx, run_id: str, worker_id: str, now: float, expires_at: float
-    ) -> Row | None:
-        """Take the lease under a new token and set status running: only
-        `keel.core.runs.claimed` calls this, after checking the transition table."""
-        return await tx.one(
-            "claim_run",
-            {"run_id": run_id, "worker_id": worker_id, "expires_at": expires_at, "now": now},
-        )
+    async def claim_run(tx: Tx, run_id: str, worker_id: str, ttl: float) -> Row | None:
+        """Take the lease under a new token, for `ttl` seconds of the database's clock, and set
+        status running: only `keel.core.runs.claimed` calls this, after checking the transition
+        table."""
+        return await tx.one("claim_run", {"run_id": run_id, "worker_id": worker_id, "ttl": ttl})
 
     @staticmethod
-    async def renew_lease(tx: Tx, run_id: str, token: int, now: float, expires_at: float) -> bool:
-        """Extend a lease; False if `token` no longer holds the run."""
-        row = await tx.one(
-            "renew_lease",
-            {"run_id": run_id, "lease_token": token, "expires_at": expires_at, "now": now},
-        )
+    async def renew_lease(tx: Tx, run_id: str, token: int, ttl: float) -> bool:
+        """Extend a lease to `ttl` seconds from the database's now; False if `token` no longer
+        holds the run."""
+        row = await tx.one("renew_lease", {"run_id": run_id, "lease_token": token, "ttl": ttl})
         return row is not None
 
     @staticmethod
-    async def set_heartbeat_details(
-        tx: Tx, run_id: str, token: int, details_json: str, now: float
-    ) -> None:
+    async def set_heartbeat_details(tx: Tx, run_id: str, token: int, details_json: str) -> None:
         await tx.execute(
             "set_heartbeat_details",
-            {"run_id": run_id, "lease_token": token, "details": details_json, "now": now},
+            {"run_id": run_id, "lease_token": token, "details": details_json},
         )
 
     # -- workers --------------------------------------------------------------------------------
 
     @staticmethod
     async def upsert_worker(
-        tx: Tx, worker_id: str, *, host: str, pid: int, concurrency: int, now: float
+        tx: Tx, worker_id: str, *, host: str, pid: int, concurrency: int, workflows: list[str]
     ) -> None:
         await tx.execute(
             "upsert_worker",
@@ -123,14 +115,21 @@ class LeaseQueries:
                 "host": host,
                 "pid": pid,
                 "concurrency": concurrency,
-                "now": now,
+                "workflows": json.dumps(sorted(workflows)),
             },
         )
 
     @staticmethod
-    async def stop_worker(tx: Tx, worker_id: str, now: float) -> None:
-        await tx.execute("stop_worker", {"worker_id": worker_id, "now": now})
+    async def stop_worker(tx: Tx, worker_id: str) -> None:
+        await tx.execute("stop_worker", {"worker_id": worker_id})
 
-    async def workers(self, since: float) -> list[Row]:
+    async def workers(self, window: float) -> list[Row]:
+        """Workers that heartbeated within the last `window` seconds (database clock)."""
         async with self.db.read() as tx:
-            return await tx.all("list_workers", {"since": since})
+            return await tx.all("list_workers", {"window": window})
+
+    async def served_workflows(self, window: float) -> list[Row]:
+        """What each worker serves (`workflows`, JSON keys) and whether it is `live` (heartbeat
+        within `window`), most recently seen first."""
+        async with self.db.read() as tx:
+            return await tx.all("served_workflows", {"window": window})

@@ -38,7 +38,6 @@ class RunQueries:
         attempt: int,
         input_hash: str,
         input_json: str,
-        now: float,
     ) -> bool:
         """Admit a run (queued); False if it was already admitted."""
         inserted = await tx.one(
@@ -51,7 +50,6 @@ class RunQueries:
                 "attempt": attempt,
                 "input_hash": input_hash,
                 "input": input_json,
-                "now": now,
             },
         )
         return inserted is not None
@@ -102,13 +100,12 @@ class RunQueries:
         tx: Tx,
         run_id: str,
         status: str,
-        now: float,
         *,
         decision: str | None,
         termination_reason: str | None,
         error: str | None,
         output: str | None,
-        finished_at: float | None,
+        finished: bool,
     ) -> None:
         """Only `keel.core.runs.transition` calls this: it checks the transition table first."""
         await tx.execute(
@@ -120,19 +117,30 @@ class RunQueries:
                 "termination_reason": termination_reason,
                 "error": error,
                 "output": output,
-                "finished_at": finished_at,
-                "now": now,
+                "finished": finished,
             },
         )
 
     @staticmethod
-    async def set_run_decision(tx: Tx, run_id: str, decision: str, now: float) -> None:
-        await tx.execute("set_run_decision", {"run_id": run_id, "decision": decision, "now": now})
+    async def set_run_decision(tx: Tx, run_id: str, decision: str) -> None:
+        await tx.execute("set_run_decision", {"run_id": run_id, "decision": decision})
 
     @staticmethod
-    async def request_cancel(tx: Tx, run_id: str, now: float) -> None:
+    async def request_cancel(tx: Tx, run_id: str) -> None:
         """Ask a running run to stop at its next step boundary."""
-        await tx.execute("set_cancel_requested", {"run_id": run_id, "now": now})
+        await tx.execute("set_cancel_requested", {"run_id": run_id})
+
+    @staticmethod
+    async def set_run_version(tx: Tx, run_id: str, version: str) -> Row | None:
+        """Move a queued or waiting run to another version of its workflow; None otherwise."""
+        return await tx.one("set_run_version", {"run_id": run_id, "version": version})
+
+    async def other_versions(self, names: list[str], keys: list[str], limit: int) -> list[Row]:
+        """Unfinished runs of workflows named `names` under a version whose key is not in
+        `keys`, oldest first."""
+        params = {"names": json.dumps(names), "keys": json.dumps(keys), "limit": limit}
+        async with self.db.read() as tx:
+            return await tx.all("other_versions", params)
 
     @staticmethod
     async def notify_wake(tx: Tx, run_id: str) -> None:
@@ -146,7 +154,6 @@ class RunQueries:
         tx: Tx,
         run_id: str,
         kind: str,
-        now: float,
         data: dict[str, Any] | None = None,
         *,
         worker_id: str | None = None,
@@ -156,7 +163,6 @@ class RunQueries:
             "insert_event",
             {
                 "run_id": run_id,
-                "now": now,
                 "kind": kind,
                 "worker_id": worker_id,
                 "lease_token": token,

@@ -46,6 +46,19 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries):
     def read(self) -> AbstractAsyncContextManager[Tx]:
         return self.db.read()
 
+    # -- the database's clock ----------------------------------------------------------------
+
+    @staticmethod
+    async def db_now(tx: Tx) -> float:
+        """The database's time (epoch seconds): what leases and deadlines are judged by."""
+        row = await tx.one("database_now")
+        assert row is not None
+        return float(row["now"])
+
+    async def database_now(self) -> float:
+        async with self.db.read() as tx:
+            return await self.db_now(tx)
+
     # -- schema -------------------------------------------------------------------------------
 
     async def schema_version(self) -> int:
@@ -70,7 +83,7 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries):
                 f"{self.latest_version} that this Keel needs: {hint}"
             )
 
-    async def migrate(self, now: float, *, target: int | None = None) -> list[str]:
+    async def migrate(self, *, target: int | None = None) -> list[str]:
         """Apply pending migrations, each in its own locked transaction; return their names."""
         applied: list[str] = []
         async with self.db.transaction() as tx:
@@ -88,7 +101,7 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries):
                     await tx.script(statement)
                 await tx.execute(
                     "record_migration",
-                    {"version": migration.version, "name": migration.name, "now": now},
+                    {"version": migration.version, "name": migration.name},
                 )
                 applied.append(migration.name)
         return applied

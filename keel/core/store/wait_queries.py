@@ -35,11 +35,12 @@ class WaitQueries:
         async with self.db.read() as tx:
             return await tx.all("list_pending_waits", {"limit": limit})
 
-    async def due_waits(self, now: float, limit: int) -> tuple[list[Row], list[Row]]:
-        """Open waits whose next reminder/escalation is due, and those past their deadline."""
+    async def due_waits(self, limit: int) -> tuple[list[Row], list[Row]]:
+        """Open waits whose next reminder/escalation is due, and those past their deadline, by
+        the database's clock."""
         async with self.db.read() as tx:
-            staged = await tx.all("due_stages", {"now": now, "limit": limit})
-            expired = await tx.all("expired_waits", {"now": now, "limit": limit})
+            staged = await tx.all("due_stages", {"limit": limit})
+            expired = await tx.all("expired_waits", {"limit": limit})
         return staged, expired
 
     # -- changing -------------------------------------------------------------------------------
@@ -55,13 +56,14 @@ class WaitQueries:
         name: str,
         payload: str,
         approvers: str,
-        deadline: float | None,
+        deadline_after: float | None,
         on_timeout: str,
         schedule: str,
-        next_stage_at: float | None,
-        now: float,
+        first_stage_after: float | None,
     ) -> bool:
-        """Register a pending wait; False if it was already registered (a replay)."""
+        """Register a pending wait; False if it was already registered (a replay). Its deadline
+        and first stage fall `deadline_after` and `first_stage_after` seconds after the
+        database's now."""
         inserted = await tx.one(
             "insert_wait",
             {
@@ -72,11 +74,10 @@ class WaitQueries:
                 "name": name,
                 "payload": payload,
                 "approvers": approvers,
-                "deadline": deadline,
+                "deadline_after": deadline_after,
                 "on_timeout": on_timeout,
                 "schedule": schedule,
-                "next_stage_at": next_stage_at,
-                "now": now,
+                "first_stage_after": first_stage_after,
             },
         )
         return inserted is not None
@@ -92,7 +93,6 @@ class WaitQueries:
         action_id: str | None,
         channel: str,
         comment: str | None,
-        now: float,
     ) -> Row | None:
         """Record a decision on a pending wait; None if it is no longer pending."""
         return await tx.one(
@@ -105,26 +105,22 @@ class WaitQueries:
                 "action_id": action_id,
                 "channel": channel,
                 "comment": comment,
-                "now": now,
             },
         )
 
     @staticmethod
-    async def expire_wait(
-        tx: Tx, wait_id: str, decision: str, value: str, now: float
-    ) -> Row | None:
+    async def expire_wait(tx: Tx, wait_id: str, decision: str, value: str) -> Row | None:
         """End a pending wait without a person (deadline policy, cancellation); None if it is
         no longer pending."""
         return await tx.one(
-            "expire_wait", {"wait_id": wait_id, "decision": decision, "value": value, "now": now}
+            "expire_wait", {"wait_id": wait_id, "decision": decision, "value": value}
         )
 
     @staticmethod
-    async def escalate_wait(tx: Tx, wait_id: str, level: int, deadline: float) -> Row | None:
-        """Extend a pending wait's deadline, once per escalation level."""
-        return await tx.one(
-            "escalate_wait", {"wait_id": wait_id, "deadline": deadline, "level": level}
-        )
+    async def escalate_wait(tx: Tx, wait_id: str, level: int, window: float) -> Row | None:
+        """Extend a pending wait's deadline to `window` seconds from the database's now, once
+        per escalation level."""
+        return await tx.one("escalate_wait", {"wait_id": wait_id, "window": window, "level": level})
 
     @staticmethod
     async def advance_stage(
@@ -137,6 +133,6 @@ class WaitQueries:
         )
 
     @staticmethod
-    async def expire_deadline_now(tx: Tx, wait_id: str, now: float) -> None:
+    async def expire_deadline_now(tx: Tx, wait_id: str) -> None:
         """Let a pending wait's deadline pass (the crash harness's lever)."""
-        await tx.execute("expire_deadline_now", {"wait_id": wait_id, "now": now})
+        await tx.execute("expire_deadline_now", {"wait_id": wait_id})

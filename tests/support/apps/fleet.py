@@ -92,6 +92,29 @@ def ticket() -> StateGraph:
     return g
 
 
+def gate(state: Ticket) -> Ticket:
+    """A manager's approval with a one-hour deadline (rejected when it passes)."""
+    decision = keel.approval("manager", payload={"ticket": state["ticket"]}, timeout="1h")
+    return {"steps": [*state.get("steps", []), decision.decision]}
+
+
+def send_if_approved(state: Ticket) -> Ticket:
+    if state["steps"][-1] == "approved":
+        send_reply(state["ticket"])
+    return {"steps": [*state.get("steps", []), "done"]}
+
+
+@app.workflow("gated")
+def gated() -> StateGraph:
+    g = StateGraph(Ticket)
+    g.add_node("gate", gate)
+    g.add_node("send", send_if_approved)
+    g.add_edge(START, "gate")
+    g.add_edge("gate", "send")
+    g.add_edge("send", END)
+    return g
+
+
 class Batch(TypedDict, total=False):
     items: int
     resumed_from: int

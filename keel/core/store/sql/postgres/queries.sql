@@ -1,3 +1,6 @@
+-- Time is the database's: keel_now() (epoch seconds) in every statement, never a worker's clock.
+-- In a WHERE clause it is written (SELECT keel_now()), evaluated once per statement, not per row.
+
 -- name: schema_version
 -- The highest migration applied (the table may not exist yet: the store checks first).
 SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
@@ -17,7 +20,7 @@ SELECT pg_advisory_xact_lock(74213001) IS NOT NULL AS locked;
 
 -- name: record_migration
 -- Remember that a migration was applied.
-INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version)s, %(name)s, %(now)s);
+INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version)s, %(name)s, EXTRACT(EPOCH FROM clock_timestamp()));
 
 -- name: fence
 -- The current lease of a run, locked against a takeover until this transaction ends.
@@ -28,7 +31,7 @@ FOR SHARE;
 -- Whether a lease token still holds its run, unexpired, right now (the last check before a
 -- provider call or an artifact's rename; a plain read, it holds no lock).
 SELECT run_id, status, lease_token, lease_owner, cancel_requested,
-       CASE WHEN lease_expires_at > %(now)s THEN 1 ELSE 0 END AS live
+       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live
 FROM keel_runs WHERE run_id = %(run_id)s;
 
 -- name: insert_run
@@ -36,7 +39,7 @@ FROM keel_runs WHERE run_id = %(run_id)s;
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
                        status, created_at, updated_at)
 VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s, %(input)s,
-        'queued', %(now)s, %(now)s)
+        'queued', keel_now(), keel_now())
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
@@ -76,7 +79,7 @@ WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_h
 SELECT run_id, status, lease_token, lease_owner FROM keel_runs
 WHERE ((status = 'queued'
         AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(startable)s::jsonb)))
-    OR (status = 'running' AND lease_expires_at < %(now)s
+    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
         AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))))
 ORDER BY created_at, run_id
 LIMIT 1
@@ -96,20 +99,20 @@ GROUP BY workflow, workflow_version;
 -- Take the lease: a new token fences out every earlier owner.
 UPDATE keel_runs
 SET status = 'running', lease_owner = %(worker_id)s, lease_token = lease_token + 1,
-    lease_expires_at = %(expires_at)s, heartbeat_at = %(now)s,
-    started_at = COALESCE(started_at, %(now)s), updated_at = %(now)s
+    lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now(),
+    started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
 WHERE run_id = %(run_id)s
 RETURNING *;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.
-UPDATE keel_runs SET lease_expires_at = %(expires_at)s, heartbeat_at = %(now)s
+UPDATE keel_runs SET lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now()
 WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
 RETURNING run_id, cancel_requested;
 
 -- name: set_heartbeat_details
 -- Progress details from keel.heartbeat(), readable by a later attempt.
-UPDATE keel_runs SET heartbeat_details = %(details)s, heartbeat_at = %(now)s
+UPDATE keel_runs SET heartbeat_details = %(details)s, heartbeat_at = keel_now()
 WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
 
 -- name: update_run_status
@@ -120,13 +123,13 @@ SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
     error = COALESCE(%(error)s::text, error), output = COALESCE(%(output)s::text, output),
     lease_owner = CASE WHEN %(status)s::text = 'running' THEN lease_owner ELSE NULL END,
     lease_expires_at = CASE WHEN %(status)s::text = 'running' THEN lease_expires_at ELSE NULL END,
-    finished_at = %(finished_at)s, updated_at = %(now)s
+    finished_at = CASE WHEN %(finished)s THEN keel_now() ELSE NULL END, updated_at = keel_now()
 WHERE run_id = %(run_id)s;
 
 -- name: insert_event
 -- Append to a run's timeline.
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
-VALUES (%(run_id)s, %(now)s, %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s);
+VALUES (%(run_id)s, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s);
 
 -- name: list_events
 -- A run's timeline in order.
@@ -141,7 +144,7 @@ SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
                           arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, %(now)s, %(now)s)
+        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now())
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -149,7 +152,7 @@ RETURNING *;
 -- Move a ledger row on: attempts, outcome, result or error.
 UPDATE keel_effects
 SET status = %(status)s, attempts = %(attempts)s, result = %(result)s, error = %(error)s,
-    lease_token = %(lease_token)s, updated_at = %(now)s
+    lease_token = %(lease_token)s, updated_at = keel_now()
 WHERE idempotency_key = %(key)s
 RETURNING *;
 
@@ -162,7 +165,7 @@ SELECT * FROM keel_effects WHERE run_id = %(run_id)s ORDER BY created_at, idempo
 INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
                         deadline, on_timeout, schedule, next_stage_at, created_at)
 VALUES (%(wait_id)s, %(run_id)s, %(interrupt_id)s, %(kind)s, %(name)s, %(payload)s, %(approvers)s, 'pending',
-        %(deadline)s, %(on_timeout)s, %(schedule)s, %(next_stage_at)s, %(now)s)
+        keel_now() + %(deadline_after)s::double precision, %(on_timeout)s, %(schedule)s, keel_now() + %(first_stage_after)s::double precision, keel_now())
 ON CONFLICT (wait_id) DO NOTHING
 RETURNING wait_id;
 
@@ -182,27 +185,28 @@ SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at 
 -- The first decision wins: only a pending wait can be decided.
 UPDATE keel_waits
 SET status = 'decided', decision = %(decision)s, value = %(value)s, decided_by = %(decided_by)s,
-    action_id = %(action_id)s, channel = %(channel)s, comment = %(comment)s, decided_at = %(now)s
+    action_id = %(action_id)s, channel = %(channel)s, comment = %(comment)s, decided_at = keel_now()
 WHERE wait_id = %(wait_id)s AND status = 'pending'
 RETURNING *;
 
 -- name: set_run_decision
 -- An approval's decision is also the run's (status moves separately, through the table).
-UPDATE keel_runs SET decision = %(decision)s, updated_at = %(now)s WHERE run_id = %(run_id)s;
+UPDATE keel_runs SET decision = %(decision)s, updated_at = keel_now() WHERE run_id = %(run_id)s;
 
 -- name: upsert_worker
--- A worker says it is alive.
-INSERT INTO keel_workers (worker_id, host, pid, concurrency, started_at, heartbeat_at)
-VALUES (%(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(now)s, %(now)s)
-ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = %(now)s, stopped_at = NULL;
+-- A worker says it is alive, and which workflow versions it executes.
+INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, started_at, heartbeat_at)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(workflows)s, keel_now(), keel_now())
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
+    workflows = excluded.workflows;
 
 -- name: stop_worker
 -- A worker says it stopped.
-UPDATE keel_workers SET stopped_at = %(now)s WHERE worker_id = %(worker_id)s;
+UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = %(worker_id)s;
 
 -- name: list_workers
--- Workers that heartbeated since a moment.
-SELECT * FROM keel_workers WHERE heartbeat_at >= %(since)s AND stopped_at IS NULL ORDER BY started_at;
+-- Workers that heartbeated within the last `window` seconds of the database's clock.
+SELECT * FROM keel_workers WHERE heartbeat_at >= (SELECT keel_now()) - %(window)s AND stopped_at IS NULL ORDER BY started_at;
 
 -- name: count_unfinished
 -- Runs some worker still has to execute (waiting runs need a person first).
@@ -217,7 +221,7 @@ SELECT pg_notify('keel_wake', %(run_id)s) IS NULL AS sent;
 -- name: expired_waits
 -- Open waits whose deadline has passed, oldest first.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < %(now)s
+WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < (SELECT keel_now())
 ORDER BY deadline
 LIMIT %(limit)s;
 
@@ -225,20 +229,20 @@ LIMIT %(limit)s;
 -- Apply a deadline's final policy exactly once, however many sweepers race.
 UPDATE keel_waits
 SET status = 'expired', decision = %(decision)s, value = %(value)s, decided_by = 'keel:deadline',
-    channel = 'deadline', decided_at = %(now)s
+    channel = 'deadline', decided_at = keel_now()
 WHERE wait_id = %(wait_id)s AND status = 'pending'
 RETURNING *;
 
 -- name: escalate_wait
 -- Move an open wait to its next escalation level with a new deadline, exactly once per level.
 UPDATE keel_waits
-SET deadline = %(deadline)s, escalation_level = escalation_level + 1
+SET deadline = keel_now() + %(window)s, escalation_level = escalation_level + 1
 WHERE wait_id = %(wait_id)s AND status = 'pending' AND escalation_level = %(level)s
 RETURNING *;
 
 -- name: set_cancel_requested
 -- Ask a running run to stop at its next step boundary.
-UPDATE keel_runs SET cancel_requested = 1, updated_at = %(now)s
+UPDATE keel_runs SET cancel_requested = 1, updated_at = keel_now()
 WHERE run_id = %(run_id)s AND status = 'running';
 
 -- name: insert_intent
@@ -246,15 +250,15 @@ WHERE run_id = %(run_id)s AND status = 'running';
 INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
                          available_at, created_at, updated_at)
 VALUES (%(intent_id)s, %(run_id)s, %(wait_id)s, %(notifier)s, %(kind)s, %(payload)s, 'queued',
-        %(now)s, %(now)s, %(now)s)
+        keel_now(), keel_now(), keel_now())
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
 -- name: claim_intent_candidate
 -- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
 SELECT * FROM keel_outbox
-WHERE (status = 'queued' AND available_at <= %(now)s)
-   OR (status = 'sending' AND claim_expires_at < %(now)s)
+WHERE (status = 'queued' AND available_at <= (SELECT keel_now()))
+   OR (status = 'sending' AND claim_expires_at < (SELECT keel_now()))
 ORDER BY available_at, intent_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
@@ -262,16 +266,16 @@ FOR UPDATE SKIP LOCKED;
 -- name: claim_intent
 -- Take an intent for delivery; the status says whether an earlier attempt may have sent it.
 UPDATE keel_outbox
-SET status = %(status)s, claimed_by = %(worker_id)s, claim_expires_at = %(expires_at)s,
-    attempts = attempts + 1, updated_at = %(now)s
+SET status = %(status)s, claimed_by = %(worker_id)s, claim_expires_at = keel_now() + %(ttl)s,
+    attempts = attempts + 1, updated_at = keel_now()
 WHERE intent_id = %(intent_id)s
 RETURNING *;
 
 -- name: settle_intent
 -- Record an intent's outcome, only by the dispatcher that holds its claim.
 UPDATE keel_outbox
-SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = %(available_at)s,
-    claimed_by = NULL, claim_expires_at = NULL, updated_at = %(now)s
+SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = keel_now() + %(delay)s,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
 WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
 RETURNING *;
 
@@ -286,7 +290,7 @@ SELECT * FROM keel_outbox WHERE wait_id = %(wait_id)s ORDER BY created_at, inten
 -- name: due_stages
 -- Open waits whose next reminder or escalation is due.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= %(now)s
+WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= (SELECT keel_now())
 ORDER BY next_stage_at
 LIMIT %(limit)s;
 
@@ -299,4 +303,30 @@ RETURNING *;
 
 -- name: expire_deadline_now
 -- The crash harness's "let the deadline pass": the sweeper then applies the wait's policy.
-UPDATE keel_waits SET deadline = %(now)s - 1 WHERE wait_id = %(wait_id)s AND status = 'pending';
+UPDATE keel_waits SET deadline = keel_now() - 1 WHERE wait_id = %(wait_id)s AND status = 'pending';
+
+-- name: database_now
+-- The database's clock (epoch seconds, or a test clock's time): it judges leases and deadlines.
+SELECT keel_now() AS now;
+
+-- name: served_workflows
+-- What workers serve, most recently seen first, with whether each is live.
+SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - %(window)s THEN 1 ELSE 0 END AS live FROM keel_workers
+WHERE workflows <> '[]'
+ORDER BY COALESCE(stopped_at, heartbeat_at) DESC, worker_id
+LIMIT 1000;
+
+-- name: other_versions
+-- Unfinished runs of these workflows under a version not among these keys.
+SELECT * FROM keel_runs
+WHERE status IN ('queued', 'running', 'waiting')
+  AND workflow IN (SELECT jsonb_array_elements_text(%(names)s::jsonb))
+  AND workflow || '@' || workflow_version NOT IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb))
+ORDER BY created_at, run_id
+LIMIT %(limit)s;
+
+-- name: set_run_version
+-- Move a queued or waiting run to another version of its workflow.
+UPDATE keel_runs SET workflow_version = %(version)s, updated_at = keel_now()
+WHERE run_id = %(run_id)s AND status IN ('queued', 'waiting')
+RETURNING *;

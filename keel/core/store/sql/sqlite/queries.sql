@@ -1,3 +1,6 @@
+-- Time is the database's: keel_now() (epoch seconds) in every statement, never a worker's clock.
+-- In a WHERE clause it is written (SELECT keel_now()), evaluated once per statement, not per row.
+
 -- name: schema_version
 -- The highest migration applied (the table may not exist yet: the store checks first).
 SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
@@ -17,7 +20,7 @@ SELECT 1 AS locked;
 
 -- name: record_migration
 -- Remember that a migration was applied.
-INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);
+INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (:version, :name, keel_now());
 
 -- name: fence
 -- The current lease of a run, locked against a takeover until this transaction ends.
@@ -27,7 +30,7 @@ SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs
 -- Whether a lease token still holds its run, unexpired, right now (the last check before a
 -- provider call or an artifact's rename; a plain read, it holds no lock).
 SELECT run_id, status, lease_token, lease_owner, cancel_requested,
-       CASE WHEN lease_expires_at > :now THEN 1 ELSE 0 END AS live
+       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live
 FROM keel_runs WHERE run_id = :run_id;
 
 -- name: insert_run
@@ -35,7 +38,7 @@ FROM keel_runs WHERE run_id = :run_id;
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
                        status, created_at, updated_at)
 VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
-        'queued', :now, :now)
+        'queued', keel_now(), keel_now())
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
@@ -74,7 +77,7 @@ WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
 SELECT run_id, status, lease_token, lease_owner FROM keel_runs
 WHERE ((status = 'queued'
         AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:startable)))
-    OR (status = 'running' AND lease_expires_at < :now
+    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
         AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))))
 ORDER BY created_at, run_id
 LIMIT 1;
@@ -93,20 +96,20 @@ GROUP BY workflow, workflow_version;
 -- Take the lease: a new token fences out every earlier owner.
 UPDATE keel_runs
 SET status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
-    lease_expires_at = :expires_at, heartbeat_at = :now,
-    started_at = COALESCE(started_at, :now), updated_at = :now
+    lease_expires_at = keel_now() + :ttl, heartbeat_at = keel_now(),
+    started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
 WHERE run_id = :run_id
 RETURNING *;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.
-UPDATE keel_runs SET lease_expires_at = :expires_at, heartbeat_at = :now
+UPDATE keel_runs SET lease_expires_at = keel_now() + :ttl, heartbeat_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
 RETURNING run_id, cancel_requested;
 
 -- name: set_heartbeat_details
 -- Progress details from keel.heartbeat(), readable by a later attempt.
-UPDATE keel_runs SET heartbeat_details = :details, heartbeat_at = :now
+UPDATE keel_runs SET heartbeat_details = :details, heartbeat_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token;
 
 -- name: update_run_status
@@ -117,13 +120,13 @@ SET status = :status, decision = COALESCE(:decision, decision),
     error = COALESCE(:error, error), output = COALESCE(:output, output),
     lease_owner = CASE WHEN :status = 'running' THEN lease_owner ELSE NULL END,
     lease_expires_at = CASE WHEN :status = 'running' THEN lease_expires_at ELSE NULL END,
-    finished_at = :finished_at, updated_at = :now
+    finished_at = CASE WHEN :finished THEN keel_now() ELSE NULL END, updated_at = keel_now()
 WHERE run_id = :run_id;
 
 -- name: insert_event
 -- Append to a run's timeline.
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
-VALUES (:run_id, :now, :kind, :worker_id, :lease_token, :data);
+VALUES (:run_id, keel_now(), :kind, :worker_id, :lease_token, :data);
 
 -- name: list_events
 -- A run's timeline in order.
@@ -138,7 +141,7 @@ SELECT * FROM keel_effects WHERE idempotency_key = :key;
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
                           arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 VALUES (:key, :run_id, :name, :node, :step, :task_path, :args_hash,
-        :arg_hashes, :call_index, 'pending', 0, :lease_token, :now, :now)
+        :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now())
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -146,7 +149,7 @@ RETURNING *;
 -- Move a ledger row on: attempts, outcome, result or error.
 UPDATE keel_effects
 SET status = :status, attempts = :attempts, result = :result, error = :error,
-    lease_token = :lease_token, updated_at = :now
+    lease_token = :lease_token, updated_at = keel_now()
 WHERE idempotency_key = :key
 RETURNING *;
 
@@ -159,7 +162,7 @@ SELECT * FROM keel_effects WHERE run_id = :run_id ORDER BY created_at, idempoten
 INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
                         deadline, on_timeout, schedule, next_stage_at, created_at)
 VALUES (:wait_id, :run_id, :interrupt_id, :kind, :name, :payload, :approvers, 'pending',
-        :deadline, :on_timeout, :schedule, :next_stage_at, :now)
+        keel_now() + :deadline_after, :on_timeout, :schedule, keel_now() + :first_stage_after, keel_now())
 ON CONFLICT (wait_id) DO NOTHING
 RETURNING wait_id;
 
@@ -179,27 +182,28 @@ SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at 
 -- The first decision wins: only a pending wait can be decided.
 UPDATE keel_waits
 SET status = 'decided', decision = :decision, value = :value, decided_by = :decided_by,
-    action_id = :action_id, channel = :channel, comment = :comment, decided_at = :now
+    action_id = :action_id, channel = :channel, comment = :comment, decided_at = keel_now()
 WHERE wait_id = :wait_id AND status = 'pending'
 RETURNING *;
 
 -- name: set_run_decision
 -- An approval's decision is also the run's (status moves separately, through the table).
-UPDATE keel_runs SET decision = :decision, updated_at = :now WHERE run_id = :run_id;
+UPDATE keel_runs SET decision = :decision, updated_at = keel_now() WHERE run_id = :run_id;
 
 -- name: upsert_worker
--- A worker says it is alive.
-INSERT INTO keel_workers (worker_id, host, pid, concurrency, started_at, heartbeat_at)
-VALUES (:worker_id, :host, :pid, :concurrency, :now, :now)
-ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = :now, stopped_at = NULL;
+-- A worker says it is alive, and which workflow versions it executes.
+INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, started_at, heartbeat_at)
+VALUES (:worker_id, :host, :pid, :concurrency, :workflows, keel_now(), keel_now())
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
+    workflows = excluded.workflows;
 
 -- name: stop_worker
 -- A worker says it stopped.
-UPDATE keel_workers SET stopped_at = :now WHERE worker_id = :worker_id;
+UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = :worker_id;
 
 -- name: list_workers
--- Workers that heartbeated since a moment.
-SELECT * FROM keel_workers WHERE heartbeat_at >= :since AND stopped_at IS NULL ORDER BY started_at;
+-- Workers that heartbeated within the last `window` seconds of the database's clock.
+SELECT * FROM keel_workers WHERE heartbeat_at >= (SELECT keel_now()) - :window AND stopped_at IS NULL ORDER BY started_at;
 
 -- name: count_unfinished
 -- Runs some worker still has to execute (waiting runs need a person first).
@@ -214,7 +218,7 @@ SELECT :run_id AS sent;
 -- name: expired_waits
 -- Open waits whose deadline has passed, oldest first.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < :now
+WHERE status = 'pending' AND deadline IS NOT NULL AND deadline < (SELECT keel_now())
 ORDER BY deadline
 LIMIT :limit;
 
@@ -222,20 +226,20 @@ LIMIT :limit;
 -- Apply a deadline's final policy exactly once, however many sweepers race.
 UPDATE keel_waits
 SET status = 'expired', decision = :decision, value = :value, decided_by = 'keel:deadline',
-    channel = 'deadline', decided_at = :now
+    channel = 'deadline', decided_at = keel_now()
 WHERE wait_id = :wait_id AND status = 'pending'
 RETURNING *;
 
 -- name: escalate_wait
 -- Move an open wait to its next escalation level with a new deadline, exactly once per level.
 UPDATE keel_waits
-SET deadline = :deadline, escalation_level = escalation_level + 1
+SET deadline = keel_now() + :window, escalation_level = escalation_level + 1
 WHERE wait_id = :wait_id AND status = 'pending' AND escalation_level = :level
 RETURNING *;
 
 -- name: set_cancel_requested
 -- Ask a running run to stop at its next step boundary.
-UPDATE keel_runs SET cancel_requested = 1, updated_at = :now
+UPDATE keel_runs SET cancel_requested = 1, updated_at = keel_now()
 WHERE run_id = :run_id AND status = 'running';
 
 -- name: insert_intent
@@ -243,31 +247,31 @@ WHERE run_id = :run_id AND status = 'running';
 INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
                          available_at, created_at, updated_at)
 VALUES (:intent_id, :run_id, :wait_id, :notifier, :kind, :payload, 'queued',
-        :now, :now, :now)
+        keel_now(), keel_now(), keel_now())
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
 -- name: claim_intent_candidate
 -- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
 SELECT * FROM keel_outbox
-WHERE (status = 'queued' AND available_at <= :now)
-   OR (status = 'sending' AND claim_expires_at < :now)
+WHERE (status = 'queued' AND available_at <= (SELECT keel_now()))
+   OR (status = 'sending' AND claim_expires_at < (SELECT keel_now()))
 ORDER BY available_at, intent_id
 LIMIT 1;
 
 -- name: claim_intent
 -- Take an intent for delivery; the status says whether an earlier attempt may have sent it.
 UPDATE keel_outbox
-SET status = :status, claimed_by = :worker_id, claim_expires_at = :expires_at,
-    attempts = attempts + 1, updated_at = :now
+SET status = :status, claimed_by = :worker_id, claim_expires_at = keel_now() + :ttl,
+    attempts = attempts + 1, updated_at = keel_now()
 WHERE intent_id = :intent_id
 RETURNING *;
 
 -- name: settle_intent
 -- Record an intent's outcome, only by the dispatcher that holds its claim.
 UPDATE keel_outbox
-SET status = :status, result = :result, error = :error, available_at = :available_at,
-    claimed_by = NULL, claim_expires_at = NULL, updated_at = :now
+SET status = :status, result = :result, error = :error, available_at = keel_now() + :delay,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
 WHERE intent_id = :intent_id AND claimed_by = :worker_id
 RETURNING *;
 
@@ -282,7 +286,7 @@ SELECT * FROM keel_outbox WHERE wait_id = :wait_id ORDER BY created_at, intent_i
 -- name: due_stages
 -- Open waits whose next reminder or escalation is due.
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= :now
+WHERE status = 'pending' AND next_stage_at IS NOT NULL AND next_stage_at <= (SELECT keel_now())
 ORDER BY next_stage_at
 LIMIT :limit;
 
@@ -295,4 +299,30 @@ RETURNING *;
 
 -- name: expire_deadline_now
 -- The crash harness's "let the deadline pass": the sweeper then applies the wait's policy.
-UPDATE keel_waits SET deadline = :now - 1 WHERE wait_id = :wait_id AND status = 'pending';
+UPDATE keel_waits SET deadline = keel_now() - 1 WHERE wait_id = :wait_id AND status = 'pending';
+
+-- name: database_now
+-- The database's clock (epoch seconds, or a test clock's time): it judges leases and deadlines.
+SELECT keel_now() AS now;
+
+-- name: served_workflows
+-- What workers serve, most recently seen first, with whether each is live.
+SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - :window THEN 1 ELSE 0 END AS live FROM keel_workers
+WHERE workflows <> '[]'
+ORDER BY COALESCE(stopped_at, heartbeat_at) DESC, worker_id
+LIMIT 1000;
+
+-- name: other_versions
+-- Unfinished runs of these workflows under a version not among these keys.
+SELECT * FROM keel_runs
+WHERE status IN ('queued', 'running', 'waiting')
+  AND workflow IN (SELECT value FROM json_each(:names))
+  AND workflow || '@' || workflow_version NOT IN (SELECT value FROM json_each(:keys))
+ORDER BY created_at, run_id
+LIMIT :limit;
+
+-- name: set_run_version
+-- Move a queued or waiting run to another version of its workflow.
+UPDATE keel_runs SET workflow_version = :version, updated_at = keel_now()
+WHERE run_id = :run_id AND status IN ('queued', 'waiting')
+RETURNING *;

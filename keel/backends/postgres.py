@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -19,6 +20,20 @@ from psycopg_pool import AsyncConnectionPool
 from keel.core.store.base import Params, Row, load_queries
 
 log = logging.getLogger("keel.store")
+
+# OperationalError covers lost connections, admin/crash shutdown, pool timeouts, serialization
+# failures and deadlocks, resource exhaustion (disk full, too many connections). A read-only
+# transaction or an idle-in-transaction timeout means a failover or a stalled connection.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.errors.ReadOnlySqlTransaction,
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """PostgreSQL or its connection failed, not the statement: retrying later can succeed."""
+    return isinstance(exc, _TRANSIENT)
 
 
 class PostgresTx:
@@ -47,6 +62,8 @@ class PostgresTx:
 
 class PostgresConnector:
     dialect = "postgres"
+
+    is_transient = staticmethod(is_transient)
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self.url = normalize_postgres_url(url)

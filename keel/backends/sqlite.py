@@ -7,6 +7,7 @@ uses for leases and deadlines as PostgreSQL's does, is a function defined on the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,29 @@ import aiosqlite
 
 from keel.backends.locks import TaskReentrantLock
 from keel.core.store.base import Params, Row, load_queries
+
+# Primary result codes of a file that is busy, locked, full or failing, not of a bad statement.
+_TRANSIENT_CODES = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The database file was busy, full or unreadable: retrying later can succeed."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _TRANSIENT_CODES  # extended codes carry the primary in the low byte
+    text = str(exc).lower()
+    return any(s in text for s in ("locked", "busy", "disk is full", "disk i/o error"))
 
 
 class SqliteTx:
@@ -44,6 +68,7 @@ class SqliteTx:
 
 class SqliteConnector:
     dialect = "sqlite"
+    is_transient = staticmethod(is_transient)
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, synchronous: str = "FULL"):
         self.url = url
@@ -108,8 +133,14 @@ class SqliteConnector:
             except BaseException:
                 await conn.rollback()
                 raise
-            else:
+            try:
                 await conn.commit()
+            except BaseException:
+                # A commit refused by a full or failing disk leaves the transaction open on
+                # this shared connection: close it, or every later BEGIN fails for good.
+                with contextlib.suppress(Exception):
+                    await conn.rollback()
+                raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:

@@ -494,13 +494,25 @@ def cancel(
         say(f"cancel requested: run {run_id} is {row['status']}; it stops at its next step")
 
 
+@guarded
+def resume(
+    run_id: RunArgument, by: ByOption = None, app: AppOption = None, db: DbOption = None
+) -> None:
+    """Resume a failed run from its last checkpoint, with its ledger: effects it recorded are
+    not performed again (unlike `keel submit --rerun`, which starts a new run)."""
+    with open_app(app, db) as loaded:
+        loaded.resume(run_id, by=by or login())
+    say(f"resumed run {run_id}: queued; a worker continues it from its last checkpoint")
+
+
 @cli.command()
 @guarded
 def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = None) -> None:
-    """List live workers (host, pid, concurrency, workflows, last heartbeat) and stranded runs."""
+    """List workers (host, pid, concurrency, workflows, last heartbeat, state) and stranded runs;
+    `silent` workers (not stopped, quiet for up to an hour) wait for their database or are dead."""
     with open_app(app, db) as loaded:
-        rows, stranded = loaded.workers(), loaded.stranded_runs()
-    _listing(rows, as_json, render.workers_table, "no live workers")
+        rows, stranded = loaded.workers(silent_for=3600), loaded.stranded_runs()
+    _listing(rows, as_json, render.workers_table, "no live workers (and none silent)")
     if as_json:
         return
     for run in stranded:
@@ -526,6 +538,7 @@ def approvals_list(
 
 
 runs_cli.command("cancel")(cancel)
+runs_cli.command("resume")(resume)
 cli.command("chaos")(bad_spec_is_usage(chaos_command))
 
 

@@ -297,9 +297,11 @@ def artifacts_table(artifacts: Iterable[Any]) -> Table:
 
 def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
     table = Table(title="workers", title_justify="left")
-    for column in ("worker_id", "host", "pid", "concurrency", "workflows", "started", "heartbeat"):
+    columns = ("worker_id", "host", "pid", "concurrency", "workflows", "started", "heartbeat")
+    for column in (*columns, "state"):
         table.add_column(column, overflow="fold")
     for w in rows:
+        state = w.get("state", "live")
         table.add_row(
             w["worker_id"],
             w["host"],
@@ -308,6 +310,7 @@ def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
             ", ".join(json.loads(w.get("workflows") or "[]")) or "-",
             when(w["started_at"], now),
             short_when(w["heartbeat_at"], now),
+            state if state == "live" else "silent: waiting for its database, or dead",
         )
     return table
 

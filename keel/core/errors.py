@@ -39,6 +39,10 @@ class UnknownWorkflow(KeelError, LookupError):
     """No workflow of that name (and version) is registered."""
 
 
+class InvalidWorkflow(KeelError, ValueError):
+    """The workflow's graph cannot be built or compiled."""
+
+
 class RunNotFound(KeelError, LookupError):
     """No run with that id."""
 

@@ -26,6 +26,9 @@ class LeaseEnd(StrEnum):
     """Another worker took the run over: this execution was fenced out."""
     RELEASED = "released"
     """The worker is stopping and gave the run back to the queue."""
+    RETRY = "retry"
+    """An infrastructure fault or a crash outside the graph interrupted this execution; the run
+    resumes from its last checkpoint (at once, after a backoff, or when the lease expires)."""
 
 
 async def claim(

@@ -39,7 +39,9 @@ class TerminationReason(StrEnum):
 FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
 
 # from -> allowed targets. running -> running is a takeover (a new lease on the same run);
-# running -> queued is a lease given back (graceful shutdown) or a decision that arrived.
+# running -> queued is a lease given back (graceful shutdown, an infrastructure fault) or a
+# decision that arrived; failed -> queued is an operator's resume (same run, same ledger).
+# A cancelled run stays cancelled: someone decided it must not go on.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED}),
     Status.RUNNING: frozenset(
@@ -54,7 +56,7 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     ),
     Status.WAITING: frozenset({Status.QUEUED, Status.CANCELLED, Status.FAILED}),
     Status.COMPLETED: frozenset(),
-    Status.FAILED: frozenset(),
+    Status.FAILED: frozenset({Status.QUEUED}),
     Status.CANCELLED: frozenset(),
 }
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from keel.core.codec import canonical_json, loads
-from keel.core.errors import InputTooLarge, JobExists, RunFinished, RunNotFound, UsageError
+from keel.core.errors import (
+    InputTooLarge,
+    InvalidTransition,
+    JobExists,
+    RunFinished,
+    RunNotFound,
+    UsageError,
+)
 from keel.core.ids import input_hash, run_id, validate_job_id
 from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
 from keel.core.store.base import Row, Tx
@@ -220,6 +227,37 @@ async def cancel(store: Store, run_id: str, *, by: str | None) -> Row:
                 termination_reason=TerminationReason.CANCELLED,
                 event={"by": by},
             )
+        row = await store.read_run(tx, run_id)
+    assert row is not None
+    return row
+
+
+async def resume(store: Store, run_id: str, *, by: str | None) -> Row:
+    """Queue a failed run again: the same run id continues from its last checkpoint with its
+    ledger, so an effect recorded sent is not performed again (unlike `rerun`, a new run)."""
+    async with store.transaction() as tx:
+        run = await store.lock_run(tx, run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if run["status"] != Status.FAILED:
+            raise InvalidTransition(
+                f"run {run_id} is {run['status']}: only a failed run can be resumed"
+                + (
+                    " (a cancelled run stays cancelled; submit it with rerun)"
+                    if run["status"] == Status.CANCELLED
+                    else ""
+                )
+            )
+        previous = {"termination_reason": run["termination_reason"], "error": run["error"]}
+        await transition(
+            store,
+            tx,
+            run,
+            Status.QUEUED,
+            event={"reason": "resumed", "by": by, "previous": previous},
+        )
+        await store.clear_failure(tx, run_id)
+        await store.notify_wake(tx, run_id)
         row = await store.read_run(tx, run_id)
     assert row is not None
     return row

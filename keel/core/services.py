@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keel.core.clock import Clock
+from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
 from keel.core.portal import Portal
 from keel.core.store.store import Store
@@ -27,3 +28,5 @@ class Services:
     notifiers: dict[str, Notifier] = field(default_factory=dict)
     wake: Callable[[], None] = lambda: None
     """Wake this process's workers (a run was queued, a decision recorded)."""
+    attempts: Attempts = field(default_factory=Attempts)
+    """How many crashed or interrupted executions a run gets before it ends failed."""

@@ -57,6 +57,9 @@ class Workflows:
             raise UnknownWorkflow(f"no workflow {what!r} is registered (registered: {known})")
         return found
 
+    def all(self) -> list[Workflow]:
+        return [self._by_key[k] for k in sorted(self._by_key)]
+
     def keys(self) -> list[str]:
         return sorted(self._by_key)
 

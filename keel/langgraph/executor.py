@@ -19,7 +19,7 @@ from langgraph.types import Command, interrupt
 from keel.core import leases, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
-from keel.core.errors import LeaseLost, NotInRun, Released, RunCancelled
+from keel.core.errors import InvalidWorkflow, LeaseLost, NotInRun, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
@@ -62,6 +62,27 @@ def locate() -> StepRef:
     )
 
 
+def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
+    """Build and compile the workflow's graph; InvalidWorkflow, naming it, if that fails."""
+    try:
+        builder = workflow.factory()
+    except Exception as exc:
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: its factory raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(getattr(builder, "compile", None)):
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: the factory must return an uncompiled LangGraph builder "
+            f"(a StateGraph), not {type(builder).__name__}"
+        )
+    try:
+        return builder.compile(checkpointer=checkpointer)
+    except Exception as exc:
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: its graph does not compile: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 class Executor:
     """Executes claimed runs of the registered workflows with the fenced saver."""
 
@@ -77,12 +98,22 @@ class Executor:
     def graph(self, workflow: Workflow) -> Any:
         key = workflow.key
         if key not in self._graphs:
-            builder = workflow.factory()
-            self._graphs[key] = builder.compile(checkpointer=self.saver)
+            self._graphs[key] = compile_graph(workflow, self.saver)
         return self._graphs[key]
 
     async def execute(self, lease: Lease, run: Row) -> Outcome:
-        """Execute until the run finishes or waits; return the status it reached."""
+        """Execute until the run finishes or waits; return the status it reached.
+
+        Only the graph's own failures end the run failed at once. An infrastructure fault gives
+        the run back to resume from its last checkpoint; a crash outside the graph's nodes is
+        retried after a backoff; either ends the run failed past its limit (`Attempts`).
+        """
+        try:
+            return await self._execute(lease, run)
+        except Exception as exc:
+            return await self._failed_attempt(lease, exc)
+
+    async def _execute(self, lease: Lease, run: Row) -> Outcome:
         rt = self.services
         workflow = self.workflows.get(run["workflow"], run["workflow_version"])
         graph = self.graph(workflow)
@@ -106,7 +137,23 @@ class Executor:
         entered = enter(ctx)
         try:
             graph_input = await self._input(graph, config, run, workflow)
-            output = await graph.ainvoke(graph_input, config, durability=workflow.durability)
+            try:
+                output = await graph.ainvoke(graph_input, config, durability=workflow.durability)
+            except (LeaseLost, RunCancelled, Released):
+                raise
+            except Exception as exc:
+                if rt.store.is_infrastructure(exc):
+                    raise
+                # The graph's own failure (a node raised, a recursion limit): final.
+                log.exception(
+                    "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
+                )
+                return await self._end(
+                    ctx,
+                    Status.FAILED,
+                    TerminationReason.EXECUTION_ERROR,
+                    f"{type(exc).__name__}: {exc}",
+                )
             interrupts, values = await _outcome(graph, config, output)
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
@@ -126,19 +173,122 @@ class Executor:
         except Released:
             await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED
-        except Exception as exc:
-            log.exception(
-                "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
-            )
-            return await self._end(
-                ctx,
-                Status.FAILED,
-                TerminationReason.EXECUTION_ERROR,
-                f"{type(exc).__name__}: {exc}",
-            )
         finally:
             leave(entered)
             self.saver.drop(lease.run_id, lease.token)
+
+    async def _failed_attempt(self, lease: Lease, exc: Exception) -> Outcome:
+        """Count an execution that failed outside the graph's own code, and say what comes next:
+        given back (infrastructure), retried after a backoff (crash), or failed past the limit."""
+        rt = self.services
+        infra = rt.store.is_infrastructure(exc)
+        error = f"{type(exc).__name__}: {exc}"
+        policy = rt.attempts
+        try:
+            async with rt.store.fenced(lease.run_id, lease.token) as tx:
+                current = await rt.store.read_run(tx, lease.run_id)
+                assert current is not None
+                if current["status"] != Status.RUNNING:
+                    return Status(current["status"])  # it had moved on (a wait was registered)
+                crashes, retries = await rt.store.count_failed_attempt(
+                    tx, lease.run_id, lease.token, crash=not infra
+                )
+                attempt = retries if infra else crashes
+                limit = policy.max_infra_retries if infra else policy.max_crashes
+                data: dict[str, Any] = {
+                    "cause": "infrastructure" if infra else "crash",
+                    "attempt": attempt,
+                    "limit": limit,
+                    "error": error[:2000],
+                }
+                if attempt >= limit:
+                    log.error(
+                        "worker %s run %s: %s attempt %d of %d failed, giving up: %s",
+                        self.worker_id,
+                        lease.run_id,
+                        data["cause"],
+                        attempt,
+                        limit,
+                        error,
+                    )
+                    await rt.store.add_event(
+                        tx,
+                        lease.run_id,
+                        "attempt.failed",
+                        data,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                    )
+                    await transition(
+                        rt.store,
+                        tx,
+                        current,
+                        Status.FAILED,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                        termination_reason=TerminationReason.EXECUTION_ERROR.value,
+                        error=error,
+                        event={"cause": data["cause"], "attempts": attempt},
+                    )
+                    return Status.FAILED
+                if infra:
+                    # Resumable at once, by any worker that can reach the database.
+                    await rt.store.add_event(
+                        tx,
+                        lease.run_id,
+                        "attempt.interrupted",
+                        data,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                    )
+                    await transition(
+                        rt.store,
+                        tx,
+                        current,
+                        Status.QUEUED,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                        event={"reason": "infrastructure fault"},
+                    )
+                    await rt.store.notify_wake(tx, lease.run_id)
+                else:
+                    # The lease is kept for the backoff, then expires: whoever claims next
+                    # takes the run over, with a new token, as after a dead worker.
+                    delay = policy.delay(attempt)
+                    data["retry_in"] = round(delay, 3)
+                    await rt.store.add_event(
+                        tx,
+                        lease.run_id,
+                        "attempt.crashed",
+                        data,
+                        worker_id=self.worker_id,
+                        token=lease.token,
+                    )
+                    await rt.store.hold_lease_for(tx, lease.run_id, lease.token, delay)
+            log.warning(
+                "worker %s run %s (token %s): %s attempt %d of %d failed (%s); it will resume",
+                self.worker_id,
+                lease.run_id,
+                lease.token,
+                data["cause"],
+                attempt,
+                limit,
+                error,
+                exc_info=not infra,
+            )
+        except LeaseLost:
+            return LeaseEnd.LOST
+        except Exception as second:
+            # The database is still away: the lease expires after its TTL and the run resumes.
+            log.warning(
+                "worker %s run %s (token %s): %s; could not record it (%r): the lease expires",
+                self.worker_id,
+                lease.run_id,
+                lease.token,
+                error,
+                second,
+            )
+        return LeaseEnd.RETRY
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
         if await self.saver.aget_tuple(cast(RunnableConfig, config)) is None:

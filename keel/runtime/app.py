@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from keel.core.clock import Clock
 from keel.core.errors import UsageError
+from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
 from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
@@ -38,8 +39,16 @@ class App:
         lease_ttl: float = 30.0,
         heartbeat_interval: float | None = None,
         max_input_bytes: int = 1_000_000,
+        max_attempts: int = 5,
+        max_infra_retries: int = 20,
+        retry_backoff: float = 1.0,
     ) -> None:
-        """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`."""
+        """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`.
+
+        `max_attempts`: executions of one run that may crash outside its graph's nodes (with a
+        backoff from `retry_backoff` seconds, doubling, capped at a minute) before it ends
+        failed; `max_infra_retries`: executions an infrastructure fault may interrupt.
+        """
         self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
             clock=clock,
@@ -47,6 +56,12 @@ class App:
             lease_ttl=float(os.environ.get("KEEL_LEASE_TTL", lease_ttl)),
             heartbeat_interval=heartbeat_interval,
             max_input_bytes=max_input_bytes,
+            attempts=Attempts(
+                max_crashes=max_attempts,
+                max_infra_retries=max_infra_retries,
+                backoff=retry_backoff,
+                max_backoff=max(60.0, retry_backoff),
+            ),
         )
         self._portal = self.aio.portal
         # A script that never calls close() would otherwise end with its pool's tasks destroyed
@@ -79,10 +94,11 @@ class App:
 
         `termination(final_state)` may name the run's termination reason (e.g.
         "max_revisions_exceeded"); `max_concurrency` caps running runs across all workers.
+        The graph is built and compiled here: one that cannot compile raises InvalidWorkflow.
         """
 
         def register(factory: F) -> F:
-            self.aio.workflows.add(
+            self.aio.register(
                 Workflow(
                     name,
                     version,
@@ -163,9 +179,10 @@ class App:
         """Open waits, oldest deadline first."""
         return self._portal.call(self.aio.pending_waits(limit))
 
-    def workers(self) -> list[Row]:
-        """Live workers (host, pid, concurrency, last heartbeat)."""
-        return self._portal.call(self.aio.workers())
+    def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Live workers (host, pid, concurrency, last heartbeat, `state`); with `silent_for`,
+        also the workers that went quiet within that many seconds without stopping."""
+        return self._portal.call(self.aio.workers(silent_for=silent_for))
 
     def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
         """Move a queued or waiting run to version `to` of its workflow (registered in this
@@ -182,6 +199,11 @@ class App:
     def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         return self._portal.call(self.aio.cancel(run_id, by=by))
+
+    def resume(self, run_id: str, *, by: str | None = None) -> Row:
+        """Put a failed run back in the queue: the same run continues from its last checkpoint
+        with its ledger, so no effect it recorded is performed again (`rerun` starts afresh)."""
+        return self._portal.call(self.aio.resume(run_id, by=by))
 
     def resolve_effect(
         self, run_id: str, *, performed: bool, result: Any = None, **kwargs: Any

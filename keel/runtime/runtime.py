@@ -17,13 +17,14 @@ from keel.core.codec import loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.errors import RunNotFound, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
+from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
 from keel.core.portal import Portal
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
-from keel.core.workflows import Workflows
-from keel.langgraph.executor import Executor, checkpoint_misfits
+from keel.core.workflows import Workflow, Workflows
+from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input
 from keel.langgraph.savers import FencedSaver, make_saver
 
@@ -102,6 +103,7 @@ class Runtime:
         heartbeat_interval: float | None = None,
         max_input_bytes: int = 1_000_000,
         portal: Portal | None = None,
+        attempts: Attempts | None = None,
     ) -> None:
         self.url = url
         self.heartbeat_interval = heartbeat_interval or lease_ttl / 3
@@ -115,12 +117,14 @@ class Runtime:
             lease_ttl=lease_ttl,
             artifacts_root=Path(artifacts_root),
             wake=self.wake,
+            attempts=attempts or Attempts(),
         )
         self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._wakers: list[asyncio.Event] = []
+        self._checked: set[str] = set()
 
     # What the core needs, handed down as `services`; read here for callers above the core.
     @property
@@ -156,6 +160,22 @@ class Runtime:
     def latest_schema_version(self) -> int:
         """The schema version this Keel needs (its last migration)."""
         return self.store.latest_version
+
+    def register(self, workflow: Workflow) -> None:
+        """Add a workflow whose graph compiles; InvalidWorkflow (nothing registered) if not."""
+        compile_graph(workflow)
+        self.workflows.add(workflow)
+        self._checked.add(workflow.key)
+
+    def check_workflows(self) -> None:
+        """InvalidWorkflow unless every registered graph compiles (once per workflow)."""
+        for workflow in self.workflows.all():
+            self._check(workflow)
+
+    def _check(self, workflow: Workflow) -> None:
+        if workflow.key not in self._checked:
+            compile_graph(workflow)
+            self._checked.add(workflow.key)
 
     def adopt(self, workflows: Workflows) -> None:
         """Serve another runtime's registry (shared, not copied) on this one's database."""
@@ -240,6 +260,7 @@ class Runtime:
         JobExists."""
         await self.open()
         wf = self.workflows.get(workflow, version)
+        self._check(wf)  # refused before admission: a run of it could never execute
         admitted = await runs.admit(
             self.store,
             workflow=wf.name,
@@ -337,15 +358,31 @@ class Runtime:
         await self.open()
         return await self.store.pending_waits(limit)
 
-    async def workers(self) -> list[Row]:
-        """Workers that announced themselves within three heartbeat intervals."""
+    async def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Workers that announced themselves within three heartbeat intervals, each with
+        `state` "live"; with `silent_for`, also those not stopped that went quiet within that
+        many seconds, `state` "silent": waiting for the database, or dead (nobody can tell
+        from here; a live one comes back by itself once it reaches the database)."""
         await self.open()
-        return await self.store.workers(3 * self.heartbeat_interval)
+        live_window = 3 * self.heartbeat_interval
+        rows = await self.store.workers(max(live_window, silent_for))
+        now = await self.store.database_now()
+        for row in rows:
+            row["state"] = "live" if row["heartbeat_at"] >= now - live_window else "silent"
+        return rows
 
     async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
         await self.open()
         validate_run_id(run_id)
         return await runs.cancel(self.store, run_id, by=by)
+
+    async def resume(self, run_id: str, *, by: str | None = None) -> Row:
+        """Queue a failed run again, to continue from its last checkpoint with its ledger."""
+        await self.open()
+        validate_run_id(run_id)
+        row = await runs.resume(self.store, run_id, by=by)
+        self.wake()
+        return row
 
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()

@@ -9,11 +9,16 @@ The database's clock judges every lease and deadline; the worker still compares 
 with it at start (refusing to start past `max_clock_skew`) and every minute (warning), since a
 host that far off logs and signs with a wrong time. It also says, once per run, when a run of
 one of its workflows is under a version that no live worker executes (stranded).
+
+A database that goes away (restart, failover, full disk, pool timeout) does not stop the
+worker: the claim loop backs off (exponential, jittered, capped) and reconnects; the runs it
+held resume from their last checkpoint, here or on another worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -22,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import leases
+from keel.core import infra, leases
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
@@ -99,6 +104,13 @@ class Worker:
         self._tasks: dict[str, tuple[Lease, asyncio.Task[Outcome]]] = {}
         self._stopping = asyncio.Event()
         self._stop_requests = 0
+        self.database_unavailable_since: float | None = None
+        """Set (loop time) while the worker cannot reach its database and waits for it."""
+        self._outage_attempts = 0
+
+    # Reconnect attempts while the database is away: quick at first, then every few seconds.
+    reconnect_backoff = 0.1
+    max_reconnect_backoff = 5.0
 
     def stop(self) -> None:
         """First call: drain (runs stop at their next step boundary). Second call: stop now."""
@@ -112,35 +124,44 @@ class Worker:
     async def run(self) -> WorkerStats:
         rt = self.runtime
         await rt.open()
+        rt.check_workflows()  # a graph that cannot compile is refused here, not at every claim
         await self._check_clock()  # ClockSkew: refuse to start
         rt.set_draining(False)  # an earlier worker's stop on this runtime is over
         executor = rt.executor(self.worker_id)
         wake = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
         listener = asyncio.create_task(rt.connector.listen("keel_wake", wake.set))
-        await self._announce()
+        await self._guarded(self._announce())
         delay = self.poll_interval
         next_sweep = 0.0
         loop = asyncio.get_running_loop()
         try:
             while not self._stopping.is_set():
-                if loop.time() >= next_sweep:
-                    next_sweep = loop.time() + self.sweep_interval
-                    await self._sweep()
-                claimed = await self._fill(executor)
-                if (
-                    self.stop_when_idle
-                    and not claimed
-                    and not self._tasks
-                    and await rt.store.count_unfinished(rt.workflows.keys()) == 0
-                ):
-                    # Deliver what the last runs announced (a wait's request) before leaving,
-                    # and stay if a due deadline queued a run meanwhile.
-                    if not self.sweep_before_exit:
-                        break
-                    await self._sweep()
-                    if await rt.store.count_unfinished(rt.workflows.keys()) == 0:
-                        break
+                try:
+                    if loop.time() >= next_sweep:
+                        next_sweep = loop.time() + self.sweep_interval
+                        await self._sweep()
+                    claimed = await self._fill(executor)
+                    idle = (
+                        self.stop_when_idle
+                        and not claimed
+                        and not self._tasks
+                        and await rt.store.count_unfinished(rt.workflows.keys()) == 0
+                    )
+                    if idle:
+                        # Deliver what the last runs announced (a wait's request) before
+                        # leaving, and stay if a due deadline queued a run meanwhile.
+                        if not self.sweep_before_exit:
+                            break
+                        await self._sweep()
+                        if await rt.store.count_unfinished(rt.workflows.keys()) == 0:
+                            break
+                    self._reachable()
+                except Exception as exc:
+                    if not rt.store.is_infrastructure(exc):
+                        raise
+                    await self._wait_for_database(exc)
+                    continue
                 delay = self.poll_interval if claimed else min(delay * 2, self.max_poll_interval)
                 wake.clear()
                 waiters: list[asyncio.Future[Any]] = [
@@ -162,6 +183,39 @@ class Worker:
             await asyncio.gather(heartbeat, listener, return_exceptions=True)
             await self._goodbye()
         return self.stats
+
+    async def _guarded(self, step: Any) -> None:
+        try:
+            await step
+        except Exception as exc:
+            if not self.runtime.store.is_infrastructure(exc):
+                raise
+            log.warning("worker %s: database unavailable (%r); continuing", self.worker_id, exc)
+
+    def _reachable(self) -> None:
+        if self.database_unavailable_since is not None:
+            away = asyncio.get_running_loop().time() - self.database_unavailable_since
+            log.warning("worker %s: database reachable again after %.1f s", self.worker_id, away)
+        self.database_unavailable_since = None
+        self._outage_attempts = 0
+
+    async def _wait_for_database(self, exc: Exception) -> None:
+        """Back off before the next claim: the database (or its pool) failed, not Keel."""
+        self._outage_attempts += 1
+        if self.database_unavailable_since is None:
+            self.database_unavailable_since = asyncio.get_running_loop().time()
+        delay = infra.backoff(
+            self._outage_attempts, base=self.reconnect_backoff, cap=self.max_reconnect_backoff
+        )
+        log.warning(
+            "worker %s: waiting for the database (attempt %d, next in %.2f s): %r",
+            self.worker_id,
+            self._outage_attempts,
+            delay,
+            exc,
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
     async def _fill(self, executor: Executor) -> int:
         rt = self.runtime
@@ -201,7 +255,7 @@ class Worker:
             )
             return
         outcome = task.result()
-        if outcome in (LeaseEnd.LOST, LeaseEnd.RELEASED):
+        if outcome in (LeaseEnd.LOST, LeaseEnd.RELEASED, LeaseEnd.RETRY):
             self.stats.lost += 1
         elif outcome in FINISHED:
             self.stats.finished += 1
@@ -213,8 +267,12 @@ class Worker:
             applied = await self.runtime.sweep()
             if self.runtime.notifiers:
                 await self.runtime.dispatch(self.worker_id)
-        except Exception:
-            log.exception("sweep failed; the next pass retries")
+        except Exception as exc:
+            if self.runtime.store.is_infrastructure(exc):
+                # The claim that follows meets the same fault and backs the whole loop off.
+                log.warning("sweep: database unavailable (%r); the next pass retries", exc)
+            else:
+                log.exception("sweep failed; the next pass retries")
             return
         if applied:
             log.info("applied %d deadline policies", applied)
@@ -285,8 +343,12 @@ class Worker:
             try:
                 lost = await leases.renew(rt.store, held, rt.lease_ttl)
                 await self._announce()
-            except Exception:
-                log.exception("heartbeat failed; leases may expire")
+            except Exception as exc:
+                # Kept at its interval, not backed off: each renewal missed brings the TTL closer.
+                if rt.store.is_infrastructure(exc):
+                    log.warning("heartbeat: database unavailable (%r); leases may expire", exc)
+                else:
+                    log.exception("heartbeat failed; leases may expire")
                 continue
             for lease in lost:
                 entry = self._tasks.get(lease.run_id)

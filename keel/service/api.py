@@ -236,6 +236,24 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
         return m.run_model(row, _run_url(request, run_id))
 
+    @router.post(
+        "/runs/{run_id}/resume",
+        response_model=m.Run,
+        responses={**NOT_FOUND, 409: {"model": m.Problem, "description": "The run is not failed."}},
+    )
+    def resume_run(
+        run_id: RunId,
+        request: Request,
+        principal: Writer,
+        body: Annotated[m.ResumeIn | None, Body()] = None,
+    ) -> m.Run:
+        """Queue a failed run again: it continues from its last checkpoint with its ledger, so an
+        effect it recorded is not performed again. 409 unless the run is failed."""
+        keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
+        details = keel_app.get_run(run_id)
+        row = {**details.run, "stranded": details.stranded}
+        return m.run_model(row, _run_url(request, run_id))
+
     @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
     def upgrade_run(run_id: RunId, body: m.UpgradeIn, request: Request, principal: Writer) -> m.Run:
         """Move a queued or waiting run to another registered version of its workflow (409

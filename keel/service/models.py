@@ -46,6 +46,10 @@ class ResolutionIn(Body):
     action_id: str | None = Field(None, min_length=1, max_length=200)
 
 
+class ResumeIn(Body):
+    by: str | None = Field(None, max_length=200, description="Who resumes (for the timeline).")
+
+
 class UpgradeIn(Body):
     to: str = Field(min_length=1, max_length=200, description="The version to move the run to.")
     by: str | None = Field(None, max_length=200, description="Who upgrades (for the timeline).")

@@ -481,6 +481,7 @@ def test_every_command_explains_itself_and_is_documented() -> None:
         "list",
         "show",
         "cancel",
+        "resume",
         "upgrade",
     }
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
@@ -541,3 +542,51 @@ def test_serve_answers_until_sigterm(env: dict[str, str]) -> None:
     assert "Traceback" not in err
     # No $KEEL_API_TOKENS in this environment: said before the first 401, not after.
     assert "warning: no API tokens: $KEEL_API_TOKENS is empty" in err
+
+
+# -- failures that must not loop: resume, broken graphs -----------------------------------------
+
+
+def test_runs_resume_continues_a_failed_run_without_sending_again(
+    env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    broken = tmp_path / "printer-broken"
+    broken.touch()
+    shop = "tests.support.apps.shipping:app"
+    with SmtpSink() as sink:
+        env = {**env, "KEEL_TEST_SMTP": f"127.0.0.1:{sink.port}", "SHIPPING_BROKEN": str(broken)}
+        submitted = keel(
+            env, "submit", shop, "shipping", "--job-id", "o-1", "--input", '{"order": "o-1"}'
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        run_id = submitted_run_id(submitted.stdout)
+        assert keel(env, "worker", shop, "--stop-when-idle").returncode == 0
+        assert show(env, db_url, run_id)["run"]["status"] == "failed"
+        assert sink.count() == 1
+
+        broken.unlink()  # fixed; now resume rather than rerun
+        resumed = keel(env, "runs", "resume", run_id, "--by", "ops")
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"resumed run {run_id}" in resumed.stdout
+        again = keel(env, "runs", "resume", run_id)
+        assert again.returncode == 1
+        assert "only a failed run can be resumed" in one_error_line(again.stderr)
+        assert keel(env, "worker", shop, "--stop-when-idle").returncode == 0
+        final = show(env, db_url, run_id)
+        assert final["run"]["status"] == "completed"
+        assert final["run"]["output"] is not None
+        assert sink.count() == 1  # the confirmation went out once, before the failure
+        assert [e["status"] for e in final["effects"]] == ["sent"]
+
+
+def test_a_graph_that_cannot_compile_is_refused_at_submit_and_worker_start(
+    env: dict[str, str],
+) -> None:
+    broken = "tests.support.apps.broken:app"
+    submitted = keel(env, "submit", broken, "no-start", "--job-id", "j", "--input", "{}")
+    assert submitted.returncode == 1
+    line = one_error_line(submitted.stderr)
+    assert "workflow no-start@1: its graph does not compile" in line
+    worker = keel(env, "worker", broken, "--stop-when-idle")
+    assert worker.returncode == 1
+    assert "does not compile" in one_error_line(worker.stderr)

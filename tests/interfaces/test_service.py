@@ -18,11 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
+from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.service import create_app, health
 from tests.support.apps import versions
 from tests.support.apps.service import PERFORMED, WORKFLOW, LiveServer, register
+from tests.support.graphs import EchoState
 from tests.support.in_doubt import in_doubt
 from tests.support.providers import Provider
 from tests.support.service_client import (
@@ -127,6 +129,7 @@ def test_every_endpoint_but_health_needs_a_token_with_its_scope(svc: Service) ->
         ("GET", f"/runs/{run_id}", None, "runs:read"),
         ("GET", f"/runs/{run_id}/artifacts/draft.md", None, "runs:read"),
         ("POST", f"/runs/{run_id}/cancel", None, "runs:write"),
+        ("POST", f"/runs/{run_id}/resume", None, "runs:write"),
         ("GET", "/approvals", None, "approvals:read"),
         ("GET", f"/approvals/{approval_id}", None, "approvals:read"),
         (
@@ -542,6 +545,53 @@ def test_cancel_then_a_decision_is_409_with_what_was_recorded(svc: Service) -> N
     assert svc.events(run_id, "decision.recorded") == []
     svc.work()
     assert PERFORMED == []
+
+
+def test_resume_of_a_failed_run_continues_it_without_a_second_send(svc: Service) -> None:
+    sent: list[str] = []
+    broken = [True]
+
+    @keel.effect("ping")
+    def ping(to: str, *, idempotency_key: str) -> str:
+        sent.append(idempotency_key)
+        return to
+
+    def send(state: dict[str, Any]) -> dict[str, Any]:
+        return {"text": ping(state["text"])}
+
+    def after(state: dict[str, Any]) -> dict[str, Any]:
+        if broken[0]:
+            raise RuntimeError("downstream rejected it")
+        return {"out": "done"}
+
+    def graph() -> StateGraph:
+        g = StateGraph(EchoState)
+        g.add_node("send", send)
+        g.add_node("after", after)
+        g.add_edge(START, "send")
+        g.add_edge("send", "after")
+        g.add_edge("after", END)
+        return g
+
+    svc.app.workflow("resumable")(graph)
+    run_id = svc.app.submit("resumable", job_id="resume-1", input={"text": "x"}).run_id
+    waiting, _ = svc.waiting_run("resume-2")
+    svc.work()
+    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "failed"
+    not_failed = svc.http.post(f"/runs/{waiting}/resume")
+    assert not_failed.status_code == 409, not_failed.text
+    assert "only a failed run can be resumed" in not_failed.json()["message"]
+    assert svc.http.post("/runs/nope-0000000000000000/resume").status_code == 404
+
+    broken[0] = False
+    resumed = svc.http.post(f"/runs/{run_id}/resume", json={"by": "ops"})
+    assert resumed.status_code == 200, resumed.text
+    assert (resumed.json()["status"], resumed.json()["error"]) == ("queued", None)
+    assert svc.http.post(f"/runs/{run_id}/resume").status_code == 409  # queued now
+    svc.work()
+    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "completed"
+    assert len(sent) == 1
+    assert svc.events(run_id, "status.queued")[-1]["data"]["by"] == "ops"
 
 
 def test_a_decision_after_the_deadline_policy_is_409(serve: Callable[..., Service]) -> None:

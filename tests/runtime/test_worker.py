@@ -158,3 +158,23 @@ def test_a_worker_started_after_another_was_stopped_still_finishes_runs(
     # Released at no step boundary: the new worker was not draining.
     assert "status.queued" not in [e["kind"] for e in details.timeline]
     assert stats.claimed == 1
+
+
+def test_a_worker_that_stopped_heartbeating_is_listed_as_silent_not_dropped(
+    make_app: AppFactory,
+) -> None:
+    clock = keel.ManualClock(1_000.0)
+    app = make_app(clock=clock, lease_ttl=3)
+    app.workflow("two")(two_steps)
+    drain(app)  # announces itself, then stops: a stopped worker is never listed
+    assert app.workers(silent_for=3600) == []
+    worker = Worker(app.aio)
+    app.aio.portal.call(worker._announce())
+    assert [w["state"] for w in app.workers()] == ["live"]
+    clock.advance(3.5)  # three heartbeat intervals without a word (cut off, or dead)
+    assert app.workers() == []
+    assert [(w["worker_id"], w["state"]) for w in app.workers(silent_for=3600)] == [
+        (worker.worker_id, "silent")
+    ]
+    clock.advance(3600)
+    assert app.workers(silent_for=3600) == []

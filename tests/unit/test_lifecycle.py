@@ -25,6 +25,7 @@ ALLOWED = {
     (W, Q),  # decided: queued to resume
     (W, X),
     (W, F),  # a wait's deadline policy may fail the run
+    (F, Q),  # resumed by an operator: same run, same ledger
 }
 ALL_PAIRS = set(itertools.product(Status, Status))
 
@@ -48,9 +49,11 @@ def test_table_matches_the_design_exactly() -> None:
 
 
 @pytest.mark.parametrize("src", sorted(FINISHED))
-def test_finished_run_accepts_no_transition_not_even_to_itself(src: Status) -> None:
+def test_finished_run_accepts_no_transition_but_a_failed_runs_resume(src: Status) -> None:
     assert src.finished
     for dst in Status:
+        if (src, dst) == (F, Q):
+            continue
         with pytest.raises(InvalidTransition):
             check_transition(src, dst)
 

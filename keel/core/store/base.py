@@ -76,6 +76,11 @@ class Connector(Protocol):
 
     async def close(self) -> None: ...
 
+    def is_transient(self, exc: BaseException) -> bool:
+        """True if this one exception (not its chain) is the driver saying the database or its
+        connection failed, rather than the statement: see `keel.core.infra`."""
+        ...
+
     def transaction(self) -> AbstractAsyncContextManager[Tx]:
         """A write transaction; SQLite takes the write lock at BEGIN (IMMEDIATE)."""
         ...

@@ -62,6 +62,34 @@ class LeaseQueries:
             raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
         return row
 
+    # -- failed attempts ------------------------------------------------------------------------
+
+    @staticmethod
+    async def count_failed_attempt(
+        tx: Tx, run_id: str, token: int, *, crash: bool
+    ) -> tuple[int, int]:
+        """One more crashed (`crash`) or infrastructure-interrupted attempt; the run's counts
+        of both afterwards."""
+        row = await tx.one(
+            "count_failed_attempt",
+            {
+                "run_id": run_id,
+                "lease_token": token,
+                "crash": int(crash),
+                "infra": int(not crash),
+            },
+        )
+        if row is None:
+            raise LeaseLost(f"run {run_id}: lease token {token} is stale")
+        return int(row["crash_count"]), int(row["infra_retries"])
+
+    @staticmethod
+    async def hold_lease_for(tx: Tx, run_id: str, token: int, delay: float) -> None:
+        """Keep the lease `delay` seconds from now by the database's clock, then let it lapse."""
+        await tx.execute(
+            "hold_lease_until", {"run_id": run_id, "lease_token": token, "delay": delay}
+        )
+
     # -- claims ---------------------------------------------------------------------------------
 
     @staticmethod

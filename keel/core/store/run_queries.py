@@ -126,6 +126,12 @@ class RunQueries:
         await tx.execute("set_run_decision", {"run_id": run_id, "decision": decision})
 
     @staticmethod
+    async def clear_failure(tx: Tx, run_id: str) -> None:
+        """Forget a resumed run's termination reason, error and failed attempts."""
+        await tx.execute("clear_failure", {"run_id": run_id})
+        await tx.execute("reopen_failed_effects", {"run_id": run_id})
+
+    @staticmethod
     async def request_cancel(tx: Tx, run_id: str) -> None:
         """Ask a running run to stop at its next step boundary."""
         await tx.execute("set_cancel_requested", {"run_id": run_id})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
+from keel.core import infra
 from keel.core.errors import SchemaMismatch
 from keel.core.store.base import Connector, Tx, load_migrations
 from keel.core.store.effect_queries import EffectQueries
@@ -38,6 +39,11 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries):
     @property
     def latest_version(self) -> int:
         return self.migrations[-1].version
+
+    def is_infrastructure(self, exc: BaseException) -> bool:
+        """Did `exc` come from the database or the machine rather than the graph (the one rule,
+        in `keel.core.infra`, fed by this backend's driver errors)?"""
+        return infra.is_infrastructure(exc, self.db.is_transient)
 
     def transaction(self) -> AbstractAsyncContextManager[Tx]:
         """A write transaction (SQLite: the write lock is taken at its start)."""

@@ -326,3 +326,28 @@ LIMIT :limit;
 UPDATE keel_runs SET workflow_version = :version, updated_at = keel_now()
 WHERE run_id = :run_id AND status IN ('queued', 'waiting')
 RETURNING *;
+
+-- name: count_failed_attempt
+-- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
+UPDATE keel_runs
+SET crash_count = crash_count + :crash, infra_retries = infra_retries + :infra, updated_at = keel_now()
+WHERE run_id = :run_id AND lease_token = :lease_token
+RETURNING crash_count, infra_retries;
+
+-- name: hold_lease_until
+-- Keep a crashed run's lease until its backoff is over: it is claimable again after that.
+UPDATE keel_runs SET lease_expires_at = keel_now() + :delay, updated_at = keel_now()
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running';
+
+-- name: clear_failure
+-- A resumed run starts afresh: no termination reason, error or failed attempts.
+UPDATE keel_runs
+SET termination_reason = NULL, error = NULL, crash_count = 0, infra_retries = 0,
+    cancel_requested = 0, updated_at = keel_now()
+WHERE run_id = :run_id;
+
+-- name: reopen_failed_effects
+-- A resumed run's failed effects go back to pending: the ledger then asks the reconciler (or a
+-- person) whether they reached the provider, as after a crash, instead of failing them again.
+UPDATE keel_effects SET status = 'pending', updated_at = keel_now()
+WHERE run_id = :run_id AND status = 'failed';

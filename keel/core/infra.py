@@ -1,0 +1,82 @@
+"""Infrastructure faults: the one rule that tells "the database went away" from "the graph failed".
+
+A run that meets a lost connection, a restarting server, a pool timeout, a serialization
+failure, a busy or full SQLite file or an I/O error is not failed: its work is given back and
+resumed from its last checkpoint. Only the backends know their drivers' error classes, so each
+connector answers `is_transient(exc)` for one exception; this module walks the whole chain,
+because LangGraph's savers and tasks often re-raise or wrap what the driver raised.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+Predicate = Callable[[BaseException], bool]
+
+# Whoever hits them, a full disk or a failing device is the machine's fault, not the graph's.
+_OS_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+_MAX_CHAIN = 64
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, then everything it was raised from or while handling, and group members."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack and len(seen) < _MAX_CHAIN:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        for linked in (current.__context__, current.__cause__):
+            if linked is not None:
+                stack.append(linked)
+
+
+def is_infrastructure(exc: BaseException, backend: Predicate) -> bool:
+    """True if `exc`, or anything in its chain, is an infrastructure fault (see module doc)."""
+    for cause in causes(exc):
+        if isinstance(cause, OSError) and cause.errno in _OS_ERRNOS:
+            return True
+        if backend(cause):
+            return True
+    return False
+
+
+def backoff(attempt: int, *, base: float, cap: float) -> float:
+    """Exponential delay with jitter: between half and all of `base` * 2^(attempt-1), capped.
+
+    Jitter spreads a fleet that lost its database at the same instant, so the server that comes
+    back is not hit by every worker in the same millisecond.
+    """
+    ceiling = min(cap, base * 2 ** max(0, attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """How many failed attempts a run gets before it ends failed, and the backoff between.
+
+    `max_crashes`: executions that failed outside the graph's nodes (the executor, the saver,
+    Keel itself), each followed by a backoff. `max_infra_retries`: executions interrupted by an
+    infrastructure fault. Both count since the run's admission or its last resume.
+    """
+
+    max_crashes: int = 5
+    max_infra_retries: int = 20
+    backoff: float = 1.0
+    max_backoff: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_crashes < 1 or self.max_infra_retries < 1:
+            raise ValueError("max_crashes and max_infra_retries must be at least 1")
+        if self.backoff < 0 or self.max_backoff < self.backoff:
+            raise ValueError("backoff must be >= 0 and max_backoff >= backoff")
+
+    def delay(self, attempt: int) -> float:
+        return backoff(attempt, base=self.backoff, cap=self.max_backoff)

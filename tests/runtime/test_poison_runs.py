@@ -1,0 +1,133 @@
+"""Nothing is stuck silently: a graph that cannot compile is refused before any run of it
+exists, and a run whose execution keeps crashing outside its nodes ends failed after a bounded
+number of attempts, each on its timeline, so a stop-when-idle worker exits."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+import psycopg
+import pytest
+from langgraph.graph import END, StateGraph
+
+import keel
+from keel.core.errors import InvalidWorkflow
+from keel.core.workflows import Workflow, Workflows
+from tests.support.graphs import echo_graph
+from tests.support.workers import drain
+
+AppFactory = Callable[..., keel.App]
+
+
+class S(TypedDict, total=False):
+    text: str
+
+
+def no_edge_from_start() -> StateGraph:
+    g = StateGraph(S)
+    g.add_node("a", lambda s: {})
+    g.add_edge("a", END)
+    return g
+
+
+def test_a_graph_without_an_edge_from_start_is_refused_at_registration(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    with pytest.raises(InvalidWorkflow, match=r"broken@1: its graph does not compile"):
+        app.workflow("broken")(no_edge_from_start)
+    with pytest.raises(InvalidWorkflow, match="must return an uncompiled LangGraph builder"):
+        app.workflow("compiled")(lambda: echo_graph().compile())
+    assert app.aio.workflows.keys() == []  # nothing half-registered
+
+
+def test_a_broken_graph_is_refused_at_submit_and_at_worker_start(make_app: AppFactory) -> None:
+    # A registry filled without App.workflow (the chaos harness adopts the user's registry).
+    app = make_app()
+    registry = Workflows()
+    registry.add(Workflow("broken", "1", no_edge_from_start))
+    app.aio.adopt(registry)
+    with pytest.raises(InvalidWorkflow, match="does not compile"):
+        app.submit("broken", job_id="j", input={})
+    assert app.list_runs() == []
+    with pytest.raises(InvalidWorkflow, match="does not compile"):
+        app.run_worker(stop_when_idle=True, handle_signals=False)
+
+
+def test_a_run_that_crashes_outside_its_nodes_ends_failed_after_max_attempts(
+    make_app: AppFactory,
+) -> None:
+    builds = [0]
+
+    def flaky_factory() -> StateGraph:
+        # Builds at registration, then never again (a config file that went missing).
+        builds[0] += 1
+        if builds[0] > 1:
+            raise RuntimeError("graph config vanished")
+        return echo_graph()
+
+    app = make_app(max_attempts=3, retry_backoff=0.01)
+    app.workflow("flaky")(flaky_factory)
+    run_id = app.submit("flaky", job_id="j", input={"text": "x"}).run_id
+    stats = drain(app, within=30)  # returns: the stop-when-idle worker exits
+    details = app.get_run(run_id)
+    assert (details.status, details.termination_reason) == ("failed", "execution_error")
+    assert "graph config vanished" in details.run["error"]
+    kinds = [e["kind"] for e in details.timeline]
+    assert kinds.count("attempt.crashed") == 2
+    assert kinds.count("attempt.failed") == 1
+    assert kinds.count("lease.claimed") + kinds.count("lease.takeover") == 3
+    crashed = [e["data"] for e in details.timeline if e["kind"].startswith("attempt.")]
+    assert [d["attempt"] for d in crashed] == [1, 2, 3]
+    assert all(d["cause"] == "crash" and d["limit"] == 3 for d in crashed)
+    assert stats.claimed == 3
+
+
+def test_the_graphs_own_failure_ends_the_run_at_once(make_app: AppFactory) -> None:
+    def boom(state: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("bad input")
+
+    app = make_app(max_attempts=3, retry_backoff=0.01)
+    app.workflow("boom")(lambda: echo_graph(boom))  # type: ignore[arg-type]
+    run_id = app.submit("boom", job_id="j", input={"text": "x"}).run_id
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "failed" and "ValueError: bad input" in details.run["error"]
+    assert not [e for e in details.timeline if e["kind"].startswith("attempt.")]
+
+
+def test_an_infrastructure_fault_in_a_node_gives_the_run_back_instead_of_failing_it(
+    make_app: AppFactory,
+) -> None:
+    calls = [0]
+    app = make_app(max_infra_retries=3)
+
+    def driver_fault() -> Exception:
+        # What each driver raises when the disk fills up under it (the processes tier fills
+        # a real one; here the point is the executor's answer to it).
+        if app.aio.dialect == "sqlite":
+            err = sqlite3.OperationalError("database or disk is full")
+            err.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+            return err
+        return psycopg.errors.DiskFull("could not extend file: No space left on device")
+
+    def flaky_disk(state: dict[str, Any]) -> dict[str, Any]:
+        calls[0] += 1
+        if calls[0] == 1:
+            # Re-raised under another type, as LangGraph's tasks and savers may do.
+            try:
+                raise driver_fault()
+            except Exception as exc:
+                raise RuntimeError("task failed") from exc
+        return {"out": state["text"].upper()}
+
+    app.workflow("disk")(lambda: echo_graph(flaky_disk))  # type: ignore[arg-type]
+    run_id = app.submit("disk", job_id="j", input={"text": "x"}).run_id
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "completed" and details.output["out"] == "X"
+    interrupted = [e["data"] for e in details.timeline if e["kind"] == "attempt.interrupted"]
+    assert [(d["cause"], d["attempt"]) for d in interrupted] == [("infrastructure", 1)]
+    assert details.run["infra_retries"] == 1

@@ -66,7 +66,12 @@ def check_input(workflow: Workflow, value: Any) -> None:
     """InvalidInput, with one entry per field in `.errors`, unless the graph can take `value`."""
     schema = _schemas.get(workflow)
     if schema is None:
-        builder = workflow.factory()
+        try:
+            builder = workflow.factory()
+        except Exception:
+            # The graph compiled at registration; a factory that fails now fails the run where
+            # it executes (with the attempt limits), not the admission: no schema to check.
+            return
         schema = _schemas[workflow] = _Schema(
             getattr(builder, "input_schema", None) or builder.state_schema
         )

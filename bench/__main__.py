@@ -18,12 +18,15 @@ from pathlib import Path
 
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
-CASES = ("floor", "step", "effect", "approval", "drain", "takeover", "state", "memory")
+CASES = (
+    "floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "console",
+)  # fmt: skip
 
 
 def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], CaseResult]:
     from bench import (
         case_approval,
+        case_console,
         case_drain,
         case_floor,
         case_memory,
@@ -41,6 +44,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
+        "console": lambda s, d, f: case_console.run(s, d),
     }
     return table[case]
 

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 import keel
+from keel.testing.postgres import drop_database
 
 PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
 REQUIRE_PG = os.environ.get("KEEL_REQUIRE_POSTGRES") == "1"
@@ -53,14 +54,13 @@ def pg_template() -> Iterator[str]:
             pytest.fail(f"{reason} (KEEL_REQUIRE_POSTGRES=1)")
         pytest.skip(reason)
     name = f"keel_tpl_{os.getpid()}"
+    drop_database(PG_URL, name)
     with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     with keel.App(_with_db(PG_URL, name)) as app:
         app.migrate()
     yield name
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(PG_URL, name)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -82,8 +82,7 @@ def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
     with _admin() as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
     yield _with_db(PG_URL, name)
-    with _admin() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(PG_URL, name)
 
 
 @pytest.fixture

@@ -62,19 +62,30 @@ class _Schema:
 _schemas: dict[Workflow, _Schema] = {}
 
 
+def learn_input_schema(workflow: Workflow, graph: Any) -> None:
+    """Remember the input schema of `workflow`'s graph, compiled at registration (its builder
+    is `graph.builder`), so that submit checks inputs without building the graph again."""
+    builder = getattr(graph, "builder", None)
+    if builder is not None and workflow not in _schemas:
+        _schemas[workflow] = _schema_of(builder)
+
+
+def _schema_of(builder: Any) -> _Schema:
+    return _Schema(getattr(builder, "input_schema", None) or builder.state_schema)
+
+
 def check_input(workflow: Workflow, value: Any) -> None:
     """InvalidInput, with one entry per field in `.errors`, unless the graph can take `value`."""
     schema = _schemas.get(workflow)
     if schema is None:
+        # Not learned at registration (a Workflow registered by other means): build it once.
         try:
             builder = workflow.factory()
         except Exception:
             # The graph compiled at registration; a factory that fails now fails the run where
             # it executes (with the attempt limits), not the admission: no schema to check.
             return
-        schema = _schemas[workflow] = _Schema(
-            getattr(builder, "input_schema", None) or builder.state_schema
-        )
+        schema = _schemas[workflow] = _schema_of(builder)
     if not isinstance(value, dict):
         problems = [f"input: expected an object ({schema.name}), got {type(value).__name__}"]
     else:

@@ -11,10 +11,15 @@ import signal
 import threading
 
 from keel.runtime.runtime import Runtime
+from keel.runtime.summary import RunSummary, summarize
 from keel.runtime.worker import Worker, WorkerStats
 
 
 class AsyncApp(Runtime):
+    async def summary(self, run_id: str) -> RunSummary:
+        """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
+        return summarize(await self.get_run(run_id), await self.database_now())
+
     def worker(
         self,
         *,
@@ -24,7 +29,10 @@ class AsyncApp(Runtime):
         worker_id: str | None = None,
         max_clock_skew: float | None = None,
     ) -> Worker:
-        """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains)."""
+        """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains).
+
+        Its run() raises ClockSkew if this host's clock is more than `max_clock_skew` seconds
+        (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
         return Worker(
             self,
             concurrency=concurrency,

@@ -24,6 +24,7 @@ from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
+from keel.runtime.summary import RunSummary
 from keel.runtime.worker import WorkerStats
 
 F = TypeVar("F", bound=Callable[[], Any])
@@ -163,6 +164,15 @@ class App:
     def list_runs(self, **filters: Any) -> list[Row]:
         return self._portal.call(self.aio.list_runs(**filters))
 
+    def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first, filtered by status, workflow, job id prefix (`job_prefix`) and
+        admission time (`since`, `until`), each with its number of `pending_waits`."""
+        return self._portal.call(self.aio.browse_runs(**filters))
+
+    def summary(self, run_id: str) -> RunSummary:
+        """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
+        return self._portal.call(self.aio.summary(run_id))
+
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
         return self._portal.call(self.aio.approve(run_id, **kwargs))
@@ -178,6 +188,23 @@ class App:
     def pending_waits(self, limit: int = 100) -> list[Row]:
         """Open waits, oldest deadline first."""
         return self._portal.call(self.aio.pending_waits(limit))
+
+    def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        """Open waits of one kind (None: all), oldest deadline first, paged."""
+        return self._portal.call(
+            self.aio.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+        )
+
+    def running_runs(self, limit: int = 1000) -> list[Row]:
+        """Runs some worker holds now, by owner (lease token, expiry, last heartbeat)."""
+        return self._portal.call(self.aio.running_runs(limit))
+
+    def database_now(self) -> float:
+        """The database's clock (epoch seconds), which judges every lease and deadline: the
+        console's "in 5 min" and "passed" are measured against it, not this host's clock."""
+        return self._portal.call(self.aio.database_now())
 
     def workers(self, *, silent_for: float = 0.0) -> list[Row]:
         """Live workers (host, pid, concurrency, last heartbeat, `state`); with `silent_for`,

@@ -25,7 +25,7 @@ from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
-from keel.langgraph.inputs import check_input
+from keel.langgraph.inputs import check_input, learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
@@ -163,7 +163,8 @@ class Runtime:
 
     def register(self, workflow: Workflow) -> None:
         """Add a workflow whose graph compiles; InvalidWorkflow (nothing registered) if not."""
-        compile_graph(workflow)
+        # Built once here (submit reads its input schema); a worker compiles its own, fenced.
+        learn_input_schema(workflow, compile_graph(workflow))
         self.workflows.add(workflow)
         self._checked.add(workflow.key)
 
@@ -174,7 +175,7 @@ class Runtime:
 
     def _check(self, workflow: Workflow) -> None:
         if workflow.key not in self._checked:
-            compile_graph(workflow)
+            learn_input_schema(workflow, compile_graph(workflow))
             self._checked.add(workflow.key)
 
     def adopt(self, workflows: Workflows) -> None:
@@ -314,9 +315,13 @@ class Runtime:
             await self.store.served_workflows(3 * self.heartbeat_interval)
         )
 
-    async def stranded_runs(self, limit: int = 100, *, names: list[str] | None = None) -> list[Row]:
-        """Runs that need a worker of a version no worker serves (of workflows `names`, or
-        all), oldest first."""
+    async def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs that need a worker of a version no worker serves, oldest first."""
+        return await self.stranded_runs_of(None, limit)
+
+    async def stranded_runs_of(self, names: list[str] | None, limit: int = 100) -> list[Row]:
+        """Stranded runs of workflows `names` (None: all), oldest first (what a worker looks
+        for among its own workflows)."""
         served = await self.served_versions()
         names = sorted(served) if names is None else names
         keys = sorted(f"{name}@{v}" for name, vs in served.items() for v in vs)
@@ -346,6 +351,25 @@ class Runtime:
         row = await versions.upgrade(self.store, run_id, to, seen=run, by=by)
         self.wake()
         return row
+
+    async def browse_runs(self, **filters: Any) -> list[Row]:
+        """Runs newest first (`Store.browse_runs` filters), each with its `pending_waits`."""
+        await self.open()
+        rows = await self.store.browse_runs(**filters)
+        counts = await self.store.count_pending_waits([r["run_id"] for r in rows])
+        for row in rows:
+            row["pending_waits"] = counts.get(row["run_id"], 0)
+        return rows
+
+    async def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        await self.open()
+        return await self.store.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+
+    async def running_runs(self, limit: int = 1000) -> list[Row]:
+        await self.open()
+        return await self.store.running_runs(limit)
 
     async def get_wait(self, wait_id: str) -> Row:
         await self.open()

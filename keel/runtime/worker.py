@@ -288,7 +288,7 @@ class Worker:
         keys = rt.workflows.keys()
         names = sorted({key.rpartition("@")[0] for key in keys})
         try:
-            stranded = await rt.stranded_runs(names=names)
+            stranded = await rt.stranded_runs_of(names)
         except Exception:
             log.exception("looking for stranded runs failed; the next pass retries")
             return

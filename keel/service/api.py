@@ -20,15 +20,16 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Requ
 from fastapi.responses import FileResponse
 
 import keel
-from keel.core.artifacts import RunArtifacts, artifact_name
 from keel.core.errors import InvalidId, RunFinished, UsageError
-from keel.core.ids import validate_run_id
 from keel.core.lifecycle import Decision, Status
 from keel.core.wait_model import EffectAnswer
 from keel.core.waits import check_answer
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
+from keel.service.console import install_console
+from keel.service.docs import install_docs
 from keel.service.errors import BodyLimit, Refused, install
+from keel.service.files import artifact_file
 from keel.service.health import health_router
 
 log = logging.getLogger("keel.service")
@@ -76,8 +77,12 @@ def create_app(
     api = FastAPI(
         title="Keel",
         version=_version(),
-        description="Admit and inspect crash-safe LangGraph runs; decide their approvals.",
+        description="Admit and inspect crash-safe LangGraph runs; decide their approvals. "
+        "People use the console at /ui.",
         responses=ERRORS,
+        # Served from local assets (keel.service.docs): the defaults load from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     api.state.keel = keel_app
     install(api)
@@ -85,6 +90,8 @@ def create_app(
     api.include_router(health_router(keel_app))
     api.include_router(runs_router(keel_app, auth))
     api.include_router(approvals_router(keel_app, auth))
+    install_docs(api)
+    install_console(api, keel_app, auth)
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:
@@ -214,16 +221,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         _: Reader,
     ) -> FileResponse:
         """One file of the run's artifacts folder."""
-        validate_run_id(run_id)
-        keel_app.get_run(run_id)  # 404 for an unknown run, before looking at any folder
-        try:
-            artifact_name(name)
-        except InvalidId as exc:
-            raise Refused(400, "invalid_id", str(exc)) from None
-        path = RunArtifacts(keel_app.aio.artifacts_root, run_id).path(name)
-        if not path.is_file():
-            raise Refused(404, "artifact_not_found", f"run {run_id} has no artifact {name!r}")
-        return FileResponse(path, filename=name)
+        return FileResponse(artifact_file(keel_app, run_id, name), filename=name)
 
     @router.post("/runs/{run_id}/cancel", response_model=m.Run, responses=NOT_FOUND)
     def cancel_run(

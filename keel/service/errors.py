@@ -226,7 +226,9 @@ class BodyLimit:
 
 
 FORM_PATHS = ("/slack/actions",)
-"""Slack posts its actions form-encoded; every other body Keel reads is JSON."""
+"""Slack posts its actions form-encoded."""
+FORM_PREFIXES = ("/ui/",)
+"""The console's pages post HTML forms; every other body Keel reads is JSON."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -237,8 +239,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def _takes(scope: Scope) -> bool:
-    """Whether the request's body is in a type its endpoint reads (JSON, or Slack's form)."""
-    if str(scope.get("path", "")).endswith(FORM_PATHS):
+    """Whether the request's body is in a type its endpoint reads (JSON, or a form: Slack's,
+    the console's)."""
+    path = str(scope.get("path", ""))
+    if path.endswith(FORM_PATHS) or path.startswith(FORM_PREFIXES):
         return True
     given = _header(scope, b"content-type")
     if given is None:

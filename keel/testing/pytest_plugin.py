@@ -20,6 +20,7 @@ import pytest
 
 import keel
 from keel.testing.http import HttpSink
+from keel.testing.postgres import drop_database
 from keel.testing.smtp import SmtpSink
 
 
@@ -49,8 +50,7 @@ def keel_postgres_db() -> Iterator[str]:
     with keel.App(url) as app:
         app.migrate()
     yield url
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(server, name)
 
 
 @pytest.fixture

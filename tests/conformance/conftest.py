@@ -22,6 +22,7 @@ from langgraph.checkpoint.conformance.initializer import RegisteredCheckpointer
 
 import keel
 from keel.langgraph.savers import FencedSaver
+from keel.testing.postgres import drop_database
 from tests.conformance.adapter import LEASE_TTL, leasing
 
 T = TypeVar("T")
@@ -61,8 +62,7 @@ def _database(backend: str, template: str | None, tmp: pytest.TempPathFactory) -
     try:
         yield f"{PG_URL.rpartition('/')[0]}/{name}"
     finally:
-        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=3) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(PG_URL, name)
 
 
 @contextmanager

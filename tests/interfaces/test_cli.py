@@ -34,6 +34,7 @@ from typer.testing import CliRunner, Result
 from keel.cli import render
 from keel.cli.commands import cli
 from keel.core.store.base import load_migrations
+from keel.testing.postgres import drop_database
 from keel.testing.smtp import SmtpSink
 from tests.support.apps import versions
 from tests.support.apps.cli import SUBJECT, WORKFLOW
@@ -72,8 +73,7 @@ def fresh_url(backend: str, db_url: str, tmp_path: Path) -> Iterator[str]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield f"{db_url.rpartition('/')[0]}/{name}"
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(db_url, name)
 
 
 def invoke(env: dict[str, str], *args: str) -> Result:

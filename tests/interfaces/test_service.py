@@ -469,6 +469,9 @@ def test_a_body_that_is_not_json_is_415_saying_so(svc: Service) -> None:
         assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_media_type")
         assert "application/json" in answer.json()["message"]
     assert svc.http.get("/runs").json()["runs"] == []
+    # The console's pages post HTML forms: not refused for their type.
+    login = svc.http.post("/ui/login", data={"token": "nope"}, follow_redirects=False)
+    assert login.status_code != 415
 
 
 def test_an_in_doubt_effect_is_resolved_over_http_once(

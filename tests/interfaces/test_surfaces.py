@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import typer
+from fastapi.testclient import TestClient
 
 import keel
 from keel.cli.commands import cli
@@ -57,6 +58,22 @@ def test_every_python_operation_is_in_the_table_and_on_aio() -> None:
         assert inspect.iscoroutinefunction(getattr(keel.AsyncApp, name)), name
 
 
+def last_name(annotation: object) -> str:
+    # Annotations are strings (postponed): "DecisionResult" and "waits.DecisionResult" agree.
+    return str(annotation).rpartition(".")[2]
+
+
+def test_aio_takes_the_same_parameters_and_returns_the_same_type() -> None:
+    for name, method in inspect.getmembers(keel.App, inspect.isfunction):
+        if name.startswith("_") or name in SYNC_ONLY:
+            continue
+        sync, coro = inspect.signature(method), inspect.signature(getattr(keel.AsyncApp, name))
+        assert list(sync.parameters.values()) == list(coro.parameters.values()), (
+            f"{name}: App{sync} but app.aio{coro}"
+        )
+        assert last_name(sync.return_annotation) == last_name(coro.return_annotation), name
+
+
 def test_the_cli_and_http_offer_what_the_table_says(tmp_path: Path) -> None:
     group = typer.main.get_group(cli)
     assert isinstance(group, typer.core.TyperGroup)
@@ -67,6 +84,7 @@ def test_the_cli_and_http_offer_what_the_table_says(tmp_path: Path) -> None:
         for path, methods in api.openapi()["paths"].items()
         for method in methods
     }
+    console = TestClient(api)
     known_codes = {code for _, _, code in KEEL_ERRORS} | SERVICE_CODES
     for row in table():
         if row["cli"] != "-":
@@ -75,6 +93,13 @@ def test_the_cli_and_http_offer_what_the_table_says(tmp_path: Path) -> None:
             assert words in cli_commands, f"{row['operation']}: no `keel {' '.join(words)}`"
         if row["http"] != "-":
             method, path = row["http"].strip("`").split()
-            assert (method, path) in routes, f"{row['operation']}: no {method} {path}"
+            if path.startswith("/ui/"):
+                # A console page (not in the API's schema): it exists when it is not a 404.
+                status = console.request(
+                    method, path.replace("{run_id}", "r"), follow_redirects=False
+                ).status_code
+                assert status not in (404, 405), f"{row['operation']}: no {method} {path}"
+            else:
+                assert (method, path) in routes, f"{row['operation']}: no {method} {path}"
         for code in re.findall(r"`([a-z_]+)`", row["errors"]):
             assert code in known_codes, f"{row['operation']}: unknown error code {code}"

@@ -229,6 +229,25 @@ def test_a_pydantic_input_schema_is_validated_as_langgraph_would(make_app: AppFa
     assert app.get_run(run.run_id).status == "completed"
 
 
+def test_registration_builds_the_graph_once_and_submit_checks_input_without_rebuilding(
+    make_app: AppFactory,
+) -> None:
+    builds = []
+
+    def counted() -> StateGraph:
+        builds.append(1)
+        return echo_graph()
+
+    app = make_app()
+    app.workflow("counted")(counted)
+    assert len(builds) == 1  # compiled at registration (InvalidWorkflow there if it cannot)
+    with pytest.raises(InvalidInput):
+        app.submit("counted", job_id="c-0", input="not an object")
+    for i in range(3):
+        app.submit("counted", job_id=f"c-{i}", input={})
+    assert len(builds) == 1  # the input schema came from that build
+
+
 def test_unknown_workflow_is_refused_naming_what_is_registered(make_app: AppFactory) -> None:
     app = echo_app(make_app)
     with pytest.raises(UnknownWorkflow, match=r"'nope'.*echo@1"):

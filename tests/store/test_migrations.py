@@ -19,13 +19,16 @@ from keel.core.effect_keys import legacy_key
 from keel.core.errors import SchemaMismatch
 from keel.core.ids import StepRef
 from keel.core.store.base import load_migrations
+from keel.testing.postgres import drop_database
 from tests.support.graphs import echo_graph, notify_effect
 from tests.support.providers import Provider
 from tests.support.workers import drain
 
 PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
-NAMES = [m.name for m in load_migrations("sqlite")]
-VERSIONS = [m.version for m in load_migrations("sqlite")]
+MIGRATIONS = load_migrations("sqlite")
+NAMES = [m.name for m in MIGRATIONS]
+# Numbers are taken by branches in parallel, so the list may have gaps until they all land.
+VERSIONS = [m.version for m in MIGRATIONS]
 LATEST = VERSIONS[-1]
 
 
@@ -40,8 +43,7 @@ def empty_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield f"{PG_URL.rpartition('/')[0]}/{name}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    drop_database(PG_URL, name)
 
 
 @pytest.fixture

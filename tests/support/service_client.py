@@ -21,6 +21,7 @@ import httpx
 import psycopg
 
 import keel
+from keel.testing.postgres import drop_database
 from tests.support import REPO
 from tests.support.apps.service import WORKFLOW
 
@@ -141,5 +142,4 @@ def empty_database(backend: str, db_url: str, tmp_path: Path) -> Iterator[str]:
     try:
         yield f"{db_url.rpartition('/')[0]}/{name}"
     finally:
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(db_url, name)

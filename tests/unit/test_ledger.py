@@ -156,7 +156,7 @@ def test_arguments_the_function_cannot_take_fail_before_anything_is_reserved(
     node = start(app)
     with pytest.raises(TypeError, match="effect 'send'"):
         node.call(send, "a@example.com", "unexpected")
-    with pytest.raises(keel.KeelError, match="idempotency_key is supplied by Keel"):
+    with pytest.raises(keel.KeelError, match="Keel supplies `idempotency_key`"):
         node.call(send, "a@example.com", idempotency_key="mine")
     assert provider.calls == [] and ledger(node) == []
 

@@ -88,6 +88,38 @@ class RunQueries:
         async with self.db.read() as tx:
             return await tx.all("list_runs", params)
 
+    async def browse_runs(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        job_prefix: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[Row]:
+        """Runs newest first, filtered; `job_prefix` matches job ids starting with it."""
+        params = {
+            "status": status,
+            "workflow": workflow,
+            "job_prefix": job_prefix or None,
+            # The smallest string above every string that starts with the prefix, in byte
+            # order: the prefix match becomes an index range.
+            "job_prefix_end": (job_prefix + "\U0010ffff") if job_prefix else None,
+            "since": since,
+            "until": until,
+            "limit": limit,
+            "offset": offset,
+        }
+        async with self.db.read() as tx:
+            return await tx.all("browse_runs", params)
+
+    async def running_runs(self, limit: int = 1000) -> list[Row]:
+        """Runs some worker holds now, grouped by owner."""
+        async with self.db.read() as tx:
+            return await tx.all("running_runs", {"limit": limit})
+
     async def count_unfinished(self, workflows: list[str]) -> int:
         async with self.db.read() as tx:
             row = await tx.one("count_unfinished", {"workflows": json.dumps(workflows)})

@@ -6,6 +6,8 @@ when several deciders or sweepers race, exactly one gets the row back, the other
 
 from __future__ import annotations
 
+import json
+
 from keel.core.store.base import Connector, Row, Tx
 
 
@@ -34,6 +36,23 @@ class WaitQueries:
     async def pending_waits(self, limit: int = 100) -> list[Row]:
         async with self.db.read() as tx:
             return await tx.all("list_pending_waits", {"limit": limit})
+
+    async def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        """Open waits of one kind (None: every kind), oldest deadline first."""
+        async with self.db.read() as tx:
+            return await tx.all(
+                "browse_pending_waits", {"kind": kind, "limit": limit, "offset": offset}
+            )
+
+    async def count_pending_waits(self, run_ids: list[str]) -> dict[str, int]:
+        """{run_id: open waits} for the runs that have any."""
+        if not run_ids:
+            return {}
+        async with self.db.read() as tx:
+            rows = await tx.all("count_pending_waits", {"run_ids": json.dumps(run_ids)})
+        return {r["run_id"]: int(r["n"]) for r in rows}
 
     async def due_waits(self, limit: int) -> tuple[list[Row], list[Row]]:
         """Open waits whose next reminder/escalation is due, and those past their deadline, by

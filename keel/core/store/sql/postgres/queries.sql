@@ -331,6 +331,41 @@ UPDATE keel_runs SET workflow_version = %(version)s, updated_at = keel_now()
 WHERE run_id = %(run_id)s AND status IN ('queued', 'waiting')
 RETURNING *;
 
+-- name: browse_runs
+-- The console's run list, newest first: filters by status, workflow, job id prefix (a range
+-- in byte order, so the "C"-collated job index serves it whatever the database's collation)
+-- and admission time; paged.
+SELECT * FROM keel_runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(job_prefix)s::text IS NULL OR (job_id COLLATE "C" >= %(job_prefix)s::text
+       AND job_id COLLATE "C" < %(job_prefix_end)s::text))
+  AND (%(since)s::float8 IS NULL OR created_at >= %(since)s::float8)
+  AND (%(until)s::float8 IS NULL OR created_at < %(until)s::float8)
+ORDER BY created_at DESC, run_id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: count_pending_waits
+-- How many open waits each of some runs has (the run list's "pending" column).
+SELECT run_id, COUNT(*) AS n FROM keel_waits
+WHERE status = 'pending' AND run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+GROUP BY run_id;
+
+-- name: browse_pending_waits
+-- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
+SELECT * FROM keel_waits
+WHERE status = 'pending' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY deadline, created_at, wait_id
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: running_runs
+-- Runs a worker holds now, by worker (the workers page).
+SELECT run_id, job_id, workflow, workflow_version, lease_owner, lease_token, lease_expires_at,
+       heartbeat_at, started_at
+FROM keel_runs WHERE status = 'running'
+ORDER BY lease_owner, started_at
+LIMIT %(limit)s;
+
 -- name: count_failed_attempt
 -- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
 UPDATE keel_runs

@@ -327,6 +327,39 @@ UPDATE keel_runs SET workflow_version = :version, updated_at = keel_now()
 WHERE run_id = :run_id AND status IN ('queued', 'waiting')
 RETURNING *;
 
+-- name: browse_runs
+-- The console's run list, newest first: filters by status, workflow, job id prefix (a range,
+-- so the job index serves it) and admission time; paged.
+SELECT * FROM keel_runs
+WHERE (:status IS NULL OR status = :status)
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:job_prefix IS NULL OR (job_id >= :job_prefix AND job_id < :job_prefix_end))
+  AND (:since IS NULL OR created_at >= :since)
+  AND (:until IS NULL OR created_at < :until)
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit OFFSET :offset;
+
+-- name: count_pending_waits
+-- How many open waits each of some runs has (the run list's "pending" column).
+SELECT run_id, COUNT(*) AS n FROM keel_waits
+WHERE status = 'pending' AND run_id IN (SELECT value FROM json_each(:run_ids))
+GROUP BY run_id;
+
+-- name: browse_pending_waits
+-- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
+SELECT * FROM keel_waits
+WHERE status = 'pending' AND (:kind IS NULL OR kind = :kind)
+ORDER BY deadline, created_at, wait_id
+LIMIT :limit OFFSET :offset;
+
+-- name: running_runs
+-- Runs a worker holds now, by worker (the workers page).
+SELECT run_id, job_id, workflow, workflow_version, lease_owner, lease_token, lease_expires_at,
+       heartbeat_at, started_at
+FROM keel_runs WHERE status = 'running'
+ORDER BY lease_owner, started_at
+LIMIT :limit;
+
 -- name: count_failed_attempt
 -- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
 UPDATE keel_runs

@@ -1,0 +1,245 @@
+"""What a run did, in one picture: its outcome and why, per-node timing, its attempts.
+
+The one place a run's summary is computed (the console shows it; the CLI and the HTTP API can
+reuse it). It reads only what `Runtime.get_run` returns, so it is a pure function of the run's
+rows and the clock: the timeline is the source, nothing is guessed.
+
+Per-node timing comes from the timeline: a task's `step` event is written with its writes, when
+the task ends, so a bar runs from the previous recorded moment of the same attempt (its claim,
+or the previous task's write) to the task's own write. Tasks of one superstep run in parallel
+but are drawn one after the other, each from the previous write: the bar's end is exact, its
+start is an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from keel.core.codec import loads
+
+# Nodes LangGraph adds around the user's graph: their writes are not the user's steps.
+_INTERNAL = frozenset({"__start__", "__end__"})
+
+
+class Details(Protocol):
+    """What the summary reads: `Runtime.get_run`'s `RunDetails` (rows as dicts)."""
+
+    @property
+    def run(self) -> dict[str, Any]: ...
+
+    @property
+    def timeline(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def effects(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def waits(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class Span:
+    """One bar of the run's picture: a task, a wait for a person, or work in progress."""
+
+    label: str
+    kind: str  # "step", "waiting", "running" (open: no write yet)
+    start: float
+    end: float
+    worker_id: str | None = None
+    lease_token: int | None = None
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+@dataclass
+class Attempt:
+    """One lease on the run: who held it, with which token, how it began and what it did."""
+
+    lease_token: int
+    worker_id: str | None
+    started_at: float
+    how: str  # "claimed" or "takeover"
+    ended_at: float | None = None
+    steps: int = 0
+    ended_by: str | None = None  # the event that closed it: status.waiting, lease.takeover, ...
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    job_id: str
+    workflow: str
+    version: str
+    status: str
+    decision: str
+    termination_reason: str | None
+    outcome: str
+    why: str
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    duration: float | None
+    spans: list[Span] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    pending_waits: int = 0
+    in_doubt: int = 0
+    effects: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def takeovers(self) -> int:
+        return sum(1 for a in self.attempts if a.how == "takeover")
+
+    @property
+    def window(self) -> tuple[float, float]:
+        """The time the picture covers (never empty)."""
+        start = min([self.created_at, *(s.start for s in self.spans)])
+        end = max([start + 0.001, *(s.end for s in self.spans)])
+        return start, end
+
+
+def summarize(details: Details, now: float) -> RunSummary:
+    run = details.run
+    spans, attempts = _timing(details.timeline, run["status"], now)
+    effects = Counter(str(e["status"]) for e in details.effects)
+    pending = [w for w in details.waits if w["status"] == "pending"]
+    started, finished = run["started_at"], run["finished_at"]
+    end = finished if finished is not None else (now if started is not None else None)
+    outcome, why = _explain(details, pending)
+    return RunSummary(
+        run_id=run["run_id"],
+        job_id=run["job_id"],
+        workflow=run["workflow"],
+        version=run["workflow_version"],
+        status=run["status"],
+        decision=run["decision"],
+        termination_reason=run["termination_reason"],
+        outcome=outcome,
+        why=why,
+        created_at=run["created_at"],
+        started_at=started,
+        finished_at=finished,
+        duration=(end - started) if started is not None and end is not None else None,
+        spans=spans,
+        attempts=attempts,
+        pending_waits=len(pending),
+        in_doubt=effects.get("in_doubt", 0),
+        effects=dict(effects),
+    )
+
+
+def _timing(
+    timeline: list[dict[str, Any]], status: str, now: float
+) -> tuple[list[Span], list[Attempt]]:
+    spans: list[Span] = []
+    attempts: list[Attempt] = []
+    cursor: float | None = None  # the last recorded moment of the current attempt
+    waiting_since: float | None = None
+    for event in timeline:
+        kind, at = event["kind"], event["at"]
+        token, worker = event["lease_token"], event["worker_id"]
+        if kind in ("lease.claimed", "lease.takeover"):
+            if attempts and attempts[-1].ended_at is None:
+                attempts[-1].ended_at, attempts[-1].ended_by = at, kind
+            attempts.append(
+                Attempt(
+                    token or 0, worker, at, "takeover" if kind == "lease.takeover" else "claimed"
+                )
+            )
+            cursor = at
+        elif kind == "step":
+            data = event["data"] or {}
+            node = str(data.get("node", "?"))
+            if node not in _INTERNAL and cursor is not None:
+                label = f"{data['namespace']}/{node}" if data.get("namespace") else node
+                spans.append(Span(label, "step", cursor, at, worker, token))
+                if attempts:
+                    attempts[-1].steps += 1
+            cursor = at
+        elif kind == "status.waiting":
+            waiting_since = at
+            _close(attempts, at, kind)
+            cursor = None
+        elif kind.startswith("status."):
+            if waiting_since is not None:
+                spans.append(Span("waiting for a person", "waiting", waiting_since, at))
+                waiting_since = None
+            if kind != "status.running":
+                _close(attempts, at, kind)
+                cursor = None
+    if waiting_since is not None:
+        spans.append(Span("waiting for a person", "waiting", waiting_since, now))
+    if status == "running" and cursor is not None and attempts:
+        current = attempts[-1]
+        spans.append(
+            Span("in progress", "running", cursor, now, current.worker_id, current.lease_token)
+        )
+    return spans, attempts
+
+
+def _close(attempts: list[Attempt], at: float, by: str) -> None:
+    if attempts and attempts[-1].ended_at is None:
+        attempts[-1].ended_at, attempts[-1].ended_by = at, by
+
+
+def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]:
+    """A headline and the sentence that says why, from the recorded facts only."""
+    run = details.run
+    status = run["status"]
+    decided = [w for w in details.waits if w["status"] in ("decided", "expired")]
+    last = decided[-1] if decided else None
+    if status == "completed":
+        reason = run["termination_reason"] or "completed"
+        if last is not None and last["kind"] == "approval":
+            return f"completed ({reason})", _decision_sentence(last)
+        return f"completed ({reason})", "every step ran to the end"
+    if status == "failed":
+        error = (run["error"] or "no error recorded").strip().splitlines()
+        return f"failed ({run['termination_reason'] or 'execution_error'})", error[-1][:300]
+    if status == "cancelled":
+        by = next(
+            (
+                (e["data"] or {}).get("by")
+                for e in reversed(details.timeline)
+                if e["kind"] == "cancel.requested"
+            ),
+            None,
+        )
+        return "cancelled", f"cancelled by {by}" if by else "cancelled"
+    if status == "waiting" and pending:
+        wait = pending[0]
+        if wait["kind"] == "effect":
+            payload = loads(wait["payload"]) or {}
+            name = payload.get("effect") or payload.get("name") or wait["name"]
+            return (
+                "waiting: an effect is in doubt",
+                f"{name} may or may not have reached the provider; a person must say which",
+            )
+        level = wait.get("escalation_level") or 0
+        escalated = f", escalated to level {level}" if level else ""
+        article = "an" if str(wait["kind"])[:1] in "aeiou" else "a"
+        return f"waiting for {wait['name']}", f"{article} {wait['kind']} is pending{escalated}"
+    if status == "running":
+        owner = run["lease_owner"] or "a worker"
+        return "running", f"held by {owner} with lease token {run['lease_token']}"
+    if status == "queued":
+        if last is not None and run["decision"] != "not_decided":
+            return "queued", _decision_sentence(last) + "; a worker will resume it"
+        return "queued", "admitted; waiting for a worker to claim it"
+    return status, ""
+
+
+def _decision_sentence(wait: dict[str, Any]) -> str:
+    if wait["status"] == "expired":
+        return f"{wait['name']} did not answer in time: {wait['decision']} by the deadline policy"
+    value = loads(wait.get("value")) or {}
+    who = wait["decided_by"] or "someone"
+    principal = value.get("principal") if isinstance(value, dict) else None
+    if principal and principal != who:
+        who = f"{who} ({principal})"
+    via = f" via {wait['channel']}" if wait["channel"] else ""
+    comment = f": “{wait['comment']}”" if wait["comment"] else ""
+    return f"{wait['decision']} by {who}{via}{comment}"

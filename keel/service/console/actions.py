@@ -1,0 +1,182 @@
+"""The console's forms: log in and out, decide an approval, resolve an in-doubt effect.
+
+Every decision goes through the same `App.approve` / `App.reject` / `App.resolve_effect` as the
+CLI, the HTTP API and Slack: the first decision wins, and a person whose click came second is
+shown the decision that was recorded, never told theirs was. Each decision records the name the
+person typed and, beside it, the token's identity (`principal`).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from keel.core.errors import NoPendingWait, RunFinished, UsageError
+from keel.core.ids import validate_run_id
+from keel.runtime.app import App
+from keel.service.console.render import page
+from keel.service.console.session import (
+    COOKIE,
+    LOGIN_COOKIE,
+    PATH,
+    ConsoleRefusal,
+    Sessions,
+    new_login_nonce,
+    secure,
+)
+
+SESSION_MAX_AGE = 12 * 3600
+Text = Annotated[str, Form(max_length=10_000)]
+Short = Annotated[str, Form(max_length=200)]
+
+
+def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/ui/login", response_class=HTMLResponse)
+    def login_form(request: Request, next: str = "/ui/runs") -> HTMLResponse:
+        nonce = new_login_nonce()
+        response = page(
+            request, "login.html", session=None, nonce=nonce, next=_local(next), error=None
+        )
+        _set_cookie(request, response, LOGIN_COOKIE, nonce, max_age=3600)
+        return response
+
+    @router.post("/ui/login", response_class=HTMLResponse)
+    def login(
+        request: Request,
+        token: Annotated[str, Form(max_length=1000)] = "",
+        csrf: Short = "",
+        next: Annotated[str, Form(max_length=2000)] = "/ui/runs",
+    ) -> Response:
+        expected = request.cookies.get(LOGIN_COOKIE, "")
+        if not expected or not hmac.compare_digest(csrf, expected):
+            raise ConsoleRefusal(403, "the login form expired: reload the page and try again")
+        principal = sessions.auth.identify(token.strip()) if token.strip() else None
+        if principal is None:
+            nonce = new_login_nonce()
+            response = page(
+                request,
+                "login.html",
+                status_code=401,
+                session=None,
+                nonce=nonce,
+                next=_local(next),
+                error="That token is not one this service knows.",
+            )
+            _set_cookie(request, response, LOGIN_COOKIE, nonce, max_age=3600)
+            return response
+        redirect = RedirectResponse(_local(next), status_code=303)
+        _set_cookie(request, redirect, COOKIE, token.strip(), max_age=SESSION_MAX_AGE)
+        redirect.delete_cookie(LOGIN_COOKIE, path=PATH)
+        return redirect
+
+    @router.post("/ui/logout")
+    def logout(request: Request, csrf: Short = "") -> Response:
+        session = sessions.current(request)
+        if session is not None and not hmac.compare_digest(csrf, session.csrf):
+            raise ConsoleRefusal(403, "this form's security token is wrong: reload and retry")
+        redirect = RedirectResponse("/ui/login", status_code=303)
+        redirect.delete_cookie(COOKIE, path=PATH)
+        return redirect
+
+    @router.post("/ui/approvals/{wait_id}/decision")
+    def decide(
+        wait_id: str,
+        request: Request,
+        decision: Short = "",
+        by: Short = "",
+        comment: Text = "",
+        csrf: Short = "",
+        action_id: Short = "",
+        back: Annotated[str, Form(max_length=2000)] = "/ui/approvals",
+    ) -> Response:
+        session = sessions.require_action(request, "approvals:write", csrf)
+        if decision not in ("approve", "reject"):
+            raise ConsoleRefusal(400, "choose approve or reject")
+        wait = keel_app.get_wait(wait_id)
+        if wait["kind"] != "approval":
+            raise ConsoleRefusal(
+                409, f"{wait_id} is an in-doubt effect, not an approval: resolve it on its run"
+            )
+        record = keel_app.approve if decision == "approve" else keel_app.reject
+        query = {"decided": wait_id}
+        try:
+            result = record(
+                wait["run_id"],
+                wait_id=wait_id,
+                by=by.strip() or session.principal.label,
+                principal=session.principal.label,
+                action_id=action_id or None,
+                comment=comment.strip() or None,
+                channel="console",
+            )
+            query["recorded"] = "1" if result.recorded else "0"
+        except (RunFinished, NoPendingWait) as exc:
+            query["refused"] = str(exc)
+        return RedirectResponse(f"{_local(back)}?{urlencode(query)}", status_code=303)
+
+    @router.post("/ui/runs/{run_id}/effects/{wait_id}/resolve")
+    def resolve(
+        run_id: str,
+        wait_id: str,
+        request: Request,
+        performed: Short = "",
+        by: Short = "",
+        comment: Text = "",
+        csrf: Short = "",
+        action_id: Short = "",
+    ) -> Response:
+        session = sessions.require_action(request, "approvals:write", csrf)
+        validate_run_id(run_id)
+        if performed not in ("yes", "no"):
+            raise ConsoleRefusal(400, "say whether the effect reached the provider: yes or no")
+        wait = keel_app.get_wait(wait_id)
+        if wait["run_id"] != run_id or wait["kind"] != "effect":
+            raise ConsoleRefusal(409, f"{wait_id} is not an in-doubt effect of run {run_id}")
+        notice = ""
+        try:
+            result = keel_app.resolve_effect(
+                run_id,
+                performed=performed == "yes",
+                wait_id=wait_id,
+                by=by.strip() or session.principal.label,
+                principal=session.principal.label,
+                action_id=action_id or None,
+                comment=comment.strip() or None,
+                channel="console",
+            )
+            notice = "recorded" if result.recorded else "already"
+        except (RunFinished, NoPendingWait, UsageError) as exc:
+            notice = "refused:" + str(exc)
+        return RedirectResponse(
+            f"/ui/runs/{quote(run_id)}?{urlencode({'resolved': wait_id, 'notice': notice})}",
+            status_code=303,
+        )
+
+    return router
+
+
+def _local(target: str) -> str:
+    """Only paths inside the console: a login link cannot send a person elsewhere."""
+    if not target.startswith("/ui") or target.startswith("//") or "\\" in target:
+        return "/ui/runs"
+    return target
+
+
+def _set_cookie(
+    request: Request, response: Response, name: str, value: str, *, max_age: int
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path=PATH,
+        httponly=True,
+        samesite="strict",
+        secure=secure(request),
+    )

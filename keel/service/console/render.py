@@ -1,0 +1,81 @@
+"""Templates and the filters they use: times, durations, JSON shown readably."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from keel.core.codec import loads
+
+_env = Environment(
+    loader=PackageLoader("keel.service.console", "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def when(ts: float | None) -> str:
+    if ts is None:
+        return "—"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def pretty(value: Any) -> str:
+    """JSON text or a value, indented for people; text that is not JSON is shown as it is."""
+    if isinstance(value, str):
+        try:
+            value = loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def short(text: Any, n: int = 80) -> str:
+    s = "" if text is None else str(text)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def action_id() -> str:
+    """One per rendered form: a double click on it is one decision, not two attempts."""
+    return "console:" + secrets.token_urlsafe(12)
+
+
+_env.filters.update(when=when, duration=duration, pretty=pretty, short=short)
+_env.globals.update(action_id=action_id)
+
+
+def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    html = _env.get_template(template).render(request=request, **context)
+    return HTMLResponse(
+        html,
+        status_code=status_code,
+        headers={
+            # Pages are per session and change under the reader: never cached or framed.
+            "Cache-Control": "no-store",
+            "X-Frame-Options": "DENY",
+            "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; "
+            "form-action 'self'; base-uri 'none'",
+            "Referrer-Policy": "same-origin",
+        },
+    )

@@ -1,0 +1,92 @@
+"""The console's sessions: the API's bearer tokens, kept in a cookie, and CSRF tokens.
+
+A person logs in by pasting a token from KEEL_API_TOKENS; the console keeps it in an http-only,
+SameSite=Strict cookie scoped to /ui (JavaScript cannot read it, other sites cannot send it) and
+judges every request with the HTTP API's own `Authenticator`: the same tokens, the same scopes.
+Nothing is stored on the server, so a token removed from the configuration ends its sessions
+at the next request.
+
+Every form carries a CSRF token derived from the session's token (an HMAC keyed by it), so it
+is stable across restarts and workers, and cannot be made without the session's secret. The
+login form, which has no session yet, uses a double-submit cookie instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from keel.service.auth import Authenticator, Principal
+
+COOKIE = "keel_session"
+LOGIN_COOKIE = "keel_login_csrf"
+PATH = "/ui"
+
+
+class ConsoleRefusal(Exception):
+    """A console request refused: 401 sends a person to the login form, 403 says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Session:
+    token: str
+    principal: Principal
+
+    @property
+    def csrf(self) -> str:
+        return csrf_for(self.token)
+
+    def can(self, scope: str) -> bool:
+        return scope in self.principal.scopes
+
+
+def csrf_for(token: str) -> str:
+    return hmac.new(token.encode(), b"keel-console-csrf", hashlib.sha256).hexdigest()
+
+
+def new_login_nonce() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class Sessions:
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+    def current(self, request: Request) -> Session | None:
+        token = request.cookies.get(COOKIE)
+        if not token:
+            return None
+        principal = self.auth.identify(token)
+        return Session(token, principal) if principal else None
+
+    def require(self, request: Request, scope: str) -> Session:
+        session = self.current(request)
+        if session is None:
+            raise ConsoleRefusal(401, "log in with a token to see this page")
+        if not session.can(scope):
+            raise ConsoleRefusal(403, f"your token lacks the scope {scope}")
+        return session
+
+    def require_action(self, request: Request, scope: str, csrf: str | None) -> Session:
+        """A form post: a session with `scope`, and the form's CSRF token for that session."""
+        session = self.require(request, scope)
+        if not csrf or not hmac.compare_digest(csrf, session.csrf):
+            raise ConsoleRefusal(
+                403, "this form's security token is missing or wrong: reload the page and retry"
+            )
+        return session
+
+
+def secure(request: Request) -> bool:
+    """Mark cookies Secure when the console is reached over HTTPS (directly or via a proxy)."""
+    forwarded = request.headers.get("x-forwarded-proto", "")
+    return request.url.scheme == "https" or forwarded.split(",")[0].strip() == "https"

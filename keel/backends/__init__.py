@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from keel.core import logs
 from keel.core.errors import UsageError
 from keel.core.store.base import Connector
+
+
+def redact(url: str) -> str:
+    """A database URL without its password (and any other known secret), fit for a terminal,
+    a log or an error message: the one redaction rule of keel.core.logs."""
+    return logs.redact(url)
 
 
 def connect(url: str) -> Connector:
@@ -15,4 +22,6 @@ def connect(url: str) -> Connector:
         from keel.backends.postgres import PostgresConnector
 
         return PostgresConnector(url)
-    raise UsageError(f"unsupported database URL {url!r}: use sqlite:///path or postgresql://...")
+    raise UsageError(
+        f"unsupported database URL {redact(url)!r}: use sqlite:///path or postgresql://..."
+    )

@@ -9,6 +9,7 @@ Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -24,7 +25,10 @@ from rich.table import Table
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import observe, render
 from keel.cli.guard import (
+    APP_HINT,
     BAD_USAGE,
+    OPTIONS_HINT,
+    IfExists,
     bad_spec_is_usage,
     check_database,
     check_kind,
@@ -33,6 +37,7 @@ from keel.cli.guard import (
     login,
     read_input,
     say,
+    warn,
 )
 from keel.cli.render import decided_line, out
 from keel.core.lifecycle import Status
@@ -99,7 +104,9 @@ def root() -> None:
 
 
 @contextmanager
-def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> Iterator[App]:
+def open_app(
+    app_spec: str | None, db: str | None, *, existing: bool = True, hint: str = OPTIONS_HINT
+) -> Iterator[App]:
     """The App a command works on (given on the command line), closed afterwards.
 
     The command line outranks the environment; at the same level --app outranks --db, and an
@@ -121,7 +128,7 @@ def open_app(app_spec: str | None, db: str | None, *, existing: bool = True) -> 
     else:
         app = App()  # $KEEL_DATABASE_URL, then the default
     try:
-        check_database(app, existing=existing)
+        check_database(app, existing=existing, hint=hint)
         yield app
     finally:
         app.close()
@@ -202,7 +209,7 @@ def worker(
     """Execute runs of APP's workflows until stopped (SIGTERM drains; twice stops now)."""
     loaded = load_app(app)
     try:
-        check_database(loaded)
+        check_database(loaded, hint=APP_HINT)
         if metrics_port is not None:
             from keel.service.metrics import metrics_for
 
@@ -216,7 +223,7 @@ def worker(
         )
     finally:
         loaded.close()
-    typer.echo(f"worker stopped: claimed {stats.claimed}, finished {stats.finished}")
+    typer.echo(f"worker stopped: {stats}")
 
 
 @cli.command()
@@ -232,9 +239,16 @@ def serve(
     Requests only record and wake: run workers separately (`keel worker APP`). Bearer tokens
     come from $KEEL_API_TOKENS, the Slack signing secret from $KEEL_SLACK_SIGNING_SECRET.
     """
+    from keel.service.auth import ENV as TOKENS_ENV
+    from keel.service.auth import load_tokens
     from keel.service.server import serve as serve_http
 
-    check_database(load_app(app))
+    check_database(load_app(app), hint=APP_HINT)
+    if not load_tokens(None):
+        warn(
+            f"no API tokens: ${TOKENS_ENV} is empty, so every request but /healthz and /readyz "
+            f"gets 401 (e.g. {TOKENS_ENV}='ops-token=*'; see docs/http.md)"
+        )
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
     serve_http(
         app, host=host, port=port, log_level=logging.getLevelName(logging.getLogger().level).lower()
@@ -262,25 +276,37 @@ def submit(
     rerun: Annotated[
         bool, typer.Option("--rerun", help="Admit a new attempt even if this job already ran.")
     ] = False,
+    if_exists: Annotated[
+        IfExists,
+        typer.Option(
+            "--if-exists",
+            help="When the job already has a run with other input: admit a new run (new), "
+            "give back the job's latest run (reuse), or refuse (error).",
+        ),
+    ] = IfExists.NEW,
     as_json: JsonOption = False,
 ) -> None:
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
     value = read_input(input_json, input_file)
-    with open_app(app, None) as loaded:
-        row = loaded.submit(workflow, job_id=job_id, input=value, version=version, rerun=rerun)
+    with open_app(app, None, hint=APP_HINT) as loaded:
+        row = loaded.submit(
+            workflow,
+            job_id=job_id,
+            input=value,
+            version=version,
+            rerun=rerun,
+            if_exists=if_exists.value,
+        )
     if as_json:
         keys = ("run_id", "job_id", "workflow", "workflow_version", "attempt", "status")
-        typer.echo(render.to_json({"created": row.created, **{k: row[k] for k in keys}}))
-        return
-    what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
-    if row.created:
-        attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
-        say(f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker")
-    else:
-        say(
-            f"already admitted: run {row['run_id']} ({what}) exists with the same input and "
-            f"version; status {row['status']} (use --rerun for a new attempt)"
+        typer.echo(
+            render.to_json(
+                {"created": row.created, **{k: row[k] for k in keys}, "other_runs": row.other_runs}
+            )
         )
+        return
+    for line in render.submitted_lines(row):
+        say(line)
 
 
 @runs_cli.command("list")
@@ -531,7 +557,7 @@ def approvals_list(
     """List open waits (pending approvals first by deadline) across all runs."""
     with open_app(app, db) as loaded:
         rows = [w for w in loaded.pending_waits(limit) if kind is None or w["kind"] == kind]
-    _listing(rows, as_json, render.waits_table, "no open waits")
+    _listing(rows, as_json, functools.partial(render.waits_table, across=True), "no open waits")
 
 
 runs_cli.command("cancel")(cancel)

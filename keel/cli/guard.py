@@ -12,6 +12,7 @@ import json
 import sqlite3
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -31,6 +32,15 @@ from keel.runtime.runtime import RunDetails
 P = ParamSpec("P")
 R = TypeVar("R")
 
+
+class IfExists(StrEnum):
+    """`keel submit --if-exists`: what to do when the job already has a run with other input."""
+
+    NEW = "new"
+    REUSE = "reuse"
+    ERROR = "error"
+
+
 BAD_USAGE = 2
 USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)
 
@@ -38,6 +48,13 @@ USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)
 def say(message: str) -> None:
     """One message line; the terminal, not rich, wraps it."""
     out().print(message, soft_wrap=True, markup=False)
+
+
+def warn(message: str) -> None:
+    """One yellow line on stderr; the command goes on."""
+    Console(stderr=True, highlight=False).print(
+        Text(f"warning: {message}", style="yellow"), soft_wrap=True
+    )
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -86,12 +103,18 @@ def guarded(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def check_database(app: App, *, existing: bool = True) -> None:
-    """Fail fast where the database is missing (unless `existing` is False) or unreachable."""
+OPTIONS_HINT = "or pass --db/--app"
+APP_HINT = "or point APP at an existing database: App(url) or $KEEL_DATABASE_URL"
+"""For commands whose APP argument chooses the database: they take no --db/--app."""
+
+
+def check_database(app: App, *, existing: bool = True, hint: str = OPTIONS_HINT) -> None:
+    """Fail fast where the database is missing (unless `existing` is False) or unreachable;
+    `hint` names what this command takes to choose another database."""
     try:
         preflight.check_database(app.url, existing=existing)
     except preflight.NoDatabase as exc:
-        fail(f"{exc} (or pass --db/--app)")
+        fail(f"{exc} ({hint})")
 
 
 def read_input(input_json: str | None, input_file: str | None) -> Any:

@@ -23,7 +23,7 @@ from keel.core.store.base import Row
 
 # Re-exported: output that shows a database URL hides its password the preflight's way.
 from keel.runtime.preflight import redact as redact
-from keel.runtime.runtime import RunDetails
+from keel.runtime.runtime import RunDetails, Submission
 
 # Columns that hold JSON text in Keel's tables; scripts get them decoded.
 JSON_COLUMNS = (
@@ -245,9 +245,14 @@ def effects_table(effects: Iterable[Row]) -> Table:
     return table
 
 
-def waits_table(waits: Iterable[Row], now: float | None = None) -> Table:
+def waits_table(waits: Iterable[Row], now: float | None = None, *, across: bool = False) -> Table:
+    """A run's waits; `across` runs (`keel approvals list`) adds each wait's run and payload,
+    what `keel approve RUN` needs and what the approver decides on."""
     table = Table(title="waits", title_justify="left")
-    for column in ("wait_id", "kind", "name", "status", "deadline", "decision", "by", "channel"):
+    columns = ["wait_id", "kind", "name", "status", "deadline", "decision", "by", "channel"]
+    if across:
+        columns = ["run_id", *columns[:3], "payload", *columns[3:5]]
+    for column in columns:
         table.add_column(column, overflow="fold")
     for w in waits:
         deadline: str | Text = when(w.get("deadline"), now)
@@ -256,6 +261,18 @@ def waits_table(waits: Iterable[Row], now: float | None = None) -> Table:
             deadline = Text(short_when(w.get("deadline"), now).split(" (")[0], style="dim")
         elif w.get("on_timeout") and w.get("deadline") is not None:
             deadline = f"{deadline} then {w['on_timeout']}"
+        if across:
+            payload = compact(decoded(w).get("payload"), 80)
+            table.add_row(
+                w["run_id"],
+                w["wait_id"],
+                w["kind"],
+                w["name"],
+                payload,
+                status_text(w["status"]),
+                deadline,
+            )
+            continue
         table.add_row(
             w["wait_id"],
             w["kind"],
@@ -317,6 +334,29 @@ def out() -> Console:
     # Piped output is not cut to 80 columns: a grep should see whole ids.
     piped = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
     return Console(highlight=False, soft_wrap=False, width=160 if piped else None)
+
+
+def submitted_lines(row: Submission) -> list[str]:
+    """What `keel submit` says about the run it admitted, found or reused."""
+    what = f"{row['workflow']}@{row['workflow_version']}, job {row['job_id']}"
+    if row.run_id in row.other_runs:
+        return [
+            f"reused run {row.run_id} ({what}), whose input differs from this one; status "
+            f"{row['status']} (--if-exists new admits a run for this input)"
+        ]
+    if not row.created:
+        return [
+            f"already admitted: run {row['run_id']} ({what}) exists with the same input and "
+            f"version; status {row['status']} (use --rerun for a new attempt)"
+        ]
+    attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
+    lines = [f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker"]
+    if row.other_runs:
+        lines.append(
+            f"note: job {row.job_id} already had {len(row.other_runs)} run(s) with other "
+            f"input (latest {row.other_runs[0]}); --if-exists error refuses this"
+        )
+    return lines
 
 
 def decided_line(wait: dict[str, Any]) -> str:

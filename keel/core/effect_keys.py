@@ -88,8 +88,8 @@ class Arguments:
         supplied = SUPPLIED & kwargs.keys()
         if supplied:
             raise UsageError(
-                f"effect {self.name!r}: {', '.join(sorted(supplied))} is supplied by Keel; "
-                "do not pass it"
+                f"effect {self.name!r}: Keel supplies "
+                f"{', '.join(f'`{p}`' for p in sorted(supplied))}; do not pass it"
             )
         placeholders = {p: None for p in SUPPLIED if p in self.signature.parameters}
         try:

@@ -17,9 +17,22 @@ class InvalidId(KeelError, ValueError):
 class InvalidInput(KeelError, ValueError):
     """The input is not valid."""
 
+    def __init__(self, message: str | None = None, *, errors: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.errors = list(errors or [])
+        """One sentence per problem, each naming its field (`input.to: ...`)."""
+
 
 class InputTooLarge(InvalidInput):
     """The input is larger than the configured limit."""
+
+
+class JobExists(KeelError):
+    """The job already has a run with other input (submit with if_exists="error")."""
+
+    def __init__(self, message: str, *, runs: list[str]) -> None:
+        super().__init__(message)
+        self.runs = runs
 
 
 class UnknownWorkflow(KeelError, LookupError):

@@ -158,10 +158,6 @@ class Effect(Generic[P, R]):
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if "idempotency_key" in kwargs:
-            raise UsageError(
-                f"effect {self.name!r}: Keel supplies `idempotency_key`; do not pass it"
-            )
         ctx = current(f"effect {self.name!r}")
         # Arguments the function cannot take fail here, before anything is counted or reserved.
         identity = self.arguments.identity(args, kwargs)
@@ -252,9 +248,7 @@ class Effect(Generic[P, R]):
                     if found is None:
                         await event(ctx, "effect.reconciled", {"key": key, "found": False})
                         return _PERFORM
-                    await record(
-                        ctx, key, EffectStatus.CONFIRMED, int(row["attempts"]), result=found
-                    )
+                    await record(ctx, key, EffectStatus.CONFIRMED, _reached(row), result=found)
                     return found
             elif self.provider_idempotent:
                 return _PERFORM
@@ -277,7 +271,7 @@ class Effect(Generic[P, R]):
             resolution = ctx.pause(spec)
         if isinstance(resolution, dict) and resolution.get("performed"):
             result = resolution.get("result")
-            await record(ctx, key, EffectStatus.CONFIRMED, int(row["attempts"]), result=result)
+            await record(ctx, key, EffectStatus.CONFIRMED, _reached(row), result=result)
             return result
         if (
             not isinstance(resolution, dict)
@@ -352,6 +346,12 @@ class Effect(Generic[P, R]):
             return self.fn(*args, **kwargs)
 
         return await _call(checked, host)
+
+
+def _reached(row: dict[str, Any]) -> int:
+    """The attempts of a key confirmed after a crash: the crashed attempt reached the provider
+    (its reconciler or a person says so) but died before it was counted."""
+    return int(row["attempts"]) + 1
 
 
 def _answered(row: dict[str, Any]) -> list[str]:

@@ -12,15 +12,36 @@ Admission (`insert_run`) writes a new run's first status, `queued`; nothing else
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from keel.core.codec import canonical_json
-from keel.core.errors import InputTooLarge, InvalidTransition, RunFinished, RunNotFound
+from keel.core.codec import canonical_json, loads
+from keel.core.errors import (
+    InputTooLarge,
+    InvalidTransition,
+    JobExists,
+    RunFinished,
+    RunNotFound,
+    UsageError,
+)
 from keel.core.ids import input_hash, run_id, validate_job_id
 from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import ExpiryDecision, WaitStatus
+
+IF_EXISTS = ("new", "reuse", "error")
+"""What `submit` does when the job already has runs with other input: admit a new run (and say
+so), return the job's latest run instead, or refuse (JobExists)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    row: Row
+    created: bool
+    other_runs: list[str]
+    """The job's runs of this workflow with other input, newest first."""
 
 
 async def admit(
@@ -32,27 +53,55 @@ async def admit(
     input: Any,
     rerun: bool,
     max_input_bytes: int,
-) -> tuple[Row, bool]:
-    """Write the run before anything executes it; the same job+input+version is one run."""
+    if_exists: str = "new",
+    check: Callable[[Any], None] | None = None,
+) -> Admission:
+    """Write the run before anything executes it; the same job+input+version is one run.
+
+    `check` is given the input as the graph will get it (the admitted JSON, decoded) after
+    JSON's own rules and the size limit, and raises InvalidInput if the graph cannot take it."""
     validate_job_id(job_id)
+    if if_exists not in IF_EXISTS:
+        raise UsageError(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
     input_json = canonical_json(input)
     size = len(input_json.encode())
     if size > max_input_bytes:
         raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
+    if check is not None:
+        check(loads(input_json))
     content = input_hash(workflow, version, input_json)
     async with store.transaction() as tx:
-        attempt = await store.next_attempt(tx, job_id, workflow, content) if rerun else 1
-        rid = run_id(job_id, workflow, version, input_json, attempt)
-        inserted = await store.insert_run(
-            tx,
-            run_id=rid,
-            job_id=job_id,
-            workflow=workflow,
-            version=version,
-            attempt=attempt,
-            input_hash=content,
-            input_json=input_json,
-        )
+        job = await store.job_runs(tx, job_id, workflow)
+        others = [r["run_id"] for r in job if r["input_hash"] != content]
+        if others and not rerun and len(others) == len(job):
+            if if_exists == "error":
+                raise JobExists(
+                    f"job {job_id} already has a run with other input ({others[0]}); "
+                    "submit it with if_exists='new' to admit another, 'reuse' to get that one",
+                    runs=others,
+                )
+            if if_exists == "reuse":
+                row = await store.read_run(tx, others[0])
+                assert row is not None
+                return Admission(row, False, others)
+        while True:
+            attempt = await store.next_attempt(tx, job_id, workflow, content) if rerun else 1
+            rid = run_id(job_id, workflow, version, input_json, attempt)
+            inserted = await store.insert_run(
+                tx,
+                run_id=rid,
+                job_id=job_id,
+                workflow=workflow,
+                version=version,
+                attempt=attempt,
+                input_hash=content,
+                input_json=input_json,
+            )
+            # A rerun racing another one for the same attempt number lost the insert (its
+            # conflict waited for the winner's commit): the next number is free now. Without
+            # rerun, the run that exists is the answer.
+            if inserted or not rerun:
+                break
         if inserted:
             await store.add_event(
                 tx,
@@ -63,7 +112,7 @@ async def admit(
             await store.notify_wake(tx, rid)
         row = await store.read_run(tx, rid)
     assert row is not None
-    return row, inserted
+    return Admission(row, inserted, others)
 
 
 async def transition(

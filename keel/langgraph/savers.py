@@ -15,7 +15,12 @@ from typing import Any
 
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from psycopg import AsyncConnection, AsyncCursor
@@ -40,6 +45,35 @@ class Fencing:
     def bind(self, store: Store) -> None:
         self.store = store
         self.holders: dict[str, tuple[int, str]] = {}
+        self.sends: dict[str, list[str]] = {}
+        """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
+        only its index, and the timeline should name the node."""
+
+    def remember_sends(self, checkpoint: Checkpoint) -> None:
+        pending = checkpoint.get("channel_values", {}).get(TASKS) or []
+        nodes = [str(getattr(send, "node", "")) for send in pending]
+        if nodes:
+            self.sends[checkpoint["id"]] = nodes
+            while len(self.sends) > MAX_REMEMBERED:
+                del self.sends[next(iter(self.sends))]
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        found: CheckpointTuple | None = await super().aget_tuple(config)  # type: ignore[misc]
+        if found is not None:
+            self.remember_sends(found.checkpoint)  # a resumed run's pending sends
+        return found
+
+    def step_event(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str
+    ) -> dict[str, Any]:
+        data = step_event(config, writes, task_path)
+        parts = [p.strip() for p in task_path.lstrip("~").split(",")]
+        if parts[0] == PUSH and len(parts) > 1 and parts[1].isdigit():
+            index = int(parts[1])
+            nodes = self.sends.get(str(config["configurable"].get("checkpoint_id")), [])
+            if index < len(nodes):
+                data.update(node=nodes[index], index=index)
+        return data
 
     def hold(self, run_id: str, token: int, worker_id: str) -> None:
         self.holders[run_id] = (token, worker_id)
@@ -83,6 +117,10 @@ class Fencing:
                 raise Released(f"run {run_id} released at a step boundary")
 
 
+TASKS, PUSH = "__pregel_tasks", "__pregel_push"  # LangGraph's channel of Sends, its push tasks
+MAX_REMEMBERED = 256
+
+
 def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str) -> dict:
     parts = [p.strip() for p in task_path.lstrip("~").split(",")]
     node = parts[1] if len(parts) > 1 and parts[0] == "__pregel_pull" else task_path
@@ -110,6 +148,7 @@ class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self.remember_sends(checkpoint)
         async with self.fenced_write(config):
             return await super().aput(config, checkpoint, metadata, new_versions)
 
@@ -120,7 +159,7 @@ class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        async with self.fenced_write(config, step_event(config, writes, task_path)):
+        async with self.fenced_write(config, self.step_event(config, writes, task_path)):
             await super().aput_writes(config, writes, task_id, task_path)
 
 
@@ -174,6 +213,7 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self.remember_sends(checkpoint)
         async with self._joined(config):
             return await super().aput(config, checkpoint, metadata, new_versions)
 
@@ -187,7 +227,7 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
         # LangGraph serializes the writes in a worker thread, then asks for a cursor: the fenced
         # transaction opens at that cursor, so its pooled connection never waits for a thread
         # (sync nodes may hold every thread while they wait for a connection).
-        deferred = _deferred_write.set((config, step_event(config, writes, task_path)))
+        deferred = _deferred_write.set((config, self.step_event(config, writes, task_path)))
         try:
             await super().aput_writes(config, writes, task_id, task_path)
         finally:

@@ -142,12 +142,21 @@ class App:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
+        if_exists: str = "new",
     ) -> Submission:
         """Admit a run (idempotent: the same job, input and version return the same run).
 
-        The run's row; its `created` is False when the run already existed."""
+        The run's row; its `created` is False when the run already existed, its `other_runs`
+        the job's runs with other input (`if_exists`: "new", "reuse" or "error")."""
         return self._portal.call(
-            self.aio.submit(workflow, job_id=job_id, input=input, version=version, rerun=rerun)
+            self.aio.submit(
+                workflow,
+                job_id=job_id,
+                input=input,
+                version=version,
+                rerun=rerun,
+                if_exists=if_exists,
+            )
         )
 
     def get_run(self, run_id: str) -> RunDetails:

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from keel.core import logs
+from keel.backends import redact as redact
 from keel.core.errors import KeelError, SchemaMismatch
 from keel.runtime.app import App
 from keel.runtime.runtime import Runtime
@@ -24,11 +24,6 @@ class DatabaseUnavailable(KeelError):
 
 class NoDatabase(DatabaseUnavailable):
     """There is no database where the URL points."""
-
-
-def redact(url: str) -> str:
-    """A database URL without its password, fit for a terminal or a log."""
-    return logs.redact(url)
 
 
 def check_file(url: str) -> None:

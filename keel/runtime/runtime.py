@@ -4,6 +4,7 @@ operations on runs that the App, the CLI and the HTTP service call."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
+from keel.langgraph.inputs import check_input, learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
@@ -33,9 +35,11 @@ class Submission(dict[str, Any]):
     """The run `submit` admitted or found: its row (still a dict to index), and `created`,
     whether this call admitted it."""
 
-    def __init__(self, row: Row, *, created: bool) -> None:
+    def __init__(self, row: Row, *, created: bool, other_runs: list[str] | None = None) -> None:
         super().__init__(row)
         self.created = created
+        self.other_runs = list(other_runs or [])
+        """The job's runs of this workflow with other input, newest first (see `if_exists`)."""
 
     @property
     def run_id(self) -> str:
@@ -159,7 +163,8 @@ class Runtime:
 
     def register(self, workflow: Workflow) -> None:
         """Add a workflow whose graph compiles; InvalidWorkflow (nothing registered) if not."""
-        compile_graph(workflow)
+        # Built once here (submit reads its input schema); a worker compiles its own, fenced.
+        learn_input_schema(workflow, compile_graph(workflow))
         self.workflows.add(workflow)
         self._checked.add(workflow.key)
 
@@ -170,7 +175,7 @@ class Runtime:
 
     def _check(self, workflow: Workflow) -> None:
         if workflow.key not in self._checked:
-            compile_graph(workflow)
+            learn_input_schema(workflow, compile_graph(workflow))
             self._checked.add(workflow.key)
 
     def adopt(self, workflows: Workflows) -> None:
@@ -247,12 +252,17 @@ class Runtime:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
+        if_exists: str = "new",
     ) -> Submission:
-        """Admit a run (idempotent: the same job, input and version return the same run)."""
+        """Admit a run (idempotent: the same job, input and version return the same run).
+
+        When the job already has runs with other input (`other_runs`), `if_exists` says what to
+        do: "new" admits this one too, "reuse" returns the job's latest run, "error" raises
+        JobExists."""
         await self.open()
         wf = self.workflows.get(workflow, version)
         self._check(wf)  # refused before admission: a run of it could never execute
-        row, created = await runs.admit(
+        admitted = await runs.admit(
             self.store,
             workflow=wf.name,
             version=wf.version,
@@ -260,10 +270,12 @@ class Runtime:
             input=input,
             rerun=rerun,
             max_input_bytes=self.max_input_bytes,
+            if_exists=if_exists,
+            check=functools.partial(check_input, wf),
         )
-        if created:
+        if admitted.created:
             self.wake()
-        return Submission(row, created=created)
+        return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
 
     async def get_run(self, run_id: str) -> RunDetails:
         await self.open()

@@ -31,6 +31,7 @@ from keel.core import infra, leases, logs, retention
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
+from keel.core.lifecycle import FINISHED
 from keel.core.store.store import Lease
 from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.runtime import Runtime
@@ -46,9 +47,21 @@ def new_worker_id() -> str:
 
 @dataclass
 class WorkerStats:
+    """What a worker did with the runs it claimed: each ended its execution in one of these."""
+
     claimed: int = 0
     finished: int = 0
+    """Completed, failed or cancelled."""
+    waiting: int = 0
+    """Paused on a wait (an approval, an in-doubt effect), or queued again by a decision."""
     lost: int = 0
+    """Given back (drained at a step boundary) or taken over by another worker."""
+
+    def __str__(self) -> str:
+        return (
+            f"claimed {self.claimed}: finished {self.finished}, waiting {self.waiting}, "
+            f"given back {self.lost}"
+        )
 
 
 class Worker:
@@ -262,10 +275,13 @@ class Worker:
                 extra={"event": "executor.crashed", "run_id": run_id},
             )
             return
-        if task.result() in (LeaseEnd.LOST, LeaseEnd.RELEASED, LeaseEnd.RETRY):
+        outcome = task.result()
+        if outcome in (LeaseEnd.LOST, LeaseEnd.RELEASED, LeaseEnd.RETRY):
             self.stats.lost += 1
-        else:
+        elif outcome in FINISHED:
             self.stats.finished += 1
+        else:
+            self.stats.waiting += 1
 
     async def _sweep(self) -> None:
         try:

@@ -9,6 +9,7 @@ and wakes a worker; no graph ever runs inside a request.
 aliases, which are local names, from real annotation objects.)
 """
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -21,6 +22,7 @@ from fastapi.responses import FileResponse
 import keel
 from keel.core.errors import InvalidId, RunFinished, UsageError
 from keel.core.lifecycle import Decision, Status
+from keel.core.wait_model import EffectAnswer
 from keel.core.waits import check_answer
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
@@ -32,6 +34,7 @@ from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 
+log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
 MAX_PAGE = 500
 _APPROVAL_ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -69,7 +72,10 @@ def create_app(
     approvals:write, or * for all); None reads $KEEL_API_TOKENS. A Slack signing secret (or
     $KEEL_SLACK_SIGNING_SECRET) adds `POST /slack/actions`.
     """
-    auth = Authenticator(load_tokens(tokens))
+    known = load_tokens(tokens)
+    if not known:
+        log.warning("no API tokens configured: every request but /healthz and /readyz gets 401")
+    auth = Authenticator(known)
     api = FastAPI(
         title="Keel",
         version=_version(),
@@ -147,13 +153,16 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     @router.post(
         "/runs",
         status_code=201,
-        response_model=m.Run,
+        response_model=m.Submitted,
         responses={
-            200: {"model": m.Run, "description": "That job was already admitted: its run."},
+            200: {"model": m.Submitted, "description": "That job was already admitted: its run."},
             201: {"description": "A new run, queued for a worker."},
+            409: {"model": m.Problem, "description": "if_exists=error and other input ran."},
         },
     )
-    def submit_run(body: m.SubmitIn, request: Request, response: Response, _: Writer) -> m.Run:
+    def submit_run(
+        body: m.SubmitIn, request: Request, response: Response, _: Writer
+    ) -> m.Submitted:
         """Admit a run (idempotent: the same job, input and version return the same run)."""
         row = keel_app.submit(
             body.workflow,
@@ -161,12 +170,13 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             input=body.input,
             version=body.version,
             rerun=body.rerun,
+            if_exists=body.if_exists,
         )
         url = _run_url(request, row["run_id"])
         response.status_code = 201 if row.created else 200
         if row.created:
             response.headers["Location"] = url
-        return m.run_model(row, url)
+        return m.Submitted(**m.run_model(row, url).model_dump(), other_runs=row.other_runs)
 
     @router.get("/runs", response_model=m.RunPage)
     def list_runs(
@@ -352,6 +362,59 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         try:
             result = record(
                 wait["run_id"],
+                wait_id=approval_id,
+                by=body.by or principal.label,
+                principal=principal.label,
+                action_id=idempotency_key or body.action_id,
+                comment=body.comment,
+                channel="http",
+            )
+        except RunFinished as exc:
+            now = keel_app.get_wait(approval_id)
+            raise Refused(
+                409, "run_finished", str(exc), approval=m.approval_fields(now, run_url)
+            ) from None
+        return m.DecisionOut(**m.approval_fields(result.wait, run_url), recorded=result.recorded)
+
+    @router.post(
+        "/approvals/{approval_id}/resolution",
+        response_model=m.DecisionOut,
+        responses={
+            **NOT_FOUND,
+            409: {"model": m.Problem, "description": "Not an in-doubt effect, or finished."},
+        },
+    )
+    def resolve_effect(
+        approval_id: ApprovalId,
+        body: m.ResolutionIn,
+        request: Request,
+        principal: Writer,
+        idempotency_key: Annotated[
+            str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
+        ] = None,
+    ) -> m.DecisionOut:
+        """Say whether an in-doubt effect reached the provider; the first answer wins."""
+        wait = keel_app.get_wait(_checked(approval_id))
+        run_url = _run_url(request, wait["run_id"])
+        try:
+            check_answer(
+                wait["kind"],
+                EffectAnswer.PERFORMED if body.performed else EffectAnswer.NOT_PERFORMED,
+                wait_id=approval_id,
+            )
+        except UsageError:
+            raise Refused(
+                409,
+                "wrong_kind",
+                f"{approval_id} is a {wait['kind']} wait, not an in-doubt effect: decide it at "
+                f"/approvals/{approval_id}/decision",
+                approval=m.approval_fields(wait, run_url),
+            ) from None
+        try:
+            result = keel_app.resolve_effect(
+                wait["run_id"],
+                performed=body.performed,
+                result=body.result,
                 wait_id=approval_id,
                 by=body.by or principal.label,
                 principal=principal.label,

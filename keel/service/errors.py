@@ -23,6 +23,7 @@ from keel.core.errors import (
     InvalidId,
     InvalidInput,
     InvalidTransition,
+    JobExists,
     KeelError,
     LeaseLost,
     NoPendingWait,
@@ -47,6 +48,7 @@ KEEL_ERRORS: tuple[tuple[type[KeelError], int, str], ...] = (
     (RunNotFound, 404, "run_not_found"),
     (WaitNotFound, 404, "approval_not_found"),
     (RunFinished, 409, "run_finished"),
+    (JobExists, 409, "job_exists"),
     (WorkflowVersionMismatch, 409, "version_mismatch"),
     (NoPendingWait, 409, "no_pending_wait"),
     (InvalidTransition, 409, "invalid_transition"),
@@ -115,7 +117,12 @@ def install(api: FastAPI) -> None:
         if status >= 500:
             log.error("%s %s: %r", request.method, request.url.path, exc)
         approval = getattr(exc, "approval", None)
-        return problem(status, code, str(exc), approval=approval)
+        response = problem(status, code, str(exc), approval=approval)
+        if isinstance(exc, InvalidInput) and exc.errors:
+            response = JSONResponse(
+                {"error": code, "message": str(exc), "errors": exc.errors}, status_code=status
+            )
+        return response
 
     async def on_refused(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, Refused)
@@ -190,6 +197,14 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if body and not _takes(scope):
+            await problem(
+                415,
+                "unsupported_media_type",
+                "send the body as JSON (Content-Type: application/json), not "
+                f"{_header(scope, b'content-type')}",
+            )(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -208,6 +223,32 @@ class BodyLimit:
         # The unread rest of the body makes the connection unusable for another request.
         response.headers["Connection"] = "close"
         await response(scope, receive, send)
+
+
+FORM_PATHS = ("/slack/actions",)
+"""Slack posts its actions form-encoded."""
+FORM_PREFIXES = ("/ui/",)
+"""The console's pages post HTML forms; every other body Keel reads is JSON."""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def _takes(scope: Scope) -> bool:
+    """Whether the request's body is in a type its endpoint reads (JSON, or a form: Slack's,
+    the console's)."""
+    path = str(scope.get("path", ""))
+    if path.endswith(FORM_PATHS) or path.startswith(FORM_PREFIXES):
+        return True
+    given = _header(scope, b"content-type")
+    if given is None:
+        return True  # read as JSON, as FastAPI does
+    kind = given.split(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 def _content_length(scope: Scope) -> int | None:

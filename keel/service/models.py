@@ -27,10 +27,23 @@ class SubmitIn(Body):
     input: Any = Field(description="The run's input (any JSON value; a dict for most graphs).")
     version: str | None = Field(None, description="Workflow version; the latest when omitted.")
     rerun: bool = Field(False, description="Admit a new attempt even if this job already ran.")
+    if_exists: Literal["new", "reuse", "error"] = Field(
+        "new",
+        description="When the job already has a run with other input: admit a new run, give "
+        "back the job's latest run, or refuse (409 job_exists).",
+    )
 
 
 class CancelIn(Body):
     by: str | None = Field(None, max_length=200, description="Who cancels (for the timeline).")
+
+
+class ResolutionIn(Body):
+    performed: bool = Field(description="Whether the in-doubt effect reached the provider.")
+    result: Any = Field(None, description="The provider's result, when it was performed.")
+    comment: str | None = Field(None, max_length=10_000)
+    by: str | None = Field(None, max_length=200, description="Who answers; defaults to the token.")
+    action_id: str | None = Field(None, min_length=1, max_length=200)
 
 
 class ResumeIn(Body):
@@ -74,6 +87,12 @@ class Run(BaseModel):
     started_at: float | None
     finished_at: float | None
     url: str
+
+
+class Submitted(Run):
+    other_runs: list[str] = Field(
+        description="The job's runs of this workflow with other input, newest first."
+    )
 
 
 class RunPage(BaseModel):

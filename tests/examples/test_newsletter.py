@@ -302,10 +302,11 @@ def test_reminders_and_escalations_are_emailed_once_each(
     deliver(app)
     run_to_idle(app)
     done = app.get_run(run_id)
+    # The deadline rejected it: the decision is rejected, the run ended because time ran out.
     assert (done.status, done.decision, done.termination_reason) == (
         "completed",
         "rejected",
-        "rejected",
+        "timed_out",
     )
     assert sink.count() == 3, "no email for the expiry (not one of this notifier's kinds)"
     assert done.artifacts == []

@@ -142,10 +142,11 @@ def test_unanswered_approval_is_rejected_at_its_deadline(
     clock.advance(2 * 3600)
     run_to_idle(app)
     done = app.get_run(run_id)
+    # The deadline rejected it: the decision is rejected, the run ended because time ran out.
     assert (done.status, done.decision, done.termination_reason) == (
         "completed",
         "rejected",
-        "rejected",
+        "timed_out",
     )
     assert done.output["review"]["decision"] == "rejected"
     assert sink.count() == 0

@@ -8,6 +8,7 @@ is counted by what the sink received.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -183,7 +184,13 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
 
         worker = keel(env, "worker", APP, "--stop-when-idle", "--concurrency", "2")
         assert worker.returncode == 0, worker.stderr
-        assert "claimed 1" in worker.stdout
+        # The run went to its approval: not "finished".
+        assert "claimed 1: finished 0, waiting 1" in worker.stdout
+
+        # What `keel approve RUN` needs, and what the approver decides on.
+        pending = invoke(env, "approvals", "list", "--db", db_url)
+        assert pending.exit_code == 0, pending.output
+        assert run_id in pending.stdout and TICKET["to"] in pending.stdout
 
         text = invoke(env, "runs", "show", run_id, "--db", db_url)
         assert text.exit_code == 0, text.output
@@ -238,6 +245,8 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
         final = show(env, db_url, run_id)
         assert [(e["name"], e["status"]) for e in final["effects"]] == [("send_email", "sent")]
         assert final["waits"][0]["decided_by"] == winner
+        # --by is what was typed; the login that ran the command is recorded beside it.
+        assert final["waits"][0]["value"]["principal"] == f"login:{getpass.getuser()}"
         body = TICKET["body"].encode()
         assert [(a["name"], a["size"]) for a in final["artifacts"]] == [("reply.txt", len(body))]
         text = invoke(env, "runs", "show", run_id, "--db", db_url)
@@ -337,6 +346,10 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert invoke(env, *submit).exit_code == 2  # no input at all
     assert invoke(env, *submit, "--input", "{}", "--input-file", "x.json").exit_code == 2
 
+    not_an_object = invoke(env, *submit, "--input", "[1, 2]")
+    assert not_an_object.exit_code == 2
+    assert "input: expected an object" in one_error_line(not_an_object.stderr)
+
     unknown_workflow = invoke(
         env, "submit", FRESH, "no-such-flow", "--job-id", "t-1", "--input", "{}"
     )
@@ -353,12 +366,42 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert "the limit is" in one_error_line(too_large.stderr)
 
     assert invoke(env, "runs", "list", "--status", "sleeping", "--db", db_url).exit_code == 2
+    typo = invoke(env, "runs", "list", "--db", "postgresq://keel:s3cret@127.0.0.1:1/keel")
+    assert typo.exit_code == 2
+    assert "unsupported database URL 'postgresq://keel:***@" in one_error_line(typo.stderr)
+    assert "s3cret" not in typo.output
+    # submit takes its database from APP: no --db/--app to suggest.
+    missing = dict(env, KEEL_DATABASE_URL=f"sqlite:///{tmp_path}/none/keel.db")
+    nowhere = invoke(missing, *submit, "--input", json.dumps(TICKET))
+    assert nowhere.exit_code == 1
+    line = one_error_line(nowhere.stderr)
+    assert "--db" not in line and "$KEEL_DATABASE_URL" in line
     unreachable = invoke(env, "runs", "list", "--db", "postgresql://keel:s3cret@127.0.0.1:1/keel")
     assert unreachable.exit_code == 1
     line = one_error_line(unreachable.stderr)
     assert "cannot connect to postgresql://keel:***@127.0.0.1:1/keel" in line
     assert "s3cret" not in unreachable.output
     assert json.loads(invoke(env, "runs", "list", "--json", "--db", db_url).stdout) == []
+
+
+def test_submit_tells_of_other_input_for_the_job_and_if_exists_refuses_it(
+    env: dict[str, str],
+) -> None:
+    submit = ("submit", FRESH, WORKFLOW, "--job-id", "ticket-9")
+    first = invoke(env, *submit, "--input", json.dumps(TICKET))
+    assert first.exit_code == 0, first.output
+    run_id = submitted_run_id(first.stdout)
+    other = json.dumps({**TICKET, "body": "Another answer."})
+    refused = invoke(env, *submit, "--input", other, "--if-exists", "error")
+    assert refused.exit_code == 1
+    assert f"already has a run with other input ({run_id})" in one_error_line(refused.stderr)
+    reused = invoke(env, *submit, "--input", other, "--if-exists", "reuse")
+    assert reused.exit_code == 0 and f"reused run {run_id}" in reused.stdout
+    admitted = invoke(env, *submit, "--input", other)
+    assert admitted.exit_code == 0, admitted.output
+    assert f"note: job ticket-9 already had 1 run(s) with other input (latest {run_id})" in (
+        admitted.stdout
+    )
 
 
 def test_a_stranded_run_is_shown_and_upgraded_from_the_cli(env: dict[str, str], make_app) -> None:
@@ -492,6 +535,8 @@ def test_serve_answers_until_sigterm(env: dict[str, str]) -> None:
         _, err = server.communicate(timeout=60)
     assert server.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err
+    # No $KEEL_API_TOKENS in this environment: said before the first 401, not after.
+    assert "warning: no API tokens: $KEEL_API_TOKENS is empty" in err
 
 
 # -- failures that must not loop: resume, broken graphs -----------------------------------------

@@ -237,7 +237,7 @@ def test_submit_refuses_bad_bodies(serve: Callable[..., Service]) -> None:
         assert answer.json()["error"] == code
         assert text in answer.json()["message"]
     not_json = svc.http.post("/runs", content=b"{not json", headers={"Content-Type": "a/json"})
-    assert not_json.status_code == 422
+    assert not_json.status_code == 415
     not_json = svc.http.post(
         "/runs", content=b"{not json", headers={"Content-Type": "application/json"}
     )
@@ -434,6 +434,73 @@ def test_a_decision_records_the_calling_token_beside_the_by_it_typed(svc: Servic
     timeline = svc.http.get(f"/runs/{run_id}").json()["timeline"]
     (recorded,) = [e for e in timeline if e["kind"] == "decision.recorded"]
     assert (recorded["data"]["by"], recorded["data"]["principal"]) == ("alice", token)
+
+
+def test_an_input_the_graph_cannot_take_is_422_with_field_errors(svc: Service) -> None:
+    body = {"workflow": WORKFLOW, "job_id": "bad-input", "input": "hello"}
+    answer = svc.http.post("/runs", json=body)
+    assert (answer.status_code, answer.json()["error"]) == (422, "invalid_input"), answer.text
+    assert answer.json()["errors"] == [answer.json()["errors"][0]]
+    assert answer.json()["errors"][0].startswith("input: expected an object")
+    typo = svc.http.post("/runs", json={**body, "input": {"topik": "ai"}})
+    assert typo.status_code == 422
+    assert typo.json()["errors"][0].startswith("input.topik: not a field of")
+    assert svc.http.get("/runs").json()["runs"] == []
+
+
+def test_a_job_with_other_input_is_told_and_can_be_refused(svc: Service) -> None:
+    first = svc.submit("job-if")
+    assert (first.status_code, first.json()["other_runs"]) == (201, [])
+    body = {"workflow": WORKFLOW, "job_id": "job-if", "input": {"topic": "other"}}
+    refused = svc.http.post("/runs", json={**body, "if_exists": "error"})
+    assert (refused.status_code, refused.json()["error"]) == (409, "job_exists"), refused.text
+    reused = svc.http.post("/runs", json={**body, "if_exists": "reuse"})
+    assert (reused.status_code, reused.json()["run_id"]) == (200, first.json()["run_id"])
+    new = svc.http.post("/runs", json=body)
+    assert new.status_code == 201
+    assert new.json()["other_runs"] == [first.json()["run_id"]]
+
+
+def test_a_body_that_is_not_json_is_415_saying_so(svc: Service) -> None:
+    body = '{"workflow": "x", "job_id": "j", "input": {}}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded"):
+        headers = {"Content-Type": kind}
+        answer = svc.http.post("/runs", content=body, headers=headers)
+        assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_media_type")
+        assert "application/json" in answer.json()["message"]
+    assert svc.http.get("/runs").json()["runs"] == []
+    # The console's pages post HTML forms: not refused for their type.
+    login = svc.http.post("/ui/login", data={"token": "nope"}, follow_redirects=False)
+    assert login.status_code != 415
+
+
+def test_an_in_doubt_effect_is_resolved_over_http_once(
+    make_app: Callable[..., keel.App],
+) -> None:
+    provider = Provider()
+    app, run_id = in_doubt(make_app, provider, delivered=True)
+    (wait,) = app.get_run(run_id).waits
+    with LiveServer(create_app(app, tokens=TOKENS)) as server:
+        svc = Service(app, server.url)
+        try:
+            path = f"/approvals/{wait['wait_id']}/resolution"
+            wrong = svc.http.post(
+                f"/approvals/{wait['wait_id']}/decision", json={"decision": "approve"}
+            )
+            assert (wrong.status_code, wrong.json()["error"]) == (409, "wrong_kind")
+            answer = svc.http.post(path, json={"performed": True, "result": {"charged": 5}})
+            assert answer.status_code == 200, answer.text
+            assert (answer.json()["recorded"], answer.json()["decision"]) == (True, "performed")
+            assert answer.json()["principal"].startswith("token:")
+            again = svc.http.post(path, json={"performed": False})
+            assert (again.status_code, again.json()["recorded"]) == (200, False)
+        finally:
+            svc.close()
+    drain(app)
+    done = app.get_run(run_id)
+    assert done.status == "completed"
+    assert [e["status"] for e in done.effects] == ["confirmed"]
+    assert len(provider.calls) == 1, "never sent a second time"
 
 
 def test_decision_errors(svc: Service) -> None:

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pydantic
 import pytest
+from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.core.errors import InputTooLarge, InvalidId, InvalidInput, UnknownWorkflow
+from keel.core.errors import (
+    InputTooLarge,
+    InvalidId,
+    InvalidInput,
+    JobExists,
+    UnknownWorkflow,
+    UsageError,
+)
 from tests.support.checks import event_kinds
 from tests.support.graphs import echo_graph
 from tests.support.workers import drain
@@ -72,6 +83,50 @@ def test_rerun_creates_numbered_attempts_instead_of_reusing_the_run(make_app: Ap
     assert {r["status"] for r in app.list_runs(job_id="job-1")} == {"completed"}
 
 
+def test_forty_racing_reruns_each_get_their_own_new_attempt(make_app: AppFactory) -> None:
+    apps = [echo_app(make_app) for _ in range(4)]
+    first = apps[0].submit("echo", job_id="job-1", input={"text": "x"})
+    barrier = threading.Barrier(40)
+
+    def rerun(n: int) -> keel.Submission:
+        barrier.wait()
+        return apps[n % 4].submit("echo", job_id="job-1", input={"text": "x"}, rerun=True)
+
+    with ThreadPoolExecutor(40) as pool:
+        got = list(pool.map(rerun, range(40)))
+    assert all(s.created for s in got), "every rerun call admitted a run of its own"
+    assert len({s.run_id for s in got}) == 40, "no caller got another caller's attempt"
+    assert sorted(s["attempt"] for s in got) == list(range(2, 42))
+    assert len(apps[0].list_runs(job_id="job-1", limit=100)) == 41
+    assert first.run_id not in {s.run_id for s in got}
+
+
+def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
+    make_app: AppFactory,
+) -> None:
+    app = echo_app(make_app)
+    first = app.submit("echo", job_id="job-1", input={"text": "x"})
+    assert first.other_runs == []
+    with pytest.raises(JobExists, match="job job-1 already has a run with other input") as no:
+        app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="error")
+    assert no.value.runs == [first.run_id]
+    assert len(app.list_runs(job_id="job-1")) == 1
+    reused = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="reuse")
+    assert (reused.run_id, reused.created, reused.other_runs) == (
+        first.run_id,
+        False,
+        [first.run_id],
+    )
+    second = app.submit("echo", job_id="job-1", input={"text": "y"})  # "new", the default
+    assert second.created and second.other_runs == [first.run_id]
+    # The same input again is that run, whatever the policy: nothing new to refuse.
+    again = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="error")
+    assert (again.run_id, again.created) == (second.run_id, False)
+    with pytest.raises(UsageError, match="if_exists must be one of"):
+        app.submit("echo", job_id="job-1", input={"text": "z"}, if_exists="maybe")
+    assert len(app.list_runs(job_id="job-1")) == 2
+
+
 def test_different_input_is_a_different_run(make_app: AppFactory) -> None:
     app = echo_app(make_app)
     a = app.submit("echo", job_id="job-1", input={"text": "x"})
@@ -120,6 +175,77 @@ def test_non_json_input_is_refused_and_nothing_is_written(make_app: AppFactory, 
     with pytest.raises(InvalidInput, match="canonical JSON"):
         app.submit("echo", job_id="bad", input=bad)
     assert app.list_runs() == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("hello", "input: expected an object (EchoState), got str"),
+        ([1, 2], "input: expected an object (EchoState), got list"),
+        ({"text": 5}, "input.text: Input should be a valid string"),
+        ({"txet": "hi"}, "input.txet: not a field of EchoState (its fields: n, out, text)"),
+        (
+            {"text": "hi", "n": ["a"]},
+            "input.n.0: Input should be a valid integer, unable to parse string as an integer",
+        ),
+    ],
+)
+def test_input_the_graph_cannot_take_is_refused_at_submit_by_field(
+    make_app: AppFactory, bad: Any, says: str
+) -> None:
+    app = echo_app(make_app)
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("echo", job_id="bad", input=bad)
+    assert refused.value.errors == [says]
+    assert says in str(refused.value)
+    assert app.list_runs() == []
+
+
+class Ticket(pydantic.BaseModel):
+    to: str
+    priority: int = 1
+
+
+def ticket_graph() -> StateGraph:
+    g = StateGraph(Ticket)
+    g.add_node("n", lambda state: {"priority": state.priority})
+    g.add_edge(START, "n")
+    g.add_edge("n", END)
+    return g
+
+
+def test_a_pydantic_input_schema_is_validated_as_langgraph_would(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ticket")(ticket_graph)
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("ticket", job_id="t-1", input={"priority": "high"})
+    assert refused.value.errors == [
+        "input.to: Field required",
+        "input.priority: Input should be a valid integer, unable to parse string as an integer",
+    ]
+    assert app.list_runs() == []
+    run = app.submit("ticket", job_id="t-1", input={"to": "ana@example.com"})
+    drain(app)
+    assert app.get_run(run.run_id).status == "completed"
+
+
+def test_registration_builds_the_graph_once_and_submit_checks_input_without_rebuilding(
+    make_app: AppFactory,
+) -> None:
+    builds = []
+
+    def counted() -> StateGraph:
+        builds.append(1)
+        return echo_graph()
+
+    app = make_app()
+    app.workflow("counted")(counted)
+    assert len(builds) == 1  # compiled at registration (InvalidWorkflow there if it cannot)
+    with pytest.raises(InvalidInput):
+        app.submit("counted", job_id="c-0", input="not an object")
+    for i in range(3):
+        app.submit("counted", job_id=f"c-{i}", input={})
+    assert len(builds) == 1  # the input schema came from that build
 
 
 def test_unknown_workflow_is_refused_naming_what_is_registered(make_app: AppFactory) -> None:

@@ -34,7 +34,7 @@ def test_filters_by_job_id_prefix_workflow_status_and_admission_time(
     start = clock.now()
     jobs = ["ticket-1", "ticket-10", "ticket-2", "a.b", "a_b-x", "axb", "ticket"]
     for n, job in enumerate(jobs):
-        app.submit("other" if job == "ticket-2" else "echo", job_id=job, input={"n": n})
+        app.submit("other" if job == "ticket-2" else "echo", job_id=job, input={"n": [n]})
         clock.advance(60)
     assert _jobs(app.browse_runs(job_prefix="ticket-1")) == ["ticket-10", "ticket-1"]
     # LIKE's wildcard `_` and `.` are plain characters here.
@@ -58,7 +58,7 @@ def test_filters_by_job_id_prefix_workflow_status_and_admission_time(
 def test_pages_are_newest_first_with_no_gap_or_repeat(make_app: AppFactory) -> None:
     app, clock = _app(make_app)
     for n in range(23):
-        app.submit("echo", job_id=f"job-{n:02d}", input={"n": n})
+        app.submit("echo", job_id=f"job-{n:02d}", input={"n": [n]})
         if n % 3:  # some share an admission time: the run id breaks the tie, stably
             clock.advance(1)
     seen: list[str] = []

@@ -116,7 +116,7 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
             s for m in load_migrations("postgres") for s in m.statements if "keel_now()" in s
         ]
         execute(old.url, defined)
-    row, created = rt.portal.call(
+    admitted = rt.portal.call(
         runs.admit(
             rt.store,
             workflow="echo",
@@ -127,7 +127,8 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
             max_input_bytes=1000,
         )
     )
-    assert created
+    row = admitted.row
+    assert admitted.created
     old.close()
 
     new = apps()
@@ -202,7 +203,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
     rt.portal.call(rt.connector.open())
     before = max(v for v in VERSIONS if v < 6)
     rt.portal.call(rt.store.migrate(target=before))
-    row, _ = rt.portal.call(
+    row = rt.portal.call(
         runs.admit(
             rt.store,
             workflow="notify",
@@ -212,7 +213,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
             rerun=False,
             max_input_bytes=1000,
         )
-    )
+    ).row
     where = StepRef(row["run_id"], "echo", 1, "__pregel_pull/echo", namespace="echo")
     key = legacy_key(where, "notify", ("a@x",), {})
     execute(

@@ -47,6 +47,7 @@ class Died(BaseException):
 
 
 class NoteState(TypedDict, total=False):
+    job: str
     note: str
 
 

@@ -18,6 +18,7 @@ from tests.support.providers import Provider
 
 class EchoState(TypedDict, total=False):
     text: str
+    n: list[int]
     out: str
 
 

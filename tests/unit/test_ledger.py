@@ -202,7 +202,7 @@ def test_a_reconciler_that_finds_the_effect_confirms_it_without_performing_again
     result = node.call(send, "a@example.com")  # the restarted worker replays the node
     assert result == provider.results[provider.calls[0]]
     assert len(provider.deliveries) == 1
-    assert ledger(node) == [("confirmed", 0)]
+    assert ledger(node) == [("confirmed", 1)]  # the crashed attempt reached the provider
 
 
 def test_a_reconciler_that_finds_nothing_lets_the_effect_be_performed_once_more(
@@ -270,7 +270,7 @@ def test_a_persons_answer_settles_an_in_doubt_key(app: keel.App, performed: bool
     result = resumed.call(send, "a@example.com")
     if performed:
         assert result == {"id": "by-hand"}  # the person's result, nothing sent again
-        assert ledger(node) == [("confirmed", 0)]
+        assert ledger(node) == [("confirmed", 1)]  # the crashed attempt reached the provider
     else:
         assert result == provider.results[provider.calls[0]]
         assert ledger(node) == [("sent", 1)]  # performed on the person's word

@@ -47,6 +47,11 @@ class RunQueries:
         return int(row["attempt"]) + 1 if row else 1
 
     @staticmethod
+    async def job_runs(tx: Tx, job_id: str, workflow: str) -> list[Row]:
+        """The job's runs of this workflow (run_id, input_hash, attempt, status), newest first."""
+        return await tx.all("job_runs", {"job_id": job_id, "workflow": workflow})
+
+    @staticmethod
     async def insert_run(
         tx: Tx,
         *,

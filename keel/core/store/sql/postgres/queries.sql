@@ -62,6 +62,12 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY created_at DESC, run_id
 LIMIT %(limit)s OFFSET %(offset)s;
 
+-- name: job_runs
+-- A job's runs of one workflow, newest first: admission tells a caller about other input.
+SELECT run_id, input_hash, attempt, status FROM keel_runs
+WHERE job_id = %(job_id)s AND workflow = %(workflow)s
+ORDER BY created_at DESC, run_id DESC;
+
 -- name: max_attempt
 -- The latest attempt of a job with this workflow and input.
 SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs

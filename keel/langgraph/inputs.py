@@ -1,0 +1,115 @@
+"""A run's input checked at submit against its graph's input schema.
+
+LangGraph takes any mapping as a graph's input (a partial state update) and finds a wrong one
+only inside the first step (`InvalidUpdateError: Expected dict, got hello`), after Keel has
+admitted the run. So `submit` checks it first, as LangGraph would read it:
+
+- a TypedDict schema: the input is an object; every key it gives is a field of the schema, with
+  a value of the field's type. Fields may be left out (an input is a partial update, and
+  LangGraph accepts that), but a typo in a key is refused rather than silently dropped.
+- a pydantic model (or a dataclass): the input must validate as one, as LangGraph validates it.
+
+Each problem is named by its field (`input.to: Input should be a valid string`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from keel.core.errors import InvalidInput
+from keel.core.workflows import Workflow
+
+
+class _Schema:
+    """How to check an input: a whole-value adapter (pydantic, dataclass), or one adapter per
+    field of a TypedDict (fields may be left out), or nothing but "an object"."""
+
+    def __init__(self, schema: Any) -> None:
+        self.name = getattr(schema, "__name__", "the input schema")
+        self.whole: TypeAdapter[Any] | None = None
+        self.fields: dict[str, TypeAdapter[Any] | None] = {}
+        if (isinstance(schema, type) and issubclass(schema, BaseModel)) or dataclasses.is_dataclass(
+            schema
+        ):
+            self.whole = TypeAdapter(schema)
+        elif typing.is_typeddict(schema):
+            try:
+                hints = typing.get_type_hints(schema, include_extras=True)
+            except Exception:
+                # Annotations that do not resolve here (names only the user's module knows):
+                # the keys can still be checked, their types cannot.
+                hints = dict.fromkeys(schema.__annotations__)
+            self.fields = {key: _adapter(hint) for key, hint in hints.items()}
+
+    def problems(self, value: dict[str, Any]) -> list[str]:
+        found: list[str] = []
+        for key, item in value.items():
+            if self.fields and key not in self.fields:
+                known = ", ".join(sorted(self.fields))
+                found.append(f"input.{key}: not a field of {self.name} (its fields: {known})")
+            elif (adapter := self.fields.get(key)) is not None:
+                found += _errors(adapter, item, ("input", key))
+        if self.whole is not None:
+            found += _errors(self.whole, value, ("input",))
+        return found
+
+
+# Per registered workflow (a frozen dataclass: the same registration, the same entry).
+_schemas: dict[Workflow, _Schema] = {}
+
+
+def learn_input_schema(workflow: Workflow, graph: Any) -> None:
+    """Remember the input schema of `workflow`'s graph, compiled at registration (its builder
+    is `graph.builder`), so that submit checks inputs without building the graph again."""
+    builder = getattr(graph, "builder", None)
+    if builder is not None and workflow not in _schemas:
+        _schemas[workflow] = _schema_of(builder)
+
+
+def _schema_of(builder: Any) -> _Schema:
+    return _Schema(getattr(builder, "input_schema", None) or builder.state_schema)
+
+
+def check_input(workflow: Workflow, value: Any) -> None:
+    """InvalidInput, with one entry per field in `.errors`, unless the graph can take `value`."""
+    schema = _schemas.get(workflow)
+    if schema is None:
+        # Not learned at registration (a Workflow registered by other means): build it once.
+        try:
+            builder = workflow.factory()
+        except Exception:
+            # The graph compiled at registration; a factory that fails now fails the run where
+            # it executes (with the attempt limits), not the admission: no schema to check.
+            return
+        schema = _schemas[workflow] = _schema_of(builder)
+    if not isinstance(value, dict):
+        problems = [f"input: expected an object ({schema.name}), got {type(value).__name__}"]
+    else:
+        problems = schema.problems(value)
+    if problems:
+        message = f"input does not match {schema.name}: " + "; ".join(problems)
+        raise InvalidInput(message, errors=problems)
+
+
+def _adapter(hint: Any) -> TypeAdapter[Any] | None:
+    if hint is None:
+        return None
+    try:
+        return TypeAdapter(hint)
+    except Exception:  # a type pydantic cannot check (an arbitrary class): the key is enough
+        return None
+
+
+def _errors(adapter: TypeAdapter[Any], value: Any, where: tuple[str, ...]) -> list[str]:
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        return [
+            f"{'.'.join(str(p) for p in (*where, *err.get('loc', ())))}: {err.get('msg')}"
+            for err in exc.errors()
+        ]
+    return []

@@ -9,25 +9,20 @@ Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad u
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import json
 import logging
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import observe, render
 from keel.cli.guard import (
     APP_HINT,
     BAD_USAGE,
-    OPTIONS_HINT,
     IfExists,
     bad_spec_is_usage,
     check_database,
@@ -39,12 +34,21 @@ from keel.cli.guard import (
     say,
     warn,
 )
-from keel.cli.render import decided_line, out
-from keel.core.lifecycle import Status
-from keel.core.store.base import Row
-from keel.runtime.app import App
+from keel.cli.options import (
+    ActionOption,
+    AppOption,
+    ByOption,
+    CommentOption,
+    DbOption,
+    JsonOption,
+    RunArgument,
+    WaitOption,
+    listing,
+    open_app,
+)
+from keel.cli.render import decided_line
+from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.runtime.loading import load_app
-from keel.runtime.runtime import DEFAULT_URL
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -53,85 +57,13 @@ cli = typer.Typer(
     # A traceback's locals could show a database password.
     pretty_exceptions_show_locals=False,
 )
-runs_cli = typer.Typer(no_args_is_help=True, help="Inspect runs: list them, show one in full.")
 cli.add_typer(runs_cli, name="runs")
-approvals_cli = typer.Typer(
-    no_args_is_help=True, help="Approvals and other waits: list the open ones."
-)
 cli.add_typer(approvals_cli, name="approvals")
-
-
-# No `envvar=` on these two: the command line must outrank the environment as a pair (see
-# open_app), so the environment is read there.
-AppOption = Annotated[
-    str | None,
-    typer.Option(
-        "--app",
-        show_default=False,
-        help="MODULE:ATTRIBUTE of a keel.App whose database to use (env: KEEL_APP).",
-    ),
-]
-DbOption = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        show_default=False,
-        help="Database URL: sqlite:///path or postgresql://... (env: KEEL_DATABASE_URL; "
-        f"default: {DEFAULT_URL}).",
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-def _listing(
-    rows: list[Row], as_json: bool, table: Callable[[list[Row]], Table], none: str
-) -> None:
-    """JSON for scripts (JSON columns decoded), else a table, or a line saying there is none."""
-    if as_json:
-        typer.echo(render.to_json([render.decoded(r) for r in rows]))
-    elif rows:
-        out().print(table(rows))
-    else:
-        say(none)
 
 
 @cli.callback()
 def root() -> None:
     """Keel: admitted, resumable LangGraph runs whose side effects happen once."""
-
-
-# -- plumbing ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def open_app(
-    app_spec: str | None, db: str | None, *, existing: bool = True, hint: str = OPTIONS_HINT
-) -> Iterator[App]:
-    """The App a command works on (given on the command line), closed afterwards.
-
-    The command line outranks the environment; at the same level --app outranks --db, and an
-    --app and a --db that disagree are an error rather than a guess.
-    """
-    if app_spec:
-        app = load_app(app_spec)
-        if db and db != app.url:
-            app.close()
-            fail(
-                f"--app {app_spec} uses {render.redact(app.url)} but --db says "
-                f"{render.redact(db)}: pass one of them",
-                BAD_USAGE,
-            )
-    elif db:
-        app = App(db)
-    elif os.environ.get("KEEL_APP"):
-        app = load_app(os.environ["KEEL_APP"])
-    else:
-        app = App()  # $KEEL_DATABASE_URL, then the default
-    try:
-        check_database(app, existing=existing, hint=hint)
-        yield app
-    finally:
-        app.close()
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -309,53 +241,6 @@ def submit(
         say(line)
 
 
-@runs_cli.command("list")
-@guarded
-def runs_list(
-    status: Annotated[
-        Status | None, typer.Option(help="Only runs in this status.", show_default=False)
-    ] = None,
-    workflow: Annotated[
-        str | None, typer.Option(help="Only runs of this workflow.", show_default=False)
-    ] = None,
-    job_id: Annotated[
-        str | None, typer.Option("--job-id", help="Only runs of this job.", show_default=False)
-    ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first.")] = 50,
-    offset: Annotated[int, typer.Option(min=0, help="Skip this many runs first.")] = 0,
-    as_json: JsonOption = False,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """List runs, newest first."""
-    with open_app(app, db) as loaded:
-        rows = loaded.list_runs(
-            status=status.value if status else None,
-            workflow=workflow,
-            job_id=job_id,
-            limit=limit,
-            offset=offset,
-        )
-    _listing(rows, as_json, render.runs_table, "no runs match")
-
-
-@runs_cli.command("show")
-@guarded
-def runs_show(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
-    as_json: JsonOption = False,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Show one run: lifecycle, lease, timeline, effects, waits and artifacts."""
-    with open_app(app, db) as loaded:
-        details = loaded.get_run(run_id)
-    if as_json:
-        typer.echo(render.to_json(render.details_json(details)))
-    else:
-        out().print(render.run_view(details))
-
-
 def _decide(
     run_id: str,
     decision: str,
@@ -403,26 +288,6 @@ def _decide(
         fail(f"not {decision.replace('_', ' ')}: {decided_line(wait)} (the first decision wins)")
 
 
-ByOption = Annotated[
-    str | None,
-    typer.Option("--by", help="Who decides (default: your login name).", show_default=False),
-]
-CommentOption = Annotated[
-    str | None, typer.Option(help="A note kept with the decision.", show_default=False)
-]
-WaitOption = Annotated[
-    str | None,
-    typer.Option("--wait-id", help="Which wait, if the run waits on several.", show_default=False),
-]
-ActionOption = Annotated[
-    str | None,
-    typer.Option(
-        "--action-id", help="Id of the click/request, kept for the audit.", show_default=False
-    ),
-]
-RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
-
-
 def _verdict_command(decision: str, verb: str) -> Callable[..., None]:
     # approve and reject take the same options and differ only in the verdict they record.
     def command(
@@ -445,27 +310,6 @@ def _verdict_command(decision: str, verb: str) -> Callable[..., None]:
 
 approve = cli.command("approve")(guarded(_verdict_command("approved", "Approve")))
 reject = cli.command("reject")(guarded(_verdict_command("rejected", "Reject")))
-
-
-@runs_cli.command("upgrade")
-@guarded
-def runs_upgrade(
-    run_id: RunArgument,
-    to: Annotated[str, typer.Option("--to", help="The version to move the run to.")],
-    by: ByOption = None,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Move a queued or waiting run to another version of its workflow (see docs/versions.md).
-
-    APP (--app or $KEEL_APP) must register that version: the run's checkpoint is checked
-    against its graph, and the move is refused unless the nodes the run stopped before exist.
-    """
-    if not (app or os.environ.get("KEEL_APP")):
-        fail("keel runs upgrade needs --app MODULE:ATTRIBUTE, the app with the new version", 2)
-    with open_app(app, db) as loaded:
-        row = loaded.upgrade_run(run_id, to=to, by=by or login())
-    say(f"run {run_id} moved to {row['workflow']}@{row['workflow_version']}; {row['status']}")
 
 
 @cli.command("resolve-effect")
@@ -503,29 +347,7 @@ def resolve_effect(
     _decide(run_id, decision, by, comment, wait_id, None, app, db, result=value)
 
 
-@cli.command()
-@guarded
-def cancel(
-    run_id: RunArgument, by: ByOption = None, app: AppOption = None, db: DbOption = None
-) -> None:
-    """Cancel a run: queued or waiting at once, running at its next step boundary."""
-    with open_app(app, db) as loaded:
-        row = loaded.cancel(run_id, by=by or login())
-    if row["status"] == "cancelled":
-        say(f"cancelled run {run_id}")
-    else:
-        say(f"cancel requested: run {run_id} is {row['status']}; it stops at its next step")
-
-
-@guarded
-def resume(
-    run_id: RunArgument, by: ByOption = None, app: AppOption = None, db: DbOption = None
-) -> None:
-    """Resume a failed run from its last checkpoint, with its ledger: effects it recorded are
-    not performed again (unlike `keel submit --rerun`, which starts a new run)."""
-    with open_app(app, db) as loaded:
-        loaded.resume(run_id, by=by or login())
-    say(f"resumed run {run_id}: queued; a worker continues it from its last checkpoint")
+cli.command()(cancel)
 
 
 @cli.command()
@@ -535,7 +357,7 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
     `silent` workers (not stopped, quiet for up to an hour) wait for their database or are dead."""
     with open_app(app, db) as loaded:
         rows, stranded = loaded.workers(silent_for=3600), loaded.stranded_runs()
-    _listing(rows, as_json, render.workers_table, "no live workers (and none silent)")
+    listing(rows, as_json, render.workers_table, "no live workers (and none silent)")
     if as_json:
         return
     for run in stranded:
@@ -545,22 +367,6 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
         )
 
 
-@approvals_cli.command("list")
-@guarded
-def approvals_list(
-    kind: Annotated[str | None, typer.Option(help="approval, effect or interrupt.")] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many.")] = 100,
-    as_json: JsonOption = False,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """List open waits (pending approvals first by deadline) across all runs."""
-    with open_app(app, db) as loaded:
-        rows = [w for w in loaded.pending_waits(limit) if kind is None or w["kind"] == kind]
-    _listing(rows, as_json, functools.partial(render.waits_table, across=True), "no open waits")
-
-
-runs_cli.command("cancel")(cancel)
 cli.command("chaos")(bad_spec_is_usage(observe.logged(chaos_command)))
 
 
@@ -604,30 +410,6 @@ def prune(
         observe.print_prune(report)
 
 
-@runs_cli.command("watch")
-@guarded
-def runs_watch(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")],
-    after: Annotated[int, typer.Option(min=0, help="Start after this event id.")] = 0,
-    follow: Annotated[
-        bool,
-        typer.Option(help="Keep following until the run finishes (--no-follow: print and exit)."),
-    ] = True,
-    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between reads.")] = 0.25,
-    as_json: JsonOption = False,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Follow a run's timeline live: its events so far, then new ones as they commit."""
-    with open_app(app, db) as loaded:
-        status = observe.watch(
-            loaded, run_id, after=after, as_json=as_json, follow=follow, poll=poll
-        )
-    if not as_json:
-        say(f"run {run_id} is {status}")
-
-
-runs_cli.command("resume")(resume)
 cli.command("chaos")(bad_spec_is_usage(chaos_command))
 
 

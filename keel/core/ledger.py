@@ -306,6 +306,12 @@ class Effect(Generic[P, R]):
                 result = await self._attempt(ctx, host, args, {**kwargs, **extra})
             except (LeaseLost, RunCancelled):
                 raise  # nothing was performed: the key stays as it was, for the next owner
+            except _LeaseUnchecked as unchecked:
+                # The lease could not be read (the database is unreachable): nothing was
+                # performed, so this is no failure of the effect. The store's own error goes
+                # up as it is, for the executor to treat as an infrastructure fault.
+                assert unchecked.__cause__ is not None
+                raise unchecked.__cause__ from None
             except Exception as exc:
                 _took("effect.perform", started, key, self.name, attempts, error=repr(exc))
                 if self.retry.retries(exc, attempts):
@@ -334,7 +340,12 @@ class Effect(Generic[P, R]):
         """One provider call, after a last check of the lease where the call is made."""
         if self.is_async:
             fault_point("effect.before_call", self.name)
-            await check_lease(ctx)
+            try:
+                await check_lease(ctx)
+            except (LeaseLost, RunCancelled):
+                raise
+            except Exception as exc:
+                raise _LeaseUnchecked from exc
             return await self.fn(*args, **kwargs)
 
         def checked() -> Any:
@@ -342,10 +353,19 @@ class Effect(Generic[P, R]):
             # In the thread that makes the call, right before it: a node thread that carried
             # on (or froze) past a takeover finds out here, not after paying. What remains is a
             # freeze between this line and the next; docs/effects.md says what closes it.
-            ctx.services.portal.call(check_lease(ctx))
+            try:
+                ctx.services.portal.call(check_lease(ctx))
+            except (LeaseLost, RunCancelled):
+                raise
+            except Exception as exc:
+                raise _LeaseUnchecked from exc
             return self.fn(*args, **kwargs)
 
         return await _call(checked, host)
+
+
+class _LeaseUnchecked(Exception):
+    """The last lease check before a provider call could not be made; nothing was called."""
 
 
 def _reached(row: dict[str, Any]) -> int:

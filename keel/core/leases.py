@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 from keel.core.faults import fault_point
-from keel.core.lifecycle import Status
+from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import claimed, transition
-from keel.core.store.base import Row
+from keel.core.store.base import Row, Tx
 from keel.core.store.store import Lease, Store
 
 
@@ -37,19 +37,59 @@ async def claim(
     workflows: Iterable[str],
     ttl: float,
     limits: Mapping[str, int] | None = None,
+    max_crashes: int | None = None,
 ) -> tuple[Lease, Row] | None:
-    """Take the oldest claimable run; `limits` caps running runs per workflow key, cluster-wide."""
+    """Take the oldest claimable run; `limits` caps running runs per workflow key, cluster-wide.
+
+    A takeover counts one crashed attempt (in `claim_run`): the execution before it ended
+    without giving the run back (its process died, or it crashed and held the lease for a
+    backoff). A run taken over for the `max_crashes`-th time is not executed again: it ends
+    failed here, in the claim's transaction, and the next candidate is tried."""
     keys = sorted(workflows)
     async with store.transaction() as tx:
         startable = keys
         if limits:
             running = await store.lock_running_counts(tx)
             startable = [k for k in keys if running.get(k, 0) < limits.get(k, 1 << 30)]
-        candidate = await store.claim_candidate(tx, keys, startable)
-        if candidate is None:
-            return None
-        row = await claimed(store, tx, candidate, worker_id, ttl)
+        while True:
+            candidate = await store.claim_candidate(tx, keys, startable)
+            if candidate is None:
+                return None
+            row = await claimed(store, tx, candidate, worker_id, ttl)
+            crashes = int(row["crash_count"])
+            if candidate["status"] != Status.RUNNING or max_crashes is None:
+                break
+            if crashes < max_crashes:
+                break
+            await _give_up(store, tx, row, worker_id, crashes, max_crashes)
     return Lease(row["run_id"], worker_id, int(row["lease_token"])), row
+
+
+async def _give_up(
+    store: Store, tx: Tx, row: Row, worker_id: str, crashes: int, limit: int
+) -> None:
+    """End a run whose executions keep dying (a node that kills its process: OOM, a segfault,
+    os._exit) failed, instead of handing it to the next worker to kill."""
+    error = (
+        f"the run's worker died {crashes} times while running it (its process exited or was "
+        f"killed: out of memory, a signal, a crash in native code); the limit is {limit}"
+    )
+    token = int(row["lease_token"])
+    data = {"cause": "worker died", "attempt": crashes, "limit": limit, "error": error}
+    await store.add_event(
+        tx, row["run_id"], "attempt.failed", data, worker_id=worker_id, token=token
+    )
+    await transition(
+        store,
+        tx,
+        row,
+        Status.FAILED,
+        worker_id=worker_id,
+        token=token,
+        termination_reason=TerminationReason.EXECUTION_ERROR.value,
+        error=error,
+        event={"cause": "worker died", "attempts": crashes},
+    )
 
 
 async def renew(store: Store, leases: Iterable[Lease], ttl: float) -> list[Lease]:

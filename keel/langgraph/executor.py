@@ -202,11 +202,20 @@ class Executor:
                 assert current is not None
                 if current["status"] != Status.RUNNING:
                     return Status(current["status"])  # it had moved on (a wait was registered)
-                crashes, retries = await rt.store.count_failed_attempt(
-                    tx, lease.run_id, lease.token, crash=not infra
-                )
-                attempt = retries if infra else crashes
                 limit = policy.max_infra_retries if infra else policy.max_crashes
+                if infra:
+                    _, attempt = await rt.store.count_failed_attempt(
+                        tx, lease.run_id, lease.token, crash=False
+                    )
+                else:
+                    # A crash the run recovers from is counted by the takeover that follows
+                    # the backoff (claim_run counts every takeover, as after a dead worker);
+                    # the last one is counted here, where the run ends.
+                    attempt = int(current["crash_count"]) + 1
+                    if attempt >= limit:
+                        attempt, _ = await rt.store.count_failed_attempt(
+                            tx, lease.run_id, lease.token, crash=True
+                        )
                 data: dict[str, Any] = {
                     "cause": "infrastructure" if infra else "crash",
                     "attempt": attempt,

@@ -247,6 +247,7 @@ class Worker:
                 rt.workflows.keys(),
                 rt.lease_ttl,
                 rt.workflows.limits(),
+                max_crashes=executor.services.attempts.max_crashes,
             )
             if got is None:
                 break

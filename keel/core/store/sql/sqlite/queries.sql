@@ -93,9 +93,11 @@ WHERE status = 'running'
 GROUP BY workflow, workflow_version;
 
 -- name: claim_run
--- Take the lease: a new token fences out every earlier owner.
+-- Take the lease: a new token fences out every earlier owner. A takeover (the run was
+-- running: its lease expired, its execution died or crashed) counts one crashed attempt.
 UPDATE keel_runs
-SET status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
+SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
+    status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
     lease_expires_at = keel_now() + :ttl, heartbeat_at = keel_now(),
     started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
 WHERE run_id = :run_id
@@ -368,7 +370,8 @@ ORDER BY lease_owner, started_at
 LIMIT :limit;
 
 -- name: count_failed_attempt
--- One more crashed or interrupted attempt of the run, by the execution that holds its lease.
+-- One more crashed or interrupted attempt of the run, by the execution that holds its lease
+-- (a crash it recovers from is counted by the takeover's claim_run instead).
 UPDATE keel_runs
 SET crash_count = crash_count + :crash, infra_retries = infra_retries + :infra, updated_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token

@@ -37,8 +37,9 @@ from keel.core.errors import (
 from keel.core.faults import fault_point
 from keel.core.ids import StepRef
 from keel.core.portal import Host
+from keel.core.store.base import Tx
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, WaitKind
+from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -265,8 +266,9 @@ class Effect(Generic[P, R]):
             }
         }
         resolution = ctx.pause(spec)
-        # An answer already acted upon (performed, then a crash before the record) says nothing
-        # about that later attempt: the key is in doubt again and needs a new answer.
+        # An answer already acted upon (performed, then a crash before the record; a deadline
+        # that failed the run, now resumed: `reopen_expired`) says nothing about the key now: it
+        # is in doubt again and needs a new answer, on a fresh wait.
         while isinstance(resolution, dict) and resolution.get("wait_id") in answered:
             resolution = ctx.pause(spec)
         if isinstance(resolution, dict) and resolution.get("performed"):
@@ -366,6 +368,37 @@ class Effect(Generic[P, R]):
 
 class _LeaseUnchecked(Exception):
     """The last lease check before a provider call could not be made; nothing was called."""
+
+
+async def reopen_expired(store: Store, tx: Tx, run_id: str) -> list[str]:
+    """Count the run's expired in-doubt waits as answered; return their wait ids.
+
+    For `resume` of a failed run, in its transaction: the deadline's `timed_out` was acted upon
+    (it failed the run), so on the replay it is not an answer any more and the key's next pause
+    opens a fresh wait for a person. The key stays in doubt: it is never performed on a guess.
+    """
+    reopened = []
+    for wait in await store.read_waits(tx, run_id):
+        payload = loads(wait["payload"]) if wait["kind"] == WaitKind.EFFECT else None
+        if wait["status"] != WaitStatus.EXPIRED or not isinstance(payload, dict):
+            continue
+        row = await store.read_effect(tx, str(payload.get("idempotency_key")))
+        if row is None or row["status"] not in (EffectStatus.PENDING, EffectStatus.IN_DOUBT):
+            continue
+        answered = _answered(row)
+        if wait["wait_id"] in answered:
+            continue
+        await store.update_effect(
+            tx,
+            row["idempotency_key"],
+            status=row["status"],
+            attempts=int(row["attempts"]),
+            result=dumps({"answered": [*answered, wait["wait_id"]]}),
+            error=row["error"],
+            token=int(row["lease_token"]),
+        )
+        reopened.append(str(wait["wait_id"]))
+    return reopened
 
 
 def _reached(row: dict[str, Any]) -> int:

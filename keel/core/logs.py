@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -43,13 +43,30 @@ _bound: ContextVar[dict[str, Any] | None] = ContextVar("keel_log_fields", defaul
 
 # -- redaction --------------------------------------------------------------------------------
 
-_PATTERNS = (
-    (re.compile(r"(://[^:/@\s]+:)[^@/\s]*@"), r"\1***@"),  # scheme://user:PASSWORD@host
-    (re.compile(r"(?i)(bearer\s+)[^\s'\",]+"), r"\1***"),
+# Keys whose values are secrets: `password`, `db_password`, `client_secret`, `api-key`...
+_KEY = r"(?:[A-Za-z0-9]+[_-])*(?:password|passwd|pwd|secret|token|api[_-]?key|apikey)"
+# A quoted value, its quote in group `q` (`\"` inside a JSON line's string), escapes kept whole.
+_QUOTED = r"(?P<q>\\?[\"'])(?:(?!(?P=q))(?:\\.|[^\\]))*(?P=q)"
+
+
+def _masked(match: re.Match[str]) -> str:
+    """The key and its separator (group `head`) kept, the value `***`, in its quotes if any."""
+    quote = match["q"] or ""
+    return f"{match['head']}{quote}***{quote}"
+
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+    # scheme://user:PASSWORD@host: up to the last `@` before the host (a password may hold `@`
+    # or `/`), never past a `?`/`#`, a space or a JSON string's end; `host:8080/a@b` is a port.
+    (re.compile(r"(://[^:/@\s\"]*:)(?!\d{1,5}/)[^\s?#\"]*@"), r"\1***@"),
+    (re.compile(r"(?i)\b((?:bearer|basic)\s+)[^\s'\",\\]+"), r"\1***"),
     (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]+"), "xox*-***"),  # Slack tokens
+    # "password": "s3cr3t" (JSON, or a Python dict's repr): string values only.
+    (re.compile(rf"(?i)(?P<head>(?P<kq>\\?[\"']){_KEY}(?P=kq)\s*:\s*){_QUOTED}"), _masked),
+    # password=s3cr3t, password = 's3cr3t', api_key="..." (not a comparison, `token == x`).
     (
-        re.compile(r"(?i)\b(password|passwd|secret|token|signing_secret)=([^\s&'\",;]+)"),
-        r"\1=***",
+        re.compile(rf"(?i)(?P<head>\b{_KEY}\s*=(?!=)\s*)(?:{_QUOTED}|[^\s&'\",;\\]+)"),
+        _masked,
     ),
 )
 _secrets: set[str] = set()

@@ -234,6 +234,41 @@ def test_crash_after_performing_a_not_performed_resolution_does_not_send_twice(
     assert len(provider.deliveries) == 1
 
 
+def test_resumed_after_its_in_doubt_wait_timed_out_asks_a_person_again(
+    make_app: AppFactory,
+) -> None:
+    """Nobody answered within the in-doubt wait's deadline: the run fails (timed out). Resumed,
+    it must neither fail again on that same expiry nor guess: a fresh wait asks a person."""
+    provider = Provider()
+    clock = keel.ManualClock()
+    app, run = in_doubt(make_app, provider, delivered=True, clock=clock)
+    [expired] = app.get_run(run).waits
+    clock.advance(7 * 86400 + 1)
+    assert sweep(app) == 1
+    details = app.get_run(run)
+    assert (details.status, details.termination_reason) == ("failed", "timed_out")
+
+    app.resume(run, by="ops")
+    drain(app)
+    details = app.get_run(run)
+    assert details.status == "waiting", details.run.get("error")
+    assert [e["status"] for e in details.effects] == ["in_doubt"]
+    [old, fresh] = sorted(details.waits, key=lambda w: w["wait_id"] != expired["wait_id"])
+    assert (old["wait_id"], old["status"]) == (expired["wait_id"], "expired")
+    assert (fresh["kind"], fresh["status"]) == ("effect", "pending")
+    resumed = [e["data"] for e in details.timeline if e["data"].get("reason") == "resumed"]
+    assert [e.get("reopened_waits") for e in resumed] == [[expired["wait_id"]]]
+
+    resolved = app.resolve_effect(run, performed=True, result={"id": "p-1"}, by="support")
+    assert resolved.wait["wait_id"] == fresh["wait_id"]
+    drain(app)
+    details = app.get_run(run)
+    assert details.status == "completed"
+    assert details.output["receipt"] == {"id": "p-1"}
+    assert [e["status"] for e in details.effects] == ["confirmed"]
+    assert len(provider.calls) == 1 and len(provider.deliveries) == 1  # sent once, in all
+
+
 class PairState(TypedDict, total=False):
     amount: int
     receipt: Any

@@ -24,10 +24,16 @@ AppFactory = Callable[..., keel.App]
 
 
 def stalled_pay(
-    make_app: AppFactory, provider: Provider, **effect_options: Any
+    make_app: AppFactory,
+    provider: Provider,
+    *,
+    clock: keel.ManualClock | None = None,
+    **effect_options: Any,
 ) -> tuple[keel.App, str]:
-    """Run a payment whose first charge stalls its worker past the lease; return app, run."""
-    clock = keel.ManualClock()
+    """Run a payment whose first charge stalls its worker past the lease; return app, run.
+
+    `clock` is the ManualClock the app runs on (a new one unless the test wants to move it)."""
+    clock = clock or keel.ManualClock()
     app = make_app(clock=clock, lease_ttl=30)
 
     async def stall(key: str) -> None:
@@ -42,9 +48,15 @@ def stalled_pay(
     return app, run
 
 
-def in_doubt(make_app: AppFactory, provider: Provider, *, delivered: bool) -> tuple[keel.App, str]:
+def in_doubt(
+    make_app: AppFactory,
+    provider: Provider,
+    *,
+    delivered: bool,
+    clock: keel.ManualClock | None = None,
+) -> tuple[keel.App, str]:
     """A run waiting for a person to say whether its charge reached the provider."""
-    app, run = stalled_pay(make_app, provider, deliver_before_stall=delivered)
+    app, run = stalled_pay(make_app, provider, clock=clock, deliver_before_stall=delivered)
     details = app.get_run(run)
     assert details.status == "waiting"
     [row] = details.effects

@@ -235,3 +235,26 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
     assert (done.status, done.output["out"]) == ("completed", "sent-before-the-upgrade")
     assert provider.calls == []
     assert [e["idempotency_key"] for e in done.effects] == [key]
+
+
+def test_a_migration_that_landed_after_a_higher_numbered_one_is_still_applied(apps: Any) -> None:
+    app = apps()
+    rt = app.aio
+    rt.portal.call(rt.connector.open())
+    # The database has every migration but one in the middle (as if that branch landed later).
+    skipped = MIGRATIONS[-2]
+    rt.portal.call(rt.store.migrate(target=MIGRATIONS[-3].version))
+    [higher] = [m for m in MIGRATIONS if m.version == LATEST]
+    with_higher = [
+        s for m in load_migrations(rt.dialect) if m.version == LATEST for s in m.statements
+    ]
+    for statement in with_higher:
+        execute(app.url, statement)
+    execute(
+        app.url,
+        "INSERT INTO keel_schema_migrations (version, name, applied_at) "
+        f"VALUES ({higher.version}, '{higher.name}', 0)",
+    )
+    assert skipped.version < higher.version
+    assert rt.portal.call(rt.store.migrate()) == [skipped.name]
+    assert recorded_versions(app) == VERSIONS

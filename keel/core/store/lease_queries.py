@@ -32,15 +32,7 @@ class LeaseQueries:
 
     @staticmethod
     async def check_fence(tx: Tx, run_id: str, token: int) -> Row:
-        row = await tx.one("fence", {"run_id": run_id})
-        if row is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        if int(row["lease_token"]) != token:
-            raise LeaseLost(
-                f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
-                f"owner {row['lease_owner']})"
-            )
-        return row
+        return _held_by(await tx.one("fence", {"run_id": run_id}), run_id, token)
 
     async def check_lease_held(self, run_id: str, token: int) -> Row:
         """Raise LeaseLost unless `token` holds the run and its lease has not expired (by the
@@ -51,14 +43,7 @@ class LeaseQueries:
         worker has, rather than closing it.
         """
         async with self.db.read() as tx:
-            row = await tx.one("lease_held", {"run_id": run_id})
-        if row is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        if int(row["lease_token"]) != token:
-            raise LeaseLost(
-                f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
-                f"owner {row['lease_owner']})"
-            )
+            row = _held_by(await tx.one("lease_held", {"run_id": run_id}), run_id, token)
         if not row["live"]:
             # Not taken over yet, but takeable: a call now could race the next owner's.
             raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
@@ -170,3 +155,15 @@ class LeaseQueries:
         within `window`), most recently seen first."""
         async with self.db.read() as tx:
             return await tx.all("served_workflows", {"window": window})
+
+
+def _held_by(row: Row | None, run_id: str, token: int) -> Row:
+    """The run's lease row, if `token` is its current token; else RunNotFound or LeaseLost."""
+    if row is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    if int(row["lease_token"]) != token:
+        raise LeaseLost(
+            f"run {run_id}: lease token {token} is stale (current {row['lease_token']}, "
+            f"owner {row['lease_owner']})"
+        )
+    return row

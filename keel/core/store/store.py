@@ -106,8 +106,8 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
                 break
             async with self.db.transaction() as tx:
                 await tx.one("migration_lock")
-                row = await tx.one("schema_version")
-                if row and int(row["version"]) >= migration.version:
+                applied_versions = {int(r["version"]) for r in await tx.all("applied_migrations")}
+                if migration.version in applied_versions:
                     continue
                 for statement in migration.statements:
                     await tx.script(statement)

@@ -5,6 +5,10 @@
 -- The highest migration applied (the table may not exist yet: the store checks first).
 SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
 
+-- name: applied_migrations
+-- Every migration applied: one that landed after a higher-numbered one is still applied.
+SELECT version FROM keel_schema_migrations;
+
 -- name: schema_table_exists
 -- Whether the migrations table exists.
 SELECT COUNT(*) AS n FROM information_schema.tables WHERE table_name = 'keel_schema_migrations' AND table_schema = current_schema();

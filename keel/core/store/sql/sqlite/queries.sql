@@ -5,6 +5,10 @@
 -- The highest migration applied (the table may not exist yet: the store checks first).
 SELECT COALESCE(MAX(version), 0) AS version FROM keel_schema_migrations;
 
+-- name: applied_migrations
+-- Every migration applied: one that landed after a higher-numbered one is still applied.
+SELECT version FROM keel_schema_migrations;
+
 -- name: schema_table_exists
 -- Whether the migrations table exists.
 SELECT COUNT(*) AS n FROM sqlite_master WHERE type = 'table' AND name = 'keel_schema_migrations';

@@ -12,6 +12,7 @@ from keel.core.effect_keys import CallOrder
 from keel.core.errors import NotInRun
 from keel.core.ids import StepRef
 from keel.core.services import Services
+from keel.core.tracing import NO_TRACER, Tracer
 
 
 @dataclass
@@ -31,6 +32,8 @@ class RunContext:
     calls: CallOrder = field(default_factory=CallOrder)
     """How many times each task of this execution has called each effect (the call order)."""
     pending_heartbeat: asyncio.Task[Any] | None = None
+    tracer: Tracer = NO_TRACER
+    """Draws the spans the core marks (keel.core.tracing); a no-op unless tracing is on."""
 
 
 _current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)

@@ -39,6 +39,7 @@ from keel.core.ids import StepRef
 from keel.core.portal import Host
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
+from keel.core.tracing import Mark
 from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
 
 P = ParamSpec("P")
@@ -186,13 +187,19 @@ class Effect(Generic[P, R]):
         )
 
     async def _settle(self, ctx: RunContext, call: Call, host: Host | None) -> Any:
+        with ctx.tracer.effect(call.where, self.name) as span:
+            return await self._settled(ctx, call, host, span)
+
+    async def _settled(self, ctx: RunContext, call: Call, host: Host | None, span: Mark) -> Any:
         fault_point("effect.before_reserve", self.name, call.where.node, call.where.path)
         row, new = await reserve(ctx, call, self.name)
         key = str(row["idempotency_key"])
+        span.note(key=key, ledger=str(row["status"]), new=new)
         if not new:
             await self._same_arguments(ctx, call, row)
         status = row["status"]
         if status in (EffectStatus.SENT, EffectStatus.CONFIRMED):
+            span.note(outcome="served from the ledger")
             return loads(row["result"])
         if status == EffectStatus.FAILED:
             raise EffectFailed(key, row["error"] or "unknown error")
@@ -200,8 +207,11 @@ class Effect(Generic[P, R]):
         if not new:
             outcome = await self._in_doubt(ctx, key, row, call.args, call.kwargs, host)
             if outcome is not _PERFORM:
+                span.note(outcome="resolved (reconciled or answered)")
                 return outcome
-        return await self._perform(ctx, call.where, key, attempts, call.args, call.kwargs, host)
+        result = await self._perform(ctx, call.where, key, attempts, call.args, call.kwargs, host)
+        span.note(outcome="performed")
+        return result
 
     async def _same_arguments(self, ctx: RunContext, call: Call, row: dict[str, Any]) -> None:
         """Refuse a replay whose call at this place brings other arguments than the ledger's."""

@@ -29,7 +29,9 @@ from keel.core.runs import transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
+from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
+from keel.langgraph import traces
 from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
@@ -120,12 +122,38 @@ class Executor:
             marks={},
             started=time.monotonic(),
         ):
-            try:
-                return await self._execute(lease, run)
-            except Exception as exc:
-                return await self._failed_attempt(lease, exc)
+            tracer = traces.active()
+            if tracer is None:
+                return await self._attempt(lease, run, None)
+            return await self._traced(tracer, lease, run)
 
-    async def _execute(self, lease: Lease, run: Row) -> Outcome:
+    async def _traced(self, tracer: traces.RunTracer, lease: Lease, run: Row) -> Outcome:
+        """The attempt as a span of the run's trace (keel.langgraph.traces)."""
+        try:
+            parent = await tracer.root(self.services.store, run, by=self.worker_id)
+        except Exception as exc:  # the database is away: the attempt meets it and says so
+            log.debug("run %s: no trace context (%r)", lease.run_id, exc)
+            parent = None
+        span = tracer.attempt(parent, run, self.worker_id, lease.token)
+        steps = tracer.steps(span)
+        try:
+            with traces.current(span):
+                outcome = await self._attempt(lease, run, steps)
+        except BaseException as exc:
+            steps.close()
+            traces.end_attempt(span, "interrupted", exc)
+            raise
+        steps.close()
+        traces.end_attempt(span, str(outcome.value))
+        return outcome
+
+    async def _attempt(self, lease: Lease, run: Row, steps: traces.Steps | None) -> Outcome:
+        try:
+            return await self._execute(lease, run, steps)
+        except Exception as exc:
+            return await self._failed_attempt(lease, exc)
+
+    async def _execute(self, lease: Lease, run: Row, steps: traces.Steps | None) -> Outcome:
         rt = self.services
         workflow = self.workflows.get(run["workflow"], run["workflow_version"])
         graph = self.graph(workflow)
@@ -134,6 +162,8 @@ class Executor:
             "recursion_limit": workflow.recursion_limit,
             "metadata": {"keel_job_id": run["job_id"], "keel_worker": self.worker_id},
         }
+        if steps is not None:
+            config["callbacks"] = [steps]
         ctx = RunContext(
             run_id=lease.run_id,
             job_id=run["job_id"],
@@ -144,6 +174,7 @@ class Executor:
             locate=locate,
             pause=interrupt,
             last_heartbeat=loads(run.get("heartbeat_details")),
+            tracer=steps if steps is not None else NO_TRACER,
         )
         self.saver.hold(lease.run_id, lease.token, self.worker_id)
         entered = enter(ctx)

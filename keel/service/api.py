@@ -33,6 +33,7 @@ from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
+from keel.service.tracing import instrument
 
 log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
@@ -96,6 +97,7 @@ def create_app(
     api.include_router(approvals_router(keel_app, auth))
     install_docs(api)
     install_console(api, keel_app, auth)
+    instrument(api)
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:

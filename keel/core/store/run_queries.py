@@ -99,13 +99,18 @@ class RunQueries:
         status: str | None = None,
         workflow: str | None = None,
         job_id: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> list[Row]:
+        """Runs, newest first; `since`/`until` bound their admission time (until excluded)."""
         params = {
             "status": status,
             "workflow": workflow,
             "job_id": job_id,
+            "since": since,
+            "until": until,
             "limit": limit,
             "offset": offset,
         }
@@ -191,6 +196,15 @@ class RunQueries:
     async def request_cancel(tx: Tx, run_id: str) -> None:
         """Ask a running run to stop at its next step boundary."""
         await tx.execute("set_cancel_requested", {"run_id": run_id})
+
+    async def keep_traceparent(self, run_id: str, traceparent: str) -> str | None:
+        """The run's trace context: `traceparent` if the run had none, else the one it has
+        (None for an unknown run). Not fenced: it only names the trace, and the first wins."""
+        async with self.db.transaction() as tx:
+            row = await tx.one("set_traceparent", {"run_id": run_id, "traceparent": traceparent})
+            if row is None:
+                row = await tx.one("get_traceparent", {"run_id": run_id})
+        return None if row is None else row["traceparent"]
 
     @staticmethod
     async def set_run_version(tx: Tx, run_id: str, version: str) -> Row | None:

@@ -63,6 +63,8 @@ SELECT * FROM keel_runs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s::text)
+  AND (%(since)s::double precision IS NULL OR created_at >= %(since)s::double precision)
+  AND (%(until)s::double precision IS NULL OR created_at < %(until)s::double precision)
 ORDER BY created_at DESC, run_id
 LIMIT %(limit)s OFFSET %(offset)s;
 
@@ -340,6 +342,16 @@ WHERE status IN ('queued', 'running', 'waiting')
   AND workflow || '@' || workflow_version NOT IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb))
 ORDER BY created_at, run_id
 LIMIT %(limit)s;
+
+-- name: set_traceparent
+-- Keep the run's trace context, unless it already has one (the first tracer wins).
+UPDATE keel_runs SET traceparent = %(traceparent)s
+WHERE run_id = %(run_id)s AND traceparent IS NULL
+RETURNING traceparent;
+
+-- name: get_traceparent
+-- The run's trace context (NULL until a traced process submitted or claimed it).
+SELECT traceparent FROM keel_runs WHERE run_id = %(run_id)s;
 
 -- name: set_run_version
 -- Move a queued or waiting run to another version of its workflow.

@@ -61,6 +61,8 @@ SELECT * FROM keel_runs
 WHERE (:status IS NULL OR status = :status)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:job_id IS NULL OR job_id = :job_id)
+  AND (:since IS NULL OR created_at >= :since)
+  AND (:until IS NULL OR created_at < :until)
 ORDER BY created_at DESC, run_id
 LIMIT :limit OFFSET :offset;
 
@@ -333,6 +335,16 @@ WHERE status IN ('queued', 'running', 'waiting')
   AND workflow || '@' || workflow_version NOT IN (SELECT value FROM json_each(:keys))
 ORDER BY created_at, run_id
 LIMIT :limit;
+
+-- name: set_traceparent
+-- Keep the run's trace context, unless it already has one (the first tracer wins).
+UPDATE keel_runs SET traceparent = :traceparent
+WHERE run_id = :run_id AND traceparent IS NULL
+RETURNING traceparent;
+
+-- name: get_traceparent
+-- The run's trace context (NULL until a traced process submitted or claimed it).
+SELECT traceparent FROM keel_runs WHERE run_id = :run_id;
 
 -- name: set_run_version
 -- Move a queued or waiting run to another version of its workflow.

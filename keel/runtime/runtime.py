@@ -311,8 +311,13 @@ class Runtime:
         )
 
     async def list_runs(self, **filters: Any) -> list[Row]:
-        """Runs, newest first, each with its derived `stranded` flag."""
+        """Runs, newest first, each with its derived `stranded` flag; `since` and `until`
+        (admission time, until excluded) take epoch seconds, ages (2h, 7d) or ISO times."""
         await self.open()
+        if filters.get("since") is not None or filters.get("until") is not None:
+            now = await self.store.database_now()
+            for bound in ("since", "until"):
+                filters[bound] = retention.parse_moment(filters.get(bound), now)
         rows = await self.store.list_runs(**filters)
         served = await self.served_versions()
         for row in rows:

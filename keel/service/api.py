@@ -24,6 +24,7 @@ from keel.core.errors import InvalidId, RunFinished, UsageError
 from keel.core.lifecycle import Decision, Status
 from keel.core.wait_model import EffectAnswer
 from keel.core.waits import check_answer
+from keel.runtime.summary import to_dict
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.console import install_console
@@ -187,6 +188,13 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         workflow: str | None = None,
         status: Status | None = None,
         job_id: str | None = None,
+        since: Annotated[
+            str | None,
+            Query(description="Admitted at or after: 2h, 7d (ago) or an ISO time."),
+        ] = None,
+        until: Annotated[
+            str | None, Query(description="Admitted before: 2h, 7d (ago) or an ISO time.")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> m.RunPage:
@@ -195,11 +203,14 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             workflow=workflow,
             status=status.value if status else None,
             job_id=job_id,
+            since=since,
+            until=until,
             limit=limit + 1,  # one more tells whether there is a next page
             offset=offset,
         )
+        now = keel_app.database_now()
         return m.RunPage(
-            runs=[m.run_model(r, _run_url(request, r["run_id"])) for r in rows[:limit]],
+            runs=[m.run_model(r, _run_url(request, r["run_id"]), now) for r in rows[:limit]],
             **_paging(offset, limit, len(rows)),
         )
 
@@ -226,6 +237,12 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             notifications=details.notifications,
             artifacts=files,
         )
+
+    @router.get("/runs/{run_id}/summary", response_model=m.RunSummary, responses=NOT_FOUND)
+    def run_summary(run_id: RunId, _: Reader) -> m.RunSummary:
+        """Outcome and why, time per node (queued, running, waiting, lost), attempts and
+        takeovers, effects, waits and who decided them, artifacts, crashes and resumes."""
+        return m.RunSummary.model_validate(to_dict(keel_app.summary(run_id)))
 
     @router.get(
         "/runs/{run_id}/artifacts/{name}",

@@ -465,6 +465,7 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any
     """The call's ledger row, and whether this reserved it (pending) just now."""
     store: Store = ctx.services.store
     where = call.where
+    started = time.monotonic()
     async with store.transaction() as tx:
         fence = await store.check_fence(tx, ctx.run_id, ctx.token)
         if fence["cancel_requested"]:
@@ -496,7 +497,11 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any
         call.key,
         existing["status"],
         "" if row is None else " (new)",
-        extra={"event": "effect.reserve", "effect": name},
+        extra={
+            "event": "effect.reserve",
+            "effect": name,
+            "duration": round(time.monotonic() - started, 6),
+        },
     )
     return existing, row is not None
 

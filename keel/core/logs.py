@@ -159,8 +159,11 @@ def event(
     worker_id: str | None,
     token: int | None,
     ids: dict[str, Any] | None = None,
+    took: float | None = None,
 ) -> None:
-    """Log one committed timeline event at INFO on `keel.events`."""
+    """Log one committed timeline event at INFO on `keel.events`, with a duration: a step's
+    since the previous step boundary, a finished run's since its claim, an event that carries
+    one its own, any other the time its transaction took (`took`)."""
     if not EVENTS.isEnabledFor(logging.INFO):
         return
     extra: dict[str, Any] = {**(ids or {}), "event": kind, "run_id": run_id, "event_data": data}
@@ -175,6 +178,8 @@ def event(
         duration = since_mark(run_id, "step")
         if data.get("node"):
             extra["node"] = data["node"]
+    if not isinstance(duration, int | float):
+        duration = took
     if isinstance(duration, int | float):
         extra["duration"] = round(float(duration), 6)
     EVENTS.info("%s", describe(kind, data), extra=extra)

@@ -343,20 +343,21 @@ class Executor:
         return LeaseEnd.RETRY
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
+        started = time.monotonic()
         if await self.saver.aget_tuple(cast(RunnableConfig, config)) is None:
             # Admitted, never checkpointed (perhaps a crash right after the claim): start from
             # the admitted input; LangGraph alone would raise EmptyInputError on invoke(None).
             fault_point("run.before_first_checkpoint", workflow.name)
-            _resumed(run, "from its admitted input (no checkpoint yet)", "run.start")
+            _resumed(run, "from its admitted input (no checkpoint yet)", started, "run.start")
             return loads(run["input"])
         state = await graph.aget_state(config)
         pending = {i.id for i in state.interrupts}
         if pending:
             resume = await waits.resume_map(self.services.store, run["run_id"], pending)
             if resume:
-                _resumed(run, f"with {len(resume)} decided wait(s)")
+                _resumed(run, f"with {len(resume)} decided wait(s)", started)
                 return Command(resume=resume)
-        _resumed(run, "from its last checkpoint")
+        _resumed(run, "from its last checkpoint", started)
         return None
 
     async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> Outcome:
@@ -407,8 +408,12 @@ class Executor:
         return status
 
 
-def _resumed(run: Row, how: str, kind: str = "run.resume") -> None:
-    log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"]})
+def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> None:
+    """One line saying where the run goes on from, with the time reading its state took."""
+    took = round(time.monotonic() - started, 6)
+    log.info(
+        "%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took}
+    )
 
 
 async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:

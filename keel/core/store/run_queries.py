@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,14 +24,16 @@ def committed() -> Iterator[None]:
     """Around a write transaction (outside it): log its events if, and after, it commits."""
     pending: list[tuple[Any, ...]] = []
     token = _uncommitted.set(pending)
+    started = time.monotonic()
     try:
         yield
     except BaseException:
         _uncommitted.reset(token)
         raise
     _uncommitted.reset(token)
+    took = time.monotonic() - started  # the transaction's, from its start to its commit
     for run_id, kind, data, worker_id, lease_token, ids in pending:
-        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids)
+        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids, took=took)
 
 
 class RunQueries:

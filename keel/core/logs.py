@@ -185,6 +185,12 @@ def event(
     EVENTS.info("%s", describe(kind, data), extra=extra)
 
 
+def database_error(exc: BaseException) -> dict[str, Any]:
+    """The `extra` of a line about a database failure Keel rides out (logged without its
+    traceback): its kind, which the metrics count (`keel_database_errors_total{kind}`)."""
+    return {"db_error": type(exc).__name__}
+
+
 def describe(kind: str, data: dict[str, Any]) -> str:
     """A short readable text for a timeline event."""
     shown = {k: v for k, v in data.items() if k not in ("writes", "expires_at")}

@@ -327,6 +327,7 @@ class Executor:
                 limit,
                 error,
                 exc_info=not infra,
+                extra=logs.database_error(exc) if infra else None,
             )
         except LeaseLost:
             return LeaseEnd.LOST
@@ -339,6 +340,7 @@ class Executor:
                 lease.token,
                 error,
                 second,
+                extra=logs.database_error(second),
             )
         return LeaseEnd.RETRY
 

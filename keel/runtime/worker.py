@@ -233,6 +233,7 @@ class Worker:
             self._outage_attempts,
             delay,
             exc,
+            extra=logs.database_error(exc),
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
@@ -370,7 +371,9 @@ class Worker:
                 failed = {"event": "heartbeat.failed"}
                 if rt.store.is_infrastructure(exc):
                     log.warning(
-                        "heartbeat: database unavailable (%r); leases may expire", exc, extra=failed
+                        "heartbeat: database unavailable (%r); leases may expire",
+                        exc,
+                        extra={**failed, **logs.database_error(exc)},
                     )
                 else:
                     log.exception("heartbeat failed; leases may expire", extra=failed)

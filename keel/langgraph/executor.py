@@ -413,9 +413,7 @@ class Executor:
 def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> None:
     """One line saying where the run goes on from, with the time reading its state took."""
     took = round(time.monotonic() - started, 6)
-    log.info(
-        "%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took}
-    )
+    log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took})
 
 
 async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:

@@ -3,9 +3,16 @@ SDK's in-memory exporter: one trace per run, spans per attempt, step and effect.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
+
+import pytest
 
 from keel.langgraph.traces import trace_id
+from tests.support import REPO
 from tests.support.service_client import Service
 from tests.support.traces import as_dict, collected
 from tests.support.workers import drain
@@ -59,3 +66,40 @@ def test_a_run_is_one_trace_of_its_attempts_steps_and_effect_linked_to_its_reque
     # The HTTP request that submitted the run is traced, in its own trace, linked from the run.
     (request,) = [s for s in got if s["name"] == "POST /runs"]
     assert request["trace_id"] != tid and root["links"] == [request["trace_id"]]
+
+
+NO_PROVIDER = """
+import sys
+if sys.argv[2] == "absent":
+    sys.modules["opentelemetry"] = None  # the extra not installed: importing it fails
+import keel
+from keel.langgraph import traces
+from tests.support.apps import observed
+from tests.support.workers import drain
+
+assert traces.active() is None
+with keel.App(sys.argv[1], artifacts_dir=sys.argv[3]) as app:
+    app.workflow(observed.WORKFLOW)(observed.build)
+    app.migrate()
+    run_id = app.submit(observed.WORKFLOW, job_id="untraced", input={"to": "a"})["run_id"]
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "completed", details.status
+    assert details.run["traceparent"] is None
+print("untraced")
+"""
+
+
+@pytest.mark.parametrize("otel", ["absent", "unconfigured"])
+def test_without_the_extra_or_a_provider_runs_are_untraced(tmp_path: Path, otel: str) -> None:
+    # A fresh interpreter: this one's tracer provider is set for good by the tests above.
+    done = subprocess.run(
+        [sys.executable, "-c", NO_PROVIDER, f"sqlite:///{tmp_path}/k.db", otel, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("KEEL_", "OTEL_"))},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "untraced"

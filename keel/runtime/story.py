@@ -58,6 +58,7 @@ def story(
     last_node: str | None = None
     carry_queued = carry_lost = 0.0  # for the next attempt's first node
     claims = 0
+    resumes_waiter = False  # the next claim resumes the node that waited for a person
 
     def node(label: str) -> NodeTime:
         return nodes.setdefault(label, NodeTime(label))
@@ -76,7 +77,9 @@ def story(
                 carry_lost += at - cursor
             claims += 1
             if kind == "lease.takeover" or claims > 1:
-                where = f" in {last_node}" if last_node else ""
+                # A resume after a wait goes on in the node that asked; any other, after the
+                # last node whose writes were recorded.
+                where = f" {'in' if resumes_waiter else 'after'} {last_node}" if last_node else ""
                 text = (
                     f"{worker} took the run over{where}: the previous lease expired"
                     if kind == "lease.takeover"
@@ -91,7 +94,7 @@ def story(
                         token,
                     )
                 )
-            cursor = at
+            cursor, resumes_waiter = at, False
         elif kind == "step":
             label = str(data.get("node", "?"))
             label = f"{data['namespace']}/{label}" if data.get("namespace") else label
@@ -105,7 +108,7 @@ def story(
                 last_node = label
             cursor = at
         elif kind in ("attempt.crashed", "attempt.interrupted", "attempt.failed", "lease.lost"):
-            where = f" in {last_node}" if last_node else ""
+            where = f" after {last_node}" if last_node else ""
             error = str(data.get("error") or "").splitlines()
             detail = f": {error[-1][:200]}" if error else ""
             what = {
@@ -123,6 +126,7 @@ def story(
             marks.append(Mark(at, what[0], what[1], worker, token))
         elif kind == "status.waiting":
             waiting_since, waiting_node, cursor = at, last_node, None
+            resumes_waiter = True
         elif kind.startswith("status."):
             if waiting_since is not None:
                 total.waiting += at - waiting_since

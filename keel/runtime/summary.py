@@ -245,7 +245,7 @@ def _timing(
             if previous is not None and previous.ended_at is None:
                 previous.ended_at, previous.ended_by = at, kind
             if kind == "lease.takeover" and not why.startswith("retry"):
-                who = previous.worker_id if previous is not None else None
+                who = data.get("previous_owner") or (previous.worker_id if previous else None)
                 why = f"took over from {who or 'a worker'}: its lease expired (it stopped)"
             how = "takeover" if kind == "lease.takeover" else "claimed"
             attempts.append(Attempt(token or 0, worker, at, how, why=why))
@@ -267,13 +267,15 @@ def _timing(
             why = f"retry {data.get('attempt', '?')} of {data.get('limit', '?')} after a crash"
         elif kind == "attempt.interrupted":
             why = "resumed after an infrastructure fault"
-        elif kind == "run.resumed" or (kind == "status.queued" and data.get("from") == "failed"):
-            why = "resumed after it failed"
         elif kind == "status.waiting":
             waiting_since = at
             _close(attempts, at, kind)
             cursor = None
         elif kind.startswith("status."):
+            if kind == "status.queued" and data.get("from") == "failed":
+                why = f"resumed by {data.get('by') or 'someone'} after it failed"
+            elif kind == "status.queued" and data.get("reason") == "worker stopping":
+                why = "given back by its stopping worker"
             if waiting_since is not None:
                 spans.append(Span("waiting for a person", "waiting", waiting_since, at))
                 waiting_since = None

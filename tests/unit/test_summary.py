@@ -137,3 +137,26 @@ def test_time_splits_four_ways_per_node_and_crashes_and_resumes_are_marked_where
         "resumed after approved by ann",
     ]
     assert [a.first_node for a in s.attempts] == ["draft", "send", "review"]
+
+
+def test_an_attempt_says_it_followed_a_release_or_a_resume_of_a_failed_run() -> None:
+    timeline = [
+        event(1, 100, "admitted"),
+        event(2, 101, "lease.claimed", "w1", 1),
+        event(3, 102, "status.queued", "w1", 1, reason="worker stopping", **{"from": "running"}),
+        event(4, 103, "lease.claimed", "w2", 2),
+        event(5, 104, "status.failed", "w2", 2),
+        event(6, 200, "status.queued", reason="resumed", by="ann", **{"from": "failed"}),
+        event(7, 201, "lease.claimed", "w3", 3),
+        event(8, 260, "lease.takeover", "w4", 4, previous_owner="w3"),
+        event(9, 262, "status.completed", "w4", 4),
+    ]
+    run = run_row(finished_at=262.0, lease_token=4)
+    s = summarize(RunDetails(run, timeline, [], [], []), now=300.0)
+    assert [a.why for a in s.attempts] == [
+        "first claim",
+        "given back by its stopping worker",
+        "resumed by ann after it failed",
+        "took over from w3: its lease expired (it stopped)",
+    ]
+    assert s.takeovers == 1 and s.totals.lost == 260 - 201

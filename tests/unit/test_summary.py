@@ -90,9 +90,7 @@ def test_a_waiting_run_says_who_it_waits_for_and_the_wait_is_a_bar_up_to_now() -
     assert summary.pending_waits == 1 and summary.duration == 99.0
 
 
-def test_time_splits_four_ways_per_node_and_crashes_and_resumes_are_marked_where_they_happened() -> (
-    None
-):
+def test_time_splits_four_ways_per_node_and_crashes_and_resumes_are_marked_where_seen() -> None:
     timeline = [
         event(1, 100, "admitted"),
         event(2, 110, "lease.claimed", "w1", 1),  # queued 10 s

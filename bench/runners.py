@@ -144,6 +144,7 @@ class KeelRunner:
         self.url = url
         self.dbs = dbs
         self.app = dbs.app(url, **kw)
+        self._kw = kw
         self._worker: Any = None
         self._serving: Any = None
         self._observer: keel.App | None = None
@@ -152,14 +153,36 @@ class KeelRunner:
 
     # -- one run at a time, through a standing worker -------------------------------------------
 
-    def start_worker(self) -> None:
+    def start_worker(self, concurrency: int = 1, observe: bool = True) -> None:
+        """Serve runs from a worker on this App's event loop (and watch them from a second App,
+        unless `observe` is false: an idle worker's traffic is measured alone)."""
         from keel.runtime.worker import Worker
 
         rt = self.app.aio
         rt.portal.call(rt.open())
-        self._worker = Worker(rt, concurrency=1)
+        self._worker = Worker(rt, concurrency=concurrency)
         self._serving = asyncio.run_coroutine_threadsafe(self._worker.run(), rt.portal.loop)
-        self._observer = self.dbs.app(self.url)
+        if observe:
+            self._observer = self.dbs.app(self.url, **self._kw)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the worker runs on."""
+        return self.app.aio.portal.loop
+
+    def submit_elsewhere(self, workflow: str, items: Sequence[Any]) -> list[str]:
+        """Admit runs through the observing App, so the worker's loop only executes them."""
+        assert self._observer is not None, "start_worker() first"
+        jobs = []
+        for item in items:
+            self._count += 1
+            jobs.append(f"many-{self._prefix}-{self._count}")
+            self._observer.submit(workflow, job_id=jobs[-1], input=item)
+        return jobs
+
+    def wait_all(self, jobs: Sequence[str], timeout: float = 300) -> None:
+        for job in jobs:
+            self._wait(job, "completed", timeout)
 
     def stop_worker(self) -> None:
         if self._worker is not None:

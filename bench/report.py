@@ -201,12 +201,14 @@ def targets(results: dict[str, CaseResult], settings: Settings) -> list[Table]:
     )
     stall_cells = []
     for b in ("sqlite", "postgres"):
-        large, small = (
-            fig("stall", f"{b}.keel_stall_ms_{stall_size}"),
-            fig("stall", f"{b}.keel_stall_ms_1000"),
-        )
+        large = fig("stall", f"{b}.keel_stall_ms_{stall_size}")
         stall_cells.append(
-            "n/a" if large is None else f"{large:.1f} ms (1 KB: {_fig(small, 1)} ms)"
+            "n/a"
+            if large is None
+            else f"{large:.1f} ms, median round "
+            f"{_fig(fig('stall', f'{b}.keel_stall_median_ms_{stall_size}'), 1)} ms (1 KB: "
+            f"{_fig(fig('stall', f'{b}.keel_stall_ms_1000'), 1)}, "
+            f"{_fig(fig('stall', f'{b}.keel_stall_median_ms_1000'), 1)} ms)"
         )
     issue12.append(
         [
@@ -309,6 +311,11 @@ def write(
         lines += ["**Quick mode: a smoke run with tiny batches. These figures are noise.**", ""]
     for table in targets(results, settings):
         lines += _table(table)
+    if step := results.get("step"):
+        # Issue 12's table, up front: what one run asks of the database.
+        for table in step.tables:
+            if table.title.startswith("5-node chain: database traffic"):
+                lines += _table(table)
     reading = commit_reading(results)
     if reading:
         lines += ["**Reading per-run time in commits**", "", *reading, ""]

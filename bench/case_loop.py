@@ -81,7 +81,9 @@ def stall(settings: Settings, dbs: Databases) -> CaseResult:
         "official saver. A ticker task on the loop that executes the runs (the worker's loop "
         "for Keel) sleeps 1 ms at a time and records how late it wakes; the longest delay is "
         "the longest time no other task on that loop (another run's step, a lease renewal) "
-        f"could run. {_rounds(settings)} round(s) of each mix, interleaved.",
+        f"could run. {_rounds(settings)} round(s) of each mix, interleaved, after one warm-up "
+        "round; garbage is collected before each mix, so a collection of what an earlier mix "
+        "left is not counted to this one.",
     )
     rows = []
     for backend in settings.backends:

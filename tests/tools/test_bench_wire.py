@@ -7,6 +7,7 @@ check each count, so a counter that drifts fails here rather than in a report.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import psycopg
 import pytest
 
 from bench.wire import PgCounter, sqlite_counting
-from tests.conftest import PG_URL
+
+PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
 
 
 @pytest.mark.postgres

@@ -4,8 +4,8 @@
 it woke; the longest delay is the longest stall every other run on that loop (its lease
 renewals, its steps) suffered. Measured while runs carrying a 1 MB state execute next to runs
 of the plain chain, against the same mix with a 1 KB state, for Keel (a standing worker at
-concurrency 4; the runs admitted through another App, so admission is not on the worker's
-loop) and for raw LangGraph (the same mix under `asyncio.gather` on one loop).
+concurrency 4 that drains the runs admitted before it started, so admission is not on the
+worker's loop) and for raw LangGraph (the same mix under `asyncio.gather` on one loop).
 
 10: a worker with nothing to do, on a database with no runs; its traffic is counted exactly
 (bench/wire.py) over a window after it settled.
@@ -23,7 +23,7 @@ from typing import Any
 from bench import graphs
 from bench.case_state import blob
 from bench.common import CaseResult, Databases, Loop, Settings, Summary, Table, interleave
-from bench.runners import KeelRunner, RawRunner
+from bench.runners import BenchError, KeelRunner, RawRunner
 from bench.wire import PgCounter, sqlite_counting
 
 STATE_RUNS = 4  # runs carrying the state, at once
@@ -74,16 +74,18 @@ def stall(settings: Settings, dbs: Databases) -> CaseResult:
     result = CaseResult(
         "stall",
         f"6b. Event-loop stalls with a {label} state",
-        f"{STATE_RUNS} runs of the 5-node chain whose every node rewrites a string of the given "
-        f"size, admitted at once with {PLAIN_RUNS} runs of the plain chain. Keel: a standing "
-        f"in-process worker at concurrency {CONCURRENCY}, the runs admitted through a second "
-        "App; raw LangGraph: the same runs under `asyncio.gather` on one loop with the "
-        "official saver. A ticker task on the loop that executes the runs (the worker's loop "
-        "for Keel) sleeps 1 ms at a time and records how late it wakes; the longest delay is "
-        "the longest time no other task on that loop (another run's step, a lease renewal) "
-        f"could run. {_rounds(settings)} round(s) of each mix, interleaved, after one warm-up "
-        "round; garbage is collected before each mix, so a collection of what an earlier mix "
-        "left is not counted to this one.",
+        f"{STATE_RUNS} runs of the 5-node chain whose every node rewrites a string of the "
+        f"given size, each followed by {PLAIN_RUNS // STATE_RUNS} runs of the plain chain, all"
+        " executing together. Keel: the runs admitted first, then an in-process worker at "
+        f"concurrency {CONCURRENCY} that stops when the queue is dry (its start, connecting "
+        "included, is inside the window; the bench's thread blocks on it, polling nothing); "
+        "raw LangGraph: the same runs under `asyncio.gather` on one loop with the official "
+        "saver. A ticker task on the loop that executes the runs (the worker's loop for Keel)"
+        " sleeps 1 ms at a time and records how late it wakes; the longest delay is the "
+        "longest time no other task on that loop (another run's step, a lease renewal) could "
+        f"run. {_rounds(settings)} round(s) of each mix, interleaved, after one warm-up round;"
+        " garbage is collected before each mix, so a collection of what an earlier mix left "
+        "is not counted to this one.",
     )
     rows = []
     for backend in settings.backends:
@@ -132,17 +134,22 @@ def _stalls(
     k = KeelRunner(dbs, keel_url, max_input_bytes=4 * size + 10_000)
     stalls: dict[str, list[tuple[float, float]]] = {}
     try:
-        k.start_worker(concurrency=CONCURRENCY)
         ticker = Ticker(k.loop)
 
         def keel_mix(state_size: int, r: int) -> float:
-            heavy = [{"n": 0, "blob": blob(state_size)}] * STATE_RUNS
+            heavy = {"n": 0, "blob": blob(state_size)}
+            # Admitted first (admission is another process's work in a deployment), then run
+            # by a worker that stops when the queue is dry: nothing else in this process
+            # competes with the worker's loop meanwhile.
+            for is_heavy in _mix():
+                k.submit("chain5-blob" if is_heavy else "chain5", [heavy if is_heavy else {"n": 0}])
             gc.collect()  # what earlier mixes left for the collector is not this mix's stall
             ticker.start()
-            jobs = k.submit_elsewhere("chain5-blob", heavy)
-            jobs += k.submit_elsewhere("chain5", [{"n": 0}] * PLAIN_RUNS)
-            k.wait_all(jobs)
-            return _keep(stalls, f"keel.{state_size}", ticker.stop(), r)
+            stats = k.drain_here(CONCURRENCY)
+            found = ticker.stop()
+            if stats.finished != STATE_RUNS + PLAIN_RUNS:
+                raise BenchError(f"the stall mix's worker: {stats}")
+            return _keep(stalls, f"keel.{state_size}", found, r)
 
         def raw_mix(state_size: int, r: int) -> float:
             heavy = {"n": 0, "blob": blob(state_size)}
@@ -152,8 +159,12 @@ def _stalls(
                 t = Ticker(asyncio.get_running_loop())
                 t.start()
                 await asyncio.gather(
-                    *(_raw_one(raw, graphs.chain5_blob, heavy) for _ in range(STATE_RUNS)),
-                    *(_raw_one(raw, graphs.chain5, {"n": 0}) for _ in range(PLAIN_RUNS)),
+                    *(
+                        _raw_one(raw, graphs.chain5_blob, heavy)
+                        if is_heavy
+                        else _raw_one(raw, graphs.chain5, {"n": 0})
+                        for is_heavy in _mix()
+                    )
                 )
                 return t.stop()
 
@@ -176,6 +187,12 @@ def _stalls(
         dbs.drop(raw_url)
         dbs.drop(keel_url)
     return stalls
+
+
+def _mix() -> list[bool]:
+    """The order runs are started in: each run carrying the state followed by plain ones."""
+    per = PLAIN_RUNS // STATE_RUNS
+    return [i % (per + 1) == 0 for i in range(STATE_RUNS * (per + 1))]
 
 
 def _keep(

@@ -170,19 +170,15 @@ class KeelRunner:
         """The event loop the worker runs on."""
         return self.app.aio.portal.loop
 
-    def submit_elsewhere(self, workflow: str, items: Sequence[Any]) -> list[str]:
-        """Admit runs through the observing App, so the worker's loop only executes them."""
-        assert self._observer is not None, "start_worker() first"
-        jobs = []
-        for item in items:
-            self._count += 1
-            jobs.append(f"many-{self._prefix}-{self._count}")
-            self._observer.submit(workflow, job_id=jobs[-1], input=item)
-        return jobs
+    def drain_here(self, concurrency: int) -> Any:
+        """Run the queue dry with a worker on this App's loop; the caller blocks, polling
+        nothing. Returns the worker's stats."""
+        from keel.runtime.worker import Worker
 
-    def wait_all(self, jobs: Sequence[str], timeout: float = 300) -> None:
-        for job in jobs:
-            self._wait(job, "completed", timeout)
+        rt = self.app.aio
+        rt.portal.call(rt.open())
+        worker = Worker(rt, concurrency=concurrency, stop_when_idle=True)
+        return asyncio.run_coroutine_threadsafe(worker.run(), rt.portal.loop).result(timeout=600)
 
     def stop_worker(self) -> None:
         if self._worker is not None:

@@ -112,6 +112,7 @@ class PgCounter:
         self._lock = threading.Lock()
         self._counts = PgCounts()
         self._conns: set[_Conn] = set()
+        self.errors: list[str] = []  # what broke a proxied connection: the counts are short
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="bench-pg-counter", daemon=True)
         self._thread.start()
@@ -124,6 +125,9 @@ class PgCounter:
         return urlunsplit(parts._replace(netloc=netloc))
 
     def snapshot(self) -> PgCounts:
+        """The counts so far; raises if a connection broke, since they would be short."""
+        if self.errors:
+            raise RuntimeError(f"the counting proxy lost a connection: {self.errors[0]}")
         with self._lock:
             return PgCounts(**vars(self._counts))
 
@@ -161,6 +165,9 @@ class PgCounter:
                     if events & selectors.EVENT_WRITE:
                         self._flush(conn)
                 except OSError:
+                    self._drop(conn)  # one side hung up or reset
+                except Exception as exc:  # a broken count must be seen, not hang the client
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
                     self._drop(conn)
 
     def _accept(self) -> None:
@@ -168,7 +175,12 @@ class PgCounter:
             client, _ = self._listener.accept()
         except BlockingIOError:
             return
-        server = socket.create_connection(self._upstream, timeout=10)
+        try:
+            server = socket.create_connection(self._upstream, timeout=10)
+        except OSError as exc:
+            self.errors.append(f"cannot reach {self._upstream}: {exc}")
+            client.close()
+            return
         for s in (client, server):
             s.setblocking(False)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

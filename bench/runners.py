@@ -291,6 +291,7 @@ def traffic_per_run(url: str, run: Callable[[int, str], None], small: int, large
             with sqlite_counting(url.removeprefix("sqlite:///")) as trace:
                 run(n, url)
             c = trace.snapshot()
+            _counted_something(c.connections, url)
             found.append(
                 Traffic(
                     "sqlite",
@@ -301,6 +302,7 @@ def traffic_per_run(url: str, run: Callable[[int, str], None], small: int, large
             with PgCounter(url) as counter:
                 run(n, counter.url(url))
                 p = counter.snapshot()
+            _counted_something(p.connections, url)
             found.append(
                 Traffic(
                     "postgres",
@@ -313,3 +315,10 @@ def traffic_per_run(url: str, run: Callable[[int, str], None], small: int, large
                 )
             )
     return (found[1] - found[0]).scaled(1 / (large - small))
+
+
+def _counted_something(connections: int, url: str) -> None:
+    # Zero would be a client that connects some way the counters do not see (a SQLite
+    # connection not opened through sqlite3.connect, a URL not taken): no figure, not "0".
+    if connections == 0:
+        raise BenchError(f"no connection to {url} was counted: the bench's counters missed it")

@@ -232,6 +232,8 @@ def idle(settings: Settings, dbs: Databases) -> CaseResult:
                     k.start_worker(observe=False)
                     time.sleep(settle)
                     before = trace.snapshot()
+                    if not before.connections:
+                        raise BenchError("the idle worker's SQLite connection was not counted")
                     time.sleep(window)
                     c = trace.snapshot() - before
                 finally:
@@ -253,6 +255,8 @@ def idle(settings: Settings, dbs: Databases) -> CaseResult:
                     k.start_worker(observe=False)
                     time.sleep(settle)
                     p0 = counter.snapshot()
+                    if not p0.connections:
+                        raise BenchError("the idle worker's connections were not counted")
                     time.sleep(window)
                     p = counter.snapshot() - p0
                 finally:

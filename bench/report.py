@@ -103,7 +103,18 @@ def machine_facts(settings: Settings, loads: list[float]) -> list[tuple[str, str
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            # The report and its plots being rewritten by this very run is not a change.
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)docs/benchmarks.md",
+                ":(exclude)docs/benchmarks",
+                ":(exclude)bench/results",
+            ],
             capture_output=True,
             text=True,
             timeout=10,

@@ -108,3 +108,21 @@ def test_quick_shape_stall_and_idle_cases_report_numbers(tmp_path: Path) -> None
     idle = _table(report, "An idle worker's traffic per second")
     assert len(idle) == 1 and idle[0][1].endswith("statements")
     assert re.search(r"An idle worker makes .*\| \d+\.\d+ \|", report)
+
+
+def test_quick_approval_case_reports_numbers(tmp_path: Path) -> None:
+    # The case drains the runs to their waits first: a worker whose runs end `waiting` is
+    # what it expects (it failed when WorkerStats began counting those apart).
+    out = tmp_path / "bench.md"
+    code = main(
+        ["--quick", "--cases", "approval", "--backends", "sqlite", "--out", str(out),
+         "--no-plots", "--tmp", str(tmp_path / "dbs")]
+    )  # fmt: skip
+    assert code == 0
+    report = out.read_text()
+    assert "## Cases that failed" not in report
+    rows = {row[1]: row for row in _table(report, "One approval cycle")}
+    assert set(rows) == {"raw interrupt/resume", "Keel approval"}
+    for row in rows.values():
+        assert NUMBER.match(row[2]), row  # ms/cycle
+        assert float(row[3].split()[0]) > 0 and float(row[4]) > 0  # commits, statements

@@ -25,6 +25,7 @@ from keel.core.errors import (
     WaitNotFound,
     WorkflowVersionMismatch,
 )
+from keel.core.effect_outbox import await_effect, enqueue
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
 from keel.core.ledger import KEY, Retry, effect
@@ -70,7 +71,9 @@ __all__ = [
     "WorkflowVersionMismatch",
     "approval",
     "artifacts",
+    "await_effect",
     "effect",
+    "enqueue",
     "heartbeat",
     "job_id",
     "last_heartbeat",

@@ -37,6 +37,9 @@ MAX_OUTPUT_BYTES = 1_000_000
 # LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
 # LangGraph stops sharing one per task attempt.
 SCRATCHPAD = "__pregel_scratchpad"
+# LangGraph's CONFIG_KEY_TASK_ID (private since 1.0): the id its saver writes the task's
+# writes under, which the outbox's staged intents commit with.
+CONFIG_KEY_TASK_ID = "__pregel_task_id"
 
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
@@ -60,6 +63,7 @@ def locate() -> StepRef:
         # the node invokes (tools, chains): what numbers the task's effect calls. Without one
         # (another LangGraph), the config, which is per attempt too but not shared with them.
         scope=config.get("configurable", {}).get(SCRATCHPAD) or config,
+        task_id=str(config.get("configurable", {}).get(CONFIG_KEY_TASK_ID, "")),
     )
 
 
@@ -186,6 +190,7 @@ class Executor:
             await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED
         finally:
+            ctx.staged.clear()  # a task that did not write its step staged nothing durable
             leave(entered)
             self.saver.drop(lease.run_id, lease.token)
 

@@ -16,6 +16,7 @@ from typing import Any
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -30,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.postgres import PostgresConnector
 from keel.backends.sqlite import SqliteConnector
+from keel.core.context import StagedWrite
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
@@ -86,9 +88,20 @@ class Fencing:
     draining: bool = False
     """Set when the worker stops: runs give their lease back at their next step boundary."""
 
+    @staticmethod
+    def take_staged(task_id: str, writes: Sequence[tuple[str, Any]]) -> list[StagedWrite]:
+        """What the task staged, to commit with its writes; nothing if they are special (an
+        error, an interrupt): the node runs again and stages the same intents again."""
+        ctx = _running.get()
+        staged = ctx.take_staged(task_id) if ctx is not None else []
+        return [] if any(c in WRITES_IDX_MAP for c, _ in writes) else staged
+
     @asynccontextmanager
     async def fenced_write(
-        self, config: RunnableConfig, step: dict[str, Any] | None = None
+        self,
+        config: RunnableConfig,
+        step: dict[str, Any] | None = None,
+        staged: Sequence[StagedWrite] = (),
     ) -> AsyncIterator[Tx]:
         """The write's transaction, fenced; a checkpoint (step is None) is a step boundary."""
         run_id = str(config["configurable"]["thread_id"])
@@ -108,6 +121,8 @@ class Fencing:
                 await self.store.add_event(
                     tx, run_id, "step", step, worker_id=worker_id, token=token
                 )
+            for write in staged:
+                await write(self.store, tx)
             yield tx
         if step is None:
             # The checkpoint is durable: a cancelled or released run stops here and loses nothing.
@@ -159,14 +174,17 @@ class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        async with self.fenced_write(config, self.step_event(config, writes, task_path)):
+        step, staged = self.step_event(config, writes, task_path), self.take_staged(task_id, writes)
+        async with self.fenced_write(config, step, staged):
             await super().aput_writes(config, writes, task_id, task_path)
 
 
 _fenced_conn: ContextVar[AsyncConnection[DictRow] | None] = ContextVar(
     "keel_fenced_conn", default=None
 )
-_deferred_write: ContextVar[tuple[RunnableConfig, dict[str, Any]] | None] = ContextVar(
+_deferred_write: ContextVar[
+    tuple[RunnableConfig, dict[str, Any], list[StagedWrite]] | None
+] = ContextVar(
     "keel_deferred_write", default=None
 )
 
@@ -227,7 +245,8 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
         # LangGraph serializes the writes in a worker thread, then asks for a cursor: the fenced
         # transaction opens at that cursor, so its pooled connection never waits for a thread
         # (sync nodes may hold every thread while they wait for a connection).
-        deferred = _deferred_write.set((config, self.step_event(config, writes, task_path)))
+        step, staged = self.step_event(config, writes, task_path), self.take_staged(task_id, writes)
+        deferred = _deferred_write.set((config, step, staged))
         try:
             await super().aput_writes(config, writes, task_id, task_path)
         finally:

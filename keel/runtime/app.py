@@ -246,6 +246,24 @@ class App:
             self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
+    def effect_intents(
+        self, *, state: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Outbox intents, oldest first, by state and/or run (see AsyncApp.effect_intents)."""
+        return self._portal.call(self.aio.effect_intents(state=state, run_id=run_id, limit=limit))
+
+    def retry_intent(self, intent_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Deliver a dead intent again, its attempts from zero."""
+        return self._portal.call(self.aio.retry_intent(intent_id, by=by))
+
+    def resolve_intent(
+        self, intent_id: str, *, performed: bool, result: Any = None, by: str | None = None
+    ) -> dict[str, Any]:
+        """Say whether an in-doubt (or dead) intent reached the provider."""
+        return self._portal.call(
+            self.aio.resolve_intent(intent_id, performed=performed, result=result, by=by)
+        )
+
     def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
         """The run's timeline events with an id above `after`, in order (a resumable cursor)."""
         return self._portal.call(self.aio.events_after(run_id, after, limit))

@@ -114,27 +114,42 @@ async def _deliver(
     if in_doubt:
         if effect.reconcile is not None:
             try:
-                found = await _call(effect.reconcile, token, *args, idempotency_key=intent_id, **kwargs)
+                found = await _call(
+                    effect.reconcile, token, *args, idempotency_key=intent_id, **kwargs
+                )
             except Exception as exc:
                 # Can't tell yet: the claim expires and the next dispatcher asks again.
                 log.warning("reconciler of %s failed for %s: %r", effect.name, intent_id, exc)
                 return
             if found is not None:
-                await _settle(services, worker_id, row, IntentState.DELIVERED, result=found,
-                              event="outbox.reconciled")
+                await _settle(
+                    services,
+                    worker_id,
+                    row,
+                    IntentState.DELIVERED,
+                    result=found,
+                    event="outbox.reconciled",
+                )
                 return
             # The provider has no such delivery: it never happened, deliver it now.
         elif not effect.provider_idempotent:
-            log.warning("intent %s may have been delivered by a dead dispatcher: in doubt",
-                        intent_id)
-            await _settle(services, worker_id, row, IntentState.IN_DOUBT,
-                          error="its dispatcher died mid-delivery; a person must say whether "
-                          "it reached the provider")
+            log.warning(
+                "intent %s may have been delivered by a dead dispatcher: in doubt", intent_id
+            )
+            await _settle(
+                services,
+                worker_id,
+                row,
+                IntentState.IN_DOUBT,
+                error="its dispatcher died mid-delivery; a person must say whether "
+                "it reached the provider",
+            )
             return
     fault_point("outbox.before_call", effect.name)
     if not await services.store.effect_claim_held(intent_id, token):
-        log.warning("intent %s: claim %d lost before the call; not delivered here", intent_id,
-                    token)
+        log.warning(
+            "intent %s: claim %d lost before the call; not delivered here", intent_id, token
+        )
         return
     attempts = int(row["attempts"])
     started = time.monotonic()
@@ -145,14 +160,27 @@ async def _deliver(
         error = f"{type(exc).__name__}: {exc}"[:2000]
         if isinstance(exc, effect.retry.on) and attempts < int(row["max_attempts"]):
             delay = effect.retry.delay(attempts, exc)
-            log.info("outbox.retry %s %s attempt=%d in %.2fs: %s", effect.name, intent_id,
-                     attempts, delay, error, extra={"event": "outbox.retry", "duration": took})
+            log.info(
+                "outbox.retry %s %s attempt=%d in %.2fs: %s",
+                effect.name,
+                intent_id,
+                attempts,
+                delay,
+                error,
+                extra={"event": "outbox.retry", "duration": took},
+            )
             await _settle(services, worker_id, row, IntentState.PENDING, error=error, delay=delay)
             return
-        why = "gave up after %d attempts" % attempts if isinstance(exc, effect.retry.on) else (
-            "permanent failure")
-        log.warning("outbox.dead %s %s (%s): %s", effect.name, intent_id, why, error,
-                    extra={"event": "outbox.dead", "duration": took})
+        transient = isinstance(exc, effect.retry.on)
+        why = f"gave up after {attempts} attempts" if transient else "permanent failure"
+        log.warning(
+            "outbox.dead %s %s (%s): %s",
+            effect.name,
+            intent_id,
+            why,
+            error,
+            extra={"event": "outbox.dead", "duration": took},
+        )
         await _settle(services, worker_id, row, IntentState.DEAD, error=f"{why}: {error}")
         return
     fault_point("outbox.after_call", effect.name)
@@ -202,8 +230,11 @@ async def _settle(
             delay=delay,
         )
         if settled is None:
-            log.warning("intent %s: claim lost before its outcome (%s) was recorded",
-                        row["intent_id"], state)
+            log.warning(
+                "intent %s: claim lost before its outcome (%s) was recorded",
+                row["intent_id"],
+                state,
+            )
             return
         if state == IntentState.PENDING:
             return  # a retry later: the timeline hears of the outcome, not of every attempt
@@ -221,13 +252,20 @@ async def _announce(store: Store, tx: Any, intent: Row, kind: str, **data: Any) 
         tx,
         intent["run_id"],
         kind,
-        {"intent_id": intent["intent_id"], "effect": intent["effect"], **data,
-         **({"error": intent["error"]} if intent["error"] else {})},
+        {
+            "intent_id": intent["intent_id"],
+            "effect": intent["effect"],
+            **data,
+            **({"error": intent["error"]} if intent["error"] else {}),
+        },
         worker_id=worker_id,
     )
     if await answer_waits(store, tx, intent):
         await wake_after_wait(
-            store, tx, run, decision=None,
+            store,
+            tx,
+            run,
+            decision=None,
             cause={"intent_id": intent["intent_id"], "outcome": intent["status"]},
         )
 
@@ -253,7 +291,11 @@ async def retry(services: Services, intent_id: str, *, by: str | None = None) ->
 
 
 async def resolve(
-    services: Services, intent_id: str, *, performed: bool, result: Any = None,
+    services: Services,
+    intent_id: str,
+    *,
+    performed: bool,
+    result: Any = None,
     by: str | None = None,
 ) -> Row:
     """A person's answer on an in-doubt (or dead) intent: it reached the provider (delivered,
@@ -265,11 +307,16 @@ async def resolve(
         if state not in (IntentState.IN_DOUBT, IntentState.DEAD) or (
             state == IntentState.DEAD and not performed
         ):
-            hint = "retry it to deliver it again" if state == IntentState.DEAD else (
-                "only an in-doubt or dead intent takes an answer")
+            hint = (
+                "retry it to deliver it again"
+                if state == IntentState.DEAD
+                else ("only an in-doubt or dead intent takes an answer")
+            )
             raise UsageError(f"intent {intent_id} is {state}: {hint}")
         if performed:
-            done = await store.resolve_effect_intent_performed(tx, intent_id, state, _encoded(result))
+            done = await store.resolve_effect_intent_performed(
+                tx, intent_id, state, _encoded(result)
+            )
         else:
             done = await store.reopen_effect_intent(tx, intent_id, state)
         assert done is not None

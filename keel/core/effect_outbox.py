@@ -22,8 +22,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
+from keel.core import ledger
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import current
@@ -110,6 +111,69 @@ class OutboxEffect(Generic[P, R]):
         return stage(self, args, kwargs)
 
 
+@overload
+def effect(
+    name: str | None = None,
+    *,
+    outbox: Literal[False] = False,
+    reconcile: Callable[..., Any] | None = None,
+    provider_idempotent: bool = False,
+    retry: Retry | None = None,
+    key: KeySpec = None,
+) -> Callable[[Callable[P, R]], Effect[P, R]]: ...
+
+
+@overload
+def effect(
+    name: str | None = None,
+    *,
+    outbox: Literal[True],
+    reconcile: Callable[..., Any] | None = None,
+    provider_idempotent: bool = False,
+    retry: Retry | None = None,
+    key: KeySpec = None,
+    rate: str | None = None,
+    max_attempts: int | None = None,
+) -> Callable[[Callable[P, R]], OutboxEffect[P, R]]: ...
+
+
+def effect(
+    name: str | None = None,
+    *,
+    outbox: bool = False,
+    reconcile: Callable[..., Any] | None = None,
+    provider_idempotent: bool = False,
+    retry: Retry | None = None,
+    key: KeySpec = None,
+    rate: str | None = None,
+    max_attempts: int | None = None,
+) -> Callable[[Callable[P, R]], Any]:
+    """`keel.effect`: a ledger effect (keel.core.ledger.effect), or with ``outbox=True`` an
+    outbox effect: a call inside a node records an intent with the step and returns its id at
+    once; a dispatcher delivers it (``rate="20/s"`` shared by all dispatchers, up to
+    ``max_attempts``, retried per ``retry``; see docs/outbox.md)."""
+    if not outbox:
+        if rate is not None or max_attempts is not None:
+            raise UsageError("rate= and max_attempts= apply to outbox effects (outbox=True)")
+        return ledger.effect(
+            name, reconcile=reconcile, provider_idempotent=provider_idempotent, retry=retry, key=key
+        )
+
+    def wrap(fn: Callable[P, R]) -> OutboxEffect[P, R]:
+        return OutboxEffect(
+            fn,
+            name or fn.__name__,
+            reconcile=reconcile,
+            provider_idempotent=provider_idempotent,
+            retry=retry,
+            rate=rate,
+            max_attempts=max_attempts,
+            key=key,
+        )
+
+    return wrap
+
+
 EFFECTS: dict[str, OutboxEffect[Any, Any]] = {}
 """Outbox effects by name, as this process declared them: what its dispatcher can deliver."""
 
@@ -136,7 +200,7 @@ def as_outbox(effect: Effect[Any, Any] | OutboxEffect[Any, Any]) -> OutboxEffect
         reconcile=effect.reconcile,
         provider_idempotent=effect.provider_idempotent,
         retry=effect.retry,
-        key=effect.arguments.key,  # type: ignore[arg-type]
+        key=effect.arguments.key,
     )
 
 
@@ -232,7 +296,9 @@ def await_effect(handle: str, *, timeout: float | str = "7d", on_dead: str = "wa
     run resumes, and an intent delivered already resumes it at once.
     """
     if not isinstance(handle, str) or not handle.startswith(PREFIX):
-        raise UsageError(f"keel.await_effect() takes an intent id from an outbox effect, not {handle!r}")
+        raise UsageError(
+            f"keel.await_effect() takes an intent id from an outbox effect, not {handle!r}"
+        )
     if on_dead not in ("wait", "raise"):
         raise UsageError(f"on_dead must be 'wait' or 'raise', not {on_dead!r}")
     ctx = current("keel.await_effect()")

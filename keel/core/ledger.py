@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from keel.core import heartbeat
 from keel.core.codec import dumps, loads
@@ -40,9 +40,6 @@ from keel.core.portal import Host
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
-
-if TYPE_CHECKING:
-    from keel.core.effect_outbox import OutboxEffect
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -420,43 +417,14 @@ def _answered(row: dict[str, Any]) -> list[str]:
     return [str(w) for w in kept.get("answered", [])] if isinstance(kept, dict) else []
 
 
-@overload
 def effect(
     name: str | None = None,
     *,
-    outbox: Literal[False] = False,
     reconcile: Callable[..., Any] | None = None,
     provider_idempotent: bool = False,
     retry: Retry | None = None,
     key: KeySpec = None,
-) -> Callable[[Callable[P, R]], Effect[P, R]]: ...
-
-
-@overload
-def effect(
-    name: str | None = None,
-    *,
-    outbox: Literal[True],
-    reconcile: Callable[..., Any] | None = None,
-    provider_idempotent: bool = False,
-    retry: Retry | None = None,
-    key: KeySpec = None,
-    rate: str | None = None,
-    max_attempts: int | None = None,
-) -> Callable[[Callable[P, R]], OutboxEffect[P, R]]: ...
-
-
-def effect(
-    name: str | None = None,
-    *,
-    outbox: bool = False,
-    reconcile: Callable[..., Any] | None = None,
-    provider_idempotent: bool = False,
-    retry: Retry | None = None,
-    key: KeySpec = None,
-    rate: str | None = None,
-    max_attempts: int | None = None,
-) -> Callable[[Callable[P, R]], Any]:
+) -> Callable[[Callable[P, R]], Effect[P, R]]:
     """Make a function an effect: once per key, whatever the retries and crashes around it.
 
     The function (sync or async) must take an ``idempotency_key`` keyword; pass it on to the
@@ -465,29 +433,9 @@ def effect(
     ``reconcile`` has the same signature and returns the effect's result if the provider has
     it, ``None`` if it never happened. ``key`` names the arguments that identify the effect
     (or is a function of the bound arguments): a replay may change the others.
-
-    ``outbox=True`` makes a call inside a node record an intent with the step instead of
-    calling the provider; it returns the intent's id at once and a dispatcher delivers it
-    (``rate="20/s"`` shared by all dispatchers, up to ``max_attempts``; see docs/outbox.md).
     """
-    if not outbox and (rate is not None or max_attempts is not None):
-        raise UsageError("rate= and max_attempts= apply to outbox effects (outbox=True)")
 
-    def wrap(fn: Callable[P, R]) -> Any:
-        if outbox:
-            # Here, not at the top: the outbox builds on this module.
-            from keel.core.effect_outbox import OutboxEffect
-
-            return OutboxEffect(
-                fn,
-                name or fn.__name__,
-                reconcile=reconcile,
-                provider_idempotent=provider_idempotent,
-                retry=retry,
-                rate=rate,
-                max_attempts=max_attempts,
-                key=key,
-            )
+    def wrap(fn: Callable[P, R]) -> Effect[P, R]:
         return Effect(
             fn,
             name or fn.__name__,

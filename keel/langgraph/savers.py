@@ -182,10 +182,8 @@ class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
 _fenced_conn: ContextVar[AsyncConnection[DictRow] | None] = ContextVar(
     "keel_fenced_conn", default=None
 )
-_deferred_write: ContextVar[
-    tuple[RunnableConfig, dict[str, Any], list[StagedWrite]] | None
-] = ContextVar(
-    "keel_deferred_write", default=None
+_deferred_write: ContextVar[tuple[RunnableConfig, dict[str, Any], list[StagedWrite]] | None] = (
+    ContextVar("keel_deferred_write", default=None)
 )
 
 

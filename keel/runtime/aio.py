@@ -28,9 +28,7 @@ class AsyncApp(Runtime):
         """Outbox intents, oldest first: all, or those in `state` (pending, sending,
         delivered, dead, in_doubt) and/or of one run."""
         if state is not None and state not in set(IntentState):
-            raise UsageError(
-                f"state must be one of {', '.join(IntentState)}, not {state!r}"
-            )
+            raise UsageError(f"state must be one of {', '.join(IntentState)}, not {state!r}")
         await self.open()
         rows = await self.store.list_effect_intents(status=state, run_id=run_id, limit=limit)
         return [public(r) for r in rows]

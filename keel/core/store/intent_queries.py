@@ -83,9 +83,7 @@ class IntentQueries:
 
     @staticmethod
     async def reopen_effect_intent(tx: Tx, intent_id: str, from_status: str) -> Row | None:
-        return await tx.one(
-            "outbox_reopen", {"intent_id": intent_id, "from_status": from_status}
-        )
+        return await tx.one("outbox_reopen", {"intent_id": intent_id, "from_status": from_status})
 
     @staticmethod
     async def resolve_effect_intent_performed(
@@ -100,9 +98,7 @@ class IntentQueries:
         self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
     ) -> list[Row]:
         async with self.db.read() as tx:
-            return await tx.all(
-                "outbox_list", {"status": status, "run_id": run_id, "limit": limit}
-            )
+            return await tx.all("outbox_list", {"status": status, "run_id": run_id, "limit": limit})
 
     @staticmethod
     async def effect_intent_counts(tx: Tx, run_id: str) -> dict[str, int]:

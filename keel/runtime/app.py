@@ -6,6 +6,7 @@ Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
@@ -26,7 +27,7 @@ from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
 from keel.runtime.summary import RunSummary
-from keel.runtime.worker import WorkerStats
+from keel.runtime.worker import WorkerStats, deliver_effects, new_worker_id
 
 F = TypeVar("F", bound=Callable[[], Any])
 
@@ -330,6 +331,34 @@ class App:
                 previous[sig] = signal.signal(sig, on_signal)
         try:
             return self._portal.call(worker.run())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def run_dispatcher(self, *, handle_signals: bool = True) -> None:
+        """Deliver outbox effects (every worker does it too) until SIGTERM/SIGINT, executing
+        no run: `keel dispatcher APP`."""
+        stopping: list[asyncio.Event] = []
+        asked = threading.Event()  # a signal that comes before the loop's event exists
+
+        async def serve() -> None:
+            await self.aio.open()
+            stopping.append(asyncio.Event())
+            if asked.is_set():
+                return
+            await deliver_effects(self.aio, new_worker_id(), stopping[0])
+
+        def stop() -> None:
+            asked.set()
+            if stopping:
+                self._portal.loop.call_soon_threadsafe(stopping[0].set)
+
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda signum, frame: stop())
+        try:
+            self._portal.call(serve())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -95,7 +95,10 @@ class HttpSink:
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(answer)
+                    try:
+                        self.wfile.write(answer)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # the caller died waiting (a held response): it never heard
 
             do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 

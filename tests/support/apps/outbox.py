@@ -20,7 +20,6 @@ from langgraph.graph import END, START, StateGraph
 
 import keel
 
-app = keel.App()
 RATE = os.environ.get("OUTBOX_RATE") or None
 RETRY = keel.Retry(
     max_attempts=int(os.environ.get("OUTBOX_MAX_ATTEMPTS", "50")), initial=0.1, maximum=1.0
@@ -98,7 +97,6 @@ def wait(state: State) -> State:
     return {"last": keel.await_effect(state["handles"][-1])}
 
 
-@app.workflow("outbox", version="1")
 def outbox_flow() -> StateGraph:
     g = StateGraph(State)
     g.add_node("enqueue", enqueue)
@@ -107,3 +105,11 @@ def outbox_flow() -> StateGraph:
     g.add_edge("enqueue", "wait")
     g.add_edge("wait", END)
     return g
+
+
+def register(app: keel.App) -> keel.App:
+    app.workflow("outbox", version="1")(outbox_flow)
+    return app
+
+
+app = register(keel.App())

@@ -90,11 +90,12 @@ class Fencing:
 
     @staticmethod
     def take_staged(task_id: str, writes: Sequence[tuple[str, Any]]) -> list[StagedWrite]:
-        """What the task staged, to commit with its writes; nothing if they are special (an
-        error, an interrupt): the node runs again and stages the same intents again."""
+        """What the task staged, to commit with its writes; nothing if they are all special
+        (an error, an interrupt): the node runs again and stages the same intents again. A
+        resumed task's writes carry its resume value beside its ordinary ones: they commit."""
         ctx = _running.get()
         staged = ctx.take_staged(task_id) if ctx is not None else []
-        return [] if any(c in WRITES_IDX_MAP for c, _ in writes) else staged
+        return [] if all(c in WRITES_IDX_MAP for c, _ in writes) else staged
 
     @asynccontextmanager
     async def fenced_write(

@@ -1,0 +1,224 @@
+"""Outbox effects in runs executed in this process, against a real HTTP provider on 127.0.0.1.
+
+An intent exists only once its step committed (a node that pauses or fails before its end
+leaves none), a dead letter waits for a person and is delivered once after `retry`, a replay
+with other arguments is refused, and a finished run says which of its effects are undelivered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypedDict
+
+import httpx
+import pytest
+from langgraph.graph import END, START, StateGraph
+from typer.testing import CliRunner
+
+import keel
+from keel.cli.commands import cli
+from keel.core import effect_outbox
+from keel.core.effect_dispatch import retry as retry_intent
+from keel.core.effect_outbox import Rate
+from keel.testing.http import HttpSink
+
+AppFactory = Callable[..., keel.App]
+URL = "OUTBOX_TEST_URL"
+
+
+def _post(body: dict[str, Any], key: str) -> Any:
+    response = httpx.post(
+        os.environ[URL] + "/mail", json=body, headers={"Idempotency-Key": key}, timeout=10
+    )
+    if response.status_code >= 500:
+        raise keel.TransientError(f"provider said {response.status_code}")
+    response.raise_for_status()
+    return response.json()
+
+
+@keel.effect(
+    "rt_mail",
+    outbox=True,
+    provider_idempotent=True,
+    retry=keel.Retry(initial=0.01, maximum=0.05),
+    max_attempts=3,
+)
+def mail(to: str, *, idempotency_key: str = keel.KEY) -> Any:
+    return _post({"to": to}, idempotency_key)
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpSink]:
+    with HttpSink() as sink:
+        monkeypatch.setenv(URL, sink.url)
+        yield sink
+
+
+class State(TypedDict, total=False):
+    to: str
+    handle: str
+    result: Any
+    approved: bool
+
+
+def drain(app: keel.App) -> None:
+    app.run_worker(stop_when_idle=True, handle_signals=False, concurrency=2)
+
+
+def graph(*nodes: tuple[str, Callable[[State], State]]) -> Callable[[], StateGraph]:
+    def build() -> StateGraph:
+        g = StateGraph(State)
+        previous = START
+        for name, fn in nodes:
+            g.add_node(name, fn)
+            g.add_edge(previous, name)
+            previous = name
+        g.add_edge(previous, END)
+        return g
+
+    return build
+
+
+def enqueue(state: State) -> State:
+    return {"handle": mail(state["to"])}
+
+
+def wait(state: State) -> State:
+    return {"result": keel.await_effect(state["handle"])}
+
+
+def test_a_dead_letter_is_listed_retried_by_command_and_delivered_once(
+    make_app: AppFactory, provider: HttpSink, db_url: str
+) -> None:
+    app = make_app()
+    app.workflow("dead", version="1")(graph(("enqueue", enqueue), ("wait", wait)))
+    run_id = app.submit("dead", job_id="d-1", input={"to": "ann@example.com"}).run_id
+    provider.refuse(500)  # an outage that outlasts every attempt
+    drain(app)
+    (dead,) = app.effect_intents(state="dead")
+    assert dead["attempts"] == 3 and "gave up after 3 attempts" in dead["error"]
+    assert app.get_run(run_id).status == "waiting"  # the run awaits it: a person decides
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["effects", "list", "--state", "dead", "--json", "--db", db_url])
+    assert listed.exit_code == 0, listed.output
+    assert dead["intent_id"] in listed.output
+    provider.accept()  # the provider is fixed
+    retried = runner.invoke(cli, ["effects", "retry", dead["intent_id"], "--db", db_url])
+    assert retried.exit_code == 0, retried.output
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "completed", details.timeline
+    assert len(provider.deliveries) == 1
+    assert details.output["result"] == {"ok": True, "delivery": 1}
+    kinds = [e["kind"] for e in details.timeline]
+    assert kinds.index("outbox.dead") < kinds.index("outbox.retried")
+    assert kinds.index("outbox.retried") < kinds.index("outbox.delivered")
+    again = runner.invoke(cli, ["effects", "retry", dead["intent_id"], "--db", db_url])
+    assert again.exit_code == 2 and "only a dead intent" in again.output
+
+
+def test_a_node_that_pauses_after_enqueueing_records_its_intent_only_when_it_commits(
+    make_app: AppFactory, provider: HttpSink
+) -> None:
+    def ask_then_send(state: State) -> State:
+        handle = mail(state["to"])
+        decision = keel.approval("send?", timeout="1h")  # the node stops here, uncommitted
+        return {"handle": handle, "approved": decision.approved}
+
+    app = make_app()
+    app.workflow("ask", version="1")(graph(("ask", ask_then_send)))
+    run_id = app.submit("ask", job_id="a-1", input={"to": "bo@example.com"}).run_id
+    drain(app)
+    assert app.get_run(run_id).status == "waiting"
+    assert app.effect_intents(run_id=run_id) == []
+    assert provider.deliveries == []
+    app.approve(run_id, by="alice")
+    drain(app)
+    assert app.get_run(run_id).status == "completed"
+    assert [i["status"] for i in app.effect_intents(run_id=run_id)] == ["delivered"]
+    assert len(provider.deliveries) == 1
+
+
+def test_a_node_that_fails_after_enqueueing_leaves_no_intent(
+    make_app: AppFactory, provider: HttpSink
+) -> None:
+    def send_then_fail(state: State) -> State:
+        mail(state["to"])
+        raise RuntimeError("the node fails after enqueueing")
+
+    app = make_app()
+    app.workflow("fails", version="1")(graph(("fails", send_then_fail)))
+    run_id = app.submit("fails", job_id="f-1", input={"to": "cy@example.com"}).run_id
+    drain(app)
+    assert app.get_run(run_id).status == "failed"
+    assert app.effect_intents(run_id=run_id) == []
+    assert provider.deliveries == []
+
+
+def test_a_finished_run_says_which_effects_are_undelivered(
+    make_app: AppFactory, provider: HttpSink
+) -> None:
+    app = make_app()
+    app.workflow("fire", version="1")(graph(("enqueue", enqueue)))
+    run_id = app.submit("fire", job_id="u-1", input={"to": "di@example.com"}).run_id
+    provider.refuse(500)
+    drain(app)
+    summary = app.summary(run_id)
+    assert summary.status == "completed"
+    assert summary.undelivered == 1 and summary.intents == {"dead": 1}
+    assert "1 outbox effect(s) undelivered" in summary.outcome
+    assert "1 dead" in summary.why
+
+
+def test_a_replay_with_other_arguments_is_refused(make_app: AppFactory, provider: HttpSink) -> None:
+    """A step's intent committed; its step staged again (a replay) with another address is
+    NondeterminismError in the step's own transaction: nothing of the replay commits."""
+    app = make_app()
+    app.workflow("replay", version="1")(graph(("enqueue", enqueue)))
+    run_id = app.submit("replay", job_id="r-1", input={"to": "ed@example.com"}).run_id
+    drain(app)
+    (intent,) = app.effect_intents(run_id=run_id)
+    identity = mail.arguments.identity(("someone-else@example.com",), {})
+    replayed = effect_outbox._Intent(
+        {**_row(app, intent["intent_id"]), "args_hash": identity.digest}, identity
+    )
+    store = app.aio.store
+
+    async def replay() -> None:
+        async with store.transaction() as tx:
+            await replayed(store, tx)
+
+    with pytest.raises(keel.NondeterminismError, match=r"rt_mail.*changed: to"):
+        app.aio.portal.call(replay())
+    assert len(app.effect_intents(run_id=run_id)) == 1
+    assert len(provider.deliveries) == 1
+
+
+def _row(app: keel.App, intent_id: str) -> dict[str, Any]:
+    row = app.aio.portal.call(app.aio.store.get_effect_intent(intent_id))
+    assert row is not None
+    return dict(row)
+
+
+def test_await_effect_and_the_outbox_wait_refuse_what_they_cannot_take(
+    make_app: AppFactory, provider: HttpSink
+) -> None:
+    def bad(state: State) -> State:
+        return {"result": keel.await_effect("not-an-intent")}
+
+    app = make_app()
+    app.workflow("bad", version="1")(graph(("bad", bad)))
+    run_id = app.submit("bad", job_id="b-1", input={}).run_id
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "failed" and "intent id" in details.run["error"]
+    with pytest.raises(keel.KeelError, match="outbox effects"):
+        keel.effect("x", rate="1/s")
+    with pytest.raises(keel.KeelError, match="N/s"):
+        Rate.parse("fast")
+    assert Rate.parse("20/s") == Rate(20.0, 20.0)
+    assert Rate.parse("1/5s") == Rate(0.2, 1.0)
+    assert Rate.parse("600/m") == Rate(10.0, 10.0)
+    with pytest.raises(keel.KeelError, match="no outbox intent"):
+        app.aio.portal.call(retry_intent(app.aio.services, "outbox:nope:0"))

@@ -25,7 +25,8 @@ from typing import Any
 
 from keel.core.codec import dumps, loads
 from keel.core.effect_outbox import EFFECTS, IntentState, OutboxEffect, answer_waits
-from keel.core.errors import UsageError
+from keel.core.errors import IntentNotFound
+from keel.core.errors import IntentState as WrongState
 from keel.core.faults import fault_point
 from keel.core.runs import wake_after_wait
 from keel.core.services import Services
@@ -279,7 +280,7 @@ async def retry(services: Services, intent_id: str, *, by: str | None = None) ->
     async with store.transaction() as tx:
         row = await _locked(store, tx, intent_id)
         if row["status"] != IntentState.DEAD:
-            raise UsageError(
+            raise WrongState(
                 f"intent {intent_id} is {row['status']}: only a dead intent is retried "
                 "(an in-doubt one is resolved with --performed or --not-performed)"
             )
@@ -312,7 +313,7 @@ async def resolve(
                 if state == IntentState.DEAD
                 else ("only an in-doubt or dead intent takes an answer")
             )
-            raise UsageError(f"intent {intent_id} is {state}: {hint}")
+            raise WrongState(f"intent {intent_id} is {state}: {hint}")
         if performed:
             done = await store.resolve_effect_intent_performed(
                 tx, intent_id, state, _encoded(result)
@@ -328,7 +329,7 @@ async def resolve(
 async def _locked(store: Store, tx: Any, intent_id: str) -> Row:
     row = await store.lock_effect_intent(tx, intent_id)
     if row is None:
-        raise UsageError(f"no outbox intent {intent_id!r}")
+        raise IntentNotFound(f"no outbox intent {intent_id!r}")
     return row
 
 

@@ -16,7 +16,7 @@ from keel.core.effect_outbox import IntentState, public
 from keel.core.errors import UsageError
 from keel.runtime.runtime import Runtime
 from keel.runtime.summary import RunSummary, summarize
-from keel.runtime.worker import Worker, WorkerStats
+from keel.runtime.worker import Worker, WorkerStats, deliver_effects, new_worker_id
 
 
 class AsyncApp(Runtime):
@@ -53,6 +53,23 @@ class AsyncApp(Runtime):
     async def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return summarize(await self.get_run(run_id), await self.database_now())
+
+    async def run_dispatcher(self, *, handle_signals: bool = True) -> None:
+        """Deliver outbox effects (every worker does it too) until SIGTERM/SIGINT, executing
+        no run: `keel dispatcher APP`."""
+        await self.open()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        handled = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stopping.set)
+                handled.append(sig)
+        try:
+            await deliver_effects(self, new_worker_id(), stopping)
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
 
     def worker(
         self,

@@ -162,12 +162,14 @@ class Worker:
                         next_sweep = loop.time() + self.sweep_interval
                         await self._sweep()
                     claimed = await self._fill(executor)
+                    # Undelivered intents first: the delivery that queues a run awaiting it
+                    # commits with it, so a run the check below misses is not left queued.
                     idle = (
                         self.stop_when_idle
                         and not claimed
                         and not self._tasks
-                        and await rt.store.count_unfinished(rt.workflows.keys()) == 0
                         and not await effect_dispatch.due_soon(rt.services)
+                        and await rt.store.count_unfinished(rt.workflows.keys()) == 0
                     )
                     if idle:
                         # Deliver what the last runs announced (a wait's request) before

@@ -2,7 +2,7 @@
 artifacts -> announce once.
 
 ```
-prepare -> draft -> review --accepted--> approve --approved--> finalize -> notify -> announced -> END
+prepare -> draft -> review --accepted--> approve --approved--> finalize -> notify -> announced
              ^         |                     \\--rejected / timed out--> END
              \\-revise--/--max revisions reached--> END (max_revisions_exceeded)
 ```

@@ -16,6 +16,7 @@ PRUNED_TABLES = (
     "effects",
     "waits",
     "outbox",
+    "intents",
     "checkpoints",
     "checkpoint_writes",
     "checkpoint_blobs",

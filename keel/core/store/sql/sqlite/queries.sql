@@ -467,6 +467,10 @@ DELETE FROM keel_waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 -- name: prune_outbox
 DELETE FROM keel_outbox WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
+-- name: prune_intents
+-- Delivered outbox intents only: one still to deliver (or dead, in doubt) outlives its run.
+DELETE FROM keel_intents WHERE status = 'delivered' AND run_id IN (SELECT value FROM json_each(:run_ids));
+
 -- name: prune_checkpoints
 -- LangGraph's checkpoint tables: a run's id is its thread_id.
 DELETE FROM checkpoints WHERE thread_id IN (SELECT value FROM json_each(:run_ids));

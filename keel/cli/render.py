@@ -140,6 +140,7 @@ def details_json(details: RunDetails) -> dict[str, Any]:
         "timeline": [decoded(e) for e in details.timeline],
         "effects": [decoded(e) for e in details.effects],
         "waits": [decoded(w) for w in details.waits],
+        "intents": [decoded(i) for i in details.intents],
         "artifacts": [
             {"name": a.name, "size": a.size, "path": str(a.path)} for a in details.artifacts
         ],

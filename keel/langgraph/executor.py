@@ -171,6 +171,15 @@ class Executor:
                     f"{type(exc).__name__}: {exc}",
                 )
             interrupts, values = await _outcome(graph, config, output)
+            if ctx.staged:
+                # The graph ended, yet a task's intents found no write to commit with.
+                log.warning(
+                    "run %s: outbox intents of tasks %s were not recorded: their steps wrote "
+                    "nothing durable (durability=%r, or a node that returned no update)",
+                    lease.run_id,
+                    ", ".join(ctx.staged),
+                    workflow.durability,
+                )
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
                 return await waits.register(ctx, interrupts)

@@ -41,6 +41,8 @@ def test_a_dead_letter_is_listed_retried_by_command_and_delivered_once(
     (dead,) = app.effect_intents(state="dead")
     assert dead["attempts"] == 3 and "gave up after 3 attempts" in dead["error"]
     assert app.get_run(run_id).status == "waiting"  # the run awaits it: a person decides
+    counted = {(r["effect"], r["status"]): r["n"] for r in app.metrics_snapshot()["intents"]}
+    assert counted == {("rt_mail", "dead"): 1}  # keel_effect_intents{state="dead"} on /metrics
     runner = CliRunner()
     listed = runner.invoke(cli, ["effects", "list", "--state", "dead", "--json", "--db", db_url])
     assert listed.exit_code == 0, listed.output

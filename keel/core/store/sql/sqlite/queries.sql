@@ -426,6 +426,11 @@ WHERE status = 'pending' GROUP BY kind;
 -- Notifications per state and when the oldest of each state was recorded.
 SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_outbox GROUP BY status;
 
+-- name: metrics_intents
+-- Outbox effect intents per effect and state, and when the oldest of each was recorded.
+SELECT effect, status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_intents
+GROUP BY effect, status;
+
 -- name: metrics_overdue
 -- The oldest thing the sweeper should already have handled: a passed deadline or stage of an
 -- open wait, or an expired lease of a running run.

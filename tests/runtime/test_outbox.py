@@ -58,6 +58,8 @@ def test_a_dead_letter_is_listed_retried_by_command_and_delivered_once(
     kinds = [e["kind"] for e in details.timeline]
     assert kinds.index("outbox.dead") < kinds.index("outbox.retried")
     assert kinds.index("outbox.retried") < kinds.index("outbox.delivered")
+    shown = runner.invoke(cli, ["runs", "show", run_id, "--db", db_url])
+    assert shown.exit_code == 0 and dead["intent_id"] in shown.output, shown.output
     again = runner.invoke(cli, ["effects", "retry", dead["intent_id"], "--db", db_url])
     assert again.exit_code == 1 and "only a dead intent" in again.output
 

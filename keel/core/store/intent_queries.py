@@ -116,8 +116,9 @@ class IntentQueries:
         # A clock that went back (a test clock, a failover) refills nothing rather than draining.
         elapsed = max(0.0, now - float(row["updated_at"]))
         tokens = min(burst, float(row["tokens"]) + elapsed * per_second)
-        if tokens >= 1.0:
-            await tx.execute("bucket_set", {"effect": effect, "tokens": tokens - 1.0, "at": now})
+        if tokens >= 1.0 - 1e-6:  # epoch seconds in a double: a refill lands a hair short
+            taken = max(0.0, tokens - 1.0)
+            await tx.execute("bucket_set", {"effect": effect, "tokens": taken, "at": now})
             return 0.0
         await tx.execute("bucket_set", {"effect": effect, "tokens": tokens, "at": now})
         return (1.0 - tokens) / per_second

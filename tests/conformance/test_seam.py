@@ -64,9 +64,9 @@ def test_postgres_checkpoint_writes_roll_back_with_the_fenced_transaction(
 
     @asynccontextmanager
     async def fails_before_commit(
-        config: RunnableConfig, step: dict[str, Any] | None = None
+        config: RunnableConfig, step: dict[str, Any] | None = None, staged: Any = ()
     ) -> AsyncIterator[Any]:
-        async with fenced_write(config, step) as tx:
+        async with fenced_write(config, step, staged) as tx:
             yield tx
             raise RuntimeError("after the upstream write, before the commit")
 

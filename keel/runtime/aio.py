@@ -10,6 +10,8 @@ import asyncio
 import signal
 import threading
 
+from keel.runtime import replay
+from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
 from keel.runtime.summary import RunSummary, summarize
 from keel.runtime.worker import Worker, WorkerStats
@@ -19,6 +21,12 @@ class AsyncApp(Runtime):
     async def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return summarize(await self.get_run(run_id), await self.database_now())
+
+    async def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
+        """Re-execute the run's graph in a throwaway copy, effects served from its ledger and
+        approvals answered as recorded; report the first step that diverged
+        (keel.runtime.replay). Nothing of the run is written, no effect is performed."""
+        return await replay.replay(self, run_id, from_step)
 
     def worker(
         self,

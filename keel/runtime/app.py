@@ -24,6 +24,7 @@ from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
+from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
 from keel.runtime.summary import RunSummary
 from keel.runtime.worker import WorkerStats
@@ -173,6 +174,11 @@ class App:
     def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return self._portal.call(self.aio.summary(run_id))
+
+    def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
+        """Re-execute the run's graph in a throwaway copy (effects from its ledger, approvals as
+        recorded) and report the first step that diverged (keel.runtime.replay)."""
+        return self._portal.call(self.aio.replay(run_id, from_step))
 
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""

@@ -199,3 +199,63 @@ def charge_effect(
         provider_idempotent=provider_idempotent,
         retry=retry,
     )(charge)
+
+
+# -- approve, then charge at an HTTP provider: the graph changed after its run (replay) -------
+
+
+class ChargeState(TypedDict, total=False):
+    order: str
+    amount: int
+    log: Annotated[list[str], operator.add]
+
+
+def http_charge(url: str, name: str = "charge") -> Effect[..., Any]:
+    """An effect that POSTs a charge to `url` (a keel.testing HttpSink) under Keel's key."""
+
+    def charge(order: str, amount: int, *, idempotency_key: str) -> Any:
+        import httpx
+
+        answer = httpx.post(
+            f"{url}/charges",
+            json={"order": order, "amount": amount},
+            headers={"Idempotency-Key": idempotency_key},
+            timeout=10,
+        )
+        return answer.json()
+
+    return keel.effect(name)(charge)
+
+
+def charge_graph(
+    charge: Effect[..., Any],
+    *,
+    node: str = "charge",
+    amount: Callable[[int], int] = lambda a: a,
+    then: Effect[..., Any] | None = None,
+) -> StateGraph:
+    """review (approval) -> `node` (charges `amount(state.amount)`, then calls `then`) -> END.
+
+    The keywords are the changes a replay must find: `node` renames the route, `amount`
+    changes an effect's arguments, `then` adds an effect the recorded run never called."""
+
+    def review(state: ChargeState) -> dict[str, Any]:
+        decision = keel.approval("manager", payload={"order": state["order"]}, timeout="1h")
+        return {"log": [decision.decision]}
+
+    def pay(state: ChargeState) -> dict[str, Any]:
+        charge(state["order"], amount(state["amount"]))
+        if then is not None:
+            then(state["order"], state["amount"])
+        return {"log": ["charged"]}
+
+    def route(state: ChargeState) -> str:
+        return node if state["log"][-1] == "approved" else END
+
+    g = StateGraph(ChargeState)
+    g.add_node("review", review)
+    g.add_node(node, pay)
+    g.add_edge(START, "review")
+    g.add_conditional_edges("review", route, [node, END])
+    g.add_edge(node, END)
+    return g

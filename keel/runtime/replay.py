@@ -287,6 +287,17 @@ def _compare(
                     detail=f"node {node!r} wrote other values",
                 )
             )
+    for path, error in recorded.errors.items():
+        if path in replayed.tasks and path not in replayed.errors:
+            found.append(
+                Difference(
+                    what="error",
+                    node=replayed.tasks[path][0],
+                    recorded=error,
+                    replayed=None,
+                    detail="the recorded node raised, the replayed one did not",
+                )
+            )
     for path, error in replayed.errors.items():
         # A replay stopped in this step raised its own stop inside the node: not the node's.
         if not stopped and recorded.errors.get(path) != error:
@@ -414,7 +425,10 @@ def _judge(
         if found:
             report.diverged = True
             report.step = number
-            report.nodes = list(step.ran) or sorted({name for name, _ in step.tasks.values()})
+            report.nodes = list(step.ran) or sorted(
+                {name for name, _ in step.tasks.values()}
+                | {path.rsplit("/", 1)[-1] for path in step.errors}
+            )
             report.differences = found
             return
         if stopped:
@@ -436,4 +450,5 @@ def _judge(
 
 def _last(steps: dict[int, _Step]) -> int:
     """The last step that shows anything: finished tasks, a wait or a route."""
-    return max(n for n, s in steps.items() if s.tasks or s.interrupts or s.route is not None)
+    shown = [n for n, s in steps.items() if s.tasks or s.interrupts or s.errors or s.route]
+    return max(shown or [n for n, s in steps.items() if s.route is not None] or [min(steps)])

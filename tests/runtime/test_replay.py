@@ -14,7 +14,8 @@ import pytest
 import keel
 from keel.core.errors import UsageError
 from keel.testing.http import HttpSink
-from tests.support.graphs import charge_graph, http_charge
+from tests.support.graphs import async_double, charge_graph, double_then_check_graph, http_charge
+from tests.support.providers import Provider
 from tests.support.workers import drain
 
 ORDER = {"order": "o-1", "amount": 40, "log": []}
@@ -149,3 +150,28 @@ def test_a_waiting_run_replays_up_to_its_pending_wait(
     assert report.note and "waiting on" in report.note
     assert recorded(app, run_id) == before
     assert sink.requests == []
+
+
+def test_a_failed_run_replays_its_failure_and_a_fix_is_named(
+    make_app: Callable[..., keel.App],
+) -> None:
+    provider = Provider()
+    app = make_app()
+    double = async_double(provider)
+    app.workflow("grow")(lambda: double_then_check_graph(double, fail=True))
+    run_id = app.submit("grow", job_id="g-1", input={"n": 3}).run_id
+    drain(app)
+    assert app.get_run(run_id).status == "failed"
+    assert len(provider.calls) == 1
+    # The same graph fails the same way at the same step: no divergence. The async effect
+    # awaited by the async node is served from the ledger.
+    same = app.replay(run_id)
+    assert not same.diverged, same.model_dump()
+    assert (same.effects_served, same.last_step) == (1, 2)
+    fixed = make_app()
+    fixed.workflow("grow")(lambda: double_then_check_graph(double, fail=False))
+    report = fixed.replay(run_id)
+    assert (report.diverged, report.step, report.nodes) == (True, 2, ["check"])
+    (error,) = report.differences
+    assert error.what == "error" and "too big" in error.recorded and error.replayed is None
+    assert len(provider.calls) == 1, "the replay performed the effect"

@@ -259,3 +259,35 @@ def charge_graph(
     g.add_conditional_edges("review", route, [node, END])
     g.add_edge(node, END)
     return g
+
+
+class CountState(TypedDict, total=False):
+    n: int
+
+
+def double_then_check_graph(double: Effect[..., Any], *, fail: bool) -> StateGraph:
+    """An async node awaiting an async effect (`double`), then a node that raises if `fail`."""
+
+    async def grow(state: CountState) -> dict[str, Any]:
+        return {"n": await double(state["n"])}
+
+    def check(state: CountState) -> dict[str, Any]:
+        if fail:
+            raise ValueError(f"n={state['n']} is too big")
+        return {"n": state["n"] + 1}
+
+    g = StateGraph(CountState)
+    g.add_node("grow", grow)
+    g.add_node("check", check)
+    g.add_edge(START, "grow")
+    g.add_edge("grow", "check")
+    g.add_edge("check", END)
+    return g
+
+
+def async_double(provider: Provider) -> Effect[..., Any]:
+    async def double(n: int, *, idempotency_key: str) -> int:
+        provider.calls.append(idempotency_key)
+        return 2 * n
+
+    return keel.effect("double")(double)

@@ -18,7 +18,7 @@ class Replaying(Protocol):
     """What serves a replayed run's effects from its recorded ledger (keel.runtime.replay)."""
 
     def effect(
-        self, name: str, key: str, legacy_key: str, where: StepRef, identity: Identity
+        self, name: str, key: str, legacy_key: str, where: StepRef, index: int, identity: Identity
     ) -> Any:
         """The recorded result of this call; raises to stop the replay where it diverged."""
         ...

@@ -178,7 +178,7 @@ class Effect(Generic[P, R]):
         )
         if ctx.replay is not None:
             # A replay performs nothing and writes nothing: the recorded ledger answers.
-            served = ctx.replay.effect(self.name, call.key, call.legacy_key, where, identity)
+            served = ctx.replay.effect(self.name, call.key, call.legacy_key, where, index, identity)
             if self.is_async and ctx.services.portal.on_loop():
                 return cast(R, _ready(served))
             return cast(R, served)

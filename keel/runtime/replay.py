@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -28,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from keel.core.codec import loads
 from keel.core.context import RunContext, enter, leave
-from keel.core.effect_keys import Identity
+from keel.core.effect_keys import Identity, effect_key
 from keel.core.errors import KeelError, RunNotFound, UsageError
 from keel.core.ids import StepRef, validate_run_id
 from keel.core.ledger import SETTLED, changed_arguments, recorded_result
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 
 What = Literal[
     "effect_key", "effect_arguments", "effect_unsettled", "effect_missing", "approval", "writes",
-    "route", "error",
+    "tasks", "route", "error",
 ]  # fmt: skip
 
 
@@ -91,39 +93,55 @@ class _Step:
     errors: dict[str, str]
     interrupts: dict[str, list[str]]
     """Task path -> the ids of the interrupts it paused on, in order."""
+    ids: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Task path -> task id, of every task of the step."""
 
 
 class _Stop(KeelError):
     """Ends a replay inside a node: it cannot go on like the recorded run (or need not)."""
 
-    def __init__(self, where: StepRef, difference: Difference | None, note: str = "") -> None:
+    def __init__(self, step: int, difference: Difference | None, note: str = "") -> None:
         super().__init__(note or (difference.detail if difference else "replay stopped"))
-        self.where, self.difference, self.note = where, difference, note
+        self.step, self.difference, self.note = step, difference, note
 
 
 class _Answers:
     """The replay's effects and approvals, answered from what the run recorded."""
 
-    def __init__(self, effects: list[Row], waits: list[Row], recorded: dict[int, _Step]) -> None:
+    def __init__(
+        self,
+        effects: list[Row],
+        waits: list[Row],
+        recorded: dict[int, _Step],
+        root_step: Callable[[], int],
+        root_tasks: Callable[[], dict[str, str]],
+    ) -> None:
         self.effects = {str(e["idempotency_key"]): e for e in effects}
         self.waits = {str(w["interrupt_id"]): w for w in waits}
         self.recorded = recorded
-        self.calls: list[tuple[StepRef, str]] = []
+        self.root_step = root_step
+        """The root graph's step running now (a subgraph's StepRef counts its own steps)."""
+        self.root_tasks = root_tasks
+        """Task path -> task id of the root graph's tasks running now."""
+        self.calls: list[str] = []
+        self.answered: set[str] = set()
         self.approvals = 0
         self.ctx: RunContext | None = None
         self.stop: _Stop | None = None
         """The first stop, kept here too: a node that catches every exception cannot hide it."""
 
     def _stop(self, where: StepRef, difference: Difference | None, note: str = "") -> _Stop:
-        stop = _Stop(where, difference, note)
+        stop = _Stop(where.step if not where.namespace else self.root_step(), difference, note)
         self.stop = self.stop or stop
         return stop
 
     def effect(
-        self, name: str, key: str, legacy_key: str, where: StepRef, identity: Identity
+        self, name: str, key: str, legacy_key: str, where: StepRef, index: int, identity: Identity
     ) -> Any:
         legacy = self.effects.get(legacy_key)
         row = legacy if legacy is not None and legacy["arg_hashes"] is None else None
+        if row is None and where.namespace and key not in self.effects:
+            key = effect_key(self._as_recorded(where), name, index)
         row = row or self.effects.get(key)
         if row is None:
             raise self._stop(
@@ -136,7 +154,7 @@ class _Answers:
                     "(not performed)",
                 ),
             )
-        self.calls.append((where, str(row["idempotency_key"])))
+        self.calls.append(str(row["idempotency_key"]))
         changed = changed_arguments(row, identity)
         if changed:
             raise self._stop(
@@ -162,24 +180,31 @@ class _Answers:
             )
         return recorded_result(row)
 
+    def _as_recorded(self, where: StepRef) -> StepRef:
+        """A call inside a subgraph as the recorded run made it: its key holds the id of the
+        root task that runs the subgraph, made from the id of the checkpoint before it, and
+        the replay's checkpoints have new ids. The recorded task at the same path has the
+        recorded id. (Deeper subgraphs' own task ids are not mapped.)"""
+        step = self.recorded.get(self.root_step())
+        recorded = step.ids if step else {}
+        ids = {i: recorded[path] for path, i in self.root_tasks().items() if path in recorded}
+        head, sep, rest = where.namespace.partition("|")
+        node, colon, task = head.partition(":")
+        return dataclasses.replace(
+            where, namespace=f"{node}{colon}{ids.get(task, task)}{sep}{rest}"
+        )
+
     def pause(self, spec: Any) -> Any:
         """A wait in the replay: answered with the recorded decision of the same wait."""
         assert self.ctx is not None
         where = locate()
-        index = self.ctx.calls.next(where, "\0wait")
-        step = self.recorded.get(where.step)
-        ids = [
-            i
-            for i in (step.interrupts.get(where.path, []) if step else [])
-            if i not in self.waits or self.waits[i]["kind"] != WaitKind.EFFECT
-        ]
-        wait = self.waits.get(ids[index]) if index < len(ids) else None
+        name = spec.get("keel_wait", {}).get("name") if isinstance(spec, dict) else None
+        wait = self._recorded_wait(where, name)
         if wait is not None and wait["status"] == WaitStatus.PENDING:
             raise self._stop(
                 where, None, f"reached the wait {wait['wait_id']} the run is waiting on"
             )
         if wait is None:
-            name = spec.get("keel_wait", {}).get("name") if isinstance(spec, dict) else None
             raise self._stop(
                 where,
                 Difference(
@@ -189,8 +214,32 @@ class _Answers:
                     detail=f"a wait {name!r} the run never had at this place",
                 ),
             )
+        self.answered.add(str(wait["interrupt_id"]))
         self.approvals += 1
         return loads(wait["value"])
+
+    def _recorded_wait(self, where: StepRef, name: str | None) -> Row | None:
+        """The recorded wait at this pause's place: the same task's n-th wait; inside a
+        subgraph (whose task paths the root checkpoints do not show), the first not yet
+        answered wait of the same name in the same root step."""
+        assert self.ctx is not None
+        if not where.namespace:
+            step = self.recorded.get(where.step)
+            ids = [i for i in (step.interrupts.get(where.path, []) if step else [])]
+            ids = [
+                i for i in ids if i not in self.waits or self.waits[i]["kind"] != WaitKind.EFFECT
+            ]
+            index = self.ctx.calls.next(where, "\0wait")
+            return self.waits.get(ids[index]) if index < len(ids) else None
+        step = self.recorded.get(self.root_step())
+        for ids in step.interrupts.values() if step else []:
+            for i in ids:
+                wait = self.waits.get(i)
+                if wait is None or i in self.answered or wait["kind"] == WaitKind.EFFECT:
+                    continue
+                if wait["name"] == name:
+                    return wait
+        return None
 
 
 def _ran(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, ...]:
@@ -224,7 +273,7 @@ async def _steps(
         if after is not None:
             after_next = by_checkpoint.get(number + 2)
             if own_graph:
-                route = tuple(sorted(after.next))
+                route = tuple(sorted(set(after.next)))  # a fan-out's width: `tasks`
             elif after_next is not None:
                 route = _ran(raw[_id(after)], raw[_id(after_next)])
             elif not after.next and not after.tasks:
@@ -238,6 +287,7 @@ async def _steps(
             },
             route=route,
             errors={"/".join(map(str, t.path)): str(t.error) for t in snap.tasks if t.error},
+            ids={"/".join(map(str, t.path)): str(t.id) for t in snap.tasks},
             interrupts={
                 "/".join(map(str, t.path)): [i.id for i in t.interrupts]
                 for t in snap.tasks
@@ -252,7 +302,7 @@ def _id(snapshot: Any) -> str:
 
 
 def _compare(
-    number: int, recorded: _Step, replayed: _Step | None, calls: list[tuple[StepRef, str]],
+    number: int, recorded: _Step, replayed: _Step | None, calls: list[str],
     effects: list[Row], stopped: bool,
 ) -> list[Difference]:  # fmt: skip
     if replayed is None:
@@ -261,7 +311,7 @@ def _compare(
     nodes = set(recorded.ran) or {name for name, _ in recorded.tasks.values()}
     if replayed.route is not None:
         # A recorded key of this step that the finished replayed step never called.
-        called = {key for where, key in calls if where.step == number}
+        called = set(calls)
         for row in effects:
             if (
                 row["step"] == number
@@ -308,6 +358,19 @@ def _compare(
                     recorded=recorded.errors.get(path),
                     replayed=error,
                     detail="the replayed node raised",
+                )
+            )
+    if None not in (recorded.route, replayed.route):
+        ran = Counter(name for name, _ in recorded.tasks.values())
+        again = Counter(name for name, _ in replayed.tasks.values())
+        if ran != again:
+            found.append(
+                Difference(
+                    what="tasks",
+                    node=", ".join(sorted(set(ran) | set(again))) or None,
+                    recorded=dict(sorted(ran.items())),
+                    replayed=dict(sorted(again.items())),
+                    detail="other tasks ran in this step (a fan-out of another width?)",
                 )
             )
     if None not in (recorded.route, replayed.route) and recorded.route != replayed.route:
@@ -366,7 +429,18 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         seed.checkpoint["channel_versions"],
     )
     effects = await rt.store.effects(run_id)
-    answers = _Answers(effects, await rt.store.waits(run_id), recorded)
+    thread = cast(RunnableConfig, {"configurable": {"thread_id": run_id, "checkpoint_ns": ""}})
+    graph = compile_graph(workflow, memory)
+
+    def root_step() -> int:
+        latest = memory.get_tuple(thread)
+        return int(latest.metadata.get("step", -1)) + 1 if latest is not None else start
+
+    def root_tasks() -> dict[str, str]:
+        state = graph.get_state(thread)
+        return {"/".join(map(str, t.path)): str(t.id) for t in state.tasks}
+
+    answers = _Answers(effects, await rt.store.waits(run_id), recorded, root_step, root_tasks)
     folder = Path(tempfile.mkdtemp(prefix="keel-replay-"))
     ctx = RunContext(
         run_id=run_id,
@@ -380,7 +454,6 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         replay=answers,
     )
     answers.ctx = ctx
-    graph = compile_graph(workflow, memory)
     config = {"configurable": {"thread_id": run_id}, "recursion_limit": workflow.recursion_limit}
     crash: Exception | None = None
     entered = enter(ctx)
@@ -410,14 +483,14 @@ def _judge(
     last_recorded = _last(recorded)
     end = max([*replayed, start])
     if stop is not None:
-        end = max(end, stop.where.step)
+        end = max(end, stop.step)
     if end > last_recorded and not finished:
         report.note = (
             f"the run is {run['status']}: compared up to its last recorded step {last_recorded}"
         )
     for number in range(start, min(end, last_recorded) + 1):
         step = recorded.get(number, _Step((), {}, None, {}, {}))
-        stopped = stop is not None and stop.where.step == number
+        stopped = stop is not None and stop.step == number
         found = _compare(number, step, replayed.get(number), answers.calls, effects, stopped)
         if stop is not None and stopped and stop.difference is not None:
             found.insert(0, stop.difference)

@@ -14,7 +14,16 @@ import pytest
 import keel
 from keel.core.errors import UsageError
 from keel.testing.http import HttpSink
-from tests.support.graphs import async_double, charge_graph, double_then_check_graph, http_charge
+from tests.support.graphs import (
+    async_double,
+    charge_graph,
+    double_then_check_graph,
+    fanout_graph,
+    http_charge,
+    loop_graph,
+    notify_effect,
+    subgraph_approval_graph,
+)
 from tests.support.providers import Provider
 from tests.support.workers import drain
 
@@ -175,3 +184,41 @@ def test_a_failed_run_replays_its_failure_and_a_fix_is_named(
     (error,) = report.differences
     assert error.what == "error" and "too big" in error.recorded and error.replayed is None
     assert len(provider.calls) == 1, "the replay performed the effect"
+
+
+SHAPES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
+    # Each round calls the same effect and waits: one key and one approval per round.
+    "loop": (loop_graph, {"rounds": 3, "revision": 0}),
+    # Parallel Sends with the same arguments, each waiting for its own approval.
+    "fan-out": (lambda n: fanout_graph(n, wait=True), {"copies": 3, "to": "a@x"}),
+    # An approval inside a subgraph, between two effects.
+    "subgraph": (subgraph_approval_graph, {"to": "a@x"}),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_loops_fan_out_and_subgraphs_replay_with_no_divergence(
+    make_app: Callable[..., keel.App], shape: str
+) -> None:
+    build, data = SHAPES[shape]
+    provider = Provider()
+    app = make_app()
+    notify = notify_effect(provider)
+    app.workflow(shape)(lambda: build(notify))
+    run_id = app.submit(shape, job_id=f"{shape}-1", input=data).run_id
+    drain(app)
+    decided = 0
+    while app.get_run(run_id).status == "waiting":
+        for wait in app.get_run(run_id).waits:
+            if wait["status"] == "pending":
+                app.approve(run_id, by="alice", wait_id=wait["wait_id"])
+                decided += 1
+        drain(app)
+    done = app.get_run(run_id)
+    assert done.status == "completed" and decided == len(done.waits) >= 1
+    sent = len(provider.deliveries)
+    report = app.replay(run_id)
+    assert not report.diverged, report.model_dump()
+    assert report.approvals_answered == decided
+    assert report.effects_served == len(done.effects)
+    assert len(provider.deliveries) == sent, "the replay performed an effect"

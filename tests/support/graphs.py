@@ -291,3 +291,28 @@ def async_double(provider: Provider) -> Effect[..., Any]:
         return 2 * n
 
     return keel.effect("double")(double)
+
+
+class SubIn(TypedDict, total=False):
+    to: str
+    results: Annotated[list[Any], operator.add]
+
+
+def subgraph_approval_graph(notify: Effect[..., Any]) -> StateGraph:
+    """A subgraph node that notifies, waits for a manager, then notifies again."""
+
+    def inner(state: SubIn) -> dict[str, Any]:
+        before = notify(state["to"])
+        decision = keel.approval("manager", payload={"to": state["to"]}, timeout="1h")
+        after = notify(state["to"] + ".done")
+        return {"results": [before["id"], decision.decision, after["id"]]}
+
+    sub = StateGraph(SubIn)
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+    g = StateGraph(SubIn)
+    g.add_node("sub", sub.compile())
+    g.add_edge(START, "sub")
+    g.add_edge("sub", END)
+    return g

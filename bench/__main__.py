@@ -20,7 +20,7 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 
 CASES = (
     "floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "console",
-    "prune",
+    "prune", "retention",
 )  # fmt: skip
 
 
@@ -32,6 +32,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_floor,
         case_memory,
         case_prune,
+        case_retention,
         case_state,
         case_step,
         case_takeover,
@@ -47,6 +48,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "state": lambda s, d, f: case_state.run(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
         "prune": lambda s, d, f: case_prune.run(s, d),
+        "retention": lambda s, d, f: case_retention.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
     }
     return table[case]

@@ -37,8 +37,12 @@ class AsyncApp(Runtime):
         worker_id: str | None = None,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> Worker:
         """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains).
+
+        With `prune_older_than` it prunes finished runs older than that at its start and then
+        every `prune_every` (a duration: `1h`, `15m`, seconds).
 
         Its run() raises ClockSkew if this host's clock is more than `max_clock_skew` seconds
         (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
@@ -50,6 +54,7 @@ class AsyncApp(Runtime):
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_interval=prune_every,
         )
 
     async def run_worker(
@@ -62,6 +67,7 @@ class AsyncApp(Runtime):
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -74,6 +80,7 @@ class AsyncApp(Runtime):
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_every=prune_every,
         )
         loop = asyncio.get_running_loop()
         # Only the main thread may take signals; elsewhere the caller stops the worker.

@@ -295,6 +295,7 @@ class App:
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -307,6 +308,7 @@ class App:
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_every=prune_every,
         )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():

@@ -123,15 +123,12 @@ class _Answers:
                 ),
             )
         if row["status"] not in SETTLED:
+            # Not a change of the graph: the run itself never learnt what happened here.
             raise self._stop(
                 where,
-                Difference(
-                    what="effect_unsettled",
-                    node=where.node,
-                    recorded={"effect": name, "key": key, "status": row["status"]},
-                    detail=f"effect {name!r} is {row['status']} in the ledger: the run never "
-                    "learnt its result, so the replay cannot go past it",
-                ),
+                None,
+                f"stopped at effect {name!r} ({key}): it is {row['status']} in the ledger, "
+                "the run never learnt its result",
             )
         return recorded_result(row)
 

@@ -17,7 +17,7 @@ from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
 
 What = Literal[
-    "effect_key", "effect_arguments", "effect_unsettled", "effect_missing", "approval", "writes",
+    "effect_key", "effect_arguments", "effect_missing", "approval", "writes",
     "tasks", "route", "error",
 ]  # fmt: skip
 

@@ -24,6 +24,7 @@ from tests.support.graphs import (
     notify_effect,
     subgraph_approval_graph,
 )
+from tests.support.in_doubt import in_doubt
 from tests.support.providers import Provider
 from tests.support.workers import drain
 
@@ -222,3 +223,18 @@ def test_loops_fan_out_and_subgraphs_replay_with_no_divergence(
     assert report.approvals_answered == decided
     assert report.effects_served == len(done.effects)
     assert len(provider.deliveries) == sent, "the replay performed an effect"
+
+
+def test_an_in_doubt_effect_ends_the_replay_there_unperformed(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """A key the ledger holds as in doubt has no result to serve: the replay stops at it and
+    says so (not a divergence: the graph did not change), and calls nothing."""
+    provider = Provider()
+    app, run_id = in_doubt(make_app, provider, delivered=False)
+    calls, before = list(provider.calls), recorded(app, run_id)
+    report = app.replay(run_id)
+    assert not report.diverged, report.model_dump()
+    assert report.note and "in_doubt in the ledger" in report.note
+    assert provider.calls == calls, "the replay called the provider"
+    assert recorded(app, run_id) == before

@@ -31,12 +31,12 @@ def sink() -> Iterator[HttpSink]:
         yield server
 
 
-def replay(db_url: str, sink: HttpSink, *args: str, change: str = "") -> Result:
+def replay(db_url: str, sink: HttpSink, *args: str, change: str = "", app: str = APP) -> Result:
     env = {k: None for k in os.environ if k.startswith(("KEEL_", "REPLAY_"))}
     env.update(
         KEEL_DATABASE_URL=db_url, REPLAY_SINK_URL=sink.url, REPLAY_CHANGE=change, COLUMNS="200"
     )
-    result = CliRunner().invoke(cli, ["runs", "replay", *args, "--app", APP], env=env)
+    result = CliRunner().invoke(cli, ["runs", "replay", *args, "--app", app], env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
@@ -83,6 +83,9 @@ def test_runs_replay_reports_no_divergence_then_a_renamed_route(
     missing = replay(db_url, sink, run_id, "--from", "9")
     assert missing.exit_code == 2
     assert "has no step 9" in missing.stderr
+    # An app that does not register the run's workflow version cannot replay it: exit 2.
+    other = replay(db_url, sink, run_id, app="tests.support.apps.cli:fresh_app")
+    assert other.exit_code == 2 and "no workflow 'charge@1'" in other.stderr
     assert len(sink.requests) == 1, "a replay reached the provider"
 
 

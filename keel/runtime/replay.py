@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 from keel.core.codec import loads
 from keel.core.context import RunContext, enter, leave
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from keel.runtime.runtime import Runtime
 
 __all__ = ["Difference", "ReplayReport", "replay"]
+MAX_RESUMES = 10_000
 
 
 class _Stop(KeelError):
@@ -80,7 +82,7 @@ class _Answers:
         """Task path -> task id of the root graph's tasks running now."""
         self.calls: list[str] = []
         self.answered: set[str] = set()
-        self.approvals = 0
+        """The recorded waits the replay got its answers from (by interrupt id)."""
         self.ctx: RunContext | None = None
         self.stop: Halt | None = None
         """The first stop, kept here too: a node that catches every exception cannot hide it."""
@@ -167,7 +169,6 @@ class _Answers:
                 ),
             )
         self.answered.add(str(wait["interrupt_id"]))
-        self.approvals += 1
         return loads(wait["value"])
 
     def _recorded_wait(self, where: StepRef, name: str | None) -> Row | None:
@@ -178,20 +179,57 @@ class _Answers:
         if not where.namespace:
             step = self.recorded.get(where.step)
             ids = [i for i in (step.interrupts.get(where.path, []) if step else [])]
-            ids = [
-                i for i in ids if i not in self.waits or self.waits[i]["kind"] != WaitKind.EFFECT
-            ]
+            ids = [i for i in ids if self._kind(i) in (WaitKind.APPROVAL, None)]
             index = self.ctx.calls.next(where, "\0wait")
             return self.waits.get(ids[index]) if index < len(ids) else None
         step = self.recorded.get(self.root_step())
         for ids in step.interrupts.values() if step else []:
             for i in ids:
                 wait = self.waits.get(i)
-                if wait is None or i in self.answered or wait["kind"] == WaitKind.EFFECT:
+                if wait is None or i in self.answered or wait["kind"] != WaitKind.APPROVAL:
                     continue
                 if wait["name"] == name:
                     return wait
         return None
+
+    def _kind(self, interrupt_id: str) -> str | None:
+        wait = self.waits.get(interrupt_id)
+        return None if wait is None else str(wait["kind"])
+
+    def plain(self, state: Any) -> dict[str, Any] | None:
+        """LangGraph's resume map for the plain `interrupt()`s the replay paused on, from the
+        recorded waits of the same tasks; None (and a stop) where the run has no answer."""
+        number = int(state.metadata.get("step", -1)) + 1
+        step = self.recorded.get(number)
+        resume: dict[str, Any] = {}
+        for task in state.tasks:
+            path = "/".join(map(str, task.path))
+            ids = [
+                i
+                for i in (step.interrupts.get(path, []) if step else [])
+                if self._kind(i) == WaitKind.INTERRUPT
+            ]
+            for n, pending in enumerate(task.interrupts):
+                wait = self.waits.get(ids[n]) if n < len(ids) else None
+                if wait is None or wait["status"] == WaitStatus.PENDING:
+                    self.stop = self.stop or Halt(
+                        number,
+                        None
+                        if wait is not None
+                        else Difference(
+                            what="approval",
+                            node=task.name,
+                            replayed={"interrupt": pending.value},
+                            detail="a plain interrupt() the run never had at this place",
+                        ),
+                        f"reached the wait {wait['wait_id']} the run is waiting on"
+                        if wait is not None
+                        else "",
+                    )
+                    return None
+                resume[pending.id] = loads(wait["value"])
+                self.answered.add(ids[n])
+        return resume
 
 
 async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> ReplayReport:
@@ -266,7 +304,15 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
     crash: Exception | None = None
     entered = enter(ctx)
     try:
-        await graph.ainvoke(None, config)
+        command: Any = None
+        # A plain interrupt() really pauses the replayed graph: resumed as the run was.
+        for _ in range(MAX_RESUMES):
+            await graph.ainvoke(command, config)
+            paused = await graph.aget_state(config)
+            resume = answers.plain(paused) if paused.interrupts else None
+            if resume is None:
+                break
+            command = Command(resume=resume)
     except _Stop:
         pass  # kept by `answers`
     except Exception as exc:
@@ -276,6 +322,6 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         shutil.rmtree(folder, ignore_errors=True)
     _, replayed = await read_steps(graph, memory, run_id, own_graph=True)
     report.effects_served = len(answers.calls)
-    report.approvals_answered = answers.approvals
+    report.approvals_answered = len(answers.answered)
     judge(report, run, recorded, replayed, answers.stop, answers.calls, effects, start, crash)
     return report

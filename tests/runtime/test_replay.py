@@ -22,6 +22,7 @@ from tests.support.graphs import (
     http_charge,
     loop_graph,
     notify_effect,
+    plain_interrupt_graph,
     subgraph_approval_graph,
 )
 from tests.support.in_doubt import in_doubt
@@ -194,6 +195,8 @@ SHAPES: dict[str, tuple[Callable[[Any], Any], dict[str, Any]]] = {
     "fan-out": (lambda n: fanout_graph(n, wait=True), {"copies": 3, "to": "a@x"}),
     # An approval inside a subgraph, between two effects.
     "subgraph": (subgraph_approval_graph, {"to": "a@x"}),
+    # LangGraph's own interrupt() (a plain wait): it really pauses the replay, resumed as recorded.
+    "plain-interrupt": (plain_interrupt_graph, {"to": "a@x", "log": []}),
 }
 
 
@@ -223,6 +226,8 @@ def test_loops_fan_out_and_subgraphs_replay_with_no_divergence(
     assert report.approvals_answered == decided
     assert report.effects_served == len(done.effects)
     assert len(provider.deliveries) == sent, "the replay performed an effect"
+    # Replayed to the end: the last step is the one of the last effect, the graph's last node.
+    assert report.last_step == max(e["step"] for e in done.effects)
 
 
 def test_an_in_doubt_effect_ends_the_replay_there_unperformed(

@@ -316,3 +316,24 @@ def subgraph_approval_graph(notify: Effect[..., Any]) -> StateGraph:
     g.add_edge(START, "sub")
     g.add_edge("sub", END)
     return g
+
+
+def plain_interrupt_graph(notify: Effect[..., Any]) -> StateGraph:
+    """ask (LangGraph's own `interrupt()`, not keel.approval) -> send (one effect) -> END."""
+    from langgraph.types import interrupt
+
+    def ask(state: ReviewState) -> dict[str, Any]:
+        answer = interrupt({"question": f"notify {state['to']}?"})
+        return {"log": [str(answer.get("decision"))]}
+
+    def send(state: ReviewState) -> dict[str, Any]:
+        notify(state["to"])
+        return {"log": ["sent"]}
+
+    g = StateGraph(ReviewState)
+    g.add_node("ask", ask)
+    g.add_node("send", send)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "send")
+    g.add_edge("send", END)
+    return g

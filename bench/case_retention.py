@@ -15,8 +15,8 @@ artifact, the shape of a run that leaves a report behind.
    is ever run: SQLite reuses the pages a prune freed (its freelist) and PostgreSQL reuses
    the space autovacuum reclaims, so the files stop growing once the retention window is full.
 
-`python -m bench --cases retention` runs it; besides the bench report's figures it writes its
-own tables to bench/results/retention.md (docs/operations.md quotes them).
+`python -m bench --cases retention` runs it; besides its section of the bench report it writes
+its tables to bench/results/retention.md (docs/operations.md quotes them).
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
 
 
 def write(result: CaseResult, settings: Settings) -> Path:
-    """The case's own page (the bench report lists only the cases it knows the order of)."""
+    """The case's tables on a page of their own too, the figures docs/operations.md quotes."""
     lines = [f"# {result.title}", "", result.method, ""]
     if settings.quick:
         lines += ["**Quick mode: tiny batches, figures are noise.**", ""]

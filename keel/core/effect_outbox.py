@@ -260,6 +260,8 @@ def stage(effect: OutboxEffect[Any, Any], args: tuple[Any, ...], kwargs: dict[st
         raise NotInRun(f"outbox effect {effect.name!r} must be called inside a LangGraph node")
     index = ctx.calls.next(where, PREFIX + effect.name)
     intent_id = where.key("outbox", effect.name, f"call:{index}")
+    if ctx.replay is not None:
+        return intent_id  # a replay records nothing: the same id, nothing staged
     intent = _Intent(
         {
             "intent_id": intent_id,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +12,11 @@ from keel.core.effect_keys import CallOrder
 from keel.core.errors import NotInRun
 from keel.core.ids import StepRef
 from keel.core.services import Services
+from keel.core.store.base import Tx
+from keel.core.store.store import Store
+
+StagedWrite = Callable[[Store, Tx], Awaitable[None]]
+"""A row a node asks to commit in the same fenced transaction as its task's writes."""
 
 
 @dataclass
@@ -31,6 +36,14 @@ class RunContext:
     calls: CallOrder = field(default_factory=CallOrder)
     """How many times each task of this execution has called each effect (the call order)."""
     pending_heartbeat: asyncio.Task[Any] | None = None
+    staged: dict[str, list[StagedWrite]] = field(default_factory=dict)
+    """What each task of this execution staged (outbox intents), by LangGraph task id."""
+
+    def stage(self, task_id: str, write: StagedWrite) -> None:
+        self.staged.setdefault(task_id, []).append(write)
+
+    def take_staged(self, task_id: str) -> list[StagedWrite]:
+        return self.staged.pop(task_id, [])
 
 
 _current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)

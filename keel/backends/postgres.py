@@ -8,6 +8,7 @@ setting, which `keel_now()` reads first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 import time
@@ -208,15 +209,28 @@ class PostgresConnector:
                 yield PostgresTx(conn, self._queries)
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        """BEGIN, `body`, COMMIT as one pipeline: one round trip when `body` only sends. A
-        stale token's fence aborts the pipeline, and the whole transaction with it."""
+        """BEGIN, `body`, COMMIT as one pipeline: one round trip (one Sync) when `body` only
+        sends. A stale token's fence aborts the pipeline, and the whole transaction with it.
+
+        BEGIN and COMMIT are statements of the pipeline, not psycopg's `transaction()` (which
+        syncs at its start and at its end): a statement whose row is read at once syncs the
+        pipeline early and is still inside the transaction."""
         async with self.pool.connection() as conn:
             try:
                 async with conn.pipeline():
+                    await conn.execute("BEGIN")
                     await self._set_clock(conn)
-                    async with conn.transaction():
-                        return await body(PostgresTx(conn, self._queries))
-            except psycopg.Error as exc:
+                    result = await body(PostgresTx(conn, self._queries))
+                    await conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                status = conn.info.transaction_status
+                if status in (
+                    psycopg.pq.TransactionStatus.INTRANS,
+                    psycopg.pq.TransactionStatus.INERROR,
+                ):
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.rollback()  # before the connection goes back to the pool
                 fenced = _fence_error(exc)
                 if fenced is not None:
                     raise fenced from None

@@ -55,6 +55,7 @@ T = TypeVar("T")
 TASKS, PUSH = "__pregel_tasks", "__pregel_push"  # LangGraph's channel of Sends, its push tasks
 ERROR_SOURCE_NODE = "__error_source_node__"  # the loop awaits it before an error handler runs
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"  # input, resume and update_state writes
+INTERRUPT, ERROR = "__interrupt__", "__error__"
 SPECIAL = frozenset(WRITES_IDX_MAP) | {ERROR_SOURCE_NODE}
 """Channels whose writes commit at once: no checkpoint follows an interrupt or an error, and
 the loop reads a resume, a scheduled write or an error's source before the next one."""
@@ -186,8 +187,9 @@ class Fencing:
         if buffer is None:
             await self._commit(run_id, token, worker_id, [entry], None)
         elif special or where in buffer.settled:
-            if special:
-                buffer.settled.add(where)
+            channels = {c for c, _ in writes}
+            if INTERRUPT in channels or (ERROR in channels and ERROR_SOURCE_NODE not in channels):
+                buffer.settled.add(where)  # no checkpoint follows (an error handler's would)
             await self._flush(run_id, buffer)
 
     async def aput(

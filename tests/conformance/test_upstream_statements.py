@@ -18,14 +18,13 @@ import operator
 import os
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextvars import ContextVar
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import aiosqlite
 import psycopg
-import pytest
 from langgraph._internal import _constants as constants
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver

@@ -19,6 +19,7 @@ pipeline on PostgreSQL).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -51,6 +52,7 @@ from keel.core.store.base import Connector, Row, Statement, Tx
 from keel.core.store.store import Store
 
 T = TypeVar("T")
+log = logging.getLogger("keel.savers")
 
 TASKS, PUSH = "__pregel_tasks", "__pregel_push"  # LangGraph's channel of Sends, its push tasks
 ERROR_SOURCE_NODE = "__error_source_node__"  # the loop awaits it before an error handler runs
@@ -265,7 +267,17 @@ class Fencing:
                 await tx.replay(statement)
             return fence
 
-        fence = await self.store.step_transaction(step)
+        try:
+            fence = await self.store.step_transaction(step)
+        except Exception as exc:
+            if not self.store.is_infrastructure(exc):
+                raise
+            # A lost connection or a failed commit: the step may or may not have committed.
+            # Once more, on a fresh connection: every statement of it is idempotent (upstream's
+            # upserts and INSERT ... DO NOTHING, step events by key, staged rows by their
+            # deterministic keys), so a step that did commit commits nothing twice.
+            log.warning("run %s: step transaction failed (%r); retrying it once", run_id, exc)
+            fence = await self.store.step_transaction(step)
         return await fence()
 
     async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:

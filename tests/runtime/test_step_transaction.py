@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import re
+import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -460,3 +461,43 @@ def test_cancel_stops_at_the_next_step_boundary_with_the_step_durable(
     )
     assert state is not None
     assert sorted(state.checkpoint["channel_values"]["seen"]) == ["a", "b", "c"]
+
+
+# -- a step whose commit's outcome was lost ---------------------------------------------------
+
+
+def test_a_step_retried_after_its_commit_was_lost_adds_nothing_twice(
+    make_app: AppFactory,
+) -> None:
+    """The first step transaction of the fan-out commits, then the client loses the answer
+    (the connection drops at COMMIT): the saver runs it again, and its keyed `step` events,
+    upserted checkpoint and writes are not doubled."""
+    app = make_app()
+    app.workflow("fan")(fan_graph())
+    run = app.submit("fan", job_id="fan-lost", input={"seen": []})["run_id"]
+    store = app.aio.store
+    real = store.step_transaction
+    calls: list[int] = []
+    lost: list[int] = []
+
+    async def commits_then_loses_the_answer(body: Callable[[Tx], Any]) -> Any:
+        result = await real(body)
+        calls.append(1)
+        # The third: the checkpoint after the fan-out, with a's, b's and c's writes and events.
+        if len(calls) == 3:
+            lost.append(1)
+            if store.dialect == "sqlite":
+                raise sqlite3.OperationalError("disk I/O error")
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    store.step_transaction = commits_then_loses_the_answer  # type: ignore[method-assign]
+    try:
+        outcome, _ = run_traced(app)
+    finally:
+        del store.step_transaction
+    assert lost == [1]
+    assert outcome == "completed"
+    steps = [e["data"]["node"] for e in app.get_run(run).timeline if e["kind"] == "step"]
+    assert sorted(n for n in steps if n in "abcd") == ["a", "b", "c", "d"], steps
+    assert len(steps) == len(set(steps)), f"a step event was added twice: {steps}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, TypedDict
 
 import psycopg
+import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import RetryPolicy
@@ -249,11 +250,13 @@ class Ask(TypedDict, total=False):
     decision: str
 
 
+@pytest.mark.parametrize("durability", ["sync", "exit"])
 def test_an_interrupt_inside_a_parallel_step_keeps_the_siblings_writes(
-    make_app: AppFactory,
+    make_app: AppFactory, durability: str
 ) -> None:
     """`ask` pauses while `work` finishes beside it: no checkpoint follows, so work's writes
-    commit with the interrupt (and work is not run again on resume)."""
+    commit with the interrupt (and work is not run again on resume). With durability="exit"
+    LangGraph saves the pending writes after its last checkpoint, at exit: they commit too."""
     app = make_app()
     runs: list[str] = []
 
@@ -276,7 +279,7 @@ def test_an_interrupt_inside_a_parallel_step_keeps_the_siblings_writes(
         g.add_edge("work", END)
         return g
 
-    app.workflow("ask")(build)
+    app.workflow("ask", durability=durability)(build)
     run = app.submit("ask", job_id="ask-1", input={"seen": []})["run_id"]
     assert execute(app, *claim(app, "w1")) == "waiting"
     app.approve(run, by="alice")

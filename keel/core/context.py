@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from keel.core.effect_keys import CallOrder
+from keel.core.effect_keys import CallOrder, Identity
 from keel.core.errors import NotInRun
 from keel.core.ids import StepRef
 from keel.core.services import Services
@@ -17,6 +17,16 @@ from keel.core.store.store import Store
 
 StagedWrite = Callable[[Store, Tx], Awaitable[None]]
 """A row a node asks to commit in the same fenced transaction as its task's writes."""
+
+
+class Replaying(Protocol):
+    """What serves a replayed run's effects from its recorded ledger (keel.runtime.replay)."""
+
+    def effect(
+        self, name: str, key: str, legacy_key: str, where: StepRef, index: int, identity: Identity
+    ) -> Any:
+        """The recorded result of this call; raises to stop the replay where it diverged."""
+        ...
 
 
 @dataclass
@@ -36,6 +46,9 @@ class RunContext:
     calls: CallOrder = field(default_factory=CallOrder)
     """How many times each task of this execution has called each effect (the call order)."""
     pending_heartbeat: asyncio.Task[Any] | None = None
+    replay: Replaying | None = None
+    """Set when the run is replayed in a throwaway copy: effects are served from the ledger,
+    never performed, and nothing is written to the run's own rows (no lease is held)."""
     staged: dict[str, list[StagedWrite]] = field(default_factory=dict)
     """What each task of this execution staged (outbox intents), by LangGraph task id."""
 

@@ -78,7 +78,7 @@ class Worker:
         sweep_interval: float = 1.0,
         sweep_before_exit: bool = True,
         prune_older_than: str | float | None = None,
-        prune_interval: float = 3600.0,
+        prune_interval: str | float = 3600.0,
         max_clock_skew: float | None = None,
         clock_check_interval: float = 60.0,
     ) -> None:
@@ -106,7 +106,7 @@ class Worker:
         self.prune_older_than = (
             None if prune_older_than is None else retention.parse_age(prune_older_than)
         )
-        self.prune_interval = prune_interval
+        self.prune_interval = retention.parse_age(prune_interval)
         self.stats = WorkerStats()
         self._tasks: dict[str, tuple[Lease, asyncio.Task[Outcome]]] = {}
         self._stopping = asyncio.Event()

@@ -95,6 +95,14 @@ class Fleet:
     def alive(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
 
+    def wait_started(self, within: float = 60.0) -> None:
+        """Until every worker started has announced itself: a worker still in its preflight
+        when the database goes away exits ("cannot connect", the preflight's contract); a fast
+        first worker can deliver a test's first threshold before a slow host starts the rest."""
+        wait_until(
+            lambda: len(self.app.workers()) >= len(self.procs), within, "every worker started"
+        )
+
     def delivered(self) -> int:
         return len(self.sink.messages)
 
@@ -165,6 +173,7 @@ def test_postmaster_sigkilled_three_times_under_100_runs_loses_nothing_and_sends
     # may go on after a takeover; the ledger's fenced reserve and the last lease check before
     # the provider call are what stop it then: see docs/workers.md.)
     pg_fleet.start(3, lease_ttl=10.0)
+    pg_fleet.wait_started()
     delivered_at_kills = []
     for threshold in (5, 20, 35):
         wait_until(lambda t=threshold: pg_fleet.delivered() >= t, 60, f"{threshold} emails")

@@ -40,6 +40,9 @@ def test_a_dead_letter_is_listed_retried_by_command_and_delivered_once(
     (dead,) = app.effect_intents(state="dead")
     assert dead["attempts"] == 3 and "gave up after 3 attempts" in dead["error"]
     assert app.get_run(run_id).status == "waiting"  # the run awaits it: a person decides
+    # ... with `keel effects`: an outbox wait is no approval, and approval inboxes omit it.
+    assert [w["kind"] for w in app.get_run(run_id).waits] == ["outbox"]
+    assert app.pending_waits() == []
     counted = {(r["effect"], r["status"]): r["n"] for r in app.metrics_snapshot()["intents"]}
     assert counted == {("rt_mail", "dead"): 1}  # keel_effect_intents{state="dead"} on /metrics
     runner = CliRunner()

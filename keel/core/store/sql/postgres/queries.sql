@@ -207,8 +207,9 @@ SELECT * FROM keel_waits WHERE wait_id = %(wait_id)s;
 SELECT * FROM keel_waits WHERE run_id = %(run_id)s ORDER BY created_at, wait_id;
 
 -- name: list_pending_waits
--- Every open wait, oldest deadline first.
-SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at LIMIT %(limit)s;
+-- Every open wait a person can answer, oldest deadline first (an outbox wait is the
+-- dispatcher's: a dead intent is retried or resolved with `keel effects`, not decided).
+SELECT * FROM keel_waits WHERE status = 'pending' AND kind <> 'outbox' ORDER BY deadline, created_at LIMIT %(limit)s;
 
 -- name: decide_wait
 -- The first decision wins: only a pending wait can be decided.
@@ -383,7 +384,7 @@ GROUP BY run_id;
 -- name: browse_pending_waits
 -- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+WHERE status = 'pending' AND ((%(kind)s::text IS NULL AND kind <> 'outbox') OR kind = %(kind)s::text)
 ORDER BY deadline, created_at, wait_id
 LIMIT %(limit)s OFFSET %(offset)s;
 

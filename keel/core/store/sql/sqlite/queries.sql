@@ -200,8 +200,9 @@ SELECT * FROM keel_waits WHERE wait_id = :wait_id;
 SELECT * FROM keel_waits WHERE run_id = :run_id ORDER BY created_at, wait_id;
 
 -- name: list_pending_waits
--- Every open wait, oldest deadline first.
-SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at LIMIT :limit;
+-- Every open wait a person can answer, oldest deadline first (an outbox wait is the
+-- dispatcher's: a dead intent is retried or resolved with `keel effects`, not decided).
+SELECT * FROM keel_waits WHERE status = 'pending' AND kind <> 'outbox' ORDER BY deadline, created_at LIMIT :limit;
 
 -- name: decide_wait
 -- The first decision wins: only a pending wait can be decided.
@@ -373,7 +374,7 @@ GROUP BY run_id;
 -- name: browse_pending_waits
 -- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND (:kind IS NULL OR kind = :kind)
+WHERE status = 'pending' AND ((:kind IS NULL AND kind <> 'outbox') OR kind = :kind)
 ORDER BY deadline, created_at, wait_id
 LIMIT :limit OFFSET :offset;
 

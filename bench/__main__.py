@@ -20,7 +20,7 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 
 CASES = (
     "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
-    "memory", "console", "prune", "idle",
+    "memory", "console", "prune", "idle", "retention",
 )  # fmt: skip
 
 
@@ -33,6 +33,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_loop,
         case_memory,
         case_prune,
+        case_retention,
         case_shape,
         case_state,
         case_step,
@@ -52,6 +53,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "idle": lambda s, d, f: case_loop.idle(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
         "prune": lambda s, d, f: case_prune.run(s, d),
+        "retention": lambda s, d, f: case_retention.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
     }
     return table[case]

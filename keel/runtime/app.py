@@ -6,6 +6,7 @@ Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
@@ -24,9 +25,10 @@ from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
+from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
 from keel.runtime.summary import RunSummary
-from keel.runtime.worker import WorkerStats
+from keel.runtime.worker import WorkerStats, deliver_effects, new_worker_id
 
 F = TypeVar("F", bound=Callable[[], Any])
 
@@ -174,6 +176,11 @@ class App:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return self._portal.call(self.aio.summary(run_id))
 
+    def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
+        """Re-execute the run's graph in a throwaway copy (effects from its ledger, approvals as
+        recorded) and report the first step that diverged (keel.runtime.replay)."""
+        return self._portal.call(self.aio.replay(run_id, from_step))
+
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
         return self._portal.call(self.aio.approve(run_id, **kwargs))
@@ -246,6 +253,24 @@ class App:
             self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
+    def effect_intents(
+        self, *, state: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Outbox intents, oldest first, by state and/or run (see AsyncApp.effect_intents)."""
+        return self._portal.call(self.aio.effect_intents(state=state, run_id=run_id, limit=limit))
+
+    def retry_intent(self, intent_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Deliver a dead intent again, its attempts from zero."""
+        return self._portal.call(self.aio.retry_intent(intent_id, by=by))
+
+    def resolve_intent(
+        self, intent_id: str, *, performed: bool, result: Any = None, by: str | None = None
+    ) -> dict[str, Any]:
+        """Say whether an in-doubt (or dead) intent reached the provider."""
+        return self._portal.call(
+            self.aio.resolve_intent(intent_id, performed=performed, result=result, by=by)
+        )
+
     def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
         """The run's timeline events with an id above `after`, in order (a resumable cursor)."""
         return self._portal.call(self.aio.events_after(run_id, after, limit))
@@ -289,6 +314,7 @@ class App:
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -301,6 +327,7 @@ class App:
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_every=prune_every,
         )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -312,6 +339,34 @@ class App:
                 previous[sig] = signal.signal(sig, on_signal)
         try:
             return self._portal.call(worker.run())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def run_dispatcher(self, *, handle_signals: bool = True) -> None:
+        """Deliver outbox effects (every worker does it too) until SIGTERM/SIGINT, executing
+        no run: `keel dispatcher APP`."""
+        stopping: list[asyncio.Event] = []
+        asked = threading.Event()  # a signal that comes before the loop's event exists
+
+        async def serve() -> None:
+            await self.aio.open()
+            stopping.append(asyncio.Event())
+            if asked.is_set():
+                return
+            await deliver_effects(self.aio, new_worker_id(), stopping[0])
+
+        def stop() -> None:
+            asked.set()
+            if stopping:
+                self._portal.loop.call_soon_threadsafe(stopping[0].set)
+
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda signum, frame: stop())
+        try:
+            self._portal.call(serve())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

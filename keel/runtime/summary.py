@@ -141,6 +141,14 @@ class RunSummary:
         parts = (self.traceparent or "").split("-")
         return parts[1] if len(parts) == 4 else None
 
+    intents: dict[str, int] = field(default_factory=dict)
+    """The run's outbox intents per state (keel.core.effect_outbox)."""
+
+    @property
+    def undelivered(self) -> int:
+        """Outbox intents not delivered yet: pending, sending, in doubt or dead."""
+        return sum(n for state, n in self.intents.items() if state != "delivered")
+
     @property
     def takeovers(self) -> int:
         return sum(1 for a in self.attempts if a.how == "takeover")
@@ -161,7 +169,14 @@ def summarize(details: Details, now: float) -> RunSummary:
     effects = Counter(str(e["status"]) for e in details.effects)
     pending = [w for w in details.waits if w["status"] == "pending"]
     started, finished = run["started_at"], run["finished_at"]
+    intents = Counter(str(i["status"]) for i in getattr(details, "intents", []))
     outcome, why = _explain(details, pending)
+    undelivered = sum(n for state, n in intents.items() if state != "delivered")
+    if undelivered and run["status"] in ("completed", "failed", "cancelled"):
+        # Finished steps, unfinished effects: the summary does not claim everything is done.
+        states = ", ".join(f"{n} {s}" for s, n in sorted(intents.items()) if s != "delivered")
+        outcome = f"{outcome}, {undelivered} outbox effect(s) undelivered"
+        why = f"{why}; outbox: {states}"
     return RunSummary(
         run_id=run["run_id"],
         job_id=run["job_id"],
@@ -198,6 +213,7 @@ def summarize(details: Details, now: float) -> RunSummary:
         wait_lines=[_wait_line(w, now) for w in details.waits],
         artifacts=[ArtifactLine(a.name, int(a.size)) for a in details.artifacts],
         traceparent=run.get("traceparent"),
+        intents=dict(intents),
     )
 
 
@@ -346,6 +362,12 @@ def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]
         return "cancelled", f"cancelled by {by}" if by else "cancelled"
     if status == "waiting" and pending:
         wait = pending[0]
+        if wait["kind"] == "outbox":
+            payload = loads(wait["payload"]) or {}
+            return (
+                f"waiting for {wait['name']} to be delivered",
+                f"outbox intent {payload.get('intent_id')} is not delivered yet",
+            )
         if wait["kind"] == "effect":
             payload = loads(wait["payload"]) or {}
             name = payload.get("effect") or payload.get("name") or wait["name"]

@@ -29,11 +29,13 @@ from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
+from keel.service.effects_api import effects_router
 from keel.service.errors import BodyLimit, Refused, install
 from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
+from keel.service.replay import replay_router
 from keel.service.tracing import instrument
 
 log = logging.getLogger("keel.service")
@@ -94,8 +96,10 @@ def create_app(
     api.include_router(health_router(keel_app))
     api.include_router(runs_router(keel_app, auth))
     api.include_router(events_router(keel_app, auth))
+    api.include_router(replay_router(keel_app, auth))
     _metrics_route(api, keel_app)
     api.include_router(approvals_router(keel_app, auth))
+    api.include_router(effects_router(keel_app, auth))
     install_docs(api)
     install_console(api, keel_app, auth)
     instrument(api)

@@ -428,5 +428,8 @@ class RunSummary(BaseModel):
     waits: list[SummaryWait]
     pending_waits: int
     artifacts: list[SummaryArtifact]
+    intents: dict[str, int] = Field(
+        default_factory=dict, description="The run's outbox intents per state."
+    )
     trace_id: str | None = Field(description="The run's OpenTelemetry trace id, when traced.")
     traceparent: str | None

@@ -133,6 +133,15 @@ class PostgresConnector:
             async with conn.transaction():
                 yield PostgresTx(conn, self._queries)
 
+    async def single(self, name: str, params: Params | None = None) -> Row | None:
+        # The pool's connections are autocommit: the statement is its own transaction, with no
+        # BEGIN or COMMIT round trip.
+        async with self.pool.connection() as conn:
+            await self._set_clock(conn)
+            cur = await conn.execute(self._queries[name], params or {})
+            row = await cur.fetchone() if cur.description is not None else None
+        return dict(row) if row is not None else None
+
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:
         async with self.pool.connection() as conn:

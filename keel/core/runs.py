@@ -4,8 +4,9 @@ Status is written in exactly two places, both here and both checked against the 
 table (`keel.core.lifecycle`) and recorded on the timeline in the same transaction:
 
 - `transition()` for every move (the `update_run_status` query);
-- `claimed()` for a claim or takeover, whose query takes the lease and sets `running` in one
-  UPDATE, so that no reader ever sees a running run without an owner.
+- the claim (`Store.claim_next`, called by `keel.core.leases.claim`), one statement that takes
+  the lease, sets `running` and writes the claim's event, so that no reader ever sees a running
+  run without an owner.
 
 Admission (`insert_run`) writes a new run's first status, `queued`; nothing else does.
 """
@@ -148,26 +149,6 @@ async def transition(
     if error:
         data["error"] = error[:2000]
     await _record_move(store, tx, current, target, f"status.{target.value}", data, worker_id, token)
-
-
-async def claimed(store: Store, tx: Tx, candidate: Row, worker_id: str, ttl: float) -> Row:
-    """Take the lease of a claimable run (queued, or running under an expired lease) and move
-    it to running; return the claimed row, with its new token."""
-    check_transition(candidate["status"], Status.RUNNING)
-    row = await store.claim_run(tx, candidate["run_id"], worker_id, ttl)
-    assert row is not None
-    # A claim's status event is named after the lease: "lease.claimed", or "lease.takeover"
-    # (running -> running) with the owner it fenced out.
-    takeover = candidate["status"] == Status.RUNNING
-    data: dict[str, Any] = {"expires_at": row["lease_expires_at"]}
-    if takeover:
-        data = {"previous_owner": candidate["lease_owner"], **data}
-    kind = "lease.takeover" if takeover else "lease.claimed"
-    token = int(row["lease_token"])
-    # The claim is logged before the executor binds the run's ids: give them to its line.
-    ids = {"job_id": row["job_id"], "workflow": f"{row['workflow']}@{row['workflow_version']}"}
-    await _record_move(store, tx, candidate, Status.RUNNING, kind, data, worker_id, token, ids=ids)
-    return row
 
 
 async def _record_move(

@@ -89,6 +89,17 @@ class Connector(Protocol):
         """Reads outside a write transaction."""
         ...
 
+    async def single(self, name: str, params: Params | None = None) -> Row | None:
+        """Run one named query as its own write transaction, in one round trip (PostgreSQL:
+        one statement on an autocommit connection) or one call on the database thread (SQLite).
+
+        On SQLite the query may be a chain of statements (`;` at a line's end): they run in
+        order under one BEGIN IMMEDIATE; the columns of each statement's first row become
+        parameters of the statements after it, and a statement with a result that returns no
+        row ends the chain (what ran before it commits). The answer is the chain's rows merged
+        (PostgreSQL: the statement's first row), or None if a statement found nothing."""
+        ...
+
     async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
         """Call `on_notify` whenever another process wakes `channel` (returns at once if the
         database cannot notify)."""

@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from keel.core import logs
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Connector, Row, Tx
 from keel.core.store.run_queries import committed
@@ -79,29 +80,49 @@ class LeaseQueries:
 
     # -- claims ---------------------------------------------------------------------------------
 
-    @staticmethod
-    async def lock_running_counts(tx: Tx) -> dict[str, int]:
-        """Runs executing now per workflow key, with claims serialized until `tx` ends (so the
-        counts cannot race another claim's)."""
-        await tx.one("claim_lock")
-        return {r["workflow_key"]: int(r["n"]) for r in await tx.all("running_counts")}
+    async def claim_next(
+        self, worker_id: str, workflows: list[str], ttl: float, limits: dict[str, int]
+    ) -> Row | None:
+        """Claim the oldest claimable run and record the claim on its timeline, in one
+        statement (one call on SQLite): queued with a key in `workflows` and below its limit in
+        `limits`, or running under a lease expired by the database's clock (a takeover, which
+        counts one crashed attempt). The lease is `ttl` seconds of the database's clock under a
+        new token. The row has the run's columns after the claim, `previous_status`,
+        `previous_owner` and `first_claim` (1: the run never ran before, so it has no
+        checkpoint); None if nothing is claimable.
 
-    @staticmethod
-    async def claim_candidate(tx: Tx, workflows: list[str], startable: list[str]) -> Row | None:
-        """The oldest claimable run (PostgreSQL: locked, skipping rows others hold): queued
-        with a key in `startable`, or running under a lease expired by the database's clock with
-        a key in `workflows`."""
-        return await tx.one(
-            "claim_candidate",
-            {"workflows": json.dumps(workflows), "startable": json.dumps(startable)},
-        )
-
-    @staticmethod
-    async def claim_run(tx: Tx, run_id: str, worker_id: str, ttl: float) -> Row | None:
-        """Take the lease under a new token, for `ttl` seconds of the database's clock, and set
-        status running: only `keel.core.runs.claimed` calls this, after checking the transition
-        table."""
-        return await tx.one("claim_run", {"run_id": run_id, "worker_id": worker_id, "ttl": ttl})
+        Without limits the claim is its own transaction. With limits, PostgreSQL serializes
+        claims (an advisory lock) so that no two count the same running runs; SQLite's write
+        lock already does."""
+        params = {
+            "worker_id": worker_id,
+            "workflows": json.dumps(workflows),
+            "ttl": ttl,
+            "limits": json.dumps(limits),
+        }
+        if limits:
+            with committed():
+                async with self.db.transaction() as tx:
+                    await tx.one("claim_lock")
+                    row = await tx.one("claim_next", params)
+        else:
+            row = await self.db.single("claim_next", params)
+        if row is not None:
+            takeover = row["previous_status"] == "running"
+            data = {"from": row["previous_status"], "to": "running"}
+            if takeover:
+                data["previous_owner"] = row["previous_owner"]
+            data["expires_at"] = row["lease_expires_at"]
+            # The claim is logged before the executor binds the run's ids: give them to its line.
+            ids = {
+                "job_id": row["job_id"],
+                "workflow": f"{row['workflow']}@{row['workflow_version']}",
+            }
+            kind = "lease.takeover" if takeover else "lease.claimed"
+            logs.event(
+                row["run_id"], kind, data, worker_id=worker_id, token=row["lease_token"], ids=ids
+            )
+        return row
 
     @staticmethod
     async def renew_lease(tx: Tx, run_id: str, token: int, ttl: float) -> bool:

@@ -77,38 +77,51 @@ ORDER BY created_at DESC, run_id DESC;
 SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
 WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_hash)s;
 
--- name: claim_candidate
--- The oldest run this worker may take: queued (of a workflow below its concurrency limit),
--- or running under an expired lease (a takeover never raises a workflow's count).
-SELECT run_id, status, lease_token, lease_owner FROM keel_runs
-WHERE ((status = 'queued'
-        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(startable)s::jsonb)))
-    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
-        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))))
-ORDER BY created_at, run_id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
 -- name: claim_lock
 -- Serialize claims while a workflow has a concurrency limit, so counts cannot race.
 SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 
--- name: running_counts
--- Runs executing now, per workflow key.
-SELECT workflow || '@' || workflow_version AS workflow_key, COUNT(*) AS n FROM keel_runs
-WHERE status = 'running'
-GROUP BY workflow, workflow_version;
-
--- name: claim_run
--- Take the lease: a new token fences out every earlier owner. A takeover (the run was
--- running: its lease expired, its execution died or crashed) counts one crashed attempt.
-UPDATE keel_runs
-SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
-    status = 'running', lease_owner = %(worker_id)s, lease_token = lease_token + 1,
-    lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now(),
-    started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
-WHERE run_id = %(run_id)s
-RETURNING *;
+-- name: claim_next
+-- A whole claim in one statement: lock the oldest claimable run (queued, below its workflow's
+-- limit in `limits` if it has one, or running under an expired lease), take its lease under a new token (a takeover counts one
+-- crashed attempt) and write its lease.claimed / lease.takeover event. No row: nothing to claim.
+-- With limits it runs after claim_lock in one transaction: its counts are then taken after
+-- every earlier claim committed (a statement's snapshot starts with the statement).
+-- `first_claim`: the run never ran, so it has no checkpoint to read.
+WITH candidate AS (
+    SELECT run_id, status, lease_owner, started_at FROM keel_runs AS q
+    WHERE q.workflow || '@' || q.workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+      AND ((q.status = 'queued'
+            AND NOT EXISTS (
+                SELECT 1 FROM jsonb_each_text(%(limits)s::jsonb) AS l
+                WHERE l.key = q.workflow || '@' || q.workflow_version
+                  AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
+                       AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value::int))
+        OR (q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())))
+    ORDER BY q.created_at, q.run_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE keel_runs AS r
+    SET crash_count = r.crash_count + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
+        status = 'running', lease_owner = %(worker_id)s, lease_token = r.lease_token + 1,
+        lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now(),
+        started_at = COALESCE(r.started_at, keel_now()), updated_at = keel_now()
+    FROM candidate AS c
+    WHERE r.run_id = c.run_id
+    RETURNING r.*, c.status AS previous_status, c.lease_owner AS previous_owner,
+              CASE WHEN c.started_at IS NULL THEN 1 ELSE 0 END AS first_claim),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM claimed),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(),
+           CASE WHEN previous_status = 'running' THEN 'lease.takeover' ELSE 'lease.claimed' END,
+           %(worker_id)s, lease_token,
+           (jsonb_build_object('from', previous_status, 'to', 'running', 'expires_at', lease_expires_at)
+            || CASE WHEN previous_status = 'running'
+                    THEN jsonb_build_object('previous_owner', previous_owner) ELSE '{}'::jsonb END)::text
+    FROM claimed, turn)
+SELECT * FROM claimed;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.

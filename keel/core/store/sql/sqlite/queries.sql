@@ -75,37 +75,44 @@ ORDER BY created_at DESC, run_id DESC;
 SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
 WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
 
--- name: claim_candidate
--- The oldest run this worker may take: queued (of a workflow below its concurrency limit),
--- or running under an expired lease (a takeover never raises a workflow's count).
-SELECT run_id, status, lease_token, lease_owner FROM keel_runs
-WHERE ((status = 'queued'
-        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:startable)))
-    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
-        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))))
-ORDER BY created_at, run_id
-LIMIT 1;
-
 -- name: claim_lock
 -- Serialize claims while a workflow has a concurrency limit, so counts cannot race.
 SELECT 1 AS locked;
 
--- name: running_counts
--- Runs executing now, per workflow key.
-SELECT workflow || '@' || workflow_version AS workflow_key, COUNT(*) AS n FROM keel_runs
-WHERE status = 'running'
-GROUP BY workflow, workflow_version;
-
--- name: claim_run
--- Take the lease: a new token fences out every earlier owner. A takeover (the run was
--- running: its lease expired, its execution died or crashed) counts one crashed attempt.
+-- name: claim_next
+-- A whole claim in one call, its own transaction (a chain: see Connector.single): the oldest
+-- claimable run (queued, below its workflow's limit in `limits` if it has one, or running under
+-- an expired lease), its lease under a new token (a
+-- takeover counts one crashed attempt) and its lease.claimed / lease.takeover event. No row:
+-- nothing to claim. `first_claim`: the run never ran, so it has no checkpoint to read.
+SELECT run_id AS candidate_id, status AS previous_status, lease_owner AS previous_owner,
+       CASE WHEN started_at IS NULL THEN 1 ELSE 0 END AS first_claim
+FROM keel_runs AS q
+WHERE q.workflow || '@' || q.workflow_version IN (SELECT value FROM json_each(:workflows))
+  AND ((q.status = 'queued'
+        AND NOT EXISTS (
+            SELECT 1 FROM json_each(:limits) AS l
+            WHERE l.key = q.workflow || '@' || q.workflow_version
+              AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
+                   AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value))
+    OR (q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())))
+ORDER BY q.created_at, q.run_id
+LIMIT 1;
 UPDATE keel_runs
 SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
     status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
     lease_expires_at = keel_now() + :ttl, heartbeat_at = keel_now(),
     started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
-WHERE run_id = :run_id
+WHERE run_id = :candidate_id
 RETURNING *;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT run_id, keel_now(),
+       CASE WHEN :previous_status = 'running' THEN 'lease.takeover' ELSE 'lease.claimed' END,
+       :worker_id, lease_token,
+       CASE WHEN :previous_status = 'running'
+            THEN json_object('from', :previous_status, 'to', 'running', 'previous_owner', :previous_owner, 'expires_at', lease_expires_at)
+            ELSE json_object('from', :previous_status, 'to', 'running', 'expires_at', lease_expires_at) END
+FROM keel_runs WHERE run_id = :candidate_id;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.

@@ -82,6 +82,7 @@ class PostgresTx:
 
 class PostgresConnector:
     dialect = "postgres"
+    notifies = True
 
     is_transient = staticmethod(is_transient)
 

@@ -126,6 +126,7 @@ class SqliteTx:
 
 class SqliteConnector:
     dialect = "sqlite"
+    notifies = False
     is_transient = staticmethod(is_transient)
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, synchronous: str = "FULL"):

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
-from keel.core.faults import fault_point
 from keel.core.errors import LeaseLost
+from keel.core.faults import fault_point
 from keel.core.lifecycle import Status, TerminationReason, check_transition
 from keel.core.runs import transition
 from keel.core.store.base import Row, Tx

@@ -68,6 +68,9 @@ class Tx(Protocol):
 class Connector(Protocol):
     dialect: str
     url: str
+    notifies: bool
+    """Whether `listen` hears other processes' wake-ups (PostgreSQL): idle workers then claim
+    when woken, with a slow safety poll, instead of polling."""
     clock_override: Callable[[], float] | None
     """A test clock that `keel_now()` reads on this connector's connections instead of the
     database's own clock (None in production)."""

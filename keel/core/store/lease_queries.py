@@ -12,11 +12,26 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from keel.core import logs
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Connector, Row, Tx
 from keel.core.store.run_queries import committed
+
+
+@dataclass(frozen=True)
+class Due:
+    """What falls due for an idle worker, in seconds from now by the database's clock (0: it
+    is already past; None: nothing of that kind is pending)."""
+
+    queued: bool
+    """A run of the worker's workflows is queued."""
+    lease_in: float | None
+    """Until the earliest lease of a running run of its workflows expires (a takeover)."""
+    sweep_in: float | None
+    """Until a wait's deadline or stage, or an outbox delivery, falls due."""
 
 
 class LeaseQueries:
@@ -147,24 +162,35 @@ class LeaseQueries:
 
     # -- workers --------------------------------------------------------------------------------
 
-    @staticmethod
     async def upsert_worker(
-        tx: Tx, worker_id: str, *, host: str, pid: int, concurrency: int, workflows: list[str]
+        self, worker_id: str, *, host: str, pid: int, concurrency: int, workflows: list[str]
     ) -> None:
-        await tx.execute(
-            "upsert_worker",
-            {
-                "worker_id": worker_id,
-                "host": host,
-                "pid": pid,
-                "concurrency": concurrency,
-                "workflows": json.dumps(sorted(workflows)),
-            },
-        )
+        """Say the worker is alive and what it serves (one statement, its own transaction)."""
+        params = {
+            "worker_id": worker_id,
+            "host": host,
+            "pid": pid,
+            "concurrency": concurrency,
+            "workflows": json.dumps(sorted(workflows)),
+        }
+        await self.db.single("upsert_worker", params)
 
-    @staticmethod
-    async def stop_worker(tx: Tx, worker_id: str) -> None:
-        await tx.execute("stop_worker", {"worker_id": worker_id})
+    async def stop_worker(self, worker_id: str) -> None:
+        await self.db.single("stop_worker", {"worker_id": worker_id})
+
+    async def next_due(self, workflows: list[str], *, outbox: bool) -> Due:
+        """What an idle worker of `workflows` has to do and when (one read); outbox
+        deliveries count only for a worker that delivers them (`outbox`)."""
+        params = {"workflows": json.dumps(sorted(workflows)), "outbox": int(outbox)}
+        async with self.db.read() as tx:
+            row = await tx.one("next_due", params)
+        assert row is not None
+        now = float(row["now"])
+
+        def after(at: Any) -> float | None:
+            return None if at is None else max(0.0, float(at) - now)
+
+        return Due(bool(row["queued"]), after(row["lease_at"]), after(row["sweep_at"]))
 
     async def workers(self, window: float) -> list[Row]:
         """Workers that heartbeated within the last `window` seconds (database clock)."""

@@ -217,6 +217,27 @@ VALUES (:worker_id, :host, :pid, :concurrency, :workflows, keel_now(), keel_now(
 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
     workflows = excluded.workflows;
 
+-- name: next_due
+-- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
+-- then): whether a run is queued for it, when the earliest lease of a running run expires (a
+-- claim takes it over), and when the sweeper's next work falls due: a wait's deadline or next
+-- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
+-- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
+SELECT keel_now() AS now,
+       EXISTS (SELECT 1 FROM keel_runs WHERE status = 'queued'
+               AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS queued,
+       (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
+        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS lease_at,
+       (SELECT MIN(t) FROM (
+            SELECT MIN(deadline) AS t FROM keel_waits WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(next_stage_at) FROM keel_waits WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(available_at) FROM keel_outbox WHERE status = 'queued' AND :outbox = 1
+            UNION ALL
+            SELECT MIN(claim_expires_at) FROM keel_outbox WHERE status = 'sending' AND :outbox = 1
+        ) AS due) AS sweep_at;
+
 -- name: stop_worker
 -- A worker says it stopped.
 UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = :worker_id;

@@ -48,7 +48,7 @@ def test_an_idle_worker_makes_at_most_one_round_trip_a_second(make_app: AppFacto
     app = make_app()
     app.workflow("echo")(echo_graph)
     app.list_runs()  # the pool is open before counting starts
-    with running(app) as worker:
+    with running(app):
         wait_until(lambda: app.workers(), 10, "the worker to start")
         time.sleep(1.0)  # its first looks (at start, and when LISTEN connects) are over
         with counting() as count:

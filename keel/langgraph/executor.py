@@ -25,7 +25,7 @@ from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status, TerminationReason
-from keel.core.runs import transition
+from keel.core.runs import finish, transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
@@ -332,13 +332,14 @@ class Executor:
         return None
 
     async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> Outcome:
-        run = await self.services.store.get_run(ctx.run_id)
-        assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
-            reason = waits.completed_because(
-                run["decision"], await self.services.store.waits(ctx.run_id)
-            )
+            store = self.services.store
+            async with store.read() as tx:
+                run = await store.read_run(tx, ctx.run_id)
+                assert run is not None
+                answered = await store.read_waits(tx, ctx.run_id)
+            reason = waits.completed_because(run["decision"], answered)
         return await self._end(
             ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
         )
@@ -351,22 +352,18 @@ class Executor:
         error: str | None,
         output: str | None = None,
     ) -> Outcome:
-        rt = self.services
+        """The execution's end, in one fenced statement (its event with it)."""
         try:
-            async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
-                run = await rt.store.read_run(tx, ctx.run_id)
-                assert run is not None
-                await transition(
-                    rt.store,
-                    tx,
-                    run,
-                    status,
-                    worker_id=ctx.worker_id,
-                    token=ctx.token,
-                    termination_reason=reason.value,
-                    error=error,
-                    output=output,
-                )
+            await finish(
+                self.services.store,
+                ctx.run_id,
+                ctx.token,
+                status,
+                worker_id=ctx.worker_id,
+                termination_reason=reason.value,
+                error=error,
+                output=output,
+            )
         except LeaseLost as exc:
             log.warning(
                 "worker %s run %s: lease %s lost before it could end: %s",

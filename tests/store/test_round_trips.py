@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 import keel
-from keel.core import leases
+from keel.core import leases, runs
+from keel.core.errors import LeaseLost, RunNotFound
+from keel.core.lifecycle import Status
 from tests.support.graphs import echo_graph, notify_effect, review_graph
 from tests.support.providers import Provider
 from tests.support.roundtrips import Count, counting
@@ -157,3 +159,75 @@ def test_a_resume_after_a_decision_reads_the_checkpoint_once(make_app: AppFactor
     # aget_state on top used to make it three.
     assert counter.reads == 2
     assert len(provider.deliveries) == 1
+
+
+def test_an_admission_is_one_statement_with_its_event(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    rt = app.aio
+
+    def submit(**kwargs: Any) -> Callable[[], Any]:
+        return lambda: rt.submit("echo", job_id="rt-admit", **kwargs)
+
+    first, count = _counted(app, submit(input={"text": "a"}))
+    _one_trip(count)
+    again, count = _counted(app, submit(input={"text": "a"}))
+    _one_trip(count)
+    assert first.created and not again.created and again["run_id"] == first["run_id"]
+    other, count = _counted(app, submit(input={"text": "b"}))
+    _one_trip(count)
+    assert other.created and other.other_runs == [first["run_id"]]
+    kinds = [e["kind"] for e in app.get_run(first["run_id"]).timeline]
+    assert kinds == ["admitted"]
+
+
+def test_an_execution_ends_in_one_statement_with_its_event(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-end", input={"text": "a"})["run_id"]
+    lease, _ = claim(app, "w-a")
+    _, count = _counted(
+        app,
+        lambda: runs.finish(
+            app.aio.store,
+            run,
+            lease.token,
+            Status.COMPLETED,
+            worker_id="w-a",
+            termination_reason="completed",
+            output='{"out": "A"}',
+        ),
+    )
+    _one_trip(count)
+    details = app.get_run(run)
+    assert (details.status, details.termination_reason) == ("completed", "completed")
+    ended = [e for e in details.timeline if e["kind"] == "status.completed"]
+    assert [(e["data"]["from"], e["lease_token"]) for e in ended] == [("running", lease.token)]
+
+
+def test_an_end_under_a_stale_token_writes_nothing_and_says_why(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-stale-end", input={"text": "a"})["run_id"]
+    stale, _ = claim(app, "w-a")
+    rt = app.aio
+    assert rt.portal.call(leases.end_dead(rt.store, run, stale.token))
+    claim(app, "w-b")  # token 2 holds the run now
+    with pytest.raises(LeaseLost, match="lease token 1 is stale"):
+        rt.portal.call(
+            runs.finish(
+                rt.store,
+                run,
+                stale.token,
+                Status.COMPLETED,
+                worker_id="w-a",
+                termination_reason="completed",
+            )
+        )
+    with pytest.raises(RunNotFound):
+        rt.portal.call(
+            runs.finish(rt.store, "nope", 1, Status.FAILED, worker_id="w-a", termination_reason="x")
+        )
+    details = app.get_run(run)
+    assert details.status == "running"
+    assert "status.completed" not in [e["kind"] for e in details.timeline]

@@ -50,6 +50,12 @@ class LeaseQueries:
     async def check_fence(tx: Tx, run_id: str, token: int) -> Row:
         return _held_by(await tx.one("fence", {"run_id": run_id}), run_id, token)
 
+    async def check_token(self, run_id: str, token: int) -> Row:
+        """The run's lease row if `token` is its current token, else RunNotFound or LeaseLost
+        (a read: why a fenced single statement wrote nothing)."""
+        async with self.db.read() as tx:
+            return _held_by(await tx.one("lease_held", {"run_id": run_id}), run_id, token)
+
     async def check_lease_held(self, run_id: str, token: int) -> Row:
         """Raise LeaseLost unless `token` holds the run and its lease has not expired (by the
         database's clock).

@@ -47,6 +47,44 @@ VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s,
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
+-- name: admit_run
+-- Admission in one statement: the job's runs of this workflow with other input (`others`,
+-- newest first); unless `if_exists` refuses because the job has only such runs (`refused`),
+-- the run inserted queued if it is not admitted yet (`created`), with its admitted event and a
+-- wake-up for idle workers (delivered on commit). The run's columns follow: NULL if refused,
+-- or if an admission of the same run committed while this one waited on it (the caller reads
+-- it then).
+WITH job AS (
+    SELECT run_id, input_hash, created_at FROM keel_runs
+    WHERE job_id = %(job_id)s AND workflow = %(workflow)s),
+verdict AS (
+    SELECT COALESCE((SELECT jsonb_agg(run_id ORDER BY created_at DESC, run_id DESC) FROM job
+                     WHERE input_hash <> %(input_hash)s), '[]'::jsonb)::text AS others,
+           CASE WHEN %(if_exists)s::text <> 'new'
+                 AND EXISTS (SELECT 1 FROM job WHERE input_hash <> %(input_hash)s)
+                 AND NOT EXISTS (SELECT 1 FROM job WHERE input_hash = %(input_hash)s)
+                THEN 1 ELSE 0 END AS refused),
+inserted AS (
+    INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                           status, created_at, updated_at)
+    SELECT %(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s,
+           %(input)s, 'queued', keel_now(), keel_now()
+    FROM verdict WHERE refused = 0
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING *),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM inserted),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(), 'admitted', NULL, NULL, %(data)s FROM inserted, turn),
+wake AS (SELECT pg_notify('keel_wake', run_id) FROM inserted)
+SELECT v.others, v.refused, (SELECT COUNT(*) FROM inserted) AS created,
+       (SELECT COUNT(*) FROM wake) AS woken, r.*
+FROM verdict AS v
+LEFT JOIN (SELECT * FROM inserted
+           UNION ALL
+           SELECT * FROM keel_runs
+           WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM inserted)) AS r ON true;
+
 -- name: get_run
 -- One run.
 SELECT * FROM keel_runs WHERE run_id = %(run_id)s;
@@ -151,6 +189,25 @@ SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
     lease_expires_at = CASE WHEN %(status)s::text = 'running' THEN lease_expires_at ELSE NULL END,
     finished_at = CASE WHEN %(finished)s THEN keel_now() ELSE NULL END, updated_at = keel_now()
 WHERE run_id = %(run_id)s;
+
+-- name: finish_run
+-- End a running run (completed, failed or cancelled: checked in Python against the transition
+-- table first) and record the move on its timeline, in one statement, only if `lease_token`
+-- still holds it: the UPDATE's row lock is the fence (a takeover's claim skips the row until
+-- this commits). No row: the token no longer holds a running run, and nothing was written.
+WITH finished AS (
+    UPDATE keel_runs
+    SET status = %(status)s,
+        termination_reason = COALESCE(%(termination_reason)s::text, termination_reason),
+        error = COALESCE(%(error)s::text, error), output = COALESCE(%(output)s::text, output),
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
+    RETURNING run_id),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM finished),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM finished, turn)
+SELECT run_id AS finished_id FROM finished;
 
 -- name: insert_event
 -- Append to a run's timeline. One writer of a run's events at a time, until it commits (a

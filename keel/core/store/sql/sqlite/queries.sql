@@ -46,6 +46,32 @@ VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
+-- name: admit_run
+-- Admission in one call (a chain: see Connector.single): the job's runs of this workflow with
+-- other input (`others`, newest first); unless `if_exists` refuses because the job has only
+-- such runs (`refused`), the run inserted queued if it is not admitted yet (`created`), with
+-- its admitted event. The run's columns follow (NULL if refused).
+SELECT COALESCE((SELECT json_group_array(run_id) FROM (
+            SELECT run_id FROM keel_runs
+            WHERE job_id = :job_id AND workflow = :workflow AND input_hash <> :input_hash
+            ORDER BY created_at DESC, run_id DESC)), '[]') AS others,
+       CASE WHEN :if_exists <> 'new'
+             AND EXISTS (SELECT 1 FROM keel_runs WHERE job_id = :job_id AND workflow = :workflow
+                         AND input_hash <> :input_hash)
+             AND NOT EXISTS (SELECT 1 FROM keel_runs WHERE job_id = :job_id AND workflow = :workflow
+                             AND input_hash = :input_hash)
+            THEN 1 ELSE 0 END AS refused;
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at)
+SELECT :run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
+       'queued', keel_now(), keel_now()
+WHERE :refused = 0
+ON CONFLICT (run_id) DO NOTHING;
+SELECT changes() AS created, 0 AS woken;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT :run_id, keel_now(), 'admitted', NULL, NULL, :data WHERE :created = 1;
+SELECT r.* FROM (SELECT 1) AS one LEFT JOIN keel_runs AS r ON r.run_id = :run_id;
+
 -- name: get_run
 -- One run.
 SELECT * FROM keel_runs WHERE run_id = :run_id;
@@ -142,6 +168,21 @@ SET status = :status, decision = COALESCE(:decision, decision),
     lease_expires_at = CASE WHEN :status = 'running' THEN lease_expires_at ELSE NULL END,
     finished_at = CASE WHEN :finished THEN keel_now() ELSE NULL END, updated_at = keel_now()
 WHERE run_id = :run_id;
+
+-- name: finish_run
+-- End a running run (completed, failed or cancelled: checked in Python against the transition
+-- table first) and record the move on its timeline, in one call, only if `lease_token` still
+-- holds it (the write lock is held from the UPDATE on). No row: the token no longer holds a
+-- running run, and nothing was written.
+UPDATE keel_runs
+SET status = :status,
+    termination_reason = COALESCE(:termination_reason, termination_reason),
+    error = COALESCE(:error, error), output = COALESCE(:output, output),
+    lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
+RETURNING run_id AS finished_id;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token, :data);
 
 -- name: insert_event
 -- Append to a run's timeline.

@@ -13,6 +13,7 @@ import keel
 from keel.core import leases, runs
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.lifecycle import Status
+from tests.support import by_hand
 from tests.support.graphs import echo_graph, notify_effect, review_graph
 from tests.support.providers import Provider
 from tests.support.roundtrips import Count, counting
@@ -231,3 +232,52 @@ def test_an_end_under_a_stale_token_writes_nothing_and_says_why(make_app: AppFac
     details = app.get_run(run)
     assert details.status == "running"
     assert "status.completed" not in [e["kind"] for e in details.timeline]
+
+
+def _per_call(store: Any, method: str, count: Count, seen: list[int]) -> None:
+    """Record what each call of `store.method` cost (nothing else runs meanwhile here)."""
+    original = getattr(store, method)
+
+    async def measured(*args: Any, **kwargs: Any) -> Any:
+        before = count.statements
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            seen.append(count.statements - before)
+
+    setattr(store, method, measured)
+
+
+def test_an_effects_reserve_and_record_are_one_statement_each(make_app: AppFactory) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    node = by_hand.start(app, "rt-effect")
+    send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
+    store = app.aio.store
+    reserved: list[int] = []
+    recorded: list[int] = []
+    with counting() as count:
+        _per_call(store, "reserve_effect", count, reserved)
+        _per_call(store, "record_effect", count, recorded)
+        node.call(send, "a@x")
+        node.call(send, "a@x")  # the replay: served from the ledger, one reserve
+    assert (reserved, recorded) == ([1, 1], [1]), count.kinds
+    assert len(provider.deliveries) == 1
+    kinds = [e["kind"] for e in app.get_run(node.run_id).timeline]
+    assert kinds.count("effect.sent") == 1
+
+
+def test_a_stale_token_reserves_and_records_nothing(make_app: AppFactory) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    node = by_hand.start(app, "rt-effect-stale")
+    rt = app.aio
+    assert rt.portal.call(leases.end_dead(rt.store, node.run_id, node.lease.token))
+    by_hand.claim(app, "worker-b")  # token 2
+    send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
+    with pytest.raises(LeaseLost, match="lease token 1 is stale"):
+        node.call(send, "a@x")
+    assert provider.deliveries == []
+    assert rt.portal.call(rt.store.effects(node.run_id)) == []

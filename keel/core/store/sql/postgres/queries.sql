@@ -242,6 +242,57 @@ SET status = %(status)s, attempts = %(attempts)s, result = %(result)s, error = %
 WHERE idempotency_key = %(key)s
 RETURNING *;
 
+-- name: reserve_effect
+-- Reserve an idempotency key (pending) in one statement, fenced: only if `lease_token` holds
+-- the run (its row held FOR SHARE until this commits) and no cancel was asked (`cancelled`),
+-- and unless the key is in the ledger already, or the call's pre-0006 key is (`legacy`: that
+-- row is served). The effect's row follows, and whether this call reserved it (`reserved`).
+-- No row: the token does not hold the run, and nothing was written.
+WITH fence AS (
+    SELECT run_id, cancel_requested FROM keel_runs
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+    FOR SHARE),
+legacy AS (
+    SELECT * FROM keel_effects WHERE idempotency_key = %(legacy_key)s AND arg_hashes IS NULL),
+inserted AS (
+    INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
+    SELECT %(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
+           %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now()
+    FROM fence WHERE cancel_requested = 0 AND NOT EXISTS (SELECT 1 FROM legacy)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING *)
+SELECT f.cancel_requested AS cancelled, (SELECT COUNT(*) FROM legacy) AS legacy,
+       (SELECT COUNT(*) FROM inserted) AS reserved, e.*
+FROM fence AS f
+LEFT JOIN (SELECT * FROM legacy
+           UNION ALL
+           SELECT * FROM inserted
+           UNION ALL
+           SELECT * FROM keel_effects
+           WHERE idempotency_key = %(key)s
+             AND NOT EXISTS (SELECT 1 FROM legacy) AND NOT EXISTS (SELECT 1 FROM inserted)) AS e
+  ON f.cancel_requested = 0;
+
+-- name: record_effect
+-- Move a ledger row on (attempts, outcome, result or error) and record it on the timeline, in
+-- one statement, fenced: only if `lease_token` holds the run (its row held FOR SHARE until
+-- this commits). No row: the token does not hold the run, and nothing was written.
+WITH fence AS (
+    SELECT run_id FROM keel_runs WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+    FOR SHARE),
+updated AS (
+    UPDATE keel_effects
+    SET status = %(status)s, attempts = %(attempts)s, result = %(result)s, error = %(error)s,
+        lease_token = %(lease_token)s, updated_at = keel_now()
+    WHERE idempotency_key = %(key)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING idempotency_key),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM fence),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM fence, turn)
+SELECT run_id AS fenced_id, (SELECT COUNT(*) FROM updated) AS updated FROM fence;
+
 -- name: list_effects
 -- A run's ledger.
 SELECT * FROM keel_effects WHERE run_id = %(run_id)s ORDER BY created_at, idempotency_key;

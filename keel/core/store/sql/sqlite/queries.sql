@@ -214,6 +214,41 @@ SET status = :status, attempts = :attempts, result = :result, error = :error,
 WHERE idempotency_key = :key
 RETURNING *;
 
+-- name: reserve_effect
+-- Reserve an idempotency key (pending) in one call (a chain: see Connector.single), fenced:
+-- only if `lease_token` holds the run and no cancel was asked (`cancelled`), and unless the key
+-- is in the ledger already, or the call's pre-0006 key is (`legacy`: that row is served). The
+-- effect's row follows, and whether this call reserved it (`reserved`). No row: the token does
+-- not hold the run, and nothing was written.
+SELECT cancel_requested AS cancelled FROM keel_runs
+WHERE run_id = :run_id AND lease_token = :lease_token;
+SELECT COUNT(*) AS legacy FROM keel_effects
+WHERE idempotency_key = :legacy_key AND arg_hashes IS NULL;
+INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
+SELECT :key, :run_id, :name, :node, :step, :task_path, :args_hash,
+       :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now()
+WHERE :cancelled = 0 AND :legacy = 0
+ON CONFLICT (idempotency_key) DO NOTHING;
+SELECT changes() AS reserved;
+SELECT e.* FROM (SELECT 1) AS one
+LEFT JOIN keel_effects AS e
+  ON :cancelled = 0
+ AND e.idempotency_key = CASE WHEN :legacy > 0 THEN :legacy_key ELSE :key END;
+
+-- name: record_effect
+-- Move a ledger row on (attempts, outcome, result or error) and record it on the timeline, in
+-- one call (a chain), fenced: only if `lease_token` holds the run. No row: the token does not
+-- hold the run, and nothing was written.
+SELECT run_id AS fenced_id FROM keel_runs WHERE run_id = :run_id AND lease_token = :lease_token;
+UPDATE keel_effects
+SET status = :status, attempts = :attempts, result = :result, error = :error,
+    lease_token = :lease_token, updated_at = keel_now()
+WHERE idempotency_key = :key;
+SELECT changes() AS updated;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (:fenced_id, keel_now(), :kind, :worker_id, :lease_token, :data);
+
 -- name: list_effects
 -- A run's ledger.
 SELECT * FROM keel_effects WHERE run_id = :run_id ORDER BY created_at, idempotency_key;

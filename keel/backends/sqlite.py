@@ -153,11 +153,15 @@ class SqliteConnector:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         conn = await aiosqlite.connect(self.path, timeout=self._busy_timeout_ms / 1000)
-        conn.row_factory = sqlite3.Row
-        await self._enable_wal(conn)
-        await conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-        await conn.create_function("keel_now", 0, self._keel_now)
+        try:
+            conn.row_factory = sqlite3.Row
+            await self._enable_wal(conn)
+            await conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+            await conn.create_function("keel_now", 0, self._keel_now)
+        except BaseException:
+            await conn.close()  # its thread would keep the process alive
+            raise
         self._conn = conn
 
     async def _enable_wal(self, conn: aiosqlite.Connection) -> None:

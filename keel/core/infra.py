@@ -5,14 +5,23 @@ failure, a busy or full SQLite file or an I/O error is not failed: its work is g
 resumed from its last checkpoint. Only the backends know their drivers' error classes, so each
 connector answers `is_transient(exc)` for one exception; this module walks the whole chain,
 because LangGraph's savers and tasks often re-raise or wrap what the driver raised.
+
+Inside a node the class of an error is not enough: a node that talks to its own database (a
+locked SQLite file, a CRM's PostgreSQL that refused the connection) raises the same driver
+errors as Keel's store. Those are the graph's failures, for its retry policy and then the run's
+status; only a fault of a call Keel itself made (the store, the savers on Keel's connection,
+artifact files) gives the run back. `raised_by_keel` tells them apart by the frame that made
+the failing call.
 """
 
 from __future__ import annotations
 
 import errno
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import TracebackType
 
 Predicate = Callable[[BaseException], bool]
 
@@ -46,6 +55,43 @@ def is_infrastructure(exc: BaseException, backend: Predicate) -> bool:
         if backend(cause):
             return True
     return False
+
+
+def is_keel_fault(exc: BaseException, backend: Predicate) -> bool:
+    """True if something in `exc`'s chain is an infrastructure fault of a call Keel made."""
+    return any(
+        ((isinstance(c, OSError) and c.errno in _OS_ERRNOS) or backend(c)) and raised_by_keel(c)
+        for c in causes(exc)
+    )
+
+
+# Frames of these packages sit between a caller and the failure: the caller is who asked.
+_DRIVERS = frozenset({"psycopg", "psycopg_pool", "psycopg_c", "psycopg_binary", "aiosqlite"})
+_KEEL_CODE = ("keel.", "langgraph.checkpoint.")
+_USER_CODE_IN_KEEL = ("keel.demo.",)  # the bundled example graphs are a user's nodes
+
+
+def raised_by_keel(exc: BaseException) -> bool:
+    """Whether the innermost frame that called into a driver or the OS for `exc` is Keel's
+    (or one of LangGraph's savers, which run on Keel's connection); True when no such frame is
+    known, so an error without a traceback keeps today's meaning."""
+    caller = _innermost_caller(exc.__traceback__)
+    if caller is None:
+        return True
+    return caller.startswith(_KEEL_CODE) and not caller.startswith(_USER_CODE_IN_KEEL)
+
+
+def _innermost_caller(tb: TracebackType | None) -> str | None:
+    modules: list[str] = []
+    while tb is not None:
+        modules.append(str(tb.tb_frame.f_globals.get("__name__", "")))
+        tb = tb.tb_next
+    for module in reversed(modules):
+        top = module.partition(".")[0]
+        if top in _DRIVERS or top in sys.stdlib_module_names:
+            continue
+        return module + "."
+    return None
 
 
 def backoff(attempt: int, *, base: float, cap: float) -> float:

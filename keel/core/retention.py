@@ -99,6 +99,7 @@ async def prune(
         report.runs = len(rows)
         report.run_ids = [r["run_id"] for r in rows[:1000]]
         return report
+    report.folders += await _remove_folders(services, batch_size)  # a crashed prune's leftovers
     while True:
         async with store.transaction() as tx:
             ids, counts = await store.prune_batch(tx, wanted, age, batch_size)
@@ -110,14 +111,7 @@ async def prune(
             report.rows[table] = report.rows.get(table, 0) + n
         if len(report.run_ids) < 1000:
             report.run_ids += ids[: 1000 - len(report.run_ids)]
-        # After the commit: a crash in between leaves a folder without rows, which the next
-        # prune cannot see; so folders go only once their runs are gone for good, and a
-        # missing one is fine.
-        for run_id in ids:
-            folder = RunArtifacts(services.artifacts_root, run_id).folder
-            if folder.exists():
-                await asyncio.to_thread(shutil.rmtree, folder, True)
-                report.folders += 1
+        report.folders += await _remove_folders(services, batch_size)
         if len(ids) < batch_size:
             break
         await asyncio.sleep(pause)  # let workers' transactions in between batches
@@ -130,3 +124,21 @@ async def prune(
         extra={"event": "prune", "duration": round(time.monotonic() - started, 6)},
     )
     return report
+
+
+async def _remove_folders(services: Services, batch_size: int) -> int:
+    """Remove the artifact folders of pruned runs; return how many existed.
+
+    The batch that deleted a run's rows recorded its folder in the same transaction, and the
+    record goes only once the folder is gone: a prune killed in between leaves no orphan folder
+    that no later prune could find (the run's rows that named it are gone).
+    """
+    removed = 0
+    while run_ids := await services.store.pruned_folders(batch_size):
+        for run_id in run_ids:
+            folder = RunArtifacts(services.artifacts_root, run_id).folder
+            if folder.exists():
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                removed += 1
+        await services.store.forget_pruned_folders(run_ids)
+    return removed

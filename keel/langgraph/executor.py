@@ -154,9 +154,10 @@ class Executor:
             except (LeaseLost, RunCancelled, Released):
                 raise
             except Exception as exc:
-                if rt.store.is_infrastructure(exc):
+                if rt.store.is_keel_fault(exc):
                     raise
-                # The graph's own failure (a node raised, a recursion limit): final.
+                # The graph's own failure (a node raised, a recursion limit, a node's own
+                # database failing): final.
                 log.exception(
                     "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
                 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypedDict
 
 import psycopg
@@ -98,36 +99,44 @@ def test_the_graphs_own_failure_ends_the_run_at_once(make_app: AppFactory) -> No
     assert not [e for e in details.timeline if e["kind"].startswith("attempt.")]
 
 
-def test_an_infrastructure_fault_in_a_node_gives_the_run_back_instead_of_failing_it(
-    make_app: AppFactory,
+def test_a_fault_of_the_nodes_own_database_is_the_graphs_failure_not_keels(
+    make_app: AppFactory, tmp_path: Path
 ) -> None:
-    calls = [0]
+    # A node's own database (here a SQLite file another process holds) raises the very driver
+    # errors Keel's store would. Giving the run back for them would retry a user's outage
+    # max_infra_retries times behind the graph's own retry policy; it fails like any node error.
+    # (A fault of Keel's own database inside a node gives the run back: tests/processes/
+    # test_infrastructure.py fills a real disk and kills the postmaster under running nodes.)
+    own = tmp_path / "crm.db"
+    holder = sqlite3.connect(own, isolation_level=None)
+    holder.execute("CREATE TABLE contacts (name TEXT)")
+    holder.execute("BEGIN EXCLUSIVE")
+
+    def save_contact(state: dict[str, Any]) -> dict[str, Any]:
+        crm = sqlite3.connect(own, timeout=0.05)
+        try:
+            crm.execute("INSERT INTO contacts VALUES (?)", (state["text"],))
+        finally:
+            crm.close()
+        return {"out": "saved"}
+
+    def unreachable_crm(state: dict[str, Any]) -> dict[str, Any]:
+        with psycopg.connect("postgresql://crm@127.0.0.1:9/crm", connect_timeout=2):
+            return {"out": "saved"}
+
     app = make_app(max_infra_retries=3)
-
-    def driver_fault() -> Exception:
-        # What each driver raises when the disk fills up under it (the processes tier fills
-        # a real one; here the point is the executor's answer to it).
-        if app.aio.dialect == "sqlite":
-            err = sqlite3.OperationalError("database or disk is full")
-            err.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
-            return err
-        return psycopg.errors.DiskFull("could not extend file: No space left on device")
-
-    def flaky_disk(state: dict[str, Any]) -> dict[str, Any]:
-        calls[0] += 1
-        if calls[0] == 1:
-            # Re-raised under another type, as LangGraph's tasks and savers may do.
-            try:
-                raise driver_fault()
-            except Exception as exc:
-                raise RuntimeError("task failed") from exc
-        return {"out": state["text"].upper()}
-
-    app.workflow("disk")(lambda: echo_graph(flaky_disk))  # type: ignore[arg-type]
-    run_id = app.submit("disk", job_id="j", input={"text": "x"}).run_id
-    drain(app)
-    details = app.get_run(run_id)
-    assert details.status == "completed" and details.output["out"] == "X"
-    interrupted = [e["data"] for e in details.timeline if e["kind"] == "attempt.interrupted"]
-    assert [(d["cause"], d["attempt"]) for d in interrupted] == [("infrastructure", 1)]
-    assert details.run["infra_retries"] == 1
+    app.workflow("locked")(lambda: echo_graph(save_contact))  # type: ignore[arg-type]
+    app.workflow("refused")(lambda: echo_graph(unreachable_crm))  # type: ignore[arg-type]
+    try:
+        runs = [
+            app.submit(w, job_id="j", input={"text": "x"}).run_id for w in ("locked", "refused")
+        ]
+        drain(app)
+    finally:
+        holder.close()
+    for run_id, error in zip(runs, ("database is locked", "OperationalError"), strict=True):
+        details = app.get_run(run_id)
+        assert (details.status, details.termination_reason) == ("failed", "execution_error")
+        assert error in details.run["error"]
+        assert not [e for e in details.timeline if e["kind"].startswith("attempt.")]
+        assert details.run["infra_retries"] == 0

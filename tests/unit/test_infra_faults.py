@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import sqlite3
+from pathlib import Path
 
 import psycopg
 import psycopg_pool
@@ -11,7 +13,7 @@ import pytest
 
 from keel.backends.postgres import is_transient as pg_transient
 from keel.backends.sqlite import is_transient as sqlite_transient
-from keel.core.infra import Attempts, backoff, is_infrastructure
+from keel.core.infra import Attempts, backoff, is_infrastructure, is_keel_fault
 
 
 def _sqlite_error(sql: str, setup: str | None = None) -> sqlite3.Error:
@@ -131,3 +133,57 @@ def test_attempt_limits_refuse_nonsense() -> None:
         Attempts(max_crashes=0)
     with pytest.raises(ValueError, match="backoff"):
         Attempts(backoff=-1)
+
+
+def _locked_by_keel(path: Path) -> BaseException:
+    """The error Keel's own SQLite connector raises when another process holds the file."""
+    from keel.backends.sqlite import SqliteConnector
+
+    async def write() -> None:
+        connector = SqliteConnector(f"sqlite:///{path}", busy_timeout_ms=50)
+        await connector.open()
+        try:
+            async with connector.transaction():
+                pass
+        finally:
+            await connector.close()
+
+    try:
+        asyncio.run(write())
+    except Exception as exc:
+        return exc
+    raise AssertionError("the write went through a held lock")
+
+
+def test_only_a_fault_of_a_call_keel_made_gives_the_run_back(tmp_path: Path) -> None:
+    # Both are "database is locked" from the same driver, on the same kind of file: one raised
+    # in Keel's connector (the run's database), one in the graph's own code (a node's database).
+    path = tmp_path / "held.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")  # as Keel's file is
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        keels = _locked_by_keel(path)
+        users = _sqlite_error_on(path)
+    finally:
+        holder.close()
+    for exc in (keels, users):
+        assert is_infrastructure(exc, sqlite_transient), exc
+    assert is_keel_fault(keels, sqlite_transient)
+    assert not is_keel_fault(users, sqlite_transient)
+    assert not is_keel_fault(_raised_from(users, RuntimeError("task failed")), sqlite_transient)
+    assert is_keel_fault(_raised_from(keels, RuntimeError("task failed")), sqlite_transient)
+    # A full disk under the node's own file is the node's; without a traceback, Keel's.
+    assert is_keel_fault(OSError(errno.ENOSPC, "No space left"), lambda e: False)
+
+
+def _sqlite_error_on(path: Path) -> sqlite3.Error:
+    conn = sqlite3.connect(path, timeout=0.05)
+    try:
+        conn.execute("INSERT INTO t VALUES (1)")
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        conn.close()
+    raise AssertionError("no error")

@@ -85,4 +85,14 @@ class OpsQueries:
         params = {"run_ids": json.dumps(ids)}
         for table in PRUNED_TABLES:
             counts[table] = max(0, await tx.execute(f"prune_{table}", params))
+        await tx.execute("record_pruned_folders", params)
         return ids, counts
+
+    async def pruned_folders(self, limit: int) -> list[str]:
+        """Runs pruned whose artifact folders may still be on disk (see `prune_batch`)."""
+        async with self.db.read() as tx:
+            return [str(r["run_id"]) for r in await tx.all("pruned_folders", {"limit": limit})]
+
+    async def forget_pruned_folders(self, run_ids: list[str]) -> None:
+        async with self.db.transaction() as tx:
+            await tx.execute("forget_pruned_folders", {"run_ids": json.dumps(run_ids)})

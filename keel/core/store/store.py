@@ -47,6 +47,11 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
         in `keel.core.infra`, fed by this backend's driver errors)?"""
         return infra.is_infrastructure(exc, self.db.is_transient)
 
+    def is_keel_fault(self, exc: BaseException) -> bool:
+        """An infrastructure fault of a call Keel made, not of one the graph's own code made
+        (a node's own database): what decides for an error raised out of the graph."""
+        return infra.is_keel_fault(exc, self.db.is_transient)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
         """A write transaction (SQLite: the write lock is taken at its start). The timeline

@@ -588,6 +588,18 @@ SELECT MIN(t) AS oldest FROM (
     SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running' AND lease_expires_at < (SELECT keel_now())
 ) AS due;
 
+-- name: record_pruned_folders
+-- The pruned runs whose artifact folders are still to be removed (same transaction as the delete).
+INSERT INTO keel_pruned_folders (run_id) SELECT jsonb_array_elements_text(%(run_ids)s::jsonb) ON CONFLICT (run_id) DO NOTHING;
+
+-- name: pruned_folders
+-- Folders of runs already pruned that are still to be removed, oldest batches first.
+SELECT run_id FROM keel_pruned_folders ORDER BY run_id LIMIT %(limit)s;
+
+-- name: forget_pruned_folders
+-- Their folders are gone.
+DELETE FROM keel_pruned_folders WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
 -- name: prune_candidates
 -- Finished runs in `statuses` that finished more than `older_than` seconds ago by the
 -- database's clock, oldest first (a dry run's list).

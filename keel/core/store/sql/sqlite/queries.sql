@@ -541,6 +541,18 @@ SELECT MIN(t) AS oldest FROM (
     SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running' AND lease_expires_at < (SELECT keel_now())
 );
 
+-- name: record_pruned_folders
+-- The pruned runs whose artifact folders are still to be removed (same transaction as the delete).
+INSERT INTO keel_pruned_folders (run_id) SELECT value FROM json_each(:run_ids) WHERE true ON CONFLICT (run_id) DO NOTHING;
+
+-- name: pruned_folders
+-- Folders of runs already pruned that are still to be removed, oldest batches first.
+SELECT run_id FROM keel_pruned_folders ORDER BY run_id LIMIT :limit;
+
+-- name: forget_pruned_folders
+-- Their folders are gone.
+DELETE FROM keel_pruned_folders WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
 -- name: prune_candidates
 -- Finished runs in `statuses` that finished more than `older_than` seconds ago by the
 -- database's clock, oldest first (a dry run's list).

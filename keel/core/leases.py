@@ -116,7 +116,10 @@ async def end_dead(store: Store, run_id: str, token: int) -> bool:
     instead of waiting out the TTL. Only for callers that know the process is gone: a live holder
     would be fenced out. False if `token` no longer holds the run."""
     async with store.transaction() as tx:
-        return await store.end_lease(tx, run_id, token)
+        ended = await store.end_lease(tx, run_id, token)
+        if ended:
+            await store.notify_wake(tx, run_id)  # quiet workers take it over now, not at a poll
+        return ended
 
 
 async def release(store: Store, lease: Lease, reason: str) -> None:
@@ -135,3 +138,4 @@ async def release(store: Store, lease: Lease, reason: str) -> None:
             token=lease.token,
             event={"reason": reason},
         )
+        await store.notify_wake(tx, lease.run_id)  # another worker resumes it at once

@@ -19,8 +19,8 @@ from pathlib import Path
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
 CASES = (
-    "floor", "step", "effect", "approval", "drain", "takeover", "state", "memory", "console",
-    "prune",
+    "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
+    "memory", "console", "prune", "idle", "retention",
 )  # fmt: skip
 
 
@@ -30,8 +30,11 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_console,
         case_drain,
         case_floor,
+        case_loop,
         case_memory,
         case_prune,
+        case_retention,
+        case_shape,
         case_state,
         case_step,
         case_takeover,
@@ -40,13 +43,17 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
     table: dict[str, Callable[[Settings, Databases, dict[str, float]], CaseResult]] = {
         "floor": lambda s, d, f: case_floor.run(s, d),
         "step": case_step.per_step,
+        "shape": lambda s, d, f: case_shape.run(s, d),
         "effect": case_step.per_effect,
         "approval": case_approval.run,
         "drain": lambda s, d, f: case_drain.run(s, d),
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),
+        "stall": lambda s, d, f: case_loop.stall(s, d),
+        "idle": lambda s, d, f: case_loop.idle(s, d),
         "memory": lambda s, d, f: case_memory.run(s, d),
         "prune": lambda s, d, f: case_prune.run(s, d),
+        "retention": lambda s, d, f: case_retention.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
     }
     return table[case]

@@ -13,13 +13,12 @@ from bench.common import (
     Databases,
     Loop,
     Settings,
-    SqliteTrace,
     Summary,
     Table,
     interleave,
     ratios,
 )
-from bench.runners import KeelRunner, RawRunner, commits_per_run
+from bench.runners import KeelRunner, RawRunner, traffic_per_run
 
 
 def run(settings: Settings, dbs: Databases, floors: dict[str, float]) -> CaseResult:
@@ -57,25 +56,23 @@ def run(settings: Settings, dbs: Databases, floors: dict[str, float]) -> CaseRes
             k.close()
         small, large = 2, 2 + settings.count_runs
 
-        def raw_count(
-            m: int, trace: SqliteTrace | None, url: str = raw_url, loop: Loop = loop
-        ) -> None:
-            runner = RawRunner(loop, url, trace)
+        def raw_count(m: int, url: str, loop: Loop = loop) -> None:
+            runner = RawRunner(loop, url)
             try:
                 runner.approval_batch(graphs.approval_raw, [{"n": 0}] * m)
             finally:
                 runner.close()
 
-        def keel_count(m: int, trace: SqliteTrace | None, url: str = keel_url) -> None:
-            runner = KeelRunner(dbs, url, trace)
+        def keel_count(m: int, url: str) -> None:
+            runner = KeelRunner(dbs, url)
             try:
                 runner.approval_batch([{"n": 0}] * m)
             finally:
                 runner.close()
 
         counts = {
-            "raw": commits_per_run(dbs, raw_url, raw_count, small, large),
-            "keel": commits_per_run(dbs, keel_url, keel_count, small, large),
+            "raw": traffic_per_run(raw_url, raw_count, small, large),
+            "keel": traffic_per_run(keel_url, keel_count, small, large),
         }
         loop.close()
         ratio = ratios(series["keel"], series["raw"])
@@ -87,7 +84,10 @@ def run(settings: Settings, dbs: Databases, floors: dict[str, float]) -> CaseRes
                     backend,
                     label,
                     ms.fmt(2),
-                    counts[name].fmt(),
+                    counts[name].fmt_commits(),
+                    f"{counts[name].get('statements'):.1f}"
+                    if backend == "sqlite"
+                    else f"{counts[name].get('round_trips'):.1f}",
                     f"{ms.median / floor:.1f}" if floor else "-",
                     ratio.fmt(2) if name == "keel" else "",
                 ]
@@ -102,6 +102,7 @@ def run(settings: Settings, dbs: Databases, floors: dict[str, float]) -> CaseRes
                 "contender",
                 "ms/cycle",
                 "commits/cycle",
+                "SQLite statements / PG round trips",
                 "in commit floors",
                 "Keel/raw",
             ],

@@ -8,20 +8,22 @@ without the ledger.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from bench import graphs
 from bench.common import (
     CaseResult,
-    Commits,
     Databases,
     Loop,
     Settings,
-    SqliteTrace,
     Summary,
     Table,
+    Traffic,
     interleave,
     ratios,
 )
-from bench.runners import KeelRunner, PlainRunner, RawRunner, commits_per_run
+from bench.runners import KeelRunner, PlainRunner, RawRunner, traffic_per_run
 
 STEPS = len(graphs.NODES)
 
@@ -64,28 +66,9 @@ def per_step(settings: Settings, dbs: Databases, floors: dict[str, float]) -> Ca
             raw.close()
             k.close()
 
-        small, large = 2, 2 + settings.count_runs
-
-        def raw_count(
-            m: int, trace: SqliteTrace | None, url: str = raw_url, loop: Loop = loop
-        ) -> None:
-            runner = RawRunner(loop, url, trace)
-            try:
-                runner.batch(graphs.chain5, [{"n": 0}] * m)
-            finally:
-                runner.close()
-
-        def keel_count(m: int, trace: SqliteTrace | None, url: str = keel_url) -> None:
-            runner = KeelRunner(dbs, url, trace)
-            try:
-                runner.batch("chain5", [{"n": 0}] * m)
-            finally:
-                runner.close()
-
-        counts: dict[str, Commits] = {
-            "none": Commits(0.0, 0.0 if backend == "sqlite" else None),
-            "raw": commits_per_run(dbs, raw_url, raw_count, small, large),
-            "keel": commits_per_run(dbs, keel_url, keel_count, small, large),
+        counts: dict[str, Traffic] = {
+            "none": Traffic.zero(backend),
+            **count_raw_and_keel(settings, dbs, loop, raw_url, keel_url, graphs.chain5, "chain5"),
         }
         loop.close()
 
@@ -109,7 +92,7 @@ def per_step(settings: Settings, dbs: Databases, floors: dict[str, float]) -> Ca
                     ms[name].scaled(1 / STEPS).fmt(2),
                     "-" if name == "none" else overhead.fmt(2),
                     f"{1 / ms[name].median * 1e3:,.1f}",
-                    counts[name].fmt(),
+                    counts[name].fmt_commits(),
                     "-" if not floor else f"{ms[name].median / floor:.1f}",
                     ratio.fmt(2) if name == "keel" else "",
                 ]
@@ -121,6 +104,10 @@ def per_step(settings: Settings, dbs: Databases, floors: dict[str, float]) -> Ca
         ).median
         result.figures[f"{backend}.keel_commits"] = counts["keel"].durable
         result.figures[f"{backend}.raw_commits"] = counts["raw"].durable
+        for who in ("raw", "keel"):
+            for key, value in counts[who].values.items():
+                result.figures[f"{backend}.{who}_{key}"] = value
+        result.data[f"{backend}.traffic"] = counts
     result.tables.append(
         Table(
             "5-node chain, per run",
@@ -137,12 +124,93 @@ def per_step(settings: Settings, dbs: Databases, floors: dict[str, float]) -> Ca
             ],
             rows,
             "Keel/raw is the median (min-max) of the per-round ratios of single runs. "
-            "Commits: SQLite counts COMMIT statements (and those whose transaction wrote, "
-            "the ones that cost an fsync); PostgreSQL counts the database's xact_commit, which "
-            "includes read-only autocommit statements and connection checks.",
+            "Commits: SQLite counts COMMIT statements and autocommitted writes (and those that "
+            "wrote, the ones that cost an fsync); PostgreSQL counts the client's transactions on "
+            "the wire (and those that wrote, the ones that cost a WAL flush).",
         )
     )
+    result.tables.append(traffic_table(result, "5-node chain: database traffic per run"))
     return result
+
+
+def count_raw_and_keel(
+    settings: Settings,
+    dbs: Databases,
+    loop: Loop,
+    raw_url: str,
+    keel_url: str,
+    factory: Callable[[], Any],
+    workflow: str,
+) -> dict[str, Traffic]:
+    """Traffic per run of raw LangGraph and of Keel on the same graph, in untimed batches."""
+    small, large = 2, 2 + settings.count_runs
+
+    def raw_count(m: int, url: str) -> None:
+        runner = RawRunner(loop, url)
+        try:
+            runner.batch(factory, [{"n": 0}] * m)
+        finally:
+            runner.close()
+
+    def keel_count(m: int, url: str) -> None:
+        runner = KeelRunner(dbs, url)
+        try:
+            runner.batch(workflow, [{"n": 0}] * m)
+        finally:
+            runner.close()
+
+    return {
+        "raw": traffic_per_run(raw_url, raw_count, small, large),
+        "keel": traffic_per_run(keel_url, keel_count, small, large),
+    }
+
+
+TRAFFIC_COLUMNS = [
+    "contender",
+    "SQLite statements",
+    "SQLite durable commits",
+    "PG round trips (pool checks)",
+    "PG transactions (wrote)",
+]
+
+
+def traffic_row(label: str, by_backend: dict[str, Traffic], per: float = 1.0) -> list[str]:
+    """One row of the issue's table: a contender's traffic on both backends, divided by `per`."""
+    lite, pg = by_backend.get("sqlite"), by_backend.get("postgres")
+
+    def n(t: Traffic | None, key: str) -> str:
+        return "n/a" if t is None else f"{t.get(key) / per:.1f}"
+
+    return [
+        label,
+        n(lite, "statements"),
+        n(lite, "durable"),
+        "n/a" if pg is None else f"{n(pg, 'round_trips')} ({n(pg, 'pool_checks')})",
+        "n/a" if pg is None else f"{n(pg, 'transactions')} ({n(pg, 'durable')})",
+    ]
+
+
+def traffic_table(result: CaseResult, title: str) -> Table:
+    by: dict[str, dict[str, Traffic]] = {"keel": {}, "raw": {}}
+    for key, counts in result.data.items():
+        if key.endswith(".traffic"):
+            for who in by:
+                by[who][key.split(".")[0]] = counts[who]
+    return Table(
+        title,
+        TRAFFIC_COLUMNS,
+        [
+            traffic_row("Keel", by["keel"]),
+            traffic_row('raw LangGraph, official saver, durability="sync"', by["raw"]),
+        ],
+        "Counted exactly on the measured client's own connections (bench/wire.py), per run "
+        "from submit to completed (Keel) or `ainvoke` (raw), in untimed batches: SQLite "
+        "statements from the trace callback (BEGIN and COMMIT included), durable commits "
+        "those that wrote; PostgreSQL round trips through a counting proxy (each time the "
+        "client sent after the server had answered; pool checks are psycopg_pool's empty "
+        "queries at checkout) and transactions (wrote: committed after a statement that "
+        "modified or locked rows).",
+    )
 
 
 def per_effect(settings: Settings, dbs: Databases, floors: dict[str, float]) -> CaseResult:
@@ -174,19 +242,17 @@ def per_effect(settings: Settings, dbs: Databases, floors: dict[str, float]) -> 
         finally:
             k.close()
         small, large = 2, 2 + settings.count_runs
-        counted: dict[str, Commits] = {}
+        counted: dict[str, Traffic] = {}
         for workflow in ("chain5-no-effect", "chain5-effect"):
 
-            def count(
-                m: int, trace: SqliteTrace | None, wf: str = workflow, url: str = url
-            ) -> None:
-                runner = KeelRunner(dbs, url, trace)
+            def count(m: int, url: str, wf: str = workflow) -> None:
+                runner = KeelRunner(dbs, url)
                 try:
                     runner.batch(wf, [{"n": 0}] * m)
                 finally:
                     runner.close()
 
-            counted[workflow] = commits_per_run(dbs, url, count, small, large)
+            counted[workflow] = traffic_per_run(url, count, small, large)
         extra = Summary.of(
             [
                 (w - o) * 1e3 / effects
@@ -202,12 +268,14 @@ def per_effect(settings: Settings, dbs: Databases, floors: dict[str, float]) -> 
                 Summary.of([v * 1e3 for v in series["without"]]).fmt(2),
                 Summary.of([v * 1e3 for v in series["with"]]).fmt(2),
                 extra.fmt(2),
-                extra_commits.fmt(),
+                extra_commits.fmt_commits(),
+                "-" if backend == "sqlite" else f"{extra_commits.get('round_trips'):.1f}",
                 f"{in_floors:.1f}" if floor else "-",
             ]
         )
         result.figures[f"{backend}.effect_extra_ms"] = extra.median
         result.figures[f"{backend}.effect_extra_commits"] = extra_commits.durable
+        result.figures[f"{backend}.effect_extra_round_trips"] = extra_commits.get("round_trips")
         result.figures[f"{backend}.effect_extra_floors"] = in_floors
     result.tables.append(
         Table(
@@ -218,9 +286,12 @@ def per_effect(settings: Settings, dbs: Databases, floors: dict[str, float]) -> 
                 "ms/run with",
                 "extra ms/effect",
                 "extra commits/effect",
+                "extra PG round trips/effect",
                 "extra in commit floors",
             ],
             rows,
+            "Commits and round trips counted as in case 1 (bench/wire.py): the difference "
+            "between the chain with and without effects, per effect.",
         )
     )
     return result

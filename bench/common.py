@@ -247,59 +247,47 @@ class Databases:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-# -- commit counters ---------------------------------------------------------------------------
+# -- database traffic ----------------------------------------------------------------------
 
-_WRITE = re.compile(r"^\s*(INSERT|UPDATE|DELETE|REPLACE|CREATE|ALTER|DROP)\b", re.IGNORECASE)
-_COMMIT = re.compile(r"^\s*(COMMIT|END)\b", re.IGNORECASE)
-
-
-class SqliteTrace:
-    """Counts a SQLite connection's commits through its trace callback.
-
-    `commits` counts every COMMIT; `durable` only those whose transaction wrote something (a
-    read-only COMMIT writes no WAL frame, so it costs no fsync).
-    """
-
-    def __init__(self) -> None:
-        self.commits = 0
-        self.durable = 0
-        self._dirty = False
-
-    def __call__(self, statement: str) -> None:
-        if _WRITE.match(statement):
-            self._dirty = True
-        elif _COMMIT.match(statement):
-            self.commits += 1
-            if self._dirty:
-                self.durable += 1
-            self._dirty = False
+TRAFFIC_KEYS = {
+    "sqlite": ("statements", "commits", "durable"),
+    "postgres": ("round_trips", "pool_checks", "transactions", "durable"),
+}
 
 
 @dataclass(frozen=True)
-class Commits:
-    """Commits per run: all of them, and (SQLite) those whose transaction wrote."""
+class Traffic:
+    """What one client asked of its database, per run (bench.wire counts it exactly).
 
-    all: float
-    wrote: float | None = None
+    SQLite: statements, commits, and `durable` commits (those whose transaction wrote, the ones
+    that cost an fsync). PostgreSQL: round trips on the wire (of which `pool_checks`),
+    transactions, and `durable` (writing) transactions.
+    """
 
-    def __sub__(self, other: Commits) -> Commits:
-        wrote = None
-        if self.wrote is not None and other.wrote is not None:
-            wrote = self.wrote - other.wrote
-        return Commits(self.all - other.all, wrote)
+    backend: str
+    values: dict[str, float]
 
-    def scaled(self, factor: float) -> Commits:
-        return Commits(self.all * factor, None if self.wrote is None else self.wrote * factor)
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic(self.backend, {k: v - other.values[k] for k, v in self.values.items()})
+
+    def scaled(self, factor: float) -> Traffic:
+        return Traffic(self.backend, {k: v * factor for k, v in self.values.items()})
+
+    def get(self, key: str) -> float:
+        return self.values.get(key, float("nan"))
 
     @property
     def durable(self) -> float:
-        """The best count of durable (writing) commits this backend gives."""
-        return self.all if self.wrote is None else self.wrote
+        return self.get("durable")
 
-    def fmt(self) -> str:
-        if self.wrote is None:
-            return f"{self.all:.1f} (incl. reads)"
-        return f"{self.all:.1f} ({self.wrote:.1f} wrote)"
+    @classmethod
+    def zero(cls, backend: str) -> Traffic:
+        return cls(backend, dict.fromkeys(TRAFFIC_KEYS[backend], 0.0))
+
+    def fmt_commits(self) -> str:
+        """The commits column: SQLite's commits (writing), PostgreSQL's transactions (writing)."""
+        total = self.get("commits" if self.backend == "sqlite" else "transactions")
+        return f"{total:.1f} ({self.durable:.1f} wrote)"
 
 
 @dataclass(frozen=True)

@@ -7,22 +7,25 @@ durability (checkpoints, fencing, ledger, timeline), not the work of the nodes.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import time
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import interrupt
+from langgraph.types import Send, interrupt
 
 import keel
 
 NODES = ("a", "b", "c", "d", "e")
+FAN_WIDTH = 4
 
 
 class State(TypedDict, total=False):
     n: int
     blob: str
     decision: str
+    hits: Annotated[list[int], operator.add]
 
 
 def _bump(state: State) -> dict[str, Any]:
@@ -93,6 +96,35 @@ def chain5_slow() -> StateGraph:
     return chain(_sleepy)
 
 
+def chain20() -> StateGraph:
+    return chain(_bump, 20)
+
+
+def _spread(state: State) -> list[Send]:
+    return [Send("leaf", {"n": i}) for i in range(FAN_WIDTH)]
+
+
+def _leaf(state: State) -> dict[str, Any]:
+    return {"hits": [state.get("n", 0)]}
+
+
+def _join(state: State) -> dict[str, Any]:
+    return {"n": state.get("n", 0) + len(state.get("hits", []))}
+
+
+def fanout4() -> StateGraph:
+    """fan -> 4 parallel `leaf` tasks through `Send` -> join: 3 supersteps, 6 tasks."""
+    g = StateGraph(State)
+    g.add_node("fan", _bump)
+    g.add_node("leaf", _leaf)
+    g.add_node("join", _join)
+    g.add_edge(START, "fan")
+    g.add_conditional_edges("fan", _spread, ["leaf"])
+    g.add_edge("leaf", "join")
+    g.add_edge("join", END)
+    return g
+
+
 def _prepare(state: State) -> dict[str, Any]:
     return _bump(state)
 
@@ -133,6 +165,8 @@ WORKFLOWS = {
     "chain5-effect": chain5_effect,
     "chain5-no-effect": chain5_no_effect,
     "chain5-slow": chain5_slow,
+    "chain20": chain20,
+    "fanout4": fanout4,
     "approval": approval_keel,
 }
 

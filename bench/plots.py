@@ -64,6 +64,36 @@ def draw(results: dict[str, CaseResult], folder: Path) -> dict[str, list[tuple[s
         ax.set_title("Per run: 5-node chain")
         save(fig, "step", "per_step.png", "ms per 5-node run, by backend")
 
+    if shape := results.get("shape"):
+        keys = {"chain5": "5-node chain", "chain20": "20-node chain", "fanout4": "4-way fan-out"}
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        _bars(
+            left,
+            list(keys.values()),
+            {
+                f"{b} {label}": [(shape.data.get(f"{b}.{k}") or {}).get(who) for k in keys]
+                for b in backends
+                for who, label in (("raw", "raw"), ("keel", "Keel"))
+            },
+            "ms per run (median, min-max)",
+        )
+        left.set_title("Time per run by shape")
+        counted = {
+            "SQLite durable commits": ("sqlite", "durable"),
+            "PG round trips": ("postgres", "round_trips"),
+        }
+        series: dict[str, list[Summary | None]] = {}
+        for label, (b, name) in counted.items():
+            for who, who_label in (("raw", "raw"), ("keel", "Keel")):
+                values = [shape.figures.get(f"{b}.{k}_{who}_{name}") for k in keys]
+                if any(v is not None for v in values):
+                    series[f"{label}, {who_label}"] = [
+                        None if v is None else Summary(v, v, v, 1) for v in values
+                    ]
+        _bars(right, list(keys.values()), series, "per run (counted)")
+        right.set_title("Database traffic per run by shape")
+        save(fig, "shape", "shape.png", "time and database traffic per run by graph shape")
+
     if approval := results.get("approval"):
         fig, ax = plt.subplots(figsize=(6, 4))
         names = {"raw": "raw interrupt/resume", "keel": "Keel approval"}

@@ -20,7 +20,8 @@ from typing import Any
 from langgraph.types import Command
 
 import keel
-from bench.common import Commits, Databases, Loop, PgCounters, SqliteTrace, pg_counters
+from bench.common import Databases, Loop, Traffic
+from bench.wire import PgCounter, sqlite_counting
 
 
 class BenchError(RuntimeError):
@@ -30,15 +31,15 @@ class BenchError(RuntimeError):
 class RawRunner:
     """LangGraph with its official async saver and nothing else, on its own database."""
 
-    def __init__(self, loop: Loop, url: str, trace: SqliteTrace | None = None) -> None:
+    def __init__(self, loop: Loop, url: str) -> None:
         self.loop = loop
         self.url = url
         self.saver: Any = None
         self._cm: Any = None
         self._graphs: dict[Any, Any] = {}
-        self.loop.run(self._open(trace))
+        self.loop.run(self._open())
 
-    async def _open(self, trace: SqliteTrace | None) -> None:
+    async def _open(self) -> None:
         if self.url.startswith("sqlite:"):
             from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -47,8 +48,6 @@ class RawRunner:
             await self.saver.setup()
             # Keel's own setting; it is SQLite's default too, so raw gets the same durability.
             await self.saver.conn.execute("PRAGMA synchronous=FULL")
-            if trace is not None:
-                await self.saver.conn.set_trace_callback(trace)
         else:
             from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
@@ -141,12 +140,11 @@ class KeelRunner:
     when idle.
     """
 
-    def __init__(self, dbs: Databases, url: str, trace: SqliteTrace | None = None, **kw: Any):
+    def __init__(self, dbs: Databases, url: str, **kw: Any):
         self.url = url
         self.dbs = dbs
         self.app = dbs.app(url, **kw)
-        if trace is not None:
-            attach_sqlite_trace(self.app, trace)
+        self._kw = kw
         self._worker: Any = None
         self._serving: Any = None
         self._observer: keel.App | None = None
@@ -155,14 +153,32 @@ class KeelRunner:
 
     # -- one run at a time, through a standing worker -------------------------------------------
 
-    def start_worker(self) -> None:
+    def start_worker(self, concurrency: int = 1, observe: bool = True) -> None:
+        """Serve runs from a worker on this App's event loop (and watch them from a second App,
+        unless `observe` is false: an idle worker's traffic is measured alone)."""
         from keel.runtime.worker import Worker
 
         rt = self.app.aio
         rt.portal.call(rt.open())
-        self._worker = Worker(rt, concurrency=1)
+        self._worker = Worker(rt, concurrency=concurrency)
         self._serving = asyncio.run_coroutine_threadsafe(self._worker.run(), rt.portal.loop)
-        self._observer = self.dbs.app(self.url)
+        if observe:
+            self._observer = self.dbs.app(self.url, **self._kw)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the worker runs on."""
+        return self.app.aio.portal.loop
+
+    def drain_here(self, concurrency: int) -> Any:
+        """Run the queue dry with a worker on this App's loop; the caller blocks, polling
+        nothing. Returns the worker's stats."""
+        from keel.runtime.worker import Worker
+
+        rt = self.app.aio
+        rt.portal.call(rt.open())
+        worker = Worker(rt, concurrency=concurrency, stop_when_idle=True)
+        return asyncio.run_coroutine_threadsafe(worker.run(), rt.portal.loop).result(timeout=600)
 
     def stop_worker(self) -> None:
         if self._worker is not None:
@@ -225,10 +241,11 @@ class KeelRunner:
             for i, item in enumerate(inputs)
         ]
 
-    def drain(self, expect: int) -> None:
+    def drain(self, expect: int, ending: str = "finished") -> None:
+        """Run the queue dry; `expect` runs must end their execution `finished` or `waiting`."""
         stats = self.app.run_worker(concurrency=1, stop_when_idle=True, handle_signals=False)
-        if stats.finished != expect:
-            raise BenchError(f"the worker finished {stats.finished} runs, expected {expect}")
+        if getattr(stats, ending) != expect:
+            raise BenchError(f"the worker's runs ({stats}): expected {expect} {ending}")
 
     def batch(self, workflow: str, inputs: Sequence[Any]) -> tuple[float, float]:
         """Admit the inputs, then drain them; return (admission s, execution s)."""
@@ -243,7 +260,7 @@ class KeelRunner:
         start = time.perf_counter()
         run_ids = self.submit("approval", inputs)
         admitted = time.perf_counter()
-        self.drain(len(inputs))
+        self.drain(len(inputs), "waiting")
         for run_id in run_ids:
             if not self.app.approve(run_id, by="bench").recorded:
                 raise BenchError(f"run {run_id}: the approval was not recorded")
@@ -259,40 +276,49 @@ class KeelRunner:
         self.app.close()
 
 
-def attach_sqlite_trace(app: keel.App, trace: SqliteTrace) -> None:
-    """Count the commits on the App's SQLite connection (bench instrumentation, not API)."""
-    rt = app.aio
-    rt.portal.call(rt.open())
-    conn = rt.connector.connection
-    rt.portal.call(conn.set_trace_callback(trace))
+def traffic_per_run(url: str, run: Callable[[int, str], None], small: int, large: int) -> Traffic:
+    """Database traffic per run, from two batches of different sizes.
 
-
-def commits_per_run(
-    dbs: Databases,
-    url: str,
-    run: Callable[[int, SqliteTrace | None], None],
-    small: int,
-    large: int,
-) -> Commits:
-    """Commits per run, from two batches of different sizes.
-
-    `run(n, trace)` opens a fresh client on `url` (with `trace` on its SQLite connection, if
-    given), runs n runs and closes the client. The difference between a small and a large
-    batch cancels what each batch pays once (opening, a worker's start and stop).
-    SQLite: COMMITs on the client's connection, and those whose transaction wrote.
-    PostgreSQL: the database's xact_commit, which counts read-only autocommit statements too
-    (the server cannot tell us, per database, which commits wrote).
+    `run(n, url)` opens a fresh client on the URL it is given, runs n runs and closes the
+    client. SQLite: every connection opened on the file meanwhile is traced. PostgreSQL: the
+    client is given a URL through a counting proxy (bench.wire), so only its own traffic is
+    seen. The difference of the two batches cancels what each pays once (connecting, a
+    worker's start and stop).
     """
-    sqlite = url.startswith("sqlite:")
-    found: list[Commits] = []
+    found: list[Traffic] = []
     for n in (small, large):
-        if sqlite:
-            trace = SqliteTrace()
-            run(n, trace)
-            found.append(Commits(trace.commits, trace.durable))
+        if url.startswith("sqlite:"):
+            with sqlite_counting(url.removeprefix("sqlite:///")) as trace:
+                run(n, url)
+            c = trace.snapshot()
+            _counted_something(c.connections, url)
+            found.append(
+                Traffic(
+                    "sqlite",
+                    {"statements": c.statements, "commits": c.commits, "durable": c.durable},
+                )
+            )
         else:
-            before = pg_counters(dbs, url)
-            run(n, None)
-            delta: PgCounters = pg_counters(dbs, url) - before
-            found.append(Commits(delta.xact_commit))
+            with PgCounter(url) as counter:
+                run(n, counter.url(url))
+                p = counter.snapshot()
+            _counted_something(p.connections, url)
+            found.append(
+                Traffic(
+                    "postgres",
+                    {
+                        "round_trips": p.round_trips,
+                        "pool_checks": p.pool_checks,
+                        "transactions": p.transactions,
+                        "durable": p.writing,
+                    },
+                )
+            )
     return (found[1] - found[0]).scaled(1 / (large - small))
+
+
+def _counted_something(connections: int, url: str) -> None:
+    # Zero would be a client that connects some way the counters do not see (a SQLite
+    # connection not opened through sqlite3.connect, a URL not taken): no figure, not "0".
+    if connections == 0:
+        raise BenchError(f"no connection to {url} was counted: the bench's counters missed it")

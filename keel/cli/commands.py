@@ -129,7 +129,11 @@ def worker(
     prune_older_than: str | None = typer.Option(
         None,
         show_default=False,
-        help="Also prune finished runs older than this (30d, 12h) every hour.",
+        help="Also prune finished runs older than this (30d, 12h), at start and every "
+        "--prune-every.",
+    ),
+    prune_every: str = typer.Option(
+        "1h", help="How often --prune-older-than prunes (1h, 15m, seconds)."
     ),
     max_clock_skew: float | None = typer.Option(
         None,
@@ -151,6 +155,7 @@ def worker(
             stop_when_idle=stop_when_idle,
             grace=grace,
             prune_older_than=prune_older_than,
+            prune_every=prune_every,
             max_clock_skew=max_clock_skew,
         )
     finally:

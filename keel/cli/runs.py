@@ -1,4 +1,4 @@
-"""`keel runs ...` (list, show, upgrade, cancel, watch, resume) and `keel approvals list`.
+"""`keel runs ...` (list, show, upgrade, cancel, watch, resume, replay) and `keel approvals list`.
 
 `keel cancel` is the same command as `keel runs cancel`; keel.cli.commands adds it to the root.
 """
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from keel.cli import observe, render
+from keel.cli import observe, render, replay_view
 from keel.cli.guard import fail, guarded, login, say
 from keel.cli.options import (
     AppOption,
@@ -146,6 +146,38 @@ def resume(
     with open_app(app, db) as loaded:
         loaded.resume(run_id, by=by or login())
     say(f"resumed run {run_id}: queued; a worker continues it from its last checkpoint")
+
+
+@runs_cli.command("replay")
+@guarded
+def runs_replay(
+    run_id: RunArgument,
+    from_step: Annotated[
+        int | None,
+        typer.Option(
+            "--from", min=0, help="Replay from this step (default: the first).", show_default=False
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+    app: AppOption = None,
+    db: DbOption = None,
+) -> None:
+    """Re-execute a run's graph in a throwaway copy and report the first step that diverged.
+
+    Effects are served from the run's ledger (never performed), approvals answered as
+    recorded; the run itself is not touched. APP must register the run's workflow version.
+    Exit code 0: no divergence; 3: diverged.
+    """
+    if not (app or os.environ.get("KEEL_APP")):
+        fail("keel runs replay needs --app MODULE:ATTRIBUTE, the app with the run's workflow", 2)
+    with open_app(app, db) as loaded:
+        report = loaded.replay(run_id, from_step)
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+    else:
+        out().print(replay_view.report_view(report))
+    if report.diverged:
+        raise typer.Exit(replay_view.DIVERGED)
 
 
 @approvals_cli.command("list")

@@ -6,12 +6,22 @@ import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from keel.core.effect_keys import CallOrder
+from keel.core.effect_keys import CallOrder, Identity
 from keel.core.errors import NotInRun
 from keel.core.ids import StepRef
 from keel.core.services import Services
+
+
+class Replaying(Protocol):
+    """What serves a replayed run's effects from its recorded ledger (keel.runtime.replay)."""
+
+    def effect(
+        self, name: str, key: str, legacy_key: str, where: StepRef, index: int, identity: Identity
+    ) -> Any:
+        """The recorded result of this call; raises to stop the replay where it diverged."""
+        ...
 
 
 @dataclass
@@ -31,6 +41,9 @@ class RunContext:
     calls: CallOrder = field(default_factory=CallOrder)
     """How many times each task of this execution has called each effect (the call order)."""
     pending_heartbeat: asyncio.Task[Any] | None = None
+    replay: Replaying | None = None
+    """Set when the run is replayed in a throwaway copy: effects are served from the ledger,
+    never performed, and nothing is written to the run's own rows (no lease is held)."""
 
 
 _current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)

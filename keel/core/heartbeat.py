@@ -31,6 +31,8 @@ async def _beat(ctx: RunContext, details: Any) -> None:
 def heartbeat(details: Any = None) -> None:
     """Renew this run's lease and remember `details` (JSON) for a retried attempt."""
     ctx = current("keel.heartbeat()")
+    if ctx.replay is not None:
+        return  # a replay holds no lease and keeps nothing for a later attempt
     previous = ctx.pending_heartbeat
     if previous is not None and previous.done() and previous.exception() is not None:
         raise previous.exception()  # type: ignore[misc]

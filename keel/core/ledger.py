@@ -61,6 +61,8 @@ class EffectStatus(StrEnum):
 # The module-level names came first; code outside the core still uses them.
 PENDING, SENT, CONFIRMED = EffectStatus.PENDING, EffectStatus.SENT, EffectStatus.CONFIRMED
 FAILED, IN_DOUBT = EffectStatus.FAILED, EffectStatus.IN_DOUBT
+SETTLED = (EffectStatus.SENT, EffectStatus.CONFIRMED, EffectStatus.FAILED)
+"""A key in one of these is never performed again: its row answers every later call."""
 _PERFORM = object()
 
 KEY: str = "<supplied by keel>"
@@ -174,6 +176,12 @@ class Effect(Generic[P, R]):
             args,
             kwargs,
         )
+        if ctx.replay is not None:
+            # A replay performs nothing and writes nothing: the recorded ledger answers.
+            served = ctx.replay.effect(self.name, call.key, call.legacy_key, where, index, identity)
+            if self.is_async and ctx.services.portal.on_loop():
+                return cast(R, _ready(served))
+            return cast(R, served)
         if self.is_async and ctx.services.portal.on_loop():
             return cast(R, self._settle(ctx, call, None))  # the async node awaits it
         # A sync node's thread blocks until done; an un-awaited coroutine would send nothing.
@@ -191,11 +199,8 @@ class Effect(Generic[P, R]):
         key = str(row["idempotency_key"])
         if not new:
             await self._same_arguments(ctx, call, row)
-        status = row["status"]
-        if status in (EffectStatus.SENT, EffectStatus.CONFIRMED):
-            return loads(row["result"])
-        if status == EffectStatus.FAILED:
-            raise EffectFailed(key, row["error"] or "unknown error")
+        if row["status"] in SETTLED:
+            return recorded_result(row)
         attempts = int(row["attempts"])
         if not new:
             outcome = await self._in_doubt(ctx, key, row, call.args, call.kwargs, host)
@@ -205,9 +210,9 @@ class Effect(Generic[P, R]):
 
     async def _same_arguments(self, ctx: RunContext, call: Call, row: dict[str, Any]) -> None:
         """Refuse a replay whose call at this place brings other arguments than the ledger's."""
-        if row["arg_hashes"] is None or row["args_hash"] == call.identity.digest:
-            return  # a row from before 0006 is found by a key its arguments are hashed into
-        changed = call.identity.changed(loads(row["arg_hashes"]))
+        changed = changed_arguments(row, call.identity)
+        if not changed:
+            return
         key = str(row["idempotency_key"])
         await event(
             ctx,
@@ -364,6 +369,24 @@ class Effect(Generic[P, R]):
             return self.fn(*args, **kwargs)
 
         return await _call(checked, host)
+
+
+def changed_arguments(row: dict[str, Any], identity: Identity) -> list[str]:
+    """The arguments a call brings that differ from those its ledger row recorded."""
+    if row["arg_hashes"] is None or row["args_hash"] == identity.digest:
+        return []  # a row from before 0006 is found by a key its arguments are hashed into
+    return identity.changed(loads(row["arg_hashes"]))
+
+
+def recorded_result(row: dict[str, Any]) -> Any:
+    """What a settled ledger row gives a call back: its result, or its failure raised."""
+    if row["status"] == EffectStatus.FAILED:
+        raise EffectFailed(str(row["idempotency_key"]), row["error"] or "unknown error")
+    return loads(row["result"])
+
+
+async def _ready(value: Any) -> Any:
+    return value
 
 
 class _LeaseUnchecked(Exception):

@@ -10,6 +10,8 @@ import asyncio
 import signal
 import threading
 
+from keel.runtime import replay
+from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
 from keel.runtime.summary import RunSummary, summarize
 from keel.runtime.worker import Worker, WorkerStats
@@ -20,6 +22,12 @@ class AsyncApp(Runtime):
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return summarize(await self.get_run(run_id), await self.database_now())
 
+    async def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
+        """Re-execute the run's graph in a throwaway copy, effects served from its ledger and
+        approvals answered as recorded; report the first step that diverged
+        (keel.runtime.replay). Nothing of the run is written, no effect is performed."""
+        return await replay.replay(self, run_id, from_step)
+
     def worker(
         self,
         *,
@@ -29,8 +37,12 @@ class AsyncApp(Runtime):
         worker_id: str | None = None,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> Worker:
         """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains).
+
+        With `prune_older_than` it prunes finished runs older than that at its start and then
+        every `prune_every` (a duration: `1h`, `15m`, seconds).
 
         Its run() raises ClockSkew if this host's clock is more than `max_clock_skew` seconds
         (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
@@ -42,6 +54,7 @@ class AsyncApp(Runtime):
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_interval=prune_every,
         )
 
     async def run_worker(
@@ -54,6 +67,7 @@ class AsyncApp(Runtime):
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -66,6 +80,7 @@ class AsyncApp(Runtime):
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_every=prune_every,
         )
         loop = asyncio.get_running_loop()
         # Only the main thread may take signals; elsewhere the caller stops the worker.

@@ -24,6 +24,7 @@ from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
+from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
 from keel.runtime.summary import RunSummary
 from keel.runtime.worker import WorkerStats
@@ -174,6 +175,11 @@ class App:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return self._portal.call(self.aio.summary(run_id))
 
+    def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
+        """Re-execute the run's graph in a throwaway copy (effects from its ledger, approvals as
+        recorded) and report the first step that diverged (keel.runtime.replay)."""
+        return self._portal.call(self.aio.replay(run_id, from_step))
+
     def approve(self, run_id: str, **kwargs: Any) -> DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
         return self._portal.call(self.aio.approve(run_id, **kwargs))
@@ -289,6 +295,7 @@ class App:
         handle_signals: bool = True,
         max_clock_skew: float | None = None,
         prune_older_than: str | float | None = None,
+        prune_every: str | float = 3600.0,
     ) -> WorkerStats:
         """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
 
@@ -301,6 +308,7 @@ class App:
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
+            prune_every=prune_every,
         )
         previous: dict[signal.Signals, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():

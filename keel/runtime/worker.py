@@ -84,7 +84,7 @@ class Worker:
         safety_poll_interval: float = SAFETY_POLL_INTERVAL,
         sweep_before_exit: bool = True,
         prune_older_than: str | float | None = None,
-        prune_interval: float = 3600.0,
+        prune_interval: str | float = 3600.0,
         max_clock_skew: float | None = None,
         clock_check_interval: float = 60.0,
     ) -> None:
@@ -115,7 +115,7 @@ class Worker:
         self.prune_older_than = (
             None if prune_older_than is None else retention.parse_age(prune_older_than)
         )
-        self.prune_interval = prune_interval
+        self.prune_interval = retention.parse_age(prune_interval)
         self.stats = WorkerStats()
         self._tasks: dict[str, tuple[Lease, asyncio.Task[Outcome]]] = {}
         self._stopping = asyncio.Event()

@@ -33,6 +33,7 @@ from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
+from keel.service.replay import replay_router
 
 log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
@@ -92,6 +93,7 @@ def create_app(
     api.include_router(health_router(keel_app))
     api.include_router(runs_router(keel_app, auth))
     api.include_router(events_router(keel_app, auth))
+    api.include_router(replay_router(keel_app, auth))
     _metrics_route(api, keel_app)
     api.include_router(approvals_router(keel_app, auth))
     install_docs(api)

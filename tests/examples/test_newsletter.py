@@ -345,3 +345,26 @@ def test_the_offline_drafter_and_reviewer_are_deterministic() -> None:
     third = drafter.draft(TOPIC, DATE, notes, second, never)
     assert len(third["markdown"]) < len(second["markdown"])
     assert select_notes("zzz", load_notes()) == sorted(load_notes(), key=lambda n: n["slug"])[:4]
+
+
+def test_an_announced_newsletter_replays_with_no_divergence(
+    make_app: Callable[..., keel.App], env: dict[str, str], sink: SmtpSink, slack: SlackServer
+) -> None:
+    app = register(make_app())
+    for notifier in notifiers_from_env():
+        app.add_notifier(notifier)
+    run_id = submit(app)
+    run_to_idle(app)
+    app.approve(run_id, by="slack:U0EDITOR", channel="slack")
+    run_to_idle(app)
+    done = app.get_run(run_id)
+    assert done.status == "completed" and announcements(sink) == 1
+    files = check_artifacts(app, run_id)
+    report = app.replay(run_id)
+    assert not report.diverged, report.model_dump()
+    assert (report.effects_served, report.approvals_answered) == (1, 1)
+    # The review loop, the approval, the finalization and the announcement, all replayed.
+    assert report.last_step is not None and report.last_step >= 5
+    assert announcements(sink) == 1, "the replay announced again"
+    assert check_artifacts(app, run_id) == files
+    assert app.get_run(run_id).timeline == done.timeline

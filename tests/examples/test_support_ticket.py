@@ -261,3 +261,23 @@ def test_file_transport_writes_whole_files(tmp_path: Path, monkeypatch: pytest.M
     assert parsed["X-Keel-Idempotency-Key"] == key
     found = lookup_sent_email(*args, ticket_id="1", idempotency_key=key)
     assert found is not None and found["transport"] == "file"
+
+
+def test_a_sent_ticket_replays_with_no_divergence_and_sends_nothing(
+    make_app: Callable[..., keel.App], sink: SmtpSink
+) -> None:
+    app = register(make_app(lease_ttl=5))
+    run_id = submit(app, REFUND)
+    run_to_idle(app)
+    app.approve(run_id, by="manager@example.com")
+    run_to_idle(app)
+    done = app.get_run(run_id)
+    assert done.status == "completed" and len(sink.messages) == 1
+    files = {a.name: a.path.read_bytes() for a in done.artifacts}
+    report = app.replay(run_id)
+    assert not report.diverged, report.model_dump()
+    assert (report.effects_served, report.approvals_answered) == (1, 1)
+    assert len(sink.messages) == 1, "the replay sent an email"
+    after = app.get_run(run_id)
+    assert (after.timeline, after.effects, after.waits) == (done.timeline, done.effects, done.waits)
+    assert {a.name: a.path.read_bytes() for a in after.artifacts} == files

@@ -477,7 +477,7 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune"}
     assert {n[0] for n in names if len(n) == 1} == expected
-    runs_commands = {"list", "show", "cancel", "resume", "upgrade", "watch"}
+    runs_commands = {"list", "show", "cancel", "resume", "upgrade", "watch", "replay"}
     assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == runs_commands
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]

@@ -46,3 +46,24 @@ def test_a_bad_prune_age_is_refused_before_the_worker_starts(make_app: AppFactor
     app = make_app()
     with pytest.raises(UsageError, match="not a number"):
         Worker(app.aio, prune_older_than="monthly")
+
+
+def test_a_worker_prunes_again_every_prune_every(make_app: AppFactory) -> None:
+    """Runs that finish after the worker started are pruned by a later round, not only those
+    already old at its start: the schedule repeats."""
+    clock = keel.ManualClock()
+    app = make_app(clock=clock)
+    app.workflow("echo")(echo_graph)
+    worker = app.aio.worker(prune_older_than="1d", prune_every="0.2s")
+    assert worker.prune_interval == 0.2
+    serving = asyncio.run_coroutine_threadsafe(worker.run(), app.aio.portal.loop)
+    try:
+        first = app.submit("echo", job_id="first", input={"text": "a"})["run_id"]
+        wait_until(lambda: app.get_run(first).status == "completed", 30, "the run completed")
+        clock.advance(2 * 86400)
+        wait_until(lambda: app.list_runs() == [], 30, "the run pruned by a later round")
+    finally:
+        app.aio.portal.loop.call_soon_threadsafe(worker.stop)
+        serving.result(timeout=30)
+    with pytest.raises(UsageError, match="not a number"):
+        Worker(app.aio, prune_older_than="1d", prune_interval="hourly")

@@ -199,3 +199,141 @@ def charge_effect(
         provider_idempotent=provider_idempotent,
         retry=retry,
     )(charge)
+
+
+# -- approve, then charge at an HTTP provider: the graph changed after its run (replay) -------
+
+
+class ChargeState(TypedDict, total=False):
+    order: str
+    amount: int
+    log: Annotated[list[str], operator.add]
+
+
+def http_charge(url: str, name: str = "charge") -> Effect[..., Any]:
+    """An effect that POSTs a charge to `url` (a keel.testing HttpSink) under Keel's key."""
+
+    def charge(order: str, amount: int, *, idempotency_key: str) -> Any:
+        import httpx
+
+        answer = httpx.post(
+            f"{url}/charges",
+            json={"order": order, "amount": amount},
+            headers={"Idempotency-Key": idempotency_key},
+            timeout=10,
+        )
+        return answer.json()
+
+    return keel.effect(name)(charge)
+
+
+def charge_graph(
+    charge: Effect[..., Any],
+    *,
+    node: str = "charge",
+    amount: Callable[[int], int] = lambda a: a,
+    then: Effect[..., Any] | None = None,
+) -> StateGraph:
+    """review (approval) -> `node` (charges `amount(state.amount)`, then calls `then`) -> END.
+
+    The keywords are the changes a replay must find: `node` renames the route, `amount`
+    changes an effect's arguments, `then` adds an effect the recorded run never called."""
+
+    def review(state: ChargeState) -> dict[str, Any]:
+        decision = keel.approval("manager", payload={"order": state["order"]}, timeout="1h")
+        return {"log": [decision.decision]}
+
+    def pay(state: ChargeState) -> dict[str, Any]:
+        charge(state["order"], amount(state["amount"]))
+        if then is not None:
+            then(state["order"], state["amount"])
+        return {"log": ["charged"]}
+
+    def route(state: ChargeState) -> str:
+        return node if state["log"][-1] == "approved" else END
+
+    g = StateGraph(ChargeState)
+    g.add_node("review", review)
+    g.add_node(node, pay)
+    g.add_edge(START, "review")
+    g.add_conditional_edges("review", route, [node, END])
+    g.add_edge(node, END)
+    return g
+
+
+class CountState(TypedDict, total=False):
+    n: int
+
+
+def double_then_check_graph(double: Effect[..., Any], *, fail: bool) -> StateGraph:
+    """An async node awaiting an async effect (`double`), then a node that raises if `fail`."""
+
+    async def grow(state: CountState) -> dict[str, Any]:
+        return {"n": await double(state["n"])}
+
+    def check(state: CountState) -> dict[str, Any]:
+        if fail:
+            raise ValueError(f"n={state['n']} is too big")
+        return {"n": state["n"] + 1}
+
+    g = StateGraph(CountState)
+    g.add_node("grow", grow)
+    g.add_node("check", check)
+    g.add_edge(START, "grow")
+    g.add_edge("grow", "check")
+    g.add_edge("check", END)
+    return g
+
+
+def async_double(provider: Provider) -> Effect[..., Any]:
+    async def double(n: int, *, idempotency_key: str) -> int:
+        provider.calls.append(idempotency_key)
+        return 2 * n
+
+    return keel.effect("double")(double)
+
+
+class SubIn(TypedDict, total=False):
+    to: str
+    results: Annotated[list[Any], operator.add]
+
+
+def subgraph_approval_graph(notify: Effect[..., Any]) -> StateGraph:
+    """A subgraph node that notifies, waits for a manager, then notifies again."""
+
+    def inner(state: SubIn) -> dict[str, Any]:
+        before = notify(state["to"])
+        decision = keel.approval("manager", payload={"to": state["to"]}, timeout="1h")
+        after = notify(state["to"] + ".done")
+        return {"results": [before["id"], decision.decision, after["id"]]}
+
+    sub = StateGraph(SubIn)
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+    g = StateGraph(SubIn)
+    g.add_node("sub", sub.compile())
+    g.add_edge(START, "sub")
+    g.add_edge("sub", END)
+    return g
+
+
+def plain_interrupt_graph(notify: Effect[..., Any]) -> StateGraph:
+    """ask (LangGraph's own `interrupt()`, not keel.approval) -> send (one effect) -> END."""
+    from langgraph.types import interrupt
+
+    def ask(state: ReviewState) -> dict[str, Any]:
+        answer = interrupt({"question": f"notify {state['to']}?"})
+        return {"log": [str(answer.get("decision"))]}
+
+    def send(state: ReviewState) -> dict[str, Any]:
+        notify(state["to"])
+        return {"log": ["sent"]}
+
+    g = StateGraph(ReviewState)
+    g.add_node("ask", ask)
+    g.add_node("send", send)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "send")
+    g.add_edge("send", END)
+    return g

@@ -210,7 +210,7 @@ class Executor:
                     )
                 else:
                     # A crash the run recovers from is counted by the takeover that follows
-                    # the backoff (claim_run counts every takeover, as after a dead worker);
+                    # the backoff (claim_next counts every takeover, as after a dead worker);
                     # the last one is counted here, where the run ends.
                     attempt = int(current["crash_count"]) + 1
                     if attempt >= limit:

@@ -14,38 +14,6 @@ class EffectQueries:
 
     # -- the ledger -----------------------------------------------------------------------------
 
-    @staticmethod
-    async def insert_effect(
-        tx: Tx,
-        key: str,
-        *,
-        run_id: str,
-        name: str,
-        node: str,
-        step: int,
-        task_path: str,
-        args_hash: str,
-        arg_hashes: str,
-        call_index: int,
-        token: int,
-    ) -> Row | None:
-        """Reserve an idempotency key (pending); None if the ledger already has it."""
-        return await tx.one(
-            "insert_effect",
-            {
-                "key": key,
-                "run_id": run_id,
-                "name": name,
-                "node": node,
-                "step": step,
-                "task_path": task_path,
-                "args_hash": args_hash,
-                "arg_hashes": arg_hashes,
-                "call_index": call_index,
-                "lease_token": token,
-            },
-        )
-
     async def reserve_effect(
         self,
         key: str,

@@ -225,15 +225,6 @@ SELECT * FROM keel_events WHERE run_id = %(run_id)s ORDER BY event_id;
 -- One ledger row.
 SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
 
--- name: insert_effect
--- Reserve an idempotency key (pending) unless it is already in the ledger.
-INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
-VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now())
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
-
 -- name: update_effect
 -- Move a ledger row on: attempts, outcome, result or error.
 UPDATE keel_effects

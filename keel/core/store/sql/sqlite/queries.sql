@@ -197,15 +197,6 @@ SELECT * FROM keel_events WHERE run_id = :run_id ORDER BY event_id;
 -- One ledger row.
 SELECT * FROM keel_effects WHERE idempotency_key = :key;
 
--- name: insert_effect
--- Reserve an idempotency key (pending) unless it is already in the ledger.
-INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
-VALUES (:key, :run_id, :name, :node, :step, :task_path, :args_hash,
-        :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now())
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
-
 -- name: update_effect
 -- Move a ledger row on: attempts, outcome, result or error.
 UPDATE keel_effects

@@ -8,16 +8,24 @@ setting, which `keel_now()` reads first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import select
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from keel.core.store.base import Params, Row, load_queries
+from keel.core.errors import LeaseLost, RunNotFound
+from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
+
+T = TypeVar("T")
 
 log = logging.getLogger("keel.store")
 
@@ -39,6 +47,53 @@ async def _configure(conn: AsyncConnection[DictRow]) -> None:
         " WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
         (IDLE_IN_TRANSACTION_TIMEOUT,),
     )
+    _idle_since[conn] = time.monotonic()
+
+
+CHECK_AFTER_IDLE = 10.0
+"""Seconds a pooled connection may sit unused before its next checkout checks it."""
+
+_idle_since: weakref.WeakKeyDictionary[AsyncConnection[Any], float] = weakref.WeakKeyDictionary()
+
+
+async def _returned(conn: AsyncConnection[Any]) -> None:
+    _idle_since[conn] = time.monotonic()
+
+
+async def _check(conn: AsyncConnection[Any]) -> None:
+    """Check a connection at checkout only if it may be broken: the server said something
+    while it sat in the pool (a terminated backend, a shutdown: its socket is readable) or it
+    idled long enough for a proxy or firewall to drop it. A check at every checkout would cost
+    a round trip per transaction."""
+    idle = time.monotonic() - _idle_since.get(conn, 0.0)
+    if idle > CHECK_AFTER_IDLE or _readable(conn):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _readable(conn: AsyncConnection[Any]) -> bool:
+    try:
+        ready, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no usable socket: let the check find out
+    return bool(ready)
+
+
+FENCE_SQLSTATE, NO_RUN_SQLSTATE = "KL001", "KL002"
+"""What `keel_fence` (migration 0013) raises: a stale lease token, no such run."""
+
+
+def _fence_error(exc: BaseException) -> BaseException | None:
+    """LeaseLost (or RunNotFound) if the fence aborted the transaction, anywhere in the chain
+    (a pipeline reports the first failed statement)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        state = getattr(seen, "sqlstate", None)
+        if state in (FENCE_SQLSTATE, NO_RUN_SQLSTATE):
+            diag = getattr(seen, "diag", None)
+            message = (diag.message_primary if diag else None) or str(seen)
+            return LeaseLost(message) if state == FENCE_SQLSTATE else RunNotFound(message)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 # OperationalError covers lost connections, admin/crash shutdown, pool timeouts, serialization
@@ -79,6 +134,25 @@ class PostgresTx:
     async def script(self, sql: str) -> None:
         await self.connection.execute(sql.encode())
 
+    async def send(self, name: str, params: Params | None = None) -> Later:
+        cur = self.connection.cursor()
+        await cur.execute(self._queries[name], params or {})
+
+        async def later() -> Row | None:
+            row = await cur.fetchone()
+            return dict(row) if row is not None else None
+
+        return later
+
+    async def replay(self, statement: Statement) -> None:
+        sql, params, many = statement
+        # Binary, as LangGraph's saver runs it (its blobs are bytea).
+        cur = self.connection.cursor(binary=True)
+        if many:
+            await cur.executemany(sql, params)
+        else:
+            await cur.execute(sql, params)
+
 
 class PostgresConnector:
     dialect = "postgres"
@@ -110,8 +184,9 @@ class PostgresConnector:
             # The LangGraph saver needs autocommit and dict rows; Keel opens its own transactions.
             kwargs={"autocommit": True, "row_factory": dict_row},
             # A connection the server dropped (restart, failover, proxy timeout) is replaced at
-            # checkout instead of failing the run whose write drew it.
-            check=AsyncConnectionPool.check_connection,
+            # checkout instead of failing the run whose write drew it; `_check` says when.
+            check=_check,
+            reset=_returned,
             configure=_configure,
         )
         try:
@@ -142,6 +217,34 @@ class PostgresConnector:
             cur = await conn.execute(self._queries[name], params or {})
             row = await cur.fetchone() if cur.description is not None else None
         return dict(row) if row is not None else None
+
+    async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """BEGIN, `body`, COMMIT as one pipeline: one round trip (one Sync) when `body` only
+        sends. A stale token's fence aborts the pipeline, and the whole transaction with it.
+
+        BEGIN and COMMIT are statements of the pipeline, not psycopg's `transaction()` (which
+        syncs at its start and at its end): a statement whose row is read at once syncs the
+        pipeline early and is still inside the transaction."""
+        async with self.pool.connection() as conn:
+            try:
+                async with conn.pipeline():
+                    await conn.execute("BEGIN")
+                    await self._set_clock(conn)
+                    result = await body(PostgresTx(conn, self._queries))
+                    await conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                status = conn.info.transaction_status
+                if status in (
+                    psycopg.pq.TransactionStatus.INTRANS,
+                    psycopg.pq.TransactionStatus.INERROR,
+                ):
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.rollback()  # before the connection goes back to the pool
+                fenced = _fence_error(exc)
+                if fenced is not None:
+                    raise fenced from None
+                raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:

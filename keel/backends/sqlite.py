@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import aiosqlite
 
 from keel.backends.locks import TaskReentrantLock
+from keel.core.errors import LeaseLost
 from keel.core.faults import statement_fails
-from keel.core.store.base import Params, Row, load_queries
+from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
+
+T = TypeVar("T")
 
 # Primary result codes of a file that is busy, locked, full or failing, not of a bad statement.
 _TRANSIENT_CODES = frozenset(
@@ -123,6 +128,76 @@ class SqliteTx:
     async def script(self, sql: str) -> None:
         await self.connection.execute(sql)
 
+    async def send(self, name: str, params: Params | None = None) -> Later:
+        row = await self.one(name, params)
+        return _now(row)
+
+    async def replay(self, statement: Statement) -> None:
+        sql, params, many = statement
+        if many:
+            await self.connection.executemany(sql, params)
+        else:
+            await self.connection.execute(sql, params)
+
+
+def _now(row: Row | None) -> Later:
+    async def later() -> Row | None:
+        return row
+
+    return later
+
+
+class ThreadTx:
+    """Named queries on the database thread itself, inside `SqliteConnector.run_transaction`.
+
+    Its methods are coroutines that never suspend (sqlite3 is synchronous here), so the store's
+    own async methods run on the thread unchanged: one implementation of each query, no hop
+    per statement."""
+
+    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str]) -> None:
+        self.connection = conn
+        self._queries = queries
+
+    async def one(self, name: str, params: Params | None = None) -> Row | None:
+        _injected_failure()
+        row = self.connection.execute(self._queries[name], params or {}).fetchone()
+        return dict(row) if row is not None else None
+
+    async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        _injected_failure()
+        rows = self.connection.execute(self._queries[name], params or {}).fetchall()
+        return [dict(r) for r in rows]
+
+    async def execute(self, name: str, params: Params | None = None) -> int:
+        _injected_failure()
+        return self.connection.execute(self._queries[name], params or {}).rowcount
+
+    async def script(self, sql: str) -> None:
+        self.connection.execute(sql)
+
+    async def send(self, name: str, params: Params | None = None) -> Later:
+        return _now(await self.one(name, params))
+
+    async def replay(self, statement: Statement) -> None:
+        _injected_failure()
+        sql, params, many = statement
+        if many:
+            self.connection.executemany(sql, params)
+        else:
+            self.connection.execute(sql, params)
+
+
+def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that awaits only ThreadTx statements, here, to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError(
+        "a statement of a database-thread transaction awaited something else than its Tx"
+    )
+
 
 class SqliteConnector:
     dialect = "sqlite"
@@ -159,6 +234,7 @@ class SqliteConnector:
             await conn.execute(f"PRAGMA synchronous={self._synchronous}")
             await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
             await conn.create_function("keel_now", 0, self._keel_now)
+            await conn.create_function("keel_fence", 3, self._keel_fence)
         except BaseException:
             await conn.close()  # its thread would keep the process alive
             raise
@@ -181,6 +257,41 @@ class SqliteConnector:
     def _keel_now(self) -> float:
         override = self.clock_override
         return override() if override is not None else time.time()
+
+    _stale: LeaseLost | None = None
+
+    def _keel_fence(self, run_id: str, held: int, token: int) -> int:
+        # sqlite3 reports any exception a function raises as "user-defined function raised
+        # exception": the reason waits here for run_transaction to raise it.
+        if held != token:
+            self._stale = LeaseLost(f"run {run_id}: lease token {token} is stale (current {held})")
+            raise ValueError("stale lease token")
+        return 1
+
+    async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """BEGIN IMMEDIATE, `body`, COMMIT: one call to the database thread."""
+        # The caller's context on the thread: events the body adds are logged after the commit.
+        context = contextvars.copy_context()
+
+        def transaction(conn: sqlite3.Connection) -> T:
+            tx = ThreadTx(conn, self._queries)
+            _injected_failure()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = _run_to_end(cast(Coroutine[Any, Any, T], body(tx)))
+                conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")
+                stale, self._stale = self._stale, None
+                if stale is not None and isinstance(exc, sqlite3.OperationalError):
+                    raise stale from None
+                raise
+
+        conn = self.connection
+        async with self.lock:
+            return await conn._execute(context.run, transaction, conn._conn)
 
     async def close(self) -> None:
         if self._conn is not None:

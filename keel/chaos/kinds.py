@@ -104,8 +104,11 @@ class Struck:
 
 
 IN_WRITE_TRANSACTION = ("checkpoint.before_write",)
-"""Points reached inside a write transaction: on SQLite the held worker has the database's one
-write lock, so no other worker can act (it waits out its busy timeout) until it continues."""
+"""Points that used to be reached inside a write transaction, where on SQLite the held worker
+had the database's one write lock and no other worker could act. Since the step transaction
+(issue 12) `checkpoint.before_write` is reached just before it (and where a task's writes are
+buffered), holding nothing; the freeze and clock-skew cells there stay off on SQLite until they
+have been run and pass."""
 
 
 class FaultKind:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -12,6 +12,11 @@ from keel.core.effect_keys import CallOrder, Identity
 from keel.core.errors import NotInRun
 from keel.core.ids import StepRef
 from keel.core.services import Services
+from keel.core.store.base import Tx
+from keel.core.store.store import Store
+
+StagedWrite = Callable[[Store, Tx], Awaitable[None]]
+"""A row a node asks to commit in the same fenced transaction as its task's writes."""
 
 
 class Replaying(Protocol):
@@ -44,6 +49,14 @@ class RunContext:
     replay: Replaying | None = None
     """Set when the run is replayed in a throwaway copy: effects are served from the ledger,
     never performed, and nothing is written to the run's own rows (no lease is held)."""
+    staged: dict[str, list[StagedWrite]] = field(default_factory=dict)
+    """What each task of this execution staged (outbox intents), by LangGraph task id."""
+
+    def stage(self, task_id: str, write: StagedWrite) -> None:
+        self.staged.setdefault(task_id, []).append(write)
+
+    def take_staged(self, task_id: str) -> list[StagedWrite]:
+        return self.staged.pop(task_id, [])
 
 
 _current: ContextVar[RunContext | None] = ContextVar("keel_run", default=None)

@@ -167,6 +167,8 @@ class Executor:
                     TerminationReason.EXECUTION_ERROR,
                     f"{type(exc).__name__}: {exc}",
                 )
+            # A clean end: every task write committed with a checkpoint or at once.
+            self.saver.finish(lease.run_id, lease.token)
             interrupts, values = await _outcome(graph, config, output)
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
@@ -188,7 +190,10 @@ class Executor:
             return LeaseEnd.RELEASED
         finally:
             leave(entered)
+            # What this execution buffered or staged and did not commit is dropped: the run
+            # resumes from its last checkpoint, and its nodes stage their rows again.
             self.saver.drop(lease.run_id, lease.token)
+            ctx.staged.clear()
 
     async def _failed_attempt(self, lease: Lease, exc: Exception) -> Outcome:
         """Count an execution that failed outside the graph's own code, and say what comes next:

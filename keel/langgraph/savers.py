@@ -1,21 +1,35 @@
-"""LangGraph's official savers, extended only where fencing needs it.
+"""LangGraph's official savers, extended only where fencing needs it: one fenced transaction
+per step.
 
-Each checkpoint write (`aput`, `aput_writes`) runs inside Keel's fenced transaction: the run's
-lease token is checked (and, on PostgreSQL, its row locked FOR SHARE) in the same transaction
-as the write, together with the timeline's `step` event. A worker that lost its lease gets
-LeaseLost instead of forking the run's history.
+LangGraph (durability="sync") hands each task's writes to `aput_writes` without awaiting them
+and awaits only the `aput` of the next checkpoint before the next step starts. So, inside an
+execution, a task's ordinary writes wait in a buffer (under the run and lease token that
+produced them) and commit with their `step` events, the fence check and the next checkpoint in
+one transaction at `aput`: when `aput` returns, the checkpoint and every write buffered before it
+are durable. Writes the loop or a read depends on before any checkpoint comes (an interrupt, an
+error, a resume, a scheduled write, an error handler's source) commit at once, with whatever is
+buffered, before `aput_writes` returns; reads flush the buffer first.
+
+Upstream's own code still decides every statement: its `aput` / `aput_writes` run against a
+recorder (`_cursor` on PostgreSQL, the connection on SQLite), and Keel replays what they issued
+inside its transaction (`Store.step_transaction`: one call on SQLite's database thread, one
+pipeline on PostgreSQL).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import aiosqlite
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -23,31 +37,293 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from psycopg import AsyncConnection, AsyncCursor
-from psycopg.rows import DictRow, dict_row
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.postgres import PostgresConnector
 from keel.backends.sqlite import SqliteConnector
+from keel.core.context import RunContext, StagedWrite
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
-from keel.core.store.base import Connector, Tx
+from keel.core.store.base import Connector, Row, Statement, Tx
 from keel.core.store.store import Store
+
+T = TypeVar("T")
+log = logging.getLogger("keel.savers")
+
+TASKS, PUSH = "__pregel_tasks", "__pregel_push"  # LangGraph's channel of Sends, its push tasks
+ERROR_SOURCE_NODE = "__error_source_node__"  # the loop awaits it before an error handler runs
+NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"  # input, resume and update_state writes
+INTERRUPT, ERROR = "__interrupt__", "__error__"
+SPECIAL = frozenset(WRITES_IDX_MAP) | {ERROR_SOURCE_NODE}
+"""Channels whose writes commit at once: no checkpoint follows an interrupt or an error, and
+the loop reads a resume, a scheduled write or an error's source before the next one."""
+MAX_REMEMBERED = 256
+
+
+@dataclass
+class Buffered:
+    """One task's writes, waiting for the checkpoint of their step."""
+
+    token: int
+    key: str
+    """The `step` event's key: the same on a retry of its transaction, so it is added once."""
+    event: dict[str, Any]
+    staged: list[StagedWrite]
+    recorded: asyncio.Future[list[Statement]]
+    """Upstream's statements for these writes (PostgreSQL serializes them in a thread: the
+    write takes its place in the buffer first, so a checkpoint saved meanwhile waits for it)."""
+
+
+@dataclass
+class Buffer:
+    """What one execution (a run under one lease token) has not committed yet."""
+
+    token: int
+    worker_id: str
+    writes: list[Buffered] = field(default_factory=list)
+    settled: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, checkpoint id) after an interrupt or error: no checkpoint will follow, so a
+    sibling task that finishes later commits its writes at once."""
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+_recording: ContextVar[list[Statement] | None] = ContextVar("keel_recording", default=None)
 
 
 class Fencing:
-    """The leases this process holds, and the fenced transaction around each write."""
+    """The leases this process holds, the buffers of its executions, and the step transaction."""
 
     store: Store
 
     def bind(self, store: Store) -> None:
         self.store = store
         self.holders: dict[str, tuple[int, str]] = {}
+        self.buffers: dict[tuple[str, int], Buffer] = {}
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
         only its index, and the timeline should name the node."""
+
+    draining: bool = False
+    """Set when the worker stops: runs give their lease back at their next step boundary."""
+
+    # -- leases and executions ----------------------------------------------------------------
+
+    def hold(self, run_id: str, token: int, worker_id: str) -> None:
+        self.holders[run_id] = (token, worker_id)
+
+    def drop(self, run_id: str, token: int) -> None:
+        """The execution under `token` ended: what it buffered is discarded (its step never
+        checkpointed; the run resumes from the last checkpoint, effects from the ledger)."""
+        self.buffers.pop((run_id, token), None)
+        # Only our own hold: this process may already run the same run again under a newer token.
+        if self.holders.get(run_id, (None,))[0] == token:
+            del self.holders[run_id]
+
+    def finish(self, run_id: str, token: int) -> None:
+        """The graph returned: every write it made must have committed with a checkpoint."""
+        buffer = self.buffers.pop((run_id, token), None)
+        if buffer is not None and buffer.writes:
+            raise AssertionError(
+                f"run {run_id}: {len(buffer.writes)} task write(s) buffered after the graph "
+                "returned, never committed (LangGraph wrote after its last checkpoint)"
+            )
+
+    def _held(self, run_id: str) -> tuple[int, str, RunContext | None]:
+        ctx = _running.get()
+        # The writing execution's own token when it is known: a stale execution in this process
+        # must not borrow the newer token a re-claim of the same run holds.
+        if ctx is not None and ctx.run_id == run_id:
+            return ctx.token, ctx.worker_id, ctx
+        held = self.holders.get(run_id)
+        if held is None:
+            raise LeaseLost(f"run {run_id}: this process holds no lease for a checkpoint write")
+        return held[0], held[1], None
+
+    def _buffer(self, run_id: str, token: int, worker_id: str) -> Buffer:
+        return self.buffers.setdefault((run_id, token), Buffer(token, worker_id))
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        run_id = str(config["configurable"]["thread_id"])
+        token, worker_id, ctx = self._held(run_id)
+        event = self.step_event(config, writes, task_path)
+        # Between a task finishing and its step's checkpoint (a crash here loses the writes).
+        fault_point("checkpoint.before_write", "", event["node"])
+        special = task_id == NULL_TASK_ID or any(c in SPECIAL for c, _ in writes)
+        staged = ctx.take_staged(task_id) if ctx is not None else []
+        if all(c in WRITES_IDX_MAP for c, _ in writes):
+            # The task failed or paused: it runs again and stages its rows again, under the
+            # same keys. (A resumed task's writes carry the resume beside its own: kept.)
+            staged = []
+        where = (str(config["configurable"].get("checkpoint_ns", "")), _checkpoint_id(config))
+        recorded = asyncio.get_running_loop().create_future()
+        buffer = self._buffer(run_id, token, worker_id) if ctx is not None else None
+        if buffer is None:
+            # Outside an execution (tools, tests, the conformance suite): nothing to batch with.
+            entry = Buffered(token, _key(token, where, task_id, 0), event, staged, recorded)
+        else:
+            # In the buffer before anything is awaited: LangGraph starts this call before the
+            # `aput` of the step's checkpoint, which must take these writes with it.
+            n = buffer.counts.get(f"{where}{task_id}", 0)
+            buffer.counts[f"{where}{task_id}"] = n + 1
+            entry = Buffered(token, _key(token, where, task_id, n), event, staged, recorded)
+            buffer.writes.append(entry)
+        try:
+            statements = await self._record(super().aput_writes(config, writes, task_id, task_path))  # type: ignore[misc]
+        except BaseException as exc:
+            recorded.set_exception(exc)
+            recorded.exception()  # retrieved: whoever commits the buffer raises it again
+            raise
+        recorded.set_result(statements)
+        if buffer is None:
+            await self._commit(run_id, token, worker_id, [entry], None)
+        elif special or where in buffer.settled:
+            channels = {c for c, _ in writes}
+            if INTERRUPT in channels or (ERROR in channels and ERROR_SOURCE_NODE not in channels):
+                buffer.settled.add(where)  # no checkpoint follows (an error handler's would)
+            await self._flush(run_id, buffer)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        run_id = str(config["configurable"]["thread_id"])
+        token, worker_id, ctx = self._held(run_id)
+        self.remember_sends(checkpoint)
+        recorder: list[Statement] = []
+        with _recorded(recorder):
+            next_config: RunnableConfig = await super().aput(  # type: ignore[misc]
+                config, checkpoint, metadata, new_versions
+            )
+        buffer = self.buffers.get((run_id, token)) if ctx is not None else None
+        writes, buffer_writes = (buffer.writes, buffer) if buffer else ([], None)
+        if buffer_writes is not None:
+            buffer_writes.writes = []
+        try:
+            fence = await self._commit(run_id, token, worker_id, writes, recorder)
+        except BaseException:
+            if buffer_writes is not None:
+                buffer_writes.writes[:0] = writes  # not committed: still this execution's
+            raise
+        # The checkpoint is durable: a cancelled or released run stops here and loses nothing.
+        if fence["cancel_requested"]:
+            raise RunCancelled(f"run {run_id} was cancelled")
+        if self.draining:
+            raise Released(f"run {run_id} released at a step boundary")
+        return next_config
+
+    async def _flush(self, run_id: str, buffer: Buffer) -> None:
+        writes, buffer.writes = buffer.writes, []
+        if not writes:
+            return
+        try:
+            await self._commit(run_id, buffer.token, buffer.worker_id, writes, None)
+        except BaseException:
+            buffer.writes[:0] = writes
+            raise
+
+    async def _commit(
+        self,
+        run_id: str,
+        token: int,
+        worker_id: str,
+        writes: list[Buffered],
+        checkpoint: list[Statement] | None,
+    ) -> Row:
+        """One fenced transaction: the fence, each task's `step` event, staged rows and writes,
+        then the checkpoint. Nothing commits unless `token` still holds the run."""
+        if checkpoint is not None:
+            fault_point("checkpoint.before_write", "", "")
+        stale = [w for w in writes if w.token != token]
+        if stale:  # a buffer is one execution's: a write never commits under another token
+            raise LeaseLost(f"run {run_id}: a write of token {stale[0].token} under {token}")
+        recorded = [await w.recorded for w in writes]
+
+        async def step(tx: Tx) -> Any:
+            fence = await self.store.fence_step(tx, run_id, token)
+            for write, statements in zip(writes, recorded, strict=True):
+                await self.store.add_event(
+                    tx, run_id, "step", write.event, worker_id=worker_id, token=token, key=write.key
+                )
+                for staged in write.staged:
+                    await staged(self.store, tx)
+                for statement in statements:
+                    await tx.replay(statement)
+            for statement in checkpoint or ():
+                await tx.replay(statement)
+            return fence
+
+        try:
+            fence = await self.store.step_transaction(step)
+        except Exception as exc:
+            if not self.store.is_infrastructure(exc):
+                raise
+            # A lost connection or a failed commit: the step may or may not have committed.
+            # Once more, on a fresh connection: every statement of it is idempotent (upstream's
+            # upserts and INSERT ... DO NOTHING, step events by key, staged rows by their
+            # deterministic keys), so a step that did commit commits nothing twice.
+            log.warning("run %s: step transaction failed (%r); retrying it once", run_id, exc)
+            fence = await self.store.step_transaction(step)
+        return await fence()
+
+    async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:
+        recorder: list[Statement] = []
+        with _recorded(recorder):
+            await call
+        return recorder
+
+    # -- reads: this execution's own writes first ---------------------------------------------
+
+    async def _flush_for(self, config: RunnableConfig | None) -> None:
+        ctx = _running.get()
+        if ctx is None or config is None:
+            return
+        if str(config.get("configurable", {}).get("thread_id")) != ctx.run_id:
+            return
+        buffer = self.buffers.get((ctx.run_id, ctx.token))
+        if buffer is not None and buffer.writes:
+            await self._flush(ctx.run_id, buffer)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        await self._flush_for(config)
+        found: CheckpointTuple | None = await super().aget_tuple(config)  # type: ignore[misc]
+        if found is not None:
+            self.remember_sends(found.checkpoint)  # a resumed run's pending sends
+        return found
+
+    async def alist(
+        self, config: RunnableConfig | None, **kwargs: Any
+    ) -> AsyncIterator[CheckpointTuple]:
+        await self._flush_for(config)
+        # Closed with this generator: upstream's holds the connection's lock while it lists.
+        async with aclosing(super().alist(config, **kwargs)) as items:  # type: ignore[misc]
+            async for item in items:
+                yield item
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, Any]:
+        await self._flush_for(config)
+        history: Mapping[str, Any] = await super().aget_delta_channel_history(  # type: ignore[misc]
+            config=config, channels=channels
+        )
+        return history
+
+    # -- the timeline -------------------------------------------------------------------------
 
     def remember_sends(self, checkpoint: Checkpoint) -> None:
         pending = checkpoint.get("channel_values", {}).get(TASKS) or []
@@ -57,12 +333,6 @@ class Fencing:
             while len(self.sends) > MAX_REMEMBERED:
                 del self.sends[next(iter(self.sends))]
 
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        found: CheckpointTuple | None = await super().aget_tuple(config)  # type: ignore[misc]
-        if found is not None:
-            self.remember_sends(found.checkpoint)  # a resumed run's pending sends
-        return found
-
     def step_event(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str
     ) -> dict[str, Any]:
@@ -70,55 +340,27 @@ class Fencing:
         parts = [p.strip() for p in task_path.lstrip("~").split(",")]
         if parts[0] == PUSH and len(parts) > 1 and parts[1].isdigit():
             index = int(parts[1])
-            nodes = self.sends.get(str(config["configurable"].get("checkpoint_id")), [])
+            nodes = self.sends.get(_checkpoint_id(config), [])
             if index < len(nodes):
                 data.update(node=nodes[index], index=index)
         return data
 
-    def hold(self, run_id: str, token: int, worker_id: str) -> None:
-        self.holders[run_id] = (token, worker_id)
 
-    def drop(self, run_id: str, token: int) -> None:
-        # Only our own hold: this process may already run the same run again under a newer token.
-        if self.holders.get(run_id, (None,))[0] == token:
-            del self.holders[run_id]
-
-    draining: bool = False
-    """Set when the worker stops: runs give their lease back at their next step boundary."""
-
-    @asynccontextmanager
-    async def fenced_write(
-        self, config: RunnableConfig, step: dict[str, Any] | None = None
-    ) -> AsyncIterator[Tx]:
-        """The write's transaction, fenced; a checkpoint (step is None) is a step boundary."""
-        run_id = str(config["configurable"]["thread_id"])
-        ctx = _running.get()
-        # The writing execution's own token when it is known: a stale execution in this process
-        # must not borrow the newer token a re-claim of the same run holds.
-        held = (ctx.token, ctx.worker_id) if ctx and ctx.run_id == run_id else None
-        held = held or self.holders.get(run_id)
-        if held is None:
-            raise LeaseLost(f"run {run_id}: this process holds no lease for a checkpoint write")
-        token, worker_id = held
-        async with self.store.transaction() as tx:
-            fence = await self.store.check_fence(tx, run_id, token)
-            # A task's writes name their node; a checkpoint follows the writes of its step.
-            fault_point("checkpoint.before_write", "", step["node"] if step else "")
-            if step is not None:
-                await self.store.add_event(
-                    tx, run_id, "step", step, worker_id=worker_id, token=token
-                )
-            yield tx
-        if step is None:
-            # The checkpoint is durable: a cancelled or released run stops here and loses nothing.
-            if fence["cancel_requested"]:
-                raise RunCancelled(f"run {run_id} was cancelled")
-            if self.draining:
-                raise Released(f"run {run_id} released at a step boundary")
+def _checkpoint_id(config: RunnableConfig) -> str:
+    return str(config["configurable"].get("checkpoint_id"))
 
 
-TASKS, PUSH = "__pregel_tasks", "__pregel_push"  # LangGraph's channel of Sends, its push tasks
-MAX_REMEMBERED = 256
+def _key(token: int, where: tuple[str, str], task_id: str, n: int) -> str:
+    return f"{token}/{where[0]}/{where[1]}/{task_id}/{n}"
+
+
+@contextmanager
+def _recorded(recorder: list[Statement]) -> Iterator[None]:
+    reset = _recording.set(recorder)
+    try:
+        yield
+    finally:
+        _recording.reset(reset)
 
 
 def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str) -> dict:
@@ -133,105 +375,115 @@ def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_p
     return data
 
 
+# -- recorders: upstream's statements, captured instead of run ----------------------------------
+
+
+class _Recorder:
+    """A cursor that keeps the statements it is given (upstream's aput and aput_writes)."""
+
+    def __init__(self, into: list[Statement]) -> None:
+        self._into = into
+
+    async def execute(self, sql: str, params: Any = None) -> None:
+        self._into.append((sql, params, False))
+
+    async def executemany(self, sql: str, params: Any) -> None:
+        self._into.append((sql, list(params), True))
+
+    async def __aenter__(self) -> _Recorder:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class _Recording:
+    """What `conn.execute(...)` / `conn.cursor()` return while recording: awaitable, and an
+    async context manager, as aiosqlite's results are."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self._recorder = recorder
+
+    def __await__(self) -> Any:
+        return self._recorder.__aenter__().__await__()
+
+    async def __aenter__(self) -> _Recorder:
+        return self._recorder
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class _SqliteConnection:
+    """The aiosqlite connection as upstream's saver sees it: its writes are recorded (and its
+    commit is Keel's); everything else, reads among them, goes to the connection itself."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        into = _recording.get()
+        if into is None:
+            return self._conn.execute(sql, params)
+        recorder = _Recorder(into)
+        into.append((sql, params, False))
+        return _Recording(recorder)
+
+    def cursor(self) -> Any:
+        into = _recording.get()
+        return self._conn.cursor() if into is None else _Recording(_Recorder(into))
+
+    async def commit(self) -> None:
+        if _recording.get() is None:
+            await self._conn.commit()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _SqliteLock:
+    """The connector's lock, except while upstream only records: then it touches nothing."""
+
+    def __init__(self, lock: TaskReentrantLock) -> None:
+        self.inner = lock
+
+    async def __aenter__(self) -> None:
+        if _recording.get() is None:
+            await self.inner.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if _recording.get() is None:
+            self.inner.release()
+
+    def locked(self) -> bool:
+        return self.inner.locked()
+
+
 class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
-    """AsyncSqliteSaver on Keel's own connection; writes fenced under BEGIN IMMEDIATE."""
+    """AsyncSqliteSaver on Keel's own connection; its writes replayed in Keel's transaction."""
 
     def __init__(self, conn: aiosqlite.Connection, lock: TaskReentrantLock) -> None:
         super().__init__(conn)
-        # One lock for every user of the connection; the saver re-enters it inside our txn.
-        self.lock = lock  # type: ignore[assignment]
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        self.remember_sends(checkpoint)
-        async with self.fenced_write(config):
-            return await super().aput(config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        async with self.fenced_write(config, self.step_event(config, writes, task_path)):
-            await super().aput_writes(config, writes, task_id, task_path)
-
-
-_fenced_conn: ContextVar[AsyncConnection[DictRow] | None] = ContextVar(
-    "keel_fenced_conn", default=None
-)
-_deferred_write: ContextVar[tuple[RunnableConfig, dict[str, Any]] | None] = ContextVar(
-    "keel_deferred_write", default=None
-)
+        self.conn = _SqliteConnection(conn)  # type: ignore[assignment]
+        # One lock for every user of the connection (upstream takes it around its reads).
+        self.lock = _SqliteLock(lock)  # type: ignore[assignment]
 
 
 class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
-    """AsyncPostgresSaver whose writes join Keel's fenced transaction on one connection."""
+    """AsyncPostgresSaver whose writes are replayed in Keel's pipelined step transaction."""
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
         super().__init__(pool)
 
     @asynccontextmanager
-    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[AsyncCursor[DictRow]]:
-        deferred = _deferred_write.get()
-        if deferred is not None:
-            async with (
-                self.fenced_write(*deferred) as tx,
-                tx.connection.cursor(binary=True, row_factory=dict_row) as cur,  # type: ignore[attr-defined]
-            ):
-                yield cur
+    async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:
+        into = _recording.get()
+        if into is not None:
+            # Upstream serializes blobs inside its cursor: recorded, no connection waits on it.
+            yield _Recorder(into)
             return
-        conn = _fenced_conn.get()
-        if conn is None:
-            async with super()._cursor(pipeline=pipeline) as cur:
-                yield cur
-            return
-        async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+        async with super()._cursor(pipeline=pipeline) as cur:
             yield cur
-
-    @asynccontextmanager
-    async def _joined(
-        self, config: RunnableConfig, step: dict[str, Any] | None = None
-    ) -> AsyncIterator[None]:
-        async with self.fenced_write(config, step) as tx:
-            token = _fenced_conn.set(tx.connection)  # type: ignore[attr-defined]
-            try:
-                yield
-            finally:
-                _fenced_conn.reset(token)
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        self.remember_sends(checkpoint)
-        async with self._joined(config):
-            return await super().aput(config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        # LangGraph serializes the writes in a worker thread, then asks for a cursor: the fenced
-        # transaction opens at that cursor, so its pooled connection never waits for a thread
-        # (sync nodes may hold every thread while they wait for a connection).
-        deferred = _deferred_write.set((config, self.step_event(config, writes, task_path)))
-        try:
-            await super().aput_writes(config, writes, task_id, task_path)
-        finally:
-            _deferred_write.reset(deferred)
 
 
 FencedSaver = FencedSqliteSaver | FencedPostgresSaver

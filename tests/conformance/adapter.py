@@ -1,7 +1,7 @@
 """Let LangGraph's conformance suite write through Keel's fenced savers.
 
 Keel's savers refuse every checkpoint write for a thread this process holds no lease for (see
-`Fencing.fenced_write`). The suite knows nothing of leases: it invents thread ids and writes.
+`Fencing._held`). The suite knows nothing of leases: it invents thread ids and writes.
 So, on the first write for a thread id, the adapter does what Keel does before a run's first
 step: it admits a run with that id and claims it, then holds the claim's token, so the write
 goes through the same fenced transaction a real run's checkpoint does.

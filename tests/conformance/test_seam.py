@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -33,44 +32,47 @@ def fresh_config() -> RunnableConfig:
 def test_sqlite_saver_uses_the_connectors_lock_for_the_shared_connection(
     backend: str, conformance: Conformance
 ) -> None:
-    """Keel replaces `AsyncSqliteSaver.lock`; upstream must take `self.lock` for every query."""
+    """Keel replaces `AsyncSqliteSaver.lock`; upstream must take `self.lock` for every read
+    (its writes only record their statements, which Keel runs in its own transaction)."""
     saver, connector = conformance.saver, conformance.app.aio.connector
-    assert saver.lock is connector.lock  # type: ignore[union-attr]
+    assert saver.lock.inner is connector.lock  # type: ignore[union-attr]
 
     async def scenario() -> None:
         config = fresh_config()
         await saver.aput(config, empty_checkpoint(), META, {})
+        checkpoints = saver.alist(config)
         async with connector.lock:  # type: ignore[attr-defined]
             read = asyncio.create_task(saver.aget_tuple(config))
-            listed = asyncio.create_task(anext(aiter(saver.alist(config))))
+            listed = asyncio.create_task(anext(aiter(checkpoints)))
             await asyncio.sleep(0.2)
             assert not read.done() and not listed.done(), "the saver ran without the lock"
         assert (await read) is not None and (await listed) is not None
+        await checkpoints.aclose()  # a listing holds the lock until it is closed
 
     conformance.call(scenario())
 
 
-@pytest.mark.parametrize("backend", POSTGRES)
-def test_postgres_checkpoint_writes_roll_back_with_the_fenced_transaction(
+@pytest.mark.parametrize("backend", SQLITE + POSTGRES)
+def test_checkpoint_writes_roll_back_with_the_fenced_transaction(
     backend: str, conformance: Conformance
 ) -> None:
-    """Upstream's aput/aput_writes SQL runs on the connection Keel's `_cursor` hands them."""
+    """Upstream's aput/aput_writes statements run in Keel's step transaction, nowhere else: a
+    transaction that fails after them leaves neither checkpoint nor writes behind."""
     saver = conformance.saver
     config = fresh_config()
     run_id = config["configurable"]["thread_id"]
     stored = conformance.call(saver.aput(config, empty_checkpoint(), META, {}))
 
-    fenced_write = saver.fenced_write
+    step_transaction = saver.store.step_transaction
 
-    @asynccontextmanager
-    async def fails_before_commit(
-        config: RunnableConfig, step: dict[str, Any] | None = None
-    ) -> AsyncIterator[Any]:
-        async with fenced_write(config, step) as tx:
-            yield tx
+    async def fails_before_commit(body: Callable[[Any], Awaitable[Any]]) -> Any:
+        async def then_fail(tx: Any) -> Any:
+            await body(tx)
             raise RuntimeError("after the upstream write, before the commit")
 
-    saver.fenced_write = fails_before_commit  # type: ignore[method-assign]
+        return await step_transaction(then_fail)
+
+    saver.store.step_transaction = fails_before_commit  # type: ignore[method-assign]
     try:
         later = {**stored["configurable"]}
         with pytest.raises(RuntimeError, match="before the commit"):
@@ -78,7 +80,7 @@ def test_postgres_checkpoint_writes_roll_back_with_the_fenced_transaction(
         with pytest.raises(RuntimeError, match="before the commit"):
             conformance.call(saver.aput_writes(stored, [("ch", "lost")], "task-1", "a"))
     finally:
-        del saver.fenced_write
+        del saver.store.step_transaction
 
     checkpoints = conformance.call(_collect(saver.alist(config)))
     assert [c.config["configurable"]["checkpoint_id"] for c in checkpoints] == [
@@ -87,7 +89,7 @@ def test_postgres_checkpoint_writes_roll_back_with_the_fenced_transaction(
     assert checkpoints[0].pending_writes == [], "writes committed outside Keel's transaction"
     assert _steps(conformance, run_id) == 0
 
-    # And a write that commits opens exactly one fenced transaction: one `step` event.
+    # And a write outside an execution commits at once, in one transaction: one `step` event.
     conformance.call(saver.aput_writes(stored, [("ch", "kept")], "task-1", "a"))
     assert [w[2] for w in conformance.call(saver.aget_tuple(stored)).pending_writes] == ["kept"]
     assert _steps(conformance, run_id) == 1

@@ -95,6 +95,14 @@ class Fleet:
     def alive(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
 
+    def wait_started(self, within: float = 60.0) -> None:
+        """Until every worker started has announced itself: a worker still in its preflight
+        when the database goes away exits ("cannot connect", the preflight's contract); a fast
+        first worker can deliver a test's first threshold before a slow host starts the rest."""
+        wait_until(
+            lambda: len(self.app.workers()) >= len(self.procs), within, "every worker started"
+        )
+
     def delivered(self) -> int:
         return len(self.sink.messages)
 
@@ -165,10 +173,7 @@ def test_postmaster_sigkilled_three_times_under_100_runs_loses_nothing_and_sends
     # may go on after a takeover; the ledger's fenced reserve and the last lease check before
     # the provider call are what stop it then: see docs/workers.md.)
     pg_fleet.start(3, lease_ttl=10.0)
-    # Every worker is up before the first kill: one still starting when the database goes away
-    # exits at once (a worker that starts without its database fails fast), which is not what
-    # this test is about, and fast runs let the first emails arrive before a slow start ends.
-    wait_until(lambda: len(pg_fleet.app.workers()) >= 3, 60, "the three workers to start")
+    pg_fleet.wait_started()
     delivered_at_kills = []
     for threshold in (5, 20, 35):
         wait_until(lambda t=threshold: pg_fleet.delivered() >= t, 60, f"{threshold} emails")
@@ -191,7 +196,7 @@ def test_postgres_down_for_40_seconds_pauses_work_and_then_finishes_it(
 ) -> None:
     ids = pg_fleet.submit(100, work=0.02)
     pg_fleet.start(3)
-    wait_until(lambda: len(pg_fleet.app.workers()) >= 3, 60, "the three workers to start")
+    pg_fleet.wait_started()
     wait_until(lambda: pg_fleet.delivered() >= 20, 60, "20 emails")
     cluster.stop("fast")  # clients are disconnected; new connections are refused
     down_at = time.monotonic()
@@ -252,7 +257,7 @@ def test_sqlite_disk_full_then_freed_every_run_completes_and_sends_once(
         try:
             ids = crew.submit(40, work=0.05)
             crew.start(2)
-            wait_until(lambda: len(crew.app.workers()) >= 2, 60, "the two workers to start")
+            crew.wait_started()
             wait_until(lambda: crew.delivered() >= 8, 60, "8 emails")
             filler = _fill(small_disk)
             time.sleep(6)  # writes fail: checkpoints, claims, heartbeats, the release

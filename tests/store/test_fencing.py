@@ -21,7 +21,7 @@ from langgraph.types import Interrupt
 
 import keel
 from keel.core import leases, ledger, waits
-from keel.core.context import RunContext, current
+from keel.core.context import RunContext, current, enter, leave
 from keel.core.effect_keys import Identity, effect_key, legacy_key
 from keel.core.errors import LeaseLost
 from keel.core.ids import StepRef
@@ -262,3 +262,88 @@ def test_stale_execution_in_the_same_process_cannot_write_checkpoints(
     assert app.get_run(run).output == {"who": "fresh"}
     # Token 1 lost the run before its node returned: none of its state may be checkpointed.
     assert "stale" not in history, f"a stale execution wrote checkpoints: {history}"
+
+
+# -- the step transaction: buffered writes, one pipeline -------------------------------------
+
+
+def test_stale_token_commits_none_of_its_buffered_writes_nor_its_checkpoint(
+    takeover: Takeover,
+) -> None:
+    """A's task writes wait in A's buffer for the step's checkpoint; A lost the run meanwhile:
+    the step transaction (on PostgreSQL one pipeline: fence, events, writes, checkpoint) is
+    aborted by its fence and nothing of it commits, not even a `step` event."""
+    saver, run = takeover.rt.saver, takeover.run_id
+    assert saver is not None
+    config: dict[str, Any] = {"configurable": {"thread_id": run, "checkpoint_ns": ""}}
+    meta: dict[str, Any] = {"source": "loop", "step": 0, "parents": {}}
+    saved = takeover.call(
+        _as(takeover.ctx(takeover.b), saver.aput(config, empty_checkpoint(), meta, {}))
+    )
+    before = takeover.snapshot()
+
+    async def stale_step() -> None:
+        await saver.aput_writes(saved, [("text", "stale")], "task-a", "__pregel_pull/echo")
+        assert len(saver.buffers[(run, 1)].writes) == 1  # buffered, not yet written
+        await saver.aput(saved, empty_checkpoint(), meta, {})
+
+    with pytest.raises(LeaseLost, match="token 1 is stale"):
+        takeover.call(_as(takeover.ctx(takeover.a), stale_step()))
+    assert takeover.snapshot() == before
+    tuple_ = takeover.call(saver.aget_tuple(config))
+    assert (
+        tuple_ is not None
+        and tuple_.config["configurable"]["checkpoint_id"]
+        == (saved["configurable"]["checkpoint_id"])
+    ), "the stale checkpoint committed"
+    assert tuple_.pending_writes == []
+
+    # A special write (an interrupt) commits at once: under the stale token, it raises there.
+    with pytest.raises(LeaseLost):
+        takeover.call(
+            _as(
+                takeover.ctx(takeover.a),
+                saver.aput_writes(saved, [("__interrupt__", "q")], "task-a", "__pregel_pull/echo"),
+            )
+        )
+    assert takeover.snapshot() == before
+    saver.drop(run, 1)
+
+
+def test_a_buffered_write_commits_only_under_the_token_that_produced_it(
+    takeover: Takeover,
+) -> None:
+    """The same process runs the run again under B's token while A's execution still has a
+    write buffered: B's checkpoint does not take A's write with it."""
+    saver, run = takeover.rt.saver, takeover.run_id
+    assert saver is not None
+    config: dict[str, Any] = {"configurable": {"thread_id": run, "checkpoint_ns": ""}}
+    meta: dict[str, Any] = {"source": "loop", "step": 0, "parents": {}}
+    live = takeover.ctx(takeover.b)
+    saved = takeover.call(_as(live, saver.aput(config, empty_checkpoint(), meta, {})))
+    takeover.call(
+        _as(
+            takeover.ctx(takeover.a),
+            saver.aput_writes(saved, [("text", "stale")], "task-a", "__pregel_pull/echo"),
+        )
+    )
+    takeover.call(
+        _as(live, saver.aput_writes(saved, [("text", "live")], "task-b", "__pregel_pull/echo"))
+    )
+    later = takeover.call(_as(live, saver.aput(saved, empty_checkpoint(), meta, {})))
+    writes = takeover.call(saver.aget_tuple(saved)).pending_writes
+    assert [(t, c, v) for t, c, v in writes] == [("task-b", "text", "live")]
+    steps = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "step"]
+    assert [(s["lease_token"], s["worker_id"]) for s in steps] == [(2, "worker-b")]
+    assert later["configurable"]["checkpoint_id"]
+    saver.drop(run, 1)
+    saver.drop(run, 2)
+
+
+async def _as(ctx: RunContext, call: Coroutine[Any, Any, T]) -> T:
+    """Run `call` inside an execution's context, as the executor's graph does."""
+    entered = enter(ctx)
+    try:
+        return await call
+    finally:
+        leave(entered)

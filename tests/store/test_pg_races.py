@@ -21,6 +21,7 @@ from langgraph.types import Send
 
 import keel
 from keel.core import leases
+from tests.support.graphs import echo_graph
 from tests.support.providers import Provider
 from tests.support.workers import claim, drain, execute
 
@@ -355,3 +356,33 @@ def test_connections_dropped_by_the_server_do_not_fail_the_run(
     details = app.get_run(run)
     assert details.status == "completed", details.run["error"]
     assert details.output == {"n": 1}
+
+
+def test_a_pooled_connection_the_server_dropped_is_replaced_at_checkout(
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+) -> None:
+    """The pool checks a connection at checkout only when it may be broken (it idled, or its
+    socket is readable): a backend the server terminated says so on its socket, so the next
+    transaction gets a fresh connection instead of failing."""
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    first = app.submit("echo", job_id="drop-1", input={"text": "a"})["run_id"]
+    admin = raw()
+    killed = admin.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchone()
+    assert killed is not None and killed[0] >= 1
+    # pg_terminate_backend only signals: wait until those backends have exited (and so told
+    # their sockets), as a server's restart or an admin's kill has by the time a request comes.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        others = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+        if others is not None and others[0] == 0:
+            break
+        time.sleep(0.02)
+    second = app.submit("echo", job_id="drop-2", input={"text": "b"})["run_id"]
+    assert app.get_run(first).status == app.get_run(second).status == "queued"

@@ -7,12 +7,13 @@ in every dialect (a test enforces it). Migrations live in `sql/<dialect>/migrati
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+T = TypeVar("T")
 Row = dict[str, Any]
 Params = dict[str, Any]
 
@@ -46,9 +47,32 @@ def load_migrations(dialect: str) -> list[Migration]:
         body = "\n".join(
             line for line in entry.read_text().splitlines() if not line.lstrip().startswith("--")
         )
-        statements = tuple(s.strip() for s in body.split(";") if s.strip())
-        found.append(Migration(version, entry.name.removesuffix(".sql"), statements))
+        found.append(Migration(version, entry.name.removesuffix(".sql"), split_statements(body)))
     return sorted(found, key=lambda m: m.version)
+
+
+def split_statements(body: str) -> tuple[str, ...]:
+    """A migration's statements: split at `;`, except inside a `$$`-quoted function body."""
+    statements, current = [], ""
+    for i, piece in enumerate(body.split("$$")):
+        if i % 2:  # the body of a function: its semicolons are its own
+            current += f"$${piece}$$"
+            continue
+        first, *rest = piece.split(";")
+        current += first
+        for chunk in rest:
+            statements.append(current)
+            current = chunk
+    statements.append(current)
+    return tuple(s.strip() for s in statements if s.strip())
+
+
+Later = Callable[[], Awaitable["Row | None"]]
+"""The row of a statement sent with `Tx.send`, read once the transaction has committed."""
+
+Statement = tuple[str, Any, bool]
+"""A statement of LangGraph's savers, recorded to run in Keel's transaction: its SQL, its
+parameters and whether it runs once per parameter set (executemany)."""
 
 
 class Tx(Protocol):
@@ -62,6 +86,15 @@ class Tx(Protocol):
 
     async def script(self, sql: str) -> None:
         """Run raw DDL (migrations only)."""
+        ...
+
+    async def send(self, name: str, params: Params | None = None) -> Later:
+        """Send a statement without waiting for its row (a pipelined transaction keeps going,
+        and stops at its commit if the statement failed); await the result for the row."""
+        ...
+
+    async def replay(self, statement: Statement) -> None:
+        """Run a statement LangGraph's saver issued (recorded, not one of Keel's queries)."""
         ...
 
 
@@ -101,6 +134,12 @@ class Connector(Protocol):
         parameters of the statements after it, and a statement with a result that returns no
         row ends the chain (what ran before it commits). The answer is the chain's rows merged
         (PostgreSQL: the statement's first row), or None if a statement found nothing."""
+        ...
+
+    async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """One write transaction as one call: `body` only sends statements through its Tx
+        (awaiting nothing else), and the whole transaction costs one hop to SQLite's database
+        thread, one pipeline (one round trip) on PostgreSQL."""
         ...
 
     async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from keel.core import logs
 from keel.core.errors import LeaseLost, RunNotFound
-from keel.core.store.base import Connector, Row, Tx
+from keel.core.store.base import Connector, Later, Row, Tx
 from keel.core.store.run_queries import committed
 
 
@@ -45,6 +45,21 @@ class LeaseQueries:
             async with self.db.transaction() as tx:
                 await self.check_fence(tx, run_id, token)
                 yield tx
+
+    @staticmethod
+    async def fence_step(tx: Tx, run_id: str, token: int) -> Later:
+        """The fence of a step transaction, sent without waiting: a stale token aborts the
+        transaction (the connector raises LeaseLost at its commit). The result, awaited after
+        the commit, is the run's row with its cancel flag."""
+        later = await tx.send("fence_step", {"run_id": run_id, "lease_token": token})
+
+        async def row() -> Row:
+            found = await later()
+            if found is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            return found
+
+        return row
 
     @staticmethod
     async def check_fence(tx: Tx, run_id: str, token: int) -> Row:

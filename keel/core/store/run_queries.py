@@ -294,18 +294,21 @@ class RunQueries:
         worker_id: str | None = None,
         token: int | None = None,
         ids: dict[str, Any] | None = None,
+        key: str | None = None,
     ) -> None:
-        """Append to the run's timeline; `ids` are extra correlation ids for its log line."""
-        await tx.execute(
-            "insert_event",
-            {
-                "run_id": run_id,
-                "kind": kind,
-                "worker_id": worker_id,
-                "lease_token": token,
-                "data": dumps(data or {}),
-            },
-        )
+        """Append to the run's timeline; `ids` are extra correlation ids for its log line. An
+        event with a `key` is added once per run and key (a task's `step` event)."""
+        params = {
+            "run_id": run_id,
+            "kind": kind,
+            "worker_id": worker_id,
+            "lease_token": token,
+            "data": dumps(data or {}),
+        }
+        if key is None:
+            await tx.execute("insert_event", params)
+        else:
+            await tx.execute("insert_step_event", {**params, "step_key": key})
         pending = _uncommitted.get()
         entry = (run_id, kind, data or {}, worker_id, token, ids)
         if pending is None:

@@ -8,13 +8,13 @@ are grouped by table in the `*_queries` modules and combined here.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 from keel.core import infra
 from keel.core.errors import SchemaMismatch
-from keel.core.store.base import Connector, Tx, load_migrations
+from keel.core.store.base import Connector, T, Tx, load_migrations
 from keel.core.store.effect_queries import EffectQueries
 from keel.core.store.lease_queries import LeaseQueries
 from keel.core.store.ops_queries import OpsQueries
@@ -62,6 +62,12 @@ class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
         return self.db.read()
+
+    async def step_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
+        """A write transaction as one call to the database (`Connector.run_transaction`): a
+        step's fence, events and checkpoint. Its timeline events are logged once it commits."""
+        with committed():
+            return await self.db.run_transaction(body)
 
     # -- the database's clock ----------------------------------------------------------------
 

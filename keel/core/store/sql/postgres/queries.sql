@@ -31,6 +31,11 @@ INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (%(version
 SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = %(run_id)s
 FOR SHARE;
 
+-- name: fence_step
+-- The fence of a step transaction as one statement: KL001 aborts the whole pipeline when the
+-- token is stale; the row (cancel flag) is read after the commit.
+SELECT keel_fence(%(run_id)s, %(lease_token)s) AS cancel_requested;
+
 -- name: lease_held
 -- Whether a lease token still holds its run, unexpired, right now (the last check before a
 -- provider call or an artifact's rename; a plain read, it holds no lock).
@@ -216,6 +221,14 @@ SELECT run_id AS finished_id FROM finished;
 WITH turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(%(run_id)s)))
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
 SELECT %(run_id)s, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM turn;
+
+-- name: insert_step_event
+-- Append a task's `step` event once per key (a retried step transaction adds nothing), in
+-- commit order as insert_event does.
+WITH turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(%(run_id)s)))
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data, step_key)
+SELECT %(run_id)s, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s, %(step_key)s FROM turn
+ON CONFLICT (run_id, step_key) DO NOTHING;
 
 -- name: list_events
 -- A run's timeline in order.

@@ -30,6 +30,12 @@ INSERT INTO keel_schema_migrations (version, name, applied_at) VALUES (:version,
 -- The current lease of a run, locked against a takeover until this transaction ends.
 SELECT run_id, status, lease_token, lease_owner, cancel_requested FROM keel_runs WHERE run_id = :run_id;
 
+-- name: fence_step
+-- The fence of a step transaction as one statement: keel_fence raises on a stale token (the
+-- connector turns it into LeaseLost); no row means no such run.
+SELECT run_id, cancel_requested, keel_fence(run_id, lease_token, :lease_token) AS fenced
+FROM keel_runs WHERE run_id = :run_id;
+
 -- name: lease_held
 -- Whether a lease token still holds its run, unexpired, right now (the last check before a
 -- provider call or an artifact's rename; a plain read, it holds no lock).
@@ -188,6 +194,12 @@ VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token, :data);
 -- Append to a run's timeline.
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
 VALUES (:run_id, keel_now(), :kind, :worker_id, :lease_token, :data);
+
+-- name: insert_step_event
+-- Append a task's `step` event once per key (a retried step transaction adds nothing).
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data, step_key)
+VALUES (:run_id, keel_now(), :kind, :worker_id, :lease_token, :data, :step_key)
+ON CONFLICT (run_id, step_key) DO NOTHING;
 
 -- name: list_events
 -- A run's timeline in order.

@@ -1,0 +1,83 @@
+"""A worker SIGKILLed between a parallel task finishing and its step's checkpoint.
+
+With one fenced transaction per step, a finished task's writes wait for the checkpoint of its
+step: a crash there loses them, and the step runs again. Its effects come from the ledger: the
+outside world (the fan-out app's delivery file, one line per delivery) sees each one once.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import keel
+from keel.testing import spawn_worker
+from tests.support import REPO
+from tests.support.apps.fanout import build
+
+pytestmark = pytest.mark.slow
+
+AppFactory = Callable[..., keel.App]
+BRANCHES = 3
+# checkpoint.before_write occurrences of a 3-way fan-out: 1 the input checkpoint, 2 the input's
+# writes, 3 the checkpoint before the fan-out, 4-6 each branch's writes as it finishes (buffered
+# for the step's checkpoint), 7 that checkpoint. 6: every branch has performed and recorded its
+# effect and finished, two are buffered, the third finishing; the step is not committed. (An
+# earlier kill may catch a branch between its provider call and its record: an in-doubt
+# effect, which waits for a person, tests/processes/test_crashes.py.)
+KILL_AT = "checkpoint.before_write@6"
+
+
+def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effect_once(
+    make_app: AppFactory, db_url: str, tmp_path: Path
+) -> None:
+    app = make_app()
+    app.workflow("fanout")(build)
+    run = app.submit("fanout", job_id="crash-fan-1", input={"n": BRANCHES})["run_id"]
+    deliveries = tmp_path / "deliveries.txt"
+    common: dict[str, Any] = {
+        "database_url": db_url,
+        "artifacts_dir": tmp_path / "artifacts",
+        "env": {"FANOUT_DELIVERIES": str(deliveries), "KEEL_LOG_LEVEL": "warning"},
+        "cwd": REPO,
+        "lease_ttl": 1.0,
+        "log": tmp_path / "workers.log",
+    }
+    killed = spawn_worker(
+        "tests.support.apps.fanout:app", "--stop-when-idle", faults=KILL_AT, **common
+    )
+    assert killed.wait(timeout=40) == -signal.SIGKILL, (tmp_path / "workers.log").read_text()
+
+    # The step's checkpoint never committed: the run's last checkpoint is the one before it.
+    saver = app.aio.portal.call(_opened(app))
+    last = app.aio.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}}))
+    assert last is not None and last.metadata["step"] == 0, last and last.metadata
+    assert last.pending_writes == [] or all(
+        channel != "out" for _, channel, _ in last.pending_writes
+    ), "a buffered task write committed without its checkpoint"
+    before = deliveries.read_text().split() if deliveries.exists() else []
+    assert len(before) == BRANCHES, "the kill came before every branch performed its effect"
+
+    clean = spawn_worker("tests.support.apps.fanout:app", "--stop-when-idle", **common)
+    try:
+        assert clean.wait(timeout=40) == 0, (tmp_path / "workers.log").read_text()
+    except subprocess.TimeoutExpired:
+        clean.kill()
+        raise
+    details = app.get_run(run)
+    assert details.status == "completed", (details.run["error"], details.timeline)
+    assert sorted(details.output["out"]) == list(range(BRANCHES))
+    lines = deliveries.read_text().split()
+    assert len(lines) == BRANCHES and len(set(lines)) == BRANCHES, lines
+    assert set(before) <= set(lines)
+    assert [e["kind"] for e in details.timeline].count("lease.takeover") == 1
+
+
+async def _opened(app: keel.App) -> Any:
+    await app.aio.open()
+    return app.aio.fencing()

@@ -47,7 +47,9 @@ def _in_pool_check() -> bool:
     for _ in range(8):
         if frame is None:
             return False
-        if frame.f_code.co_name == "check_connection":
+        # The pool's own upkeep, not the caller's: its check of a connection at checkout, and
+        # the setup of a connection it opened (in the background, whenever it likes).
+        if frame.f_code.co_name in ("check_connection", "_configure"):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False

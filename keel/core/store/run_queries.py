@@ -81,6 +81,44 @@ class RunQueries:
         )
         return inserted is not None
 
+    async def admit_run(
+        self,
+        *,
+        run_id: str,
+        job_id: str,
+        workflow: str,
+        version: str,
+        attempt: int,
+        input_hash: str,
+        input_json: str,
+        if_exists: str,
+        data: dict[str, Any],
+    ) -> tuple[Row | None, bool, bool, list[str]]:
+        """Admit a run in one statement (see the `admit_run` query): the run's row (None if
+        refused, or if a concurrent admission of it is not visible yet), whether this call
+        created it, whether `if_exists` refused it, and the job's runs with other input."""
+        row = await self.db.single(
+            "admit_run",
+            {
+                "run_id": run_id,
+                "job_id": job_id,
+                "workflow": workflow,
+                "workflow_version": version,
+                "attempt": attempt,
+                "input_hash": input_hash,
+                "input": input_json,
+                "if_exists": if_exists,
+                "data": dumps(data),
+            },
+        )
+        assert row is not None
+        others = json.loads(row.pop("others"))
+        refused, created = bool(row.pop("refused")), bool(row.pop("created"))
+        row.pop("woken")
+        if created:
+            logs.event(run_id, "admitted", data, worker_id=None, token=None)
+        return (row if row.get("run_id") else None), created, refused, others
+
     # -- reading runs ---------------------------------------------------------------------------
 
     @staticmethod
@@ -184,6 +222,41 @@ class RunQueries:
                 "finished": finished,
             },
         )
+
+    async def finish_run(
+        self,
+        run_id: str,
+        token: int,
+        status: str,
+        *,
+        worker_id: str,
+        termination_reason: str | None,
+        error: str | None,
+        output: str | None,
+        kind: str,
+        data: dict[str, Any],
+    ) -> bool:
+        """End the running run that `token` holds, with its timeline event `kind`, in one
+        statement (only `keel.core.runs.finish` calls this, after checking the transition
+        table); False, writing nothing, if `token` no longer holds a running run."""
+        row = await self.db.single(
+            "finish_run",
+            {
+                "run_id": run_id,
+                "lease_token": token,
+                "status": status,
+                "worker_id": worker_id,
+                "termination_reason": termination_reason,
+                "error": error,
+                "output": output,
+                "kind": kind,
+                "data": dumps(data),
+            },
+        )
+        if row is None:
+            return False
+        logs.event(run_id, kind, data, worker_id=worker_id, token=token)
+        return True
 
     @staticmethod
     async def set_run_decision(tx: Tx, run_id: str, decision: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from keel.core import logs
@@ -64,6 +65,7 @@ class EffectQueries:
     ) -> bool:
         """Move a ledger row on, with its timeline event, in one fenced statement; False,
         writing nothing, if `token` does not hold the run."""
+        started = time.monotonic()
         row = await self.db.single(
             "record_effect",
             {
@@ -81,7 +83,8 @@ class EffectQueries:
         )
         if row is None:
             return False
-        logs.event(run_id, kind, data, worker_id=worker_id, token=token)
+        took = time.monotonic() - started
+        logs.event(run_id, kind, data, worker_id=worker_id, token=token, took=took)
         return True
 
     @staticmethod

@@ -10,6 +10,7 @@ SQLite the whole transaction runs under BEGIN IMMEDIATE.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -136,6 +137,7 @@ class LeaseQueries:
             "ttl": ttl,
             "limits": json.dumps(limits),
         }
+        started = time.monotonic()
         if limits:
             with committed():
                 async with self.db.transaction() as tx:
@@ -156,7 +158,13 @@ class LeaseQueries:
             }
             kind = "lease.takeover" if takeover else "lease.claimed"
             logs.event(
-                row["run_id"], kind, data, worker_id=worker_id, token=row["lease_token"], ids=ids
+                row["run_id"],
+                kind,
+                data,
+                worker_id=worker_id,
+                token=row["lease_token"],
+                ids=ids,
+                took=time.monotonic() - started,
             )
         return row
 

@@ -97,6 +97,7 @@ class RunQueries:
         """Admit a run in one statement (see the `admit_run` query): the run's row (None if
         refused, or if a concurrent admission of it is not visible yet), whether this call
         created it, whether `if_exists` refused it, and the job's runs with other input."""
+        started = time.monotonic()
         row = await self.db.single(
             "admit_run",
             {
@@ -116,7 +117,8 @@ class RunQueries:
         refused, created = bool(row.pop("refused")), bool(row.pop("created"))
         row.pop("woken")
         if created:
-            logs.event(run_id, "admitted", data, worker_id=None, token=None)
+            took = time.monotonic() - started
+            logs.event(run_id, "admitted", data, worker_id=None, token=None, took=took)
         return (row if row.get("run_id") else None), created, refused, others
 
     # -- reading runs ---------------------------------------------------------------------------
@@ -239,6 +241,7 @@ class RunQueries:
         """End the running run that `token` holds, with its timeline event `kind`, in one
         statement (only `keel.core.runs.finish` calls this, after checking the transition
         table); False, writing nothing, if `token` no longer holds a running run."""
+        started = time.monotonic()
         row = await self.db.single(
             "finish_run",
             {
@@ -255,7 +258,8 @@ class RunQueries:
         )
         if row is None:
             return False
-        logs.event(run_id, kind, data, worker_id=worker_id, token=token)
+        took = time.monotonic() - started
+        logs.event(run_id, kind, data, worker_id=worker_id, token=token, took=took)
         return True
 
     @staticmethod

@@ -44,6 +44,8 @@ QUIET_STRANDED_CHECK_INTERVAL = 60.0
 should not make."""
 SAFETY_POLL_INTERVAL = 5.0
 """The longest a quiet worker sleeps without looking at the database (a NOTIFY it missed)."""
+IDLE_OUTBOX_LOOK = 60.0
+"""How often a quiet dispatcher with no intent pending looks anyway (a lost NOTIFY)."""
 
 
 def new_worker_id() -> str:
@@ -150,9 +152,24 @@ class Worker:
         executor = rt.executor(self.worker_id)
         wake = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
-        listener = asyncio.create_task(rt.connector.listen("keel_wake", wake.set))
+        effects_wake = asyncio.Event()  # the dispatcher's own: the claim loop clears `wake`
+
+        def woken_by_notify() -> None:
+            wake.set()
+            effects_wake.set()
+
+        listener = asyncio.create_task(rt.connector.listen("keel_wake", woken_by_notify))
         pruner = asyncio.create_task(self._prune()) if self.prune_older_than else None
-        deliverer = asyncio.create_task(deliver_effects(rt, self.worker_id, self._stopping))
+        quiet = rt.connector.notifies and not self.stop_when_idle
+        deliverer = asyncio.create_task(
+            deliver_effects(
+                rt,
+                self.worker_id,
+                self._stopping,
+                wake=effects_wake if quiet else None,
+                safety_poll=self.safety_poll_interval,
+            )
+        )
         await self._guarded(self._announce())
         log.info(
             "worker %s started: concurrency %d, workflows %s",
@@ -165,7 +182,6 @@ class Worker:
         # ending) or when the database says work is there or falls due, and look at least
         # every `safety_poll_interval`. Otherwise poll with backoff, as SQLite's workers in
         # other processes cannot wake this one, and sweep every `sweep_interval`.
-        quiet = rt.connector.notifies and not self.stop_when_idle
         delay = self.poll_interval
         next_sweep = 0.0
         loop = asyncio.get_running_loop()
@@ -502,10 +518,20 @@ class Worker:
 
 
 async def deliver_effects(
-    runtime: Runtime, worker_id: str, stopping: asyncio.Event, poll: float = 0.2
+    runtime: Runtime,
+    worker_id: str,
+    stopping: asyncio.Event,
+    poll: float = 0.2,
+    *,
+    wake: asyncio.Event | None = None,
+    safety_poll: float = SAFETY_POLL_INTERVAL,
 ) -> None:
     """Deliver outbox intents until `stopping` is set: the dispatcher every worker runs (and
-    `keel dispatcher APP` alone)."""
+    `keel dispatcher APP` alone).
+
+    Idle, it polls every `poll` seconds; given `wake` (set on PostgreSQL's NOTIFY, which a
+    committed intent and a person's retry send) it is quiet instead: it sleeps until the next
+    intent falls due by the database's clock, a NOTIFY, or `safety_poll` at the latest."""
     pacing = effect_dispatch.Pacing()
     failures = 0
     while not stopping.is_set():
@@ -522,6 +548,30 @@ async def deliver_effects(
         else:
             # Busy: straight on. Idle: the next due token, or a short poll for new intents.
             pause = 0.0 if handled else min(poll, pacing.next_due() or poll)
+            if not handled and wake is not None:
+                pause = await _quiet_pause(runtime, pacing, safety_poll)
         if pause:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), timeout=pause)
+            waiting = [stopping] if wake is None else [stopping, wake]
+            await _first_of(waiting, pause)
+            if wake is not None:
+                wake.clear()
+
+
+async def _quiet_pause(runtime: Runtime, pacing: effect_dispatch.Pacing, cap: float) -> float:
+    """How long an idle quiet dispatcher sleeps: until an intent falls due (one read), a rate
+    token it waits for comes back, or `cap`."""
+    due = await runtime.store.effect_intents_due_in()
+    if due is None:
+        # Nothing pending or being sent: only a NOTIFY (an intent committed, a person's retry,
+        # the LISTEN connection back) brings work, so look rarely.
+        return IDLE_OUTBOX_LOOK
+    return min(cap, pacing.next_due() or cap, max(due, 0.01))
+
+
+async def _first_of(events: list[asyncio.Event], seconds: float) -> None:
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -12,7 +12,10 @@ class IntentQueries:
     @staticmethod
     async def insert_effect_intent(tx: Tx, row: Row) -> bool:
         """Record an intent (pending); False if it exists already (the step ran before)."""
-        return await tx.one("outbox_insert", row) is not None
+        inserted = await tx.one("outbox_insert", row) is not None
+        if inserted:  # wake quiet dispatchers when the step commits (PostgreSQL's NOTIFY)
+            await tx.one("notify_wake", {"run_id": row["run_id"]})
+        return inserted
 
     @staticmethod
     async def read_effect_intent(tx: Tx, intent_id: str) -> Row | None:
@@ -83,7 +86,18 @@ class IntentQueries:
 
     @staticmethod
     async def reopen_effect_intent(tx: Tx, intent_id: str, from_status: str) -> Row | None:
-        return await tx.one("outbox_reopen", {"intent_id": intent_id, "from_status": from_status})
+        row = await tx.one("outbox_reopen", {"intent_id": intent_id, "from_status": from_status})
+        if row is not None:
+            await tx.one("notify_wake", {"run_id": row["run_id"]})
+        return row
+
+    async def effect_intents_due_in(self) -> float | None:
+        """Seconds until an intent is deliverable or a sender's claim expires (<= 0: now);
+        None when no intent is pending or being sent."""
+        async with self.db.read() as tx:
+            row = await tx.one("outbox_next_due")
+        seconds = row["seconds"] if row else None
+        return None if seconds is None else float(seconds)
 
     @staticmethod
     async def resolve_effect_intent_performed(

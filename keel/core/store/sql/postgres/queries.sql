@@ -677,6 +677,15 @@ VALUES (%(intent_id)s, %(run_id)s, %(effect)s, %(node)s, %(step)s, %(task_path)s
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
+-- name: outbox_next_due
+-- Seconds until the dispatcher has something to do, by the database's clock (negative: now):
+-- an intent becoming deliverable, or a sender's claim expiring. NULL: nothing is pending.
+SELECT (SELECT MIN(t) FROM (
+            SELECT MIN(available_at) AS t FROM keel_intents WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(claim_expires_at) FROM keel_intents WHERE status = 'sending'
+        ) AS due) - keel_now() AS seconds;
+
 -- name: outbox_get
 -- One user effect intent.
 SELECT * FROM keel_intents WHERE intent_id = %(intent_id)s;

@@ -629,6 +629,15 @@ VALUES (:intent_id, :run_id, :effect, :node, :step, :task_path, :call_index, :ar
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
+-- name: outbox_next_due
+-- Seconds until the dispatcher has something to do, by the database's clock (negative: now):
+-- an intent becoming deliverable, or a sender's claim expiring. NULL: nothing is pending.
+SELECT (SELECT MIN(t) FROM (
+            SELECT MIN(available_at) AS t FROM keel_intents WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(claim_expires_at) FROM keel_intents WHERE status = 'sending'
+        )) - keel_now() AS seconds;
+
 -- name: outbox_get
 -- One user effect intent.
 SELECT * FROM keel_intents WHERE intent_id = :intent_id;

@@ -217,11 +217,25 @@ class PostgresConnector:
         pipeline early and is still inside the transaction."""
         async with self.pool.connection() as conn:
             try:
-                async with conn.pipeline():
-                    await conn.execute("BEGIN")
-                    await self._set_clock(conn)
-                    result = await body(PostgresTx(conn, self._queries))
-                    await conn.execute("COMMIT")
+                failed: psycopg.Error | None = None
+                try:
+                    async with conn.pipeline():
+                        try:
+                            await conn.execute("BEGIN")
+                            await self._set_clock(conn)
+                            result = await body(PostgresTx(conn, self._queries))
+                            await conn.execute("COMMIT")
+                        except psycopg.Error as exc:
+                            # Kept for after the pipeline's end, which still collects the
+                            # results of what was sent after the failed statement: each of them
+                            # "pipeline aborted" (which psycopg would log as an error ignored,
+                            # once per stale token, had the block raised).
+                            failed = exc
+                except psycopg.Error:
+                    if failed is None:
+                        raise
+                if failed is not None:
+                    raise failed
                 return result
             except BaseException as exc:
                 status = conn.info.transaction_status

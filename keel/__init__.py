@@ -3,10 +3,13 @@ owned by one fenced worker at a time, with side effects that happen once."""
 
 from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
+from keel.core.effect_outbox import await_effect, effect, enqueue
 from keel.core.errors import (
     ClockSkew,
     EffectFailed,
     InputTooLarge,
+    IntentNotFound,
+    IntentState,
     InvalidId,
     InvalidInput,
     InvalidTransition,
@@ -27,7 +30,7 @@ from keel.core.errors import (
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
-from keel.core.ledger import KEY, Retry, effect
+from keel.core.ledger import KEY, Retry
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
 from keel.runtime.aio import AsyncApp
@@ -43,6 +46,8 @@ __all__ = [
     "Decision",
     "EffectFailed",
     "InputTooLarge",
+    "IntentNotFound",
+    "IntentState",
     "InvalidId",
     "InvalidInput",
     "InvalidTransition",
@@ -70,7 +75,9 @@ __all__ = [
     "WorkflowVersionMismatch",
     "approval",
     "artifacts",
+    "await_effect",
     "effect",
+    "enqueue",
     "heartbeat",
     "job_id",
     "last_heartbeat",

@@ -12,9 +12,11 @@ mail server, or with Slack:
   reconciler looks there); $NEWSLETTER_MAIL_FROM is the sender.
 - Neither: nothing leaves the machine; the announcement records that it had nowhere to go.
 
-`announce` is a Keel effect: once per idempotency key, whatever the crashes around it. Its key
-names the message (the email's Message-ID, the Slack message's metadata), so its reconciler can
-ask the provider whether a worker that died after sending got it through.
+`announce` is a Keel outbox effect (docs/outbox.md): the node records the announcement with its
+step and a dispatcher sends it, at most 30 a minute across all workers (a mail relay's or
+Slack's limit), retried through an outage without holding a worker. Its key names the message
+(the email's Message-ID, the Slack message's metadata), so its reconciler can ask the provider
+whether a dispatcher that died after sending got it through.
 """
 
 from __future__ import annotations
@@ -139,8 +141,10 @@ def find_announcement(
 
 @keel.effect(
     "announce",
+    outbox=True,
     reconcile=find_announcement,
     retry=keel.Retry(max_attempts=4, initial=0.2, maximum=5.0),
+    rate="30/m",
 )
 def announce(
     to: str, subject: str, link: str, digest: str, *, idempotency_key: str = keel.KEY

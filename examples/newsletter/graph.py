@@ -2,7 +2,7 @@
 artifacts -> announce once.
 
 ```
-prepare -> draft -> review --accepted--> approve --approved--> finalize -> notify -> END
+prepare -> draft -> review --accepted--> approve --approved--> finalize -> notify -> announced
              ^         |                     \\--rejected / timed out--> END
              \\-revise--/--max revisions reached--> END (max_revisions_exceeded)
 ```
@@ -10,7 +10,8 @@ prepare -> draft -> review --accepted--> approve --approved--> finalize -> notif
 Each node does one thing, because a node that crashes re-runs from its start: drafting and
 reviewing are reads; the approval is a durable wait; finalize rewrites the same three files
 (keyed by the run, atomically), so a crash half-way and a re-run leave whole, identical files;
-the announcement is the only side effect, alone in the last node, behind the ledger.
+the announcement is the only side effect, alone in its node, recorded in the outbox with that
+step and delivered by a dispatcher; the last node waits for the delivery.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class NewsletterState(TypedDict, total=False):
     outcome: str
     decision: Approval
     report: dict[str, Any]
+    announcement: str
     notified: dict[str, Any]
 
 
@@ -268,14 +270,19 @@ def newsletter_link(run_id: str) -> str:
 
 def notify(state: NewsletterState, config: RunnableConfig) -> dict[str, Any]:
     run_id = str(config["configurable"]["thread_id"])
-    # Keel derives and passes `idempotency_key`.
-    result = announce(
+    # Recorded with this step, sent by a dispatcher; Keel derives `idempotency_key`.
+    handle = announce(
         state["notify_to"],
         f"Published: {state['draft']['title']}",
         newsletter_link(run_id),
         state["report"]["newsletter.md"],
     )
-    return {"notified": result}
+    return {"announcement": handle}
+
+
+def announced(state: NewsletterState) -> dict[str, Any]:
+    # A wait (no worker held) until the dispatcher delivered it: the run ends announced.
+    return {"notified": keel.await_effect(state["announcement"])}
 
 
 def build(drafter: Drafter | Any = None, reviewer: Reviewer | None = None) -> StateGraph:
@@ -287,13 +294,15 @@ def build(drafter: Drafter | Any = None, reviewer: Reviewer | None = None) -> St
     graph.add_node("approve", approve)
     graph.add_node("finalize", finalize)
     graph.add_node("notify", notify)
+    graph.add_node("announced", announced)
     graph.add_edge(START, "prepare")
     graph.add_edge("prepare", "draft")
     graph.add_edge("draft", "review")
     graph.add_conditional_edges("review", after_review, ["approve", "draft", END])
     graph.add_conditional_edges("approve", after_approval, ["finalize", END])
     graph.add_edge("finalize", "notify")
-    graph.add_edge("notify", END)
+    graph.add_edge("notify", "announced")
+    graph.add_edge("announced", END)
     return graph
 
 

@@ -50,6 +50,11 @@ def observe(
         for e in details.effects
         if e["status"] not in ("sent", "confirmed")
     ]
+    # Outbox intents count as effects too: each delivered once, none left undelivered.
+    done.update(f"outbox:{i['effect']}" for i in details.intents if i["status"] == "delivered")
+    unsettled += [
+        f"{i['intent_id']} ({i['status']})" for i in details.intents if i["status"] != "delivered"
+    ]
     artifacts = {}
     for info in details.artifacts:
         data = info.path.read_bytes()

@@ -20,6 +20,7 @@ import typer
 
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import observe, render
+from keel.cli.effects import dispatcher, effects_cli
 from keel.cli.guard import (
     APP_HINT,
     BAD_USAGE,
@@ -59,6 +60,8 @@ cli = typer.Typer(
 )
 cli.add_typer(runs_cli, name="runs")
 cli.add_typer(approvals_cli, name="approvals")
+cli.add_typer(effects_cli, name="effects")
+cli.command()(dispatcher)
 
 
 @cli.callback()

@@ -140,6 +140,7 @@ def details_json(details: RunDetails) -> dict[str, Any]:
         "timeline": [decoded(e) for e in details.timeline],
         "effects": [decoded(e) for e in details.effects],
         "waits": [decoded(w) for w in details.waits],
+        "intents": [decoded(i) for i in details.intents],
         "artifacts": [
             {"name": a.name, "size": a.size, "path": str(a.path)} for a in details.artifacts
         ],
@@ -245,6 +246,26 @@ def effects_table(effects: Iterable[Row]) -> Table:
     return table
 
 
+def intents_table(intents: Iterable[Row]) -> Table:
+    """A run's outbox effects (docs/outbox.md): delivered, or still to go, dead, in doubt."""
+    table = Table(title="outbox", title_justify="left")
+    for column in ("intent", "effect", "node", "status", "attempts", "result/error"):
+        table.add_column(
+            column, overflow="fold", justify="right" if column == "attempts" else "left"
+        )
+    for i in intents:
+        outcome = Text(i["error"], style="red") if i.get("error") else compact(i.get("result"), 80)
+        table.add_row(
+            i["intent_id"],
+            i["effect"],
+            i["node"],
+            status_text(i["status"]),
+            f"{i['attempts']}/{i['max_attempts']}",
+            outcome,
+        )
+    return table
+
+
 def waits_table(waits: Iterable[Row], now: float | None = None, *, across: bool = False) -> Table:
     """A run's waits; `across` runs (`keel approvals list`) adds each wait's run and payload,
     what `keel approve RUN` needs and what the approver decides on."""
@@ -319,6 +340,8 @@ def run_view(details: RunDetails, now: float | None = None) -> Group:
     run = {**details.run, "stranded": details.stranded}
     parts: list[Any] = [run_summary(run, now), Text(""), timeline_table(details.timeline)]
     parts.append(effects_table(details.effects) if details.effects else Text("effects: none"))
+    if details.intents:
+        parts.append(intents_table(details.intents))
     parts.append(waits_table(details.waits, now) if details.waits else Text("waits: none"))
     parts.append(
         artifacts_table(details.artifacts) if details.artifacts else Text("artifacts: none")

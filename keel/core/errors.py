@@ -95,6 +95,15 @@ class UsageError(KeelError, RuntimeError):
     """Keel was used in a way it does not support."""
 
 
+class IntentNotFound(KeelError, LookupError):
+    """No outbox intent has this id."""
+
+
+class IntentState(KeelError):
+    """The outbox intent is not in a state that takes this action (retry a dead one, resolve
+    an in-doubt one)."""
+
+
 class EffectFailed(KeelError):
     """The effect failed permanently; its error is recorded in the ledger."""
 

@@ -38,6 +38,9 @@ POINTS = (
     "decision.after_record",  # a decision is recorded; the run has not resumed
     "artifact.before_rename",  # the temp file is written and fsynced, not yet renamed
     "lease.renew",  # a heartbeat is about to renew leases
+    "outbox.before_call",  # an intent is claimed; its claim is about to be checked, then sent
+    "outbox.after_call",  # the provider accepted an intent; its delivery is not recorded yet
+    "outbox.after_settle",  # an intent is recorded delivered
 )
 
 

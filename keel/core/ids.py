@@ -97,6 +97,9 @@ class StepRef:
     scope: object = dataclasses.field(default=None, compare=False, hash=False, repr=False)
     """The one attempt of the task at this place (not part of any key): it tells a task's
     retry, which counts its effect calls from the first again, from a later call."""
+    task_id: str = dataclasses.field(default="", compare=False, hash=False, repr=False)
+    """LangGraph's id of the running task (not part of any key): the saver commits what the
+    task staged (`RunContext.stage`) with the writes it puts under this id."""
 
     def key(self, kind: str, name: str, content_hash: str) -> str:
         return (

@@ -10,6 +10,8 @@ class WaitKind(StrEnum):
     APPROVAL = "approval"
     EFFECT = "effect"
     """An in-doubt effect: a person says whether it reached the provider."""
+    OUTBOX = "outbox"
+    """`keel.await_effect()`: the dispatcher answers it when the intent is delivered."""
     INTERRUPT = "interrupt"
     """A plain `interrupt()` from user code."""
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import outbox
+from keel.core import effect_outbox, outbox
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, current
@@ -163,12 +163,18 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 schedule=dumps(schedule),
                 first_stage_after=float(schedule[0]["after"]) if schedule else None,
             )
+            if inserted and spec.get("kind") == WaitKind.OUTBOX:
+                # Delivered before this wait existed: answered now, the run goes on at once.
+                intent = await store.read_effect_intent(tx, str(spec["payload"]["intent_id"]))
+                if intent is not None:
+                    await effect_outbox.answer_waits(store, tx, intent)
             if inserted:
                 if run is None:
                     run = await store.read_run(tx, ctx.run_id)
                 wait_row = await store.read_wait(tx, wid)
                 assert run is not None and wait_row is not None
-                await outbox.record(rt, tx, run, wait_row, "request")
+                if wait_row["kind"] != WaitKind.OUTBOX:  # a machine's wait: nobody is asked
+                    await outbox.record(rt, tx, run, wait_row, "request")
                 await store.add_event(
                     tx,
                     ctx.run_id,
@@ -222,6 +228,11 @@ def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
     An in-doubt effect takes only performed/not_performed, every other wait anything else:
     approving an in-doubt effect would resume it without `performed`, that is a second send.
     """
+    if wait_kind == WaitKind.OUTBOX:
+        raise UsageError(
+            f"wait {wait_id} waits for an outbox intent's delivery: it ends when the intent is "
+            "delivered (see `keel effects list`, `keel effects retry/resolve`)"
+        )
     is_effect_answer = decision in (EffectAnswer.PERFORMED, EffectAnswer.NOT_PERFORMED)
     if (wait_kind == WaitKind.EFFECT) != is_effect_answer:
         how = "resolve_effect()" if wait_kind == WaitKind.EFFECT else "approve() or reject()"

@@ -37,6 +37,9 @@ MAX_OUTPUT_BYTES = 1_000_000
 # LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
 # LangGraph stops sharing one per task attempt.
 SCRATCHPAD = "__pregel_scratchpad"
+# LangGraph's CONFIG_KEY_TASK_ID (private since 1.0): the id its saver writes the task's
+# writes under, which the outbox's staged intents commit with.
+CONFIG_KEY_TASK_ID = "__pregel_task_id"
 
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
@@ -60,6 +63,7 @@ def locate() -> StepRef:
         # the node invokes (tools, chains): what numbers the task's effect calls. Without one
         # (another LangGraph), the config, which is per attempt too but not shared with them.
         scope=config.get("configurable", {}).get(SCRATCHPAD) or config,
+        task_id=str(config.get("configurable", {}).get(CONFIG_KEY_TASK_ID, "")),
     )
 
 
@@ -170,6 +174,15 @@ class Executor:
             # A clean end: every task write committed with a checkpoint or at once.
             self.saver.finish(lease.run_id, lease.token)
             interrupts, values = await _outcome(graph, config, output)
+            if ctx.staged:
+                # The graph ended, yet a task's intents found no write to commit with.
+                log.warning(
+                    "run %s: outbox intents of tasks %s were not recorded: their steps wrote "
+                    "nothing durable (durability=%r, or a node that returned no update)",
+                    lease.run_id,
+                    ", ".join(ctx.staged),
+                    workflow.durability,
+                )
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
                 return await waits.register(ctx, interrupts)

@@ -9,18 +9,69 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from typing import Any
 
+from keel.core import effect_dispatch
+from keel.core.effect_outbox import IntentState, public
+from keel.core.errors import UsageError
 from keel.runtime import replay
 from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
 from keel.runtime.summary import RunSummary, summarize
-from keel.runtime.worker import Worker, WorkerStats
+from keel.runtime.worker import Worker, WorkerStats, deliver_effects, new_worker_id
 
 
 class AsyncApp(Runtime):
+    # -- the outbox of user effects (keel.core.effect_outbox, docs/outbox.md) -----------------
+
+    async def effect_intents(
+        self, *, state: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Outbox intents, oldest first: all, or those in `state` (pending, sending,
+        delivered, dead, in_doubt) and/or of one run."""
+        if state is not None and state not in set(IntentState):
+            raise UsageError(f"state must be one of {', '.join(IntentState)}, not {state!r}")
+        await self.open()
+        rows = await self.store.list_effect_intents(status=state, run_id=run_id, limit=limit)
+        return [public(r) for r in rows]
+
+    async def retry_intent(self, intent_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Deliver a dead intent again, its attempts from zero (a timeline event of its run)."""
+        await self.open()
+        return public(await effect_dispatch.retry(self.services, intent_id, by=by))
+
+    async def resolve_intent(
+        self, intent_id: str, *, performed: bool, result: Any = None, by: str | None = None
+    ) -> dict[str, Any]:
+        """A person's answer on an in-doubt (or dead) intent: it reached the provider
+        (delivered, never resent) or not (delivered now, under the same id)."""
+        await self.open()
+        return public(
+            await effect_dispatch.resolve(
+                self.services, intent_id, performed=performed, result=result, by=by
+            )
+        )
+
     async def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""
         return summarize(await self.get_run(run_id), await self.database_now())
+
+    async def run_dispatcher(self, *, handle_signals: bool = True) -> None:
+        """Deliver outbox effects (every worker does it too) until SIGTERM/SIGINT, executing
+        no run: `keel dispatcher APP`."""
+        await self.open()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        handled = []
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stopping.set)
+                handled.append(sig)
+        try:
+            await deliver_effects(self, new_worker_id(), stopping)
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
 
     async def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
         """Re-execute the run's graph in a throwaway copy, effects served from its ledger and

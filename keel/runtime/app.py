@@ -6,6 +6,7 @@ Every method is a one-line hand-off to `keel.runtime.runtime.Runtime` on the App
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
@@ -27,7 +28,7 @@ from keel.runtime.aio import AsyncApp
 from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
 from keel.runtime.summary import RunSummary
-from keel.runtime.worker import WorkerStats
+from keel.runtime.worker import WorkerStats, deliver_effects, new_worker_id
 
 F = TypeVar("F", bound=Callable[[], Any])
 
@@ -252,6 +253,24 @@ class App:
             self.aio.resolve_effect(run_id, performed=performed, result=result, **kwargs)
         )
 
+    def effect_intents(
+        self, *, state: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Outbox intents, oldest first, by state and/or run (see AsyncApp.effect_intents)."""
+        return self._portal.call(self.aio.effect_intents(state=state, run_id=run_id, limit=limit))
+
+    def retry_intent(self, intent_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Deliver a dead intent again, its attempts from zero."""
+        return self._portal.call(self.aio.retry_intent(intent_id, by=by))
+
+    def resolve_intent(
+        self, intent_id: str, *, performed: bool, result: Any = None, by: str | None = None
+    ) -> dict[str, Any]:
+        """Say whether an in-doubt (or dead) intent reached the provider."""
+        return self._portal.call(
+            self.aio.resolve_intent(intent_id, performed=performed, result=result, by=by)
+        )
+
     def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
         """The run's timeline events with an id above `after`, in order (a resumable cursor)."""
         return self._portal.call(self.aio.events_after(run_id, after, limit))
@@ -320,6 +339,34 @@ class App:
                 previous[sig] = signal.signal(sig, on_signal)
         try:
             return self._portal.call(worker.run())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def run_dispatcher(self, *, handle_signals: bool = True) -> None:
+        """Deliver outbox effects (every worker does it too) until SIGTERM/SIGINT, executing
+        no run: `keel dispatcher APP`."""
+        stopping: list[asyncio.Event] = []
+        asked = threading.Event()  # a signal that comes before the loop's event exists
+
+        async def serve() -> None:
+            await self.aio.open()
+            stopping.append(asyncio.Event())
+            if asked.is_set():
+                return
+            await deliver_effects(self.aio, new_worker_id(), stopping[0])
+
+        def stop() -> None:
+            asked.set()
+            if stopping:
+                self._portal.loop.call_soon_threadsafe(stopping[0].set)
+
+        previous: dict[signal.Signals, Any] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda signum, frame: stop())
+        try:
+            self._portal.call(serve())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

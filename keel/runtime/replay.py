@@ -53,6 +53,10 @@ __all__ = ["Difference", "ReplayReport", "replay"]
 MAX_RESUMES = 10_000
 
 
+ANSWERED_AS_RECORDED = (WaitKind.APPROVAL, WaitKind.OUTBOX)
+"""The waits a replay answers with their recorded value: approvals, outbox deliveries."""
+
+
 class _Stop(KeelError):
     """Ends a replay inside a node: it cannot go on like the recorded run (or need not)."""
 
@@ -179,14 +183,15 @@ class _Answers:
         if not where.namespace:
             step = self.recorded.get(where.step)
             ids = [i for i in (step.interrupts.get(where.path, []) if step else [])]
-            ids = [i for i in ids if self._kind(i) in (WaitKind.APPROVAL, None)]
+            # An outbox wait (keel.await_effect) is answered as recorded too: its delivery.
+            ids = [i for i in ids if self._kind(i) in (*ANSWERED_AS_RECORDED, None)]
             index = self.ctx.calls.next(where, "\0wait")
             return self.waits.get(ids[index]) if index < len(ids) else None
         step = self.recorded.get(self.root_step())
         for ids in step.interrupts.values() if step else []:
             for i in ids:
                 wait = self.waits.get(i)
-                if wait is None or i in self.answered or wait["kind"] != WaitKind.APPROVAL:
+                if wait is None or i in self.answered or wait["kind"] not in ANSWERED_AS_RECORDED:
                     continue
                 if wait["name"] == name:
                     return wait

@@ -64,6 +64,8 @@ class RunDetails:
     waits: list[Row]
     artifacts: list[Any]
     notifications: list[Row] = field(default_factory=list)
+    intents: list[Row] = field(default_factory=list)
+    """Its outbox effects' intents (keel.core.effect_outbox), oldest first."""
     stranded: bool = False
     """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
 
@@ -291,6 +293,7 @@ class Runtime:
             waits=await self.store.waits(run_id),
             artifacts=for_run,
             notifications=await self.store.intents(run_id),
+            intents=await self.store.list_effect_intents(run_id=run_id, limit=100_000),
             stranded=versions.is_stranded(run, await self.served_versions()),
         )
 

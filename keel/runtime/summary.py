@@ -88,6 +88,13 @@ class RunSummary:
     pending_waits: int = 0
     in_doubt: int = 0
     effects: dict[str, int] = field(default_factory=dict)
+    intents: dict[str, int] = field(default_factory=dict)
+    """The run's outbox intents per state (keel.core.effect_outbox)."""
+
+    @property
+    def undelivered(self) -> int:
+        """Outbox intents not delivered yet: pending, sending, in doubt or dead."""
+        return sum(n for state, n in self.intents.items() if state != "delivered")
 
     @property
     def takeovers(self) -> int:
@@ -108,7 +115,14 @@ def summarize(details: Details, now: float) -> RunSummary:
     pending = [w for w in details.waits if w["status"] == "pending"]
     started, finished = run["started_at"], run["finished_at"]
     end = finished if finished is not None else (now if started is not None else None)
+    intents = Counter(str(i["status"]) for i in getattr(details, "intents", []))
     outcome, why = _explain(details, pending)
+    undelivered = sum(n for state, n in intents.items() if state != "delivered")
+    if undelivered and run["status"] in ("completed", "failed", "cancelled"):
+        # Finished steps, unfinished effects: the summary does not claim everything is done.
+        states = ", ".join(f"{n} {s}" for s, n in sorted(intents.items()) if s != "delivered")
+        outcome = f"{outcome}, {undelivered} outbox effect(s) undelivered"
+        why = f"{why}; outbox: {states}"
     return RunSummary(
         run_id=run["run_id"],
         job_id=run["job_id"],
@@ -128,6 +142,7 @@ def summarize(details: Details, now: float) -> RunSummary:
         pending_waits=len(pending),
         in_doubt=effects.get("in_doubt", 0),
         effects=dict(effects),
+        intents=dict(intents),
     )
 
 
@@ -211,6 +226,12 @@ def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]
         return "cancelled", f"cancelled by {by}" if by else "cancelled"
     if status == "waiting" and pending:
         wait = pending[0]
+        if wait["kind"] == "outbox":
+            payload = loads(wait["payload"]) or {}
+            return (
+                f"waiting for {wait['name']} to be delivered",
+                f"outbox intent {payload.get('intent_id')} is not delivered yet",
+            )
         if wait["kind"] == "effect":
             payload = loads(wait["payload"]) or {}
             name = payload.get("effect") or payload.get("name") or wait["name"]

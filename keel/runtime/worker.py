@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import infra, leases, logs, retention
+from keel.core import effect_dispatch, infra, leases, logs, retention
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
@@ -143,6 +143,7 @@ class Worker:
         heartbeat = asyncio.create_task(self._heartbeat())
         listener = asyncio.create_task(rt.connector.listen("keel_wake", wake.set))
         pruner = asyncio.create_task(self._prune()) if self.prune_older_than else None
+        deliverer = asyncio.create_task(deliver_effects(rt, self.worker_id, self._stopping))
         await self._guarded(self._announce())
         log.info(
             "worker %s started: concurrency %d, workflows %s",
@@ -161,10 +162,13 @@ class Worker:
                         next_sweep = loop.time() + self.sweep_interval
                         await self._sweep()
                     claimed = await self._fill(executor)
+                    # Undelivered intents first: the delivery that queues a run awaiting it
+                    # commits with it, so a run the check below misses is not left queued.
                     idle = (
                         self.stop_when_idle
                         and not claimed
                         and not self._tasks
+                        and not await effect_dispatch.due_soon(rt.services)
                         and await rt.store.count_unfinished(rt.workflows.keys()) == 0
                     )
                     if idle:
@@ -197,7 +201,7 @@ class Worker:
                     delay = self.poll_interval
         finally:
             await self._drain()
-            background = [heartbeat, listener, *([pruner] if pruner else [])]
+            background = [heartbeat, listener, deliverer, *([pruner] if pruner else [])]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -438,3 +442,29 @@ class Worker:
                 await store.stop_worker(tx, self.worker_id)
         except Exception as exc:
             log.warning("could not record worker stop: %r", exc)
+
+
+async def deliver_effects(
+    runtime: Runtime, worker_id: str, stopping: asyncio.Event, poll: float = 0.2
+) -> None:
+    """Deliver outbox intents until `stopping` is set: the dispatcher every worker runs (and
+    `keel dispatcher APP` alone)."""
+    pacing = effect_dispatch.Pacing()
+    failures = 0
+    while not stopping.is_set():
+        try:
+            handled = await effect_dispatch.dispatch(runtime.services, worker_id, pacing)
+            failures = 0
+        except Exception as exc:
+            failures += 1
+            if runtime.store.is_infrastructure(exc):
+                log.warning("outbox: database unavailable (%r); backing off", exc)
+            else:
+                log.exception("outbox dispatch failed; the next pass retries")
+            handled, pause = 0, infra.backoff(failures, base=0.1, cap=5.0)
+        else:
+            # Busy: straight on. Idle: the next due token, or a short poll for new intents.
+            pause = 0.0 if handled else min(poll, pacing.next_due() or poll)
+        if pause:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=pause)

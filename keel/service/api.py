@@ -28,6 +28,7 @@ from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
+from keel.service.effects_api import effects_router
 from keel.service.errors import BodyLimit, Refused, install
 from keel.service.events import events_router
 from keel.service.files import artifact_file
@@ -96,6 +97,7 @@ def create_app(
     api.include_router(replay_router(keel_app, auth))
     _metrics_route(api, keel_app)
     api.include_router(approvals_router(keel_app, auth))
+    api.include_router(effects_router(keel_app, auth))
     install_docs(api)
     install_console(api, keel_app, auth)
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None

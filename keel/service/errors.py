@@ -20,6 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keel.core.errors import (
     InputTooLarge,
+    IntentNotFound,
+    IntentState,
     InvalidId,
     InvalidInput,
     InvalidTransition,
@@ -47,6 +49,8 @@ KEEL_ERRORS: tuple[tuple[type[KeelError], int, str], ...] = (
     (UnknownWorkflow, 422, "unknown_workflow"),
     (RunNotFound, 404, "run_not_found"),
     (WaitNotFound, 404, "approval_not_found"),
+    (IntentNotFound, 404, "intent_not_found"),
+    (IntentState, 409, "wrong_state"),
     (RunFinished, 409, "run_finished"),
     (JobExists, 409, "job_exists"),
     (WorkflowVersionMismatch, 409, "version_mismatch"),

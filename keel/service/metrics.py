@@ -115,6 +115,24 @@ class DatabaseCollector(Collector):
             "Age of the oldest undelivered notification.",
             value=_age(now, oldest),
         )
+        intents = GaugeMetricFamily(
+            "keel_effect_intents",
+            "Outbox effect intents by effect and state (dead: the dead letters).",
+            labels=["effect", "state"],
+        )
+        undelivered = None
+        for row in snap.get("intents", []):
+            intents.add_metric([row["effect"], row["status"]], row["n"])
+            if row["status"] in ("pending", "sending") and row["oldest"] is not None:
+                undelivered = (
+                    row["oldest"] if undelivered is None else min(undelivered, row["oldest"])
+                )
+        yield intents
+        yield GaugeMetricFamily(
+            "keel_effect_intents_oldest_age_seconds",
+            "Age of the oldest outbox effect intent not delivered yet (pending or sending).",
+            value=_age(now, undelivered),
+        )
         yield GaugeMetricFamily(
             "keel_sweeper_lag_seconds",
             "How long ago the oldest passed deadline, stage or expired lease became due and is "

@@ -4,6 +4,10 @@ What it counts as a *delivery* is a request that changes something: POST, PUT, P
 Like many payment and messaging APIs it honours an `Idempotency-Key` header: a change with a key
 it has already seen gets the first response again and is not counted a second time.
 
+It can also misbehave as providers do: `refuse(503, seconds=10)` answers every change with that
+status (not counted, not remembered) for a while, `refuse(500)` until `accept()`; `hold = 2.0`
+counts a change and then holds its response that long (a caller killed meanwhile never hears).
+
 A GET (or HEAD) is a *lookup*, never a delivery: it is how a reconciler asks the provider "did
 you receive this?". `GET <path>?field=value&...` answers 200 with
 `{"deliveries": [...]}`, the deliveries made to `<path>` whose JSON body has every given field
@@ -60,6 +64,11 @@ class HttpSink:
         self.deliveries: list[ReceivedRequest] = []
         self._answers: dict[str, bytes] = {}
         self._lock = threading.Lock()
+        self._refusal: tuple[int, float, float | None] | None = None
+        self.refused = 0
+        """How many changes were answered with the refusal's status."""
+        self.hold = 0.0
+        """Seconds to hold the response to a counted change (it is counted before)."""
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,13 +78,27 @@ class HttpSink:
                 request = ReceivedRequest(
                     self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
                 )
+                refusal = sink._refusing(request)
+                if refusal is not None:
+                    status, retry_after = refusal
+                    self.send_response(status)
+                    if retry_after is not None:
+                        self.send_header("Retry-After", f"{retry_after:g}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 answer = sink._record(request)
+                if sink.hold and request.method in CHANGES:
+                    time.sleep(sink.hold)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(answer)
+                    try:
+                        self.wfile.write(answer)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # the caller died waiting (a held response): it never heard
 
             do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
@@ -103,6 +126,28 @@ class HttpSink:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def refuse(
+        self, status: int = 503, *, seconds: float | None = None, retry_after: float | None = None
+    ) -> None:
+        """Answer every change with `status` for `seconds` (None: until `accept()`)."""
+        until = time.monotonic() + seconds if seconds is not None else None
+        with self._lock:
+            self._refusal = (status, until if until is not None else float("inf"), retry_after)
+
+    def accept(self) -> None:
+        with self._lock:
+            self._refusal = None
+
+    def _refusing(self, request: ReceivedRequest) -> tuple[int, float | None] | None:
+        if request.method not in CHANGES:
+            return None
+        with self._lock:
+            if self._refusal is None or time.monotonic() >= self._refusal[1]:
+                return None
+            self.requests.append(request)
+            self.refused += 1
+            return self._refusal[0], self._refusal[2]
 
     def lookup(self, route: str, **match: str) -> list[ReceivedRequest]:
         """The deliveries to `route` matching every field (see the module's docstring)."""

@@ -154,9 +154,10 @@ def test_an_approved_newsletter_is_finalized_and_announced_once(
     (mail,) = sink.messages
     assert mail.rcpt_tos == ("team@example.com",)
     assert f"/runs/{run_id}/artifacts/newsletter.md" in mail.message.get_content()
-    (effect,) = done.effects
-    assert (effect["name"], effect["status"]) == ("announce", "sent")
-    assert mail.message_id == message_id_for(effect["idempotency_key"])
+    (intent,) = done.intents  # through the outbox, under its rate limit
+    assert (intent["effect"], intent["status"]) == ("announce", "delivered")
+    assert mail.message_id == message_id_for(intent["intent_id"])
+    assert done.output["notified"]["message_id"] == mail.message_id
     assert len(slack.made("chat.update")) == 1
     assert len(slack.made("chat.postMessage")) == 1
 
@@ -175,7 +176,7 @@ def test_a_rejected_newsletter_writes_and_announces_nothing(
         "rejected",
         "rejected",
     )
-    assert done.artifacts == [] and done.effects == [] and sink.count() == 0
+    assert done.artifacts == [] and done.intents == [] and sink.count() == 0
 
 
 @pytest.mark.slow
@@ -184,7 +185,7 @@ def test_a_rejected_newsletter_writes_and_announces_nothing(
     [
         "artifact.before_rename@2",
         "artifact.before_rename:report.md@1",
-        "effect.after_perform:announce@1",
+        "outbox.after_call:announce@1",
     ],
 )
 def test_a_worker_killed_during_finalization_leaves_whole_files_and_one_announcement(
@@ -235,9 +236,11 @@ def test_a_worker_killed_during_finalization_leaves_whole_files_and_one_announce
     data = check_artifacts(app, run_id)
     assert data["newsletter.md"] == first_newsletter
     assert announcements(sink) == 1, "announced exactly once"
-    (effect,) = done.effects
-    expected = "confirmed" if "announce" in faults else "sent"
-    assert (effect["name"], effect["status"]) == ("announce", expected)
+    (intent,) = done.intents
+    assert (intent["effect"], intent["status"]) == ("announce", "delivered")
+    kinds = [e["kind"] for e in done.timeline]
+    # A dispatcher killed after the send: the reconciler found the message, nothing resent.
+    assert ("outbox.reconciled" in kinds) == ("announce" in faults)
     assert len(slack.made("chat.postMessage")) == 1, "one approval message"
     assert len(slack.made("chat.update")) == 1, "one update for the one decision"
 
@@ -362,7 +365,9 @@ def test_an_announced_newsletter_replays_with_no_divergence(
     files = check_artifacts(app, run_id)
     report = app.replay(run_id)
     assert not report.diverged, report.model_dump()
-    assert (report.effects_served, report.approvals_answered) == (1, 1)
+    # The announcement is an outbox intent: the replay stages nothing and its wait for the
+    # delivery is answered as recorded, beside the editor's approval.
+    assert (report.effects_served, report.approvals_answered) == (0, 2)
     # The review loop, the approval, the finalization and the announcement, all replayed.
     assert report.last_step is not None and report.last_step >= 5
     assert announcements(sink) == 1, "the replay announced again"

@@ -472,19 +472,23 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert isinstance(runs, typer.core.TyperGroup)
     approvals = group.commands["approvals"]
     assert isinstance(approvals, typer.core.TyperGroup)
-    names = [(n,) for n in group.commands if n not in ("runs", "approvals")]
+    effects = group.commands["effects"]
+    assert isinstance(effects, typer.core.TyperGroup)
+    names = [(n,) for n in group.commands if n not in ("runs", "approvals", "effects")]
     names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
+    names += [("effects", n) for n in effects.commands]
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
-    expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune"}
+    expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune", "dispatcher"}
     assert {n[0] for n in names if len(n) == 1} == expected
     runs_commands = {"list", "show", "cancel", "resume", "upgrade", "watch", "replay"}
     assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == runs_commands
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
+    assert {n[1] for n in names if n[0] == "effects"} == {"list", "retry", "resolve"}
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
     for name in names:
         result = invoke({}, *name, "--help")
         assert result.exit_code == 0, (name, result.output)
-        parent = {"runs": runs, "approvals": approvals}.get(name[0])
+        parent = {"runs": runs, "approvals": approvals, "effects": effects}.get(name[0])
         command = parent.commands[name[1]] if parent and len(name) == 2 else group.commands[name[0]]
         summary = (command.help or "").split(".")[0].split()
         assert len(summary) >= 3, name

@@ -336,5 +336,16 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_at_checkout(
         " WHERE datname = current_database() AND pid <> pg_backend_pid()"
     ).fetchone()
     assert killed is not None and killed[0] >= 1
+    # pg_terminate_backend only signals: wait until those backends have exited (and so told
+    # their sockets), as a server's restart or an admin's kill has by the time a request comes.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        others = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+        if others is not None and others[0] == 0:
+            break
+        time.sleep(0.02)
     second = app.submit("echo", job_id="drop-2", input={"text": "b"})["run_id"]
     assert app.get_run(first).status == app.get_run(second).status == "queued"

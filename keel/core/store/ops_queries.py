@@ -16,6 +16,7 @@ PRUNED_TABLES = (
     "effects",
     "waits",
     "outbox",
+    "intents",
     "checkpoints",
     "checkpoint_writes",
     "checkpoint_blobs",
@@ -53,6 +54,7 @@ class OpsQueries:
                 "effects": await tx.all("metrics_effects"),
                 "waits": await tx.all("metrics_waits"),
                 "outbox": await tx.all("metrics_outbox"),
+                "intents": await tx.all("metrics_intents"),
                 "overdue": (overdue or {}).get("oldest"),
             }
 

@@ -16,6 +16,7 @@ from keel.core import infra
 from keel.core.errors import SchemaMismatch
 from keel.core.store.base import Connector, T, Tx, load_migrations
 from keel.core.store.effect_queries import EffectQueries
+from keel.core.store.intent_queries import IntentQueries
 from keel.core.store.lease_queries import LeaseQueries
 from keel.core.store.ops_queries import OpsQueries
 from keel.core.store.run_queries import RunQueries, committed
@@ -29,7 +30,7 @@ class Lease:
     token: int
 
 
-class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, OpsQueries):
+class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, IntentQueries, OpsQueries):
     def __init__(self, connector: Connector) -> None:
         self.db = connector
         self.migrations = load_migrations(connector.dialect)

@@ -207,8 +207,9 @@ SELECT * FROM keel_waits WHERE wait_id = %(wait_id)s;
 SELECT * FROM keel_waits WHERE run_id = %(run_id)s ORDER BY created_at, wait_id;
 
 -- name: list_pending_waits
--- Every open wait, oldest deadline first.
-SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at LIMIT %(limit)s;
+-- Every open wait a person can answer, oldest deadline first (an outbox wait is the
+-- dispatcher's: a dead intent is retried or resolved with `keel effects`, not decided).
+SELECT * FROM keel_waits WHERE status = 'pending' AND kind <> 'outbox' ORDER BY deadline, created_at LIMIT %(limit)s;
 
 -- name: decide_wait
 -- The first decision wins: only a pending wait can be decided.
@@ -383,7 +384,7 @@ GROUP BY run_id;
 -- name: browse_pending_waits
 -- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+WHERE status = 'pending' AND ((%(kind)s::text IS NULL AND kind <> 'outbox') OR kind = %(kind)s::text)
 ORDER BY deadline, created_at, wait_id
 LIMIT %(limit)s OFFSET %(offset)s;
 
@@ -448,6 +449,11 @@ WHERE status = 'pending' GROUP BY kind;
 -- Notifications per state and when the oldest of each state was recorded.
 SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_outbox GROUP BY status;
 
+-- name: metrics_intents
+-- Outbox effect intents per effect and state, and when the oldest of each was recorded.
+SELECT effect, status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_intents
+GROUP BY effect, status;
+
 -- name: metrics_overdue
 -- The oldest thing the sweeper should already have handled: a passed deadline or stage of an
 -- open wait, or an expired lease of a running run.
@@ -502,6 +508,10 @@ DELETE FROM keel_waits WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_i
 -- name: prune_outbox
 DELETE FROM keel_outbox WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
+-- name: prune_intents
+-- Delivered outbox intents only: one still to deliver (or dead, in doubt) outlives its run.
+DELETE FROM keel_intents WHERE status = 'delivered' AND run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
 -- name: prune_checkpoints
 -- LangGraph's checkpoint tables: a run's id is its thread_id.
 DELETE FROM checkpoints WHERE thread_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
@@ -511,3 +521,103 @@ DELETE FROM checkpoint_writes WHERE thread_id IN (SELECT jsonb_array_elements_te
 
 -- name: prune_checkpoint_blobs
 DELETE FROM checkpoint_blobs WHERE thread_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: outbox_insert
+-- Record a user effect's intent with its task's writes (a replay of the step records it once).
+INSERT INTO keel_intents (intent_id, run_id, effect, node, step, task_path, call_index, args,
+                          args_hash, arg_hashes, status, max_attempts, available_at,
+                          created_at, updated_at)
+VALUES (%(intent_id)s, %(run_id)s, %(effect)s, %(node)s, %(step)s, %(task_path)s, %(call_index)s, %(args)s,
+        %(args_hash)s, %(arg_hashes)s, 'pending', %(max_attempts)s, keel_now(), keel_now(), keel_now())
+ON CONFLICT (intent_id) DO NOTHING
+RETURNING intent_id;
+
+-- name: outbox_get
+-- One user effect intent.
+SELECT * FROM keel_intents WHERE intent_id = %(intent_id)s;
+
+-- name: outbox_lock
+-- One intent, locked until this transaction ends (retry/resolve against a dispatcher).
+SELECT * FROM keel_intents WHERE intent_id = %(intent_id)s
+FOR UPDATE;
+
+-- name: outbox_candidate
+-- The oldest due intent of the effects this dispatcher may deliver now, or one whose claim
+-- expired while it was `sending` (its dispatcher died: it is reconciled, never blindly resent).
+SELECT * FROM keel_intents
+WHERE effect IN (SELECT jsonb_array_elements_text(CAST(%(effects)s AS jsonb)))
+  AND ((status = 'pending' AND available_at <= (SELECT keel_now()))
+       OR (status = 'sending' AND claim_expires_at < (SELECT keel_now())))
+ORDER BY available_at, intent_id
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: outbox_claim
+-- Take an intent for delivery under a new claim token (fencing a dispatcher that lost it).
+UPDATE keel_intents
+SET status = 'sending', claimed_by = %(worker_id)s, claim_token = claim_token + 1,
+    claim_expires_at = keel_now() + %(ttl)s, attempts = attempts + %(count)s, updated_at = keel_now()
+WHERE intent_id = %(intent_id)s
+RETURNING *;
+
+-- name: outbox_claim_held
+-- Whether a dispatcher's claim still holds, by the database's clock: the look before the call.
+SELECT intent_id FROM keel_intents
+WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
+  AND claim_expires_at > (SELECT keel_now());
+
+-- name: outbox_settle
+-- Record a delivery's outcome, only under the claim that made it.
+UPDATE keel_intents
+SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = keel_now() + %(delay)s,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now(),
+    delivered_at = CASE WHEN CAST(%(status)s AS TEXT) = 'delivered' THEN keel_now() ELSE delivered_at END
+WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
+RETURNING *;
+
+-- name: outbox_reopen
+-- A person's retry (dead) or "not performed" (in doubt): deliver it again, attempts from zero.
+UPDATE keel_intents
+SET status = 'pending', attempts = 0, available_at = keel_now(), claimed_by = NULL,
+    claim_expires_at = NULL, updated_at = keel_now()
+WHERE intent_id = %(intent_id)s AND status = %(from_status)s
+RETURNING *;
+
+-- name: outbox_resolve_performed
+-- A person says an in-doubt (or dead) intent reached the provider: delivered, never resent.
+UPDATE keel_intents
+SET status = 'delivered', result = %(result)s, claimed_by = NULL, claim_expires_at = NULL,
+    updated_at = keel_now(), delivered_at = keel_now()
+WHERE intent_id = %(intent_id)s AND status = %(from_status)s
+RETURNING *;
+
+-- name: outbox_list
+-- User effect intents, oldest first, by state and/or run.
+SELECT * FROM keel_intents
+WHERE (CAST(%(status)s AS TEXT) IS NULL OR status = %(status)s) AND (CAST(%(run_id)s AS TEXT) IS NULL OR run_id = %(run_id)s)
+ORDER BY created_at, intent_id
+LIMIT %(limit)s;
+
+-- name: outbox_run_counts
+-- A run's intents per state (its summary says what is still undelivered).
+SELECT status, COUNT(*) AS n FROM keel_intents WHERE run_id = %(run_id)s GROUP BY status;
+
+-- name: bucket_ensure
+-- A rate-limited effect's token bucket, created full.
+INSERT INTO keel_rate_buckets (effect, tokens, updated_at) VALUES (%(effect)s, %(burst)s, keel_now())
+ON CONFLICT (effect) DO NOTHING;
+
+-- name: bucket_lock
+-- The bucket, locked until this transaction ends, with the database's time to refill it by.
+SELECT tokens, updated_at, keel_now() AS now FROM keel_rate_buckets WHERE effect = %(effect)s
+FOR UPDATE;
+
+-- name: bucket_set
+-- The bucket after a refill and a take.
+UPDATE keel_rate_buckets SET tokens = %(tokens)s, updated_at = %(at)s WHERE effect = %(effect)s;
+
+-- name: outbox_undelivered
+-- Any intent of these effects still to deliver, due now or later.
+SELECT intent_id FROM keel_intents
+WHERE status IN ('pending', 'sending') AND effect IN (SELECT jsonb_array_elements_text(CAST(%(effects)s AS jsonb)))
+LIMIT 1;

@@ -200,8 +200,9 @@ SELECT * FROM keel_waits WHERE wait_id = :wait_id;
 SELECT * FROM keel_waits WHERE run_id = :run_id ORDER BY created_at, wait_id;
 
 -- name: list_pending_waits
--- Every open wait, oldest deadline first.
-SELECT * FROM keel_waits WHERE status = 'pending' ORDER BY deadline, created_at LIMIT :limit;
+-- Every open wait a person can answer, oldest deadline first (an outbox wait is the
+-- dispatcher's: a dead intent is retried or resolved with `keel effects`, not decided).
+SELECT * FROM keel_waits WHERE status = 'pending' AND kind <> 'outbox' ORDER BY deadline, created_at LIMIT :limit;
 
 -- name: decide_wait
 -- The first decision wins: only a pending wait can be decided.
@@ -373,7 +374,7 @@ GROUP BY run_id;
 -- name: browse_pending_waits
 -- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND (:kind IS NULL OR kind = :kind)
+WHERE status = 'pending' AND ((:kind IS NULL AND kind <> 'outbox') OR kind = :kind)
 ORDER BY deadline, created_at, wait_id
 LIMIT :limit OFFSET :offset;
 
@@ -438,6 +439,11 @@ WHERE status = 'pending' GROUP BY kind;
 -- Notifications per state and when the oldest of each state was recorded.
 SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_outbox GROUP BY status;
 
+-- name: metrics_intents
+-- Outbox effect intents per effect and state, and when the oldest of each was recorded.
+SELECT effect, status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_intents
+GROUP BY effect, status;
+
 -- name: metrics_overdue
 -- The oldest thing the sweeper should already have handled: a passed deadline or stage of an
 -- open wait, or an expired lease of a running run.
@@ -491,6 +497,10 @@ DELETE FROM keel_waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 -- name: prune_outbox
 DELETE FROM keel_outbox WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
+-- name: prune_intents
+-- Delivered outbox intents only: one still to deliver (or dead, in doubt) outlives its run.
+DELETE FROM keel_intents WHERE status = 'delivered' AND run_id IN (SELECT value FROM json_each(:run_ids));
+
 -- name: prune_checkpoints
 -- LangGraph's checkpoint tables: a run's id is its thread_id.
 DELETE FROM checkpoints WHERE thread_id IN (SELECT value FROM json_each(:run_ids));
@@ -501,3 +511,100 @@ DELETE FROM writes WHERE thread_id IN (SELECT value FROM json_each(:run_ids));
 -- name: prune_checkpoint_blobs
 -- SQLite's saver keeps channel values inside the checkpoint: no blobs table.
 SELECT 0 AS n WHERE :run_ids IS NULL;
+
+-- name: outbox_insert
+-- Record a user effect's intent with its task's writes (a replay of the step records it once).
+INSERT INTO keel_intents (intent_id, run_id, effect, node, step, task_path, call_index, args,
+                          args_hash, arg_hashes, status, max_attempts, available_at,
+                          created_at, updated_at)
+VALUES (:intent_id, :run_id, :effect, :node, :step, :task_path, :call_index, :args,
+        :args_hash, :arg_hashes, 'pending', :max_attempts, keel_now(), keel_now(), keel_now())
+ON CONFLICT (intent_id) DO NOTHING
+RETURNING intent_id;
+
+-- name: outbox_get
+-- One user effect intent.
+SELECT * FROM keel_intents WHERE intent_id = :intent_id;
+
+-- name: outbox_lock
+-- One intent, locked until this transaction ends (retry/resolve against a dispatcher).
+SELECT * FROM keel_intents WHERE intent_id = :intent_id;
+
+-- name: outbox_candidate
+-- The oldest due intent of the effects this dispatcher may deliver now, or one whose claim
+-- expired while it was `sending` (its dispatcher died: it is reconciled, never blindly resent).
+SELECT * FROM keel_intents
+WHERE effect IN (SELECT value FROM json_each(:effects))
+  AND ((status = 'pending' AND available_at <= (SELECT keel_now()))
+       OR (status = 'sending' AND claim_expires_at < (SELECT keel_now())))
+ORDER BY available_at, intent_id
+LIMIT 1;
+
+-- name: outbox_claim
+-- Take an intent for delivery under a new claim token (fencing a dispatcher that lost it).
+UPDATE keel_intents
+SET status = 'sending', claimed_by = :worker_id, claim_token = claim_token + 1,
+    claim_expires_at = keel_now() + :ttl, attempts = attempts + :count, updated_at = keel_now()
+WHERE intent_id = :intent_id
+RETURNING *;
+
+-- name: outbox_claim_held
+-- Whether a dispatcher's claim still holds, by the database's clock: the look before the call.
+SELECT intent_id FROM keel_intents
+WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
+  AND claim_expires_at > (SELECT keel_now());
+
+-- name: outbox_settle
+-- Record a delivery's outcome, only under the claim that made it.
+UPDATE keel_intents
+SET status = :status, result = :result, error = :error, available_at = keel_now() + :delay,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now(),
+    delivered_at = CASE WHEN :status = 'delivered' THEN keel_now() ELSE delivered_at END
+WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
+RETURNING *;
+
+-- name: outbox_reopen
+-- A person's retry (dead) or "not performed" (in doubt): deliver it again, attempts from zero.
+UPDATE keel_intents
+SET status = 'pending', attempts = 0, available_at = keel_now(), claimed_by = NULL,
+    claim_expires_at = NULL, updated_at = keel_now()
+WHERE intent_id = :intent_id AND status = :from_status
+RETURNING *;
+
+-- name: outbox_resolve_performed
+-- A person says an in-doubt (or dead) intent reached the provider: delivered, never resent.
+UPDATE keel_intents
+SET status = 'delivered', result = :result, claimed_by = NULL, claim_expires_at = NULL,
+    updated_at = keel_now(), delivered_at = keel_now()
+WHERE intent_id = :intent_id AND status = :from_status
+RETURNING *;
+
+-- name: outbox_list
+-- User effect intents, oldest first, by state and/or run.
+SELECT * FROM keel_intents
+WHERE (:status IS NULL OR status = :status) AND (:run_id IS NULL OR run_id = :run_id)
+ORDER BY created_at, intent_id
+LIMIT :limit;
+
+-- name: outbox_run_counts
+-- A run's intents per state (its summary says what is still undelivered).
+SELECT status, COUNT(*) AS n FROM keel_intents WHERE run_id = :run_id GROUP BY status;
+
+-- name: bucket_ensure
+-- A rate-limited effect's token bucket, created full.
+INSERT INTO keel_rate_buckets (effect, tokens, updated_at) VALUES (:effect, :burst, keel_now())
+ON CONFLICT (effect) DO NOTHING;
+
+-- name: bucket_lock
+-- The bucket, locked until this transaction ends, with the database's time to refill it by.
+SELECT tokens, updated_at, keel_now() AS now FROM keel_rate_buckets WHERE effect = :effect;
+
+-- name: bucket_set
+-- The bucket after a refill and a take.
+UPDATE keel_rate_buckets SET tokens = :tokens, updated_at = :at WHERE effect = :effect;
+
+-- name: outbox_undelivered
+-- Any intent of these effects still to deliver, due now or later.
+SELECT intent_id FROM keel_intents
+WHERE status IN ('pending', 'sending') AND effect IN (SELECT value FROM json_each(:effects))
+LIMIT 1;

@@ -1,0 +1,341 @@
+"""Delivering user effect intents: claimed like runs, rate-limited, retried, reconciled.
+
+Every worker (and `keel dispatcher APP` alone) runs `dispatch`. A claim is a conditional update
+under a new claim token with an expiry judged by the database's clock; every outcome is written
+only under the token that claimed it, so a dispatcher that froze past its claim writes nothing.
+Before the provider call the claim is checked once more, where the call is made.
+
+An intent found `sending` under an expired claim may or may not have reached the provider: as
+the ledger does, Keel asks the effect's reconciler, retries under the same id if the provider
+dedupes by key, or marks it `in_doubt` for a person. It is never resent on a guess.
+
+Rate limits are token buckets in the database, one per effect, shared by every dispatcher: a
+dispatcher that finds the bucket empty leaves that effect alone until a token is due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from keel.core.codec import dumps, loads
+from keel.core.effect_outbox import EFFECTS, IntentState, OutboxEffect, answer_waits
+from keel.core.errors import IntentNotFound
+from keel.core.errors import IntentState as WrongState
+from keel.core.faults import fault_point
+from keel.core.runs import wake_after_wait
+from keel.core.services import Services
+from keel.core.store.base import Row
+from keel.core.store.store import Store
+
+log = logging.getLogger("keel.core.effect_dispatch")
+
+
+class Pacing:
+    """One dispatcher's view of which effects it may claim now (rate buckets found empty)."""
+
+    def __init__(self, effects: dict[str, OutboxEffect[Any, Any]] | None = None) -> None:
+        self.effects = EFFECTS if effects is None else effects
+        self._until: dict[str, float] = {}
+
+    def ready(self) -> list[str]:
+        now = time.monotonic()
+        return [name for name in self.effects if self._until.get(name, 0.0) <= now]
+
+    def hold(self, name: str, seconds: float) -> None:
+        self._until[name] = time.monotonic() + seconds
+
+    def next_due(self) -> float:
+        """Seconds until a held effect may be claimed again (0: one is ready)."""
+        now = time.monotonic()
+        return max(0.0, min((t - now for t in self._until.values()), default=0.0))
+
+
+async def dispatch(services: Services, worker_id: str, pacing: Pacing, limit: int = 50) -> int:
+    """Claim and settle up to `limit` due intents; return how many were handled."""
+    handled = 0
+    while handled < limit:
+        ready = pacing.ready()
+        if not ready:
+            break
+        claimed = await _claim(services, worker_id, pacing, ready)
+        if claimed is None:
+            break
+        if claimed is _HELD:
+            continue
+        row, in_doubt = claimed
+        await _deliver(services, worker_id, pacing.effects[row["effect"]], row, in_doubt)
+        handled += 1
+    return handled
+
+
+_HELD: Any = object()
+"""The candidate's effect has no token now: it is held, another effect may go."""
+
+
+async def _claim(
+    services: Services, worker_id: str, pacing: Pacing, ready: list[str]
+) -> tuple[Row, bool] | None:
+    store = services.store
+    async with store.transaction() as tx:
+        candidate = await store.effect_intent_candidate(tx, ready)
+        if candidate is None:
+            return None
+        effect = pacing.effects[candidate["effect"]]
+        if effect.rate is not None:
+            wait = await store.take_rate_token(
+                tx, effect.name, effect.rate.per_second, effect.rate.burst
+            )
+            if wait > 0:
+                pacing.hold(effect.name, wait)
+                return _HELD
+        in_doubt = candidate["status"] == IntentState.SENDING
+        row = await store.claim_effect_intent(
+            tx,
+            candidate["intent_id"],
+            worker_id=worker_id,
+            ttl=services.lease_ttl,
+            count=not in_doubt,
+        )
+    return row, in_doubt
+
+
+async def _deliver(
+    services: Services, worker_id: str, effect: OutboxEffect[Any, Any], row: Row, in_doubt: bool
+) -> None:
+    intent_id = str(row["intent_id"])
+    stored = loads(row["args"])
+    args, kwargs = tuple(stored["args"]), dict(stored["kwargs"])
+    token = int(row["claim_token"])
+    if in_doubt:
+        if effect.reconcile is not None:
+            try:
+                found = await _call(
+                    effect.reconcile, token, *args, idempotency_key=intent_id, **kwargs
+                )
+            except Exception as exc:
+                # Can't tell yet: the claim expires and the next dispatcher asks again.
+                log.warning("reconciler of %s failed for %s: %r", effect.name, intent_id, exc)
+                return
+            if found is not None:
+                await _settle(
+                    services,
+                    worker_id,
+                    row,
+                    IntentState.DELIVERED,
+                    result=found,
+                    event="outbox.reconciled",
+                )
+                return
+            # The provider has no such delivery: it never happened, deliver it now.
+        elif not effect.provider_idempotent:
+            log.warning(
+                "intent %s may have been delivered by a dead dispatcher: in doubt", intent_id
+            )
+            await _settle(
+                services,
+                worker_id,
+                row,
+                IntentState.IN_DOUBT,
+                error="its dispatcher died mid-delivery; a person must say whether "
+                "it reached the provider",
+            )
+            return
+    fault_point("outbox.before_call", effect.name)
+    if not await services.store.effect_claim_held(intent_id, token):
+        log.warning(
+            "intent %s: claim %d lost before the call; not delivered here", intent_id, token
+        )
+        return
+    attempts = int(row["attempts"])
+    started = time.monotonic()
+    try:
+        result = await _call(effect.fn, token, *args, idempotency_key=intent_id, **kwargs)
+    except Exception as exc:
+        took = round(time.monotonic() - started, 6)
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        if isinstance(exc, effect.retry.on) and attempts < int(row["max_attempts"]):
+            delay = effect.retry.delay(attempts, exc)
+            log.info(
+                "outbox.retry %s %s attempt=%d in %.2fs: %s",
+                effect.name,
+                intent_id,
+                attempts,
+                delay,
+                error,
+                extra={"event": "outbox.retry", "duration": took},
+            )
+            await _settle(services, worker_id, row, IntentState.PENDING, error=error, delay=delay)
+            return
+        transient = isinstance(exc, effect.retry.on)
+        why = f"gave up after {attempts} attempts" if transient else "permanent failure"
+        log.warning(
+            "outbox.dead %s %s (%s): %s",
+            effect.name,
+            intent_id,
+            why,
+            error,
+            extra={"event": "outbox.dead", "duration": took},
+        )
+        await _settle(services, worker_id, row, IntentState.DEAD, error=f"{why}: {error}")
+        return
+    fault_point("outbox.after_call", effect.name)
+    await _settle(services, worker_id, row, IntentState.DELIVERED, result=result)
+    fault_point("outbox.after_settle", effect.name)
+
+
+async def _call(fn: Callable[..., Any], token: int, *args: Any, **kwargs: Any) -> Any:
+    params = inspect.signature(fn).parameters
+    for name in ("fencing_token", "lease_token"):
+        if name in params:
+            kwargs[name] = token  # the claim's token: a provider may refuse a stale dispatcher
+            break
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    ctx = contextvars.copy_context()
+    return await asyncio.to_thread(ctx.run, fn, *args, **kwargs)
+
+
+def _encoded(result: Any) -> str:
+    try:
+        return dumps(result)
+    except (TypeError, ValueError):
+        return dumps({"repr": repr(result)})
+
+
+async def _settle(
+    services: Services,
+    worker_id: str,
+    row: Row,
+    state: IntentState,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    delay: float = 0.0,
+    event: str | None = None,
+) -> None:
+    store = services.store
+    async with store.transaction() as tx:
+        settled = await store.settle_effect_intent(
+            tx,
+            row["intent_id"],
+            claim_token=int(row["claim_token"]),
+            status=state,
+            result=_encoded(result) if state != IntentState.PENDING else row["result"],
+            error=error,
+            delay=delay,
+        )
+        if settled is None:
+            log.warning(
+                "intent %s: claim lost before its outcome (%s) was recorded",
+                row["intent_id"],
+                state,
+            )
+            return
+        if state == IntentState.PENDING:
+            return  # a retry later: the timeline hears of the outcome, not of every attempt
+        await _announce(store, tx, settled, event or f"outbox.{state}", worker_id=worker_id)
+    services.wake()
+
+
+async def _announce(store: Store, tx: Any, intent: Row, kind: str, **data: Any) -> None:
+    """The intent's timeline event, and its run resumed if it awaits this outcome."""
+    run = await store.lock_run(tx, intent["run_id"])
+    if run is None:
+        return  # pruned: the intent outlived its run
+    worker_id = data.pop("worker_id", None)
+    await store.add_event(
+        tx,
+        intent["run_id"],
+        kind,
+        {
+            "intent_id": intent["intent_id"],
+            "effect": intent["effect"],
+            **data,
+            **({"error": intent["error"]} if intent["error"] else {}),
+        },
+        worker_id=worker_id,
+    )
+    if await answer_waits(store, tx, intent):
+        await wake_after_wait(
+            store,
+            tx,
+            run,
+            decision=None,
+            cause={"intent_id": intent["intent_id"], "outcome": intent["status"]},
+        )
+
+
+# -- a person's actions on dead and in-doubt intents --------------------------------------------
+
+
+async def retry(services: Services, intent_id: str, *, by: str | None = None) -> Row:
+    """Deliver a dead intent again (its attempts from zero), e.g. once the provider is fixed."""
+    store = services.store
+    async with store.transaction() as tx:
+        row = await _locked(store, tx, intent_id)
+        if row["status"] != IntentState.DEAD:
+            raise WrongState(
+                f"intent {intent_id} is {row['status']}: only a dead intent is retried "
+                "(an in-doubt one is resolved with --performed or --not-performed)"
+            )
+        reopened = await store.reopen_effect_intent(tx, intent_id, IntentState.DEAD)
+        assert reopened is not None
+        await _announce(store, tx, reopened, "outbox.retried", by=by)
+    services.wake()
+    return reopened
+
+
+async def resolve(
+    services: Services,
+    intent_id: str,
+    *,
+    performed: bool,
+    result: Any = None,
+    by: str | None = None,
+) -> Row:
+    """A person's answer on an in-doubt (or dead) intent: it reached the provider (delivered,
+    never sent again) or it did not (in doubt: delivered now under the same id)."""
+    store = services.store
+    async with store.transaction() as tx:
+        row = await _locked(store, tx, intent_id)
+        state = row["status"]
+        if state not in (IntentState.IN_DOUBT, IntentState.DEAD) or (
+            state == IntentState.DEAD and not performed
+        ):
+            hint = (
+                "retry it to deliver it again"
+                if state == IntentState.DEAD
+                else ("only an in-doubt or dead intent takes an answer")
+            )
+            raise WrongState(f"intent {intent_id} is {state}: {hint}")
+        if performed:
+            done = await store.resolve_effect_intent_performed(
+                tx, intent_id, state, _encoded(result)
+            )
+        else:
+            done = await store.reopen_effect_intent(tx, intent_id, state)
+        assert done is not None
+        await _announce(store, tx, done, "outbox.resolved", performed=performed, by=by)
+    services.wake()
+    return done
+
+
+async def _locked(store: Store, tx: Any, intent_id: str) -> Row:
+    row = await store.lock_effect_intent(tx, intent_id)
+    if row is None:
+        raise IntentNotFound(f"no outbox intent {intent_id!r}")
+    return row
+
+
+async def due_soon(services: Services) -> bool:
+    """Whether this process's effects have intents still to deliver (a worker told to stop
+    when idle delivers them first)."""
+    if not EFFECTS:
+        return False
+    return await services.store.effects_undelivered(list(EFFECTS))

@@ -1,0 +1,124 @@
+"""The store's queries on user effect intents and their rate buckets (part of `Store`)."""
+
+from __future__ import annotations
+
+from keel.core.codec import dumps
+from keel.core.store.base import Connector, Row, Tx
+
+
+class IntentQueries:
+    db: Connector
+
+    @staticmethod
+    async def insert_effect_intent(tx: Tx, row: Row) -> bool:
+        """Record an intent (pending); False if it exists already (the step ran before)."""
+        return await tx.one("outbox_insert", row) is not None
+
+    @staticmethod
+    async def read_effect_intent(tx: Tx, intent_id: str) -> Row | None:
+        return await tx.one("outbox_get", {"intent_id": intent_id})
+
+    @staticmethod
+    async def lock_effect_intent(tx: Tx, intent_id: str) -> Row | None:
+        """The intent, locked until `tx` ends (PostgreSQL; SQLite's write lock is held)."""
+        return await tx.one("outbox_lock", {"intent_id": intent_id})
+
+    async def get_effect_intent(self, intent_id: str) -> Row | None:
+        async with self.db.read() as tx:
+            return await self.read_effect_intent(tx, intent_id)
+
+    @staticmethod
+    async def effect_intent_candidate(tx: Tx, effects: list[str]) -> Row | None:
+        """The oldest due intent of `effects` (PostgreSQL: locked, skipping rows others hold)."""
+        return await tx.one("outbox_candidate", {"effects": dumps(sorted(effects))})
+
+    async def effects_undelivered(self, effects: list[str]) -> bool:
+        """Whether any intent of `effects` is pending or sending (due now or later)."""
+        async with self.db.read() as tx:
+            found = await tx.one("outbox_undelivered", {"effects": dumps(sorted(effects))})
+        return found is not None
+
+    @staticmethod
+    async def claim_effect_intent(
+        tx: Tx, intent_id: str, *, worker_id: str, ttl: float, count: bool
+    ) -> Row:
+        row = await tx.one(
+            "outbox_claim",
+            {"intent_id": intent_id, "worker_id": worker_id, "ttl": ttl, "count": int(count)},
+        )
+        assert row is not None
+        return row
+
+    async def effect_claim_held(self, intent_id: str, claim_token: int) -> bool:
+        """Whether `claim_token` still holds the intent, unexpired by the database's clock."""
+        async with self.db.read() as tx:
+            found = await tx.one(
+                "outbox_claim_held", {"intent_id": intent_id, "claim_token": claim_token}
+            )
+        return found is not None
+
+    @staticmethod
+    async def settle_effect_intent(
+        tx: Tx,
+        intent_id: str,
+        *,
+        claim_token: int,
+        status: str,
+        result: str | None,
+        error: str | None,
+        delay: float = 0.0,
+    ) -> Row | None:
+        """The outcome of a delivery; None if the claim was lost meanwhile (nothing written)."""
+        return await tx.one(
+            "outbox_settle",
+            {
+                "intent_id": intent_id,
+                "claim_token": claim_token,
+                "status": status,
+                "result": result,
+                "error": error,
+                "delay": delay,
+            },
+        )
+
+    @staticmethod
+    async def reopen_effect_intent(tx: Tx, intent_id: str, from_status: str) -> Row | None:
+        return await tx.one("outbox_reopen", {"intent_id": intent_id, "from_status": from_status})
+
+    @staticmethod
+    async def resolve_effect_intent_performed(
+        tx: Tx, intent_id: str, from_status: str, result: str
+    ) -> Row | None:
+        return await tx.one(
+            "outbox_resolve_performed",
+            {"intent_id": intent_id, "from_status": from_status, "result": result},
+        )
+
+    async def list_effect_intents(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("outbox_list", {"status": status, "run_id": run_id, "limit": limit})
+
+    @staticmethod
+    async def effect_intent_counts(tx: Tx, run_id: str) -> dict[str, int]:
+        rows = await tx.all("outbox_run_counts", {"run_id": run_id})
+        return {str(r["status"]): int(r["n"]) for r in rows}
+
+    @staticmethod
+    async def take_rate_token(tx: Tx, effect: str, per_second: float, burst: float) -> float:
+        """Take one token from the effect's bucket, shared by every dispatcher; return 0.0, or
+        how many seconds until one is there (nothing taken)."""
+        await tx.execute("bucket_ensure", {"effect": effect, "burst": burst})
+        row = await tx.one("bucket_lock", {"effect": effect})
+        assert row is not None
+        now = float(row["now"])
+        # A clock that went back (a test clock, a failover) refills nothing rather than draining.
+        elapsed = max(0.0, now - float(row["updated_at"]))
+        tokens = min(burst, float(row["tokens"]) + elapsed * per_second)
+        if tokens >= 1.0 - 1e-6:  # epoch seconds in a double: a refill lands a hair short
+            taken = max(0.0, tokens - 1.0)
+            await tx.execute("bucket_set", {"effect": effect, "tokens": taken, "at": now})
+            return 0.0
+        await tx.execute("bucket_set", {"effect": effect, "tokens": tokens, "at": now})
+        return (1.0 - tokens) / per_second

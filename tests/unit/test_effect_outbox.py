@@ -1,0 +1,70 @@
+"""The outbox's own rules on an in-memory app: the rate's forms, the token bucket shared in the
+database (by its clock), and what an outbox effect refuses at declaration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import keel
+from keel.core.effect_outbox import Rate
+from tests.support.by_hand import memory_app, on_loop
+
+
+@pytest.fixture
+def clock() -> keel.ManualClock:
+    return keel.ManualClock(1_800_000_000.0)
+
+
+@pytest.fixture
+def app(clock: keel.ManualClock) -> Iterator[keel.App]:
+    with memory_app(clock) as the_app:
+        yield the_app
+
+
+def take(app: keel.App, effect: str, rate: Rate) -> float:
+    store = app.aio.store
+
+    async def go() -> float:
+        async with store.transaction() as tx:
+            return await store.take_rate_token(tx, effect, rate.per_second, rate.burst)
+
+    return on_loop(app, go())
+
+
+def test_rates_are_read_in_their_usual_forms() -> None:
+    assert Rate.parse("20/s") == Rate(20.0, 20.0)
+    assert Rate.parse("600/m") == Rate(10.0, 10.0)
+    assert Rate.parse("1/5s") == Rate(0.2, 1.0)
+    assert Rate.parse("3600 / hour") == Rate(1.0, 1.0)
+    for bad in ("fast", "0/s", "20", "-1/s"):
+        with pytest.raises(keel.KeelError, match=r"N/s|more than zero"):
+            Rate.parse(bad)
+
+
+def test_the_bucket_gives_its_burst_then_the_rate_by_the_database_clock(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    rate = Rate.parse("20/s")
+    assert [take(app, "mail", rate) for _ in range(20)] == [0.0] * 20
+    assert take(app, "mail", rate) == pytest.approx(0.05)  # empty: the next token's time
+    assert take(app, "sms", rate) == 0.0  # one bucket per effect
+    clock.advance(0.05)
+    assert take(app, "mail", rate) == 0.0
+    assert take(app, "mail", rate) > 0
+    clock.advance(60)  # a quiet minute saves up no more than the burst
+    assert [take(app, "mail", rate) for _ in range(21)][-2:] == [0.0, pytest.approx(0.05)]
+
+
+def test_an_outbox_effect_refuses_what_it_cannot_take() -> None:
+    with pytest.raises(keel.KeelError, match="outbox effects"):
+        keel.effect("x", rate="1/s")
+    with pytest.raises(keel.KeelError, match="idempotency_key"):
+        keel.effect("y", outbox=True)(lambda to: to)
+    with pytest.raises(keel.KeelError, match="max_attempts"):
+        keel.effect("z", outbox=True, max_attempts=0)(lambda *, idempotency_key: None)
+    with pytest.raises(keel.KeelError, match="intent id"):
+        keel.await_effect("not-an-intent")
+    with pytest.raises(keel.NotInRun):
+        keel.await_effect("outbox:x:0")

@@ -118,6 +118,11 @@ class PostgresTx:
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         cur = await self.connection.execute(self._queries[name], params or {})
+        if cur.pgresult is None:
+            # In a pipeline (a step transaction) nothing has come back yet, not even whether
+            # the statement returns rows: fetching syncs the pipeline (inside the transaction).
+            found = await cur.fetchone()
+            return dict(found) if found is not None else None
         if cur.description is None:
             return None
         row = await cur.fetchone()

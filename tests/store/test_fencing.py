@@ -152,6 +152,20 @@ def test_stale_token_step_transaction_fails_quietly_and_its_connection_serves_th
     assert [p["data"] for p in probes] == [{"token": 2}]
 
 
+def test_a_row_read_inside_a_step_transaction_is_returned(takeover: Takeover) -> None:
+    """`tx.one` in a step transaction's body returns the row (an outbox intent's insert reads
+    whether it was new this way): on PostgreSQL the body runs in a pipeline, where a result is
+    back only after a sync, and `one` returned None before it synced."""
+    store, run = takeover.rt.store, takeover.run_id
+
+    async def step(tx: Any) -> Any:
+        await store.fence_step(tx, run, 2)
+        return await store.check_fence(tx, run, 2)
+
+    row = takeover.call(store.step_transaction(step))
+    assert row is not None and row["lease_token"] == 2
+
+
 async def _after(call: Coroutine[Any, Any, Any]) -> Any:
     """A step transaction's result: its fence's row, read after the commit."""
     return await (await call)()

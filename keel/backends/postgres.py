@@ -161,6 +161,7 @@ class PostgresTx:
 
 class PostgresConnector:
     dialect = "postgres"
+    notifies = True
 
     is_transient = staticmethod(is_transient)
 
@@ -212,6 +213,15 @@ class PostgresConnector:
             await self._set_clock(conn)
             async with conn.transaction():
                 yield PostgresTx(conn, self._queries)
+
+    async def single(self, name: str, params: Params | None = None) -> Row | None:
+        # The pool's connections are autocommit: the statement is its own transaction, with no
+        # BEGIN or COMMIT round trip.
+        async with self.pool.connection() as conn:
+            await self._set_clock(conn)
+            cur = await conn.execute(self._queries[name], params or {})
+            row = await cur.fetchone() if cur.description is not None else None
+        return dict(row) if row is not None else None
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
         """BEGIN, `body`, COMMIT as one pipeline: one round trip (one Sync) when `body` only

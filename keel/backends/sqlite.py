@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -56,13 +57,59 @@ def _injected_failure() -> None:
         raise sqlite3.OperationalError("disk I/O error (injected by keel chaos --fault db-error)")
 
 
+_CHAIN_SPLIT = re.compile(r";[ \t]*$", re.MULTILINE)
+
+
+def _run_chain(
+    conn: sqlite3.Connection, chain: tuple[str, ...], params: Params | None, *, own: bool
+) -> Row | None:
+    """A chain of statements (see `Connector.single`) on the database thread, in a transaction
+    of its own (`own`) or in the one already open on `conn`."""
+    bound = dict(params or {})
+    answer: Row = {}
+    if own:
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        for sql in chain:
+            cur = conn.execute(sql, bound)
+            if cur.description is None:
+                continue
+            rows = cur.fetchall()
+            if not rows:
+                answer = {}
+                break
+            answer.update(dict(rows[0]))
+            bound.update(answer)
+        if own:
+            conn.commit()
+    except BaseException:
+        if own:
+            conn.rollback()
+        raise
+    return answer or None
+
+
+def _split(sql: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in _CHAIN_SPLIT.split(sql) if s.strip())
+
+
 class SqliteTx:
-    def __init__(self, conn: aiosqlite.Connection, queries: dict[str, str]) -> None:
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        queries: dict[str, str],
+        chains: dict[str, tuple[str, ...]],
+    ) -> None:
         self.connection = conn
         self._queries = queries
+        self._chains = chains
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         _injected_failure()
+        chain = self._chains[name]
+        if len(chain) > 1:
+            raw = self.connection._conn  # see SqliteConnector.single
+            return await self.connection._execute(_run_chain, raw, chain, params, own=False)
         async with self.connection.execute(self._queries[name], params or {}) as cur:
             row = await cur.fetchone()
         return dict(row) if row is not None else None
@@ -154,6 +201,7 @@ def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
 
 class SqliteConnector:
     dialect = "sqlite"
+    notifies = False
     is_transient = staticmethod(is_transient)
 
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, synchronous: str = "FULL"):
@@ -162,6 +210,7 @@ class SqliteConnector:
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._queries = load_queries(self.dialect)
+        self._chains = {name: _split(sql) for name, sql in self._queries.items()}
         self._conn: aiosqlite.Connection | None = None
         self.clock_override: Callable[[], float] | None = None
         # Shared with the checkpoint saver, which runs on the same connection.
@@ -256,7 +305,7 @@ class SqliteConnector:
             _injected_failure()
             await conn.execute("BEGIN IMMEDIATE")
             try:
-                yield SqliteTx(conn, self._queries)
+                yield SqliteTx(conn, self._queries, self._chains)
             except BaseException:
                 await conn.rollback()
                 raise
@@ -269,11 +318,20 @@ class SqliteConnector:
                     await conn.rollback()
                 raise
 
+    async def single(self, name: str, params: Params | None = None) -> Row | None:
+        conn = self.connection
+        async with self.lock:
+            _injected_failure()
+            # One hand-off to aiosqlite's thread for the whole transaction: its public calls
+            # cost one per statement, fetch and commit (private API, pinned with aiosqlite).
+            raw = conn._conn
+            return await conn._execute(_run_chain, raw, self._chains[name], params, own=True)
+
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:
         async with self.lock:
             _injected_failure()
-            yield SqliteTx(self.connection, self._queries)
+            yield SqliteTx(self.connection, self._queries, self._chains)
 
     async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
         """SQLite has no notifications: workers in other processes poll with backoff."""

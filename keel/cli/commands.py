@@ -375,9 +375,9 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
         )
 
 
-# The crash harness keeps its own options; observe.logged would hide them behind its
-# wrapper signature (issue 14 leaves `keel chaos --log-level` to a native option).
-cli.command("chaos")(bad_spec_is_usage(chaos_command))
+# The crash harness with its own options, plus --log-level/--log-format: what its workers and
+# the harness itself log (a worker inherits $KEEL_LOG_* unless --env sets them).
+cli.command("chaos")(bad_spec_is_usage(observe.logged(chaos_command)))
 
 
 @cli.command()

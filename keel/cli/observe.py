@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -50,9 +51,17 @@ def logged(fn: F) -> F:
             logs.configure(log_level, log_format)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        # Processes this one starts (chaos's workers, a server's) log the same way.
+        for name, value in ((logs.LEVEL_ENV, log_level), (logs.FORMAT_ENV, log_format)):
+            if value:
+                os.environ[name] = value.lower()
         return fn(*args, **kwargs)
 
     sig = inspect.signature(fn)
+    # Resolved here, not left as the strings of a module with postponed annotations: typer
+    # takes a given __signature__ as it is, and a string hides `Annotated[..., typer.Option()]`
+    # (every option of `keel chaos` turned into a bare --name, its arguments into positionals).
+    hints = typing_hints(fn)
     extra = [
         inspect.Parameter(
             "log_level", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LogLevel
@@ -61,9 +70,11 @@ def logged(fn: F) -> F:
             "log_format", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LogFormat
         ),
     ]
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()]
+    params = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+        for p in sig.parameters.values()
+    ]
     wrapper.__signature__ = sig.replace(parameters=[*params, *extra])  # type: ignore[attr-defined]
-    hints = typing_hints(fn)
     wrapper.__annotations__ = {**hints, "log_level": LogLevel, "log_format": LogFormat}
     return wrapper  # type: ignore[return-value]
 

@@ -162,17 +162,37 @@ def runs_table(rows: Iterable[Row], now: float | None = None) -> Table:
     table.add_column("status", no_wrap=True)
     table.add_column("decision", no_wrap=True)
     table.add_column("termination reason")
+    table.add_column("duration", justify="right", no_wrap=True)
+    table.add_column("attempts", justify="right", no_wrap=True)
+    table.add_column("admitted", no_wrap=True)
     table.add_column("updated", no_wrap=True)
     for row in rows:
+        took = row.get("duration")
         table.add_row(
             row["run_id"],
             f"{row['workflow']}@{row['workflow_version']}",
             status_text(row["status"], stranded=bool(row.get("stranded"))),
             row["decision"] or "-",
             row["termination_reason"] or "-",
+            "-" if took is None else seconds(took),
+            str(row.get("attempts", row.get("lease_token") or 0)),
+            short_when(row["created_at"], now),
             short_when(row["updated_at"], now),
         )
     return table
+
+
+def seconds(value: float) -> str:
+    """12ms, 3.2s, 4m10s, 2h03m, 1d04h: short, and exact enough to compare."""
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 60:
+        return f"{value:.1f}s"
+    if value < 3600:
+        return f"{int(value // 60)}m{int(value % 60):02d}s"
+    if value < 86400:
+        return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
+    return f"{int(value // 86400)}d{int(value % 86400 // 3600):02d}h"
 
 
 def run_summary(run: Row, now: float | None = None) -> Table:

@@ -23,7 +23,9 @@ from keel.cli.options import (
     open_app,
 )
 from keel.cli.render import out
+from keel.cli.summary_view import summary_view
 from keel.core.lifecycle import Status
+from keel.runtime import summary
 
 runs_cli = typer.Typer(no_args_is_help=True, help="Inspect runs: list them, show one in full.")
 approvals_cli = typer.Typer(
@@ -43,22 +45,41 @@ def runs_list(
     job_id: Annotated[
         str | None, typer.Option("--job-id", help="Only runs of this job.", show_default=False)
     ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Only runs admitted at or after this: an age (2h, 7d) or an ISO time "
+            "(2026-08-07T09:30, UTC unless it says otherwise).",
+            show_default=False,
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            help="Only runs admitted before this (an age or an ISO time).", show_default=False
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many runs, newest first.")] = 50,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many runs first.")] = 0,
     as_json: JsonOption = False,
     app: AppOption = None,
     db: DbOption = None,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first, with how long each took and how many attempts."""
     with open_app(app, db) as loaded:
         rows = loaded.list_runs(
             status=status.value if status else None,
             workflow=workflow,
             job_id=job_id,
+            since=since,
+            until=until,
             limit=limit,
             offset=offset,
         )
-    listing(rows, as_json, render.runs_table, "no runs match")
+        now = loaded.database_now()
+    for row in rows:
+        row["duration"], row["attempts"] = summary.duration(row, now), summary.attempts(row)
+    listing(rows, as_json, functools.partial(render.runs_table, now=now), "no runs match")
 
 
 @runs_cli.command("show")
@@ -69,13 +90,19 @@ def runs_show(
     app: AppOption = None,
     db: DbOption = None,
 ) -> None:
-    """Show one run: lifecycle, lease, timeline, effects, waits and artifacts."""
+    """Show one run: first its summary (outcome and why, where the time went, attempts and
+    takeovers, effects, waits, artifacts, crashes and resumes), then every detail."""
     with open_app(app, db) as loaded:
         details = loaded.get_run(run_id)
+        now = loaded.database_now()
+    brief = summary.summarize(details, now)
     if as_json:
-        typer.echo(render.to_json(render.details_json(details)))
+        typer.echo(
+            render.to_json({"summary": summary.to_dict(brief), **render.details_json(details)})
+        )
     else:
-        out().print(render.run_view(details))
+        out().print(summary_view(brief))
+        out().print(render.run_view(details, now))
 
 
 @runs_cli.command("upgrade")

@@ -14,6 +14,7 @@ from keel.core.ids import StepRef
 from keel.core.services import Services
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
+from keel.core.tracing import NO_TRACER, Tracer
 
 StagedWrite = Callable[[Store, Tx], Awaitable[None]]
 """A row a node asks to commit in the same fenced transaction as its task's writes."""
@@ -46,6 +47,8 @@ class RunContext:
     calls: CallOrder = field(default_factory=CallOrder)
     """How many times each task of this execution has called each effect (the call order)."""
     pending_heartbeat: asyncio.Task[Any] | None = None
+    tracer: Tracer = NO_TRACER
+    """Draws the spans the core marks (keel.core.tracing); a no-op unless tracing is on."""
     replay: Replaying | None = None
     """Set when the run is replayed in a throwaway copy: effects are served from the ledger,
     never performed, and nothing is written to the run's own rows (no lease is held)."""

@@ -1,8 +1,9 @@
 """Fenced leases: claim (with a new token at every takeover), renew, release.
 
-A claim is one transaction: pick the oldest claimable run (PostgreSQL: FOR UPDATE SKIP LOCKED,
-so concurrent workers never pick the same row), bump its token and set the expiry; the move to
-`running` is checked against the transition table like any other (`runs.claimed`). Claiming
+A claim is one statement: pick the oldest claimable run (PostgreSQL: FOR UPDATE SKIP LOCKED,
+so concurrent workers never pick the same row), bump its token, set the expiry and write the
+claim's timeline event; the moves it makes (queued or running to running) are in the transition
+table. Claiming
 also reaps: a `running` run whose lease expired is claimable, so a dead worker's runs are
 picked up by whoever claims next.
 """
@@ -12,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
+from keel.core.errors import LeaseLost
 from keel.core.faults import fault_point
-from keel.core.lifecycle import Status, TerminationReason
-from keel.core.runs import claimed, transition
+from keel.core.lifecycle import Status, TerminationReason, check_transition
+from keel.core.runs import transition
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Lease, Store
 
@@ -41,28 +43,30 @@ async def claim(
 ) -> tuple[Lease, Row] | None:
     """Take the oldest claimable run; `limits` caps running runs per workflow key, cluster-wide.
 
-    A takeover counts one crashed attempt (in `claim_run`): the execution before it ended
-    without giving the run back (its process died, or it crashed and held the lease for a
-    backoff). A run taken over for the `max_crashes`-th time is not executed again: it ends
-    failed here, in the claim's transaction, and the next candidate is tried."""
+    One statement (`Store.claim_next`): the claim, its new token and its timeline event commit
+    together. A takeover counts one crashed attempt: the execution before it ended without
+    giving the run back (its process died, or it crashed and held the lease for a backoff). A
+    run taken over for the `max_crashes`-th time is not executed again: it ends failed here,
+    fenced by the token just taken, and the next candidate is tried."""
     keys = sorted(workflows)
-    async with store.transaction() as tx:
-        startable = keys
-        if limits:
-            running = await store.lock_running_counts(tx)
-            startable = [k for k in keys if running.get(k, 0) < limits.get(k, 1 << 30)]
-        while True:
-            candidate = await store.claim_candidate(tx, keys, startable)
-            if candidate is None:
-                return None
-            row = await claimed(store, tx, candidate, worker_id, ttl)
-            crashes = int(row["crash_count"])
-            if candidate["status"] != Status.RUNNING or max_crashes is None:
-                break
-            if crashes < max_crashes:
-                break
-            await _give_up(store, tx, row, worker_id, crashes, max_crashes)
-    return Lease(row["run_id"], worker_id, int(row["lease_token"])), row
+    # The statement moves a queued run, or a running one under an expired lease, to running.
+    check_transition(Status.QUEUED, Status.RUNNING)
+    check_transition(Status.RUNNING, Status.RUNNING)
+    wanted = {k: int(n) for k, n in (limits or {}).items() if k in keys}
+    while True:
+        row = await store.claim_next(worker_id, keys, ttl, wanted)
+        if row is None:
+            return None
+        crashes = int(row["crash_count"])
+        lease = Lease(row["run_id"], worker_id, int(row["lease_token"]))
+        takeover = row["previous_status"] == Status.RUNNING
+        if not takeover or max_crashes is None or crashes < max_crashes:
+            return lease, row
+        try:
+            async with store.fenced(lease.run_id, lease.token) as tx:
+                await _give_up(store, tx, row, worker_id, crashes, max_crashes)
+        except LeaseLost:
+            continue  # another worker took it over meanwhile: it gives up on it
 
 
 async def _give_up(
@@ -94,8 +98,11 @@ async def _give_up(
 
 async def renew(store: Store, leases: Iterable[Lease], ttl: float) -> list[Lease]:
     """Extend the given leases; return those this worker no longer holds."""
-    lost = []
+    lost: list[Lease] = []
+    leases = list(leases)
     fault_point("lease.renew")
+    if not leases:
+        return lost  # an idle worker's heartbeat costs no transaction
     async with store.transaction() as tx:
         for lease in leases:
             if not await store.renew_lease(tx, lease.run_id, lease.token, ttl):
@@ -109,7 +116,10 @@ async def end_dead(store: Store, run_id: str, token: int) -> bool:
     instead of waiting out the TTL. Only for callers that know the process is gone: a live holder
     would be fenced out. False if `token` no longer holds the run."""
     async with store.transaction() as tx:
-        return await store.end_lease(tx, run_id, token)
+        ended = await store.end_lease(tx, run_id, token)
+        if ended:
+            await store.notify_wake(tx, run_id)  # quiet workers take it over now, not at a poll
+        return ended
 
 
 async def release(store: Store, lease: Lease, reason: str) -> None:
@@ -128,3 +138,4 @@ async def release(store: Store, lease: Lease, reason: str) -> None:
             token=lease.token,
             event={"reason": reason},
         )
+        await store.notify_wake(tx, lease.run_id)  # another worker resumes it at once

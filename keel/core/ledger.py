@@ -39,6 +39,7 @@ from keel.core.ids import StepRef
 from keel.core.portal import Host
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
+from keel.core.tracing import Mark
 from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
 
 P = ParamSpec("P")
@@ -194,19 +195,28 @@ class Effect(Generic[P, R]):
         )
 
     async def _settle(self, ctx: RunContext, call: Call, host: Host | None) -> Any:
+        with ctx.tracer.effect(call.where, self.name) as span:
+            return await self._settled(ctx, call, host, span)
+
+    async def _settled(self, ctx: RunContext, call: Call, host: Host | None, span: Mark) -> Any:
         fault_point("effect.before_reserve", self.name, call.where.node, call.where.path)
         row, new = await reserve(ctx, call, self.name)
         key = str(row["idempotency_key"])
+        span.note(key=key, ledger=str(row["status"]), new=new)
         if not new:
             await self._same_arguments(ctx, call, row)
         if row["status"] in SETTLED:
+            span.note(outcome="served from the ledger")
             return recorded_result(row)
         attempts = int(row["attempts"])
         if not new:
             outcome = await self._in_doubt(ctx, key, row, call.args, call.kwargs, host)
             if outcome is not _PERFORM:
+                span.note(outcome="resolved (reconciled or answered)")
                 return outcome
-        return await self._perform(ctx, call.where, key, attempts, call.args, call.kwargs, host)
+        result = await self._perform(ctx, call.where, key, attempts, call.args, call.kwargs, host)
+        span.note(outcome="performed")
+        return result
 
     async def _same_arguments(self, ctx: RunContext, call: Call, row: dict[str, Any]) -> None:
         """Refuse a replay whose call at this place brings other arguments than the ledger's."""
@@ -478,30 +488,35 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any
     """The call's ledger row, and whether this reserved it (pending) just now."""
     store: Store = ctx.services.store
     where = call.where
-    async with store.transaction() as tx:
-        fence = await store.check_fence(tx, ctx.run_id, ctx.token)
-        if fence["cancel_requested"]:
-            # A cancelled run starts no new side effect, whatever its checkpoint cadence.
-            raise RunCancelled(f"run {ctx.run_id} was cancelled")
-        # A run in flight across the upgrade to 0006 finds its earlier effects by their old
-        # keys (arguments hashed in, no per-argument hashes): served, never performed again.
-        legacy = await store.read_effect(tx, call.legacy_key)
-        if legacy is not None and legacy["arg_hashes"] is None:
-            return legacy, False
-        row = await store.insert_effect(
-            tx,
-            call.key,
-            run_id=ctx.run_id,
-            name=name,
-            node=where.node,
-            step=where.step,
-            task_path=where.path,
-            args_hash=call.identity.digest,
-            arg_hashes=dumps(call.identity.hashes),
-            call_index=call.index,
-            token=ctx.token,
-        )
-        existing = row or await store.read_effect(tx, call.key)
+    started = time.monotonic()
+    # One fenced statement. A run in flight across the upgrade to 0006 finds its earlier
+    # effects by their old keys (arguments hashed in, no per-argument hashes): served, never
+    # performed again.
+    found = await store.reserve_effect(
+        call.key,
+        legacy_key=call.legacy_key,
+        run_id=ctx.run_id,
+        name=name,
+        node=where.node,
+        step=where.step,
+        task_path=where.path,
+        args_hash=call.identity.digest,
+        arg_hashes=dumps(call.identity.hashes),
+        call_index=call.index,
+        token=ctx.token,
+    )
+    if found is None:
+        await store.check_token(ctx.run_id, ctx.token)  # LeaseLost, RunNotFound
+        raise LeaseLost(f"run {ctx.run_id}: lease token {ctx.token} could not reserve {call.key}")
+    if found.pop("cancelled"):
+        # A cancelled run starts no new side effect, whatever its checkpoint cadence.
+        raise RunCancelled(f"run {ctx.run_id} was cancelled")
+    legacy, reserved = found.pop("legacy"), bool(found.pop("reserved"))
+    existing = found if found.get("idempotency_key") is not None else None
+    if legacy:
+        assert existing is not None
+        return existing, False
+    row = existing if reserved else None
     assert existing is not None
     log.info(
         "effect.reserve %s key=%s status=%s%s",
@@ -509,7 +524,11 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> tuple[dict[str, Any
         call.key,
         existing["status"],
         "" if row is None else " (new)",
-        extra={"event": "effect.reserve", "effect": name},
+        extra={
+            "event": "effect.reserve",
+            "effect": name,
+            "duration": round(time.monotonic() - started, 6),
+        },
     )
     return existing, row is not None
 
@@ -529,24 +548,21 @@ async def record(
     except (TypeError, ValueError):
         log.warning("result of %s is not JSON; the ledger keeps its repr", key)
         encoded = dumps({"repr": repr(result)})
-    async with store.fenced(ctx.run_id, ctx.token) as tx:
-        await store.update_effect(
-            tx,
-            key,
-            status=status,
-            attempts=attempts,
-            result=encoded,
-            error=error,
-            token=ctx.token,
-        )
-        await store.add_event(
-            tx,
-            ctx.run_id,
-            f"effect.{status}",
-            {"key": key, "error": error} if error else {"key": key},
-            worker_id=ctx.worker_id,
-            token=ctx.token,
-        )
+    recorded = await store.record_effect(
+        key,
+        run_id=ctx.run_id,
+        status=status,
+        attempts=attempts,
+        result=encoded,
+        error=error,
+        token=ctx.token,
+        worker_id=ctx.worker_id,
+        kind=f"effect.{status}",
+        data={"key": key, "error": error} if error else {"key": key},
+    )
+    if not recorded:
+        await store.check_token(ctx.run_id, ctx.token)  # LeaseLost, RunNotFound
+        raise LeaseLost(f"run {ctx.run_id}: lease token {ctx.token} could not record {key}")
 
 
 def _took(what: str, started: float, key: str, name: str, attempt: int, **more: Any) -> None:

@@ -159,8 +159,11 @@ def event(
     worker_id: str | None,
     token: int | None,
     ids: dict[str, Any] | None = None,
+    took: float | None = None,
 ) -> None:
-    """Log one committed timeline event at INFO on `keel.events`."""
+    """Log one committed timeline event at INFO on `keel.events`, with a duration: a step's
+    since the previous step boundary, a finished run's since its claim, an event that carries
+    one its own, any other the time its transaction took (`took`)."""
     if not EVENTS.isEnabledFor(logging.INFO):
         return
     extra: dict[str, Any] = {**(ids or {}), "event": kind, "run_id": run_id, "event_data": data}
@@ -175,9 +178,17 @@ def event(
         duration = since_mark(run_id, "step")
         if data.get("node"):
             extra["node"] = data["node"]
+    if not isinstance(duration, int | float):
+        duration = took
     if isinstance(duration, int | float):
         extra["duration"] = round(float(duration), 6)
     EVENTS.info("%s", describe(kind, data), extra=extra)
+
+
+def database_error(exc: BaseException) -> dict[str, Any]:
+    """The `extra` of a line about a database failure Keel rides out (logged without its
+    traceback): its kind, which the metrics count (`keel_database_errors_total{kind}`)."""
+    return {"db_error": type(exc).__name__}
 
 
 def describe(kind: str, data: dict[str, Any]) -> str:

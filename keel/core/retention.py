@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from keel.core.artifacts import RunArtifacts
 from keel.core.errors import UsageError
@@ -42,6 +43,32 @@ def parse_age(text: str | float) -> float:
     if seconds <= 0:
         raise UsageError(f"age {text!r} must be more than zero")
     return seconds
+
+
+def parse_moment(text: str | float | None, now: float) -> float | None:
+    """A moment (epoch seconds) from `2h`, `7d` (that long before `now`), an ISO date or time
+    (`2026-08-07`, `2026-08-07T09:30`; UTC unless it says otherwise) or epoch seconds."""
+    if text is None or isinstance(text, int | float):
+        return None if text is None else float(text)
+    text = text.strip()
+    if not text:
+        return None
+    if _AGE.match(text) and not text.replace(".", "", 1).isdigit():
+        return now - parse_age(text)
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"time {text!r} is neither an age (2h, 7d) nor an ISO date or time "
+            "(2026-08-07T09:30, UTC unless it says otherwise)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def finished_statuses(statuses: list[str] | None, keep_failed: bool) -> list[str]:

@@ -1,11 +1,14 @@
 """Admission and lifecycle transitions: the only code that changes a run's status.
 
-Status is written in exactly two places, both here and both checked against the transition
-table (`keel.core.lifecycle`) and recorded on the timeline in the same transaction:
+Status is written in exactly three places, all here or called from here, each checked against
+the transition table (`keel.core.lifecycle`) and recorded on the timeline in the same
+transaction:
 
-- `transition()` for every move (the `update_run_status` query);
-- `claimed()` for a claim or takeover, whose query takes the lease and sets `running` in one
-  UPDATE, so that no reader ever sees a running run without an owner.
+- `transition()` for every move inside a transaction (the `update_run_status` query);
+- `finish()` for an execution's end, one fenced statement (`finish_run`);
+- the claim (`Store.claim_next`, called by `keel.core.leases.claim`), one statement that takes
+  the lease, sets `running` and writes the claim's event, so that no reader ever sees a running
+  run without an owner.
 
 Admission (`insert_run`) writes a new run's first status, `queued`; nothing else does.
 """
@@ -71,22 +74,13 @@ async def admit(
     if check is not None:
         check(loads(input_json))
     content = input_hash(workflow, version, input_json)
+    if not rerun:
+        return await _admit_once(store, workflow, version, job_id, input_json, content, if_exists)
     async with store.transaction() as tx:
         job = await store.job_runs(tx, job_id, workflow)
         others = [r["run_id"] for r in job if r["input_hash"] != content]
-        if others and not rerun and len(others) == len(job):
-            if if_exists == "error":
-                raise JobExists(
-                    f"job {job_id} already has a run with other input ({others[0]}); "
-                    "submit it with if_exists='new' to admit another, 'reuse' to get that one",
-                    runs=others,
-                )
-            if if_exists == "reuse":
-                row = await store.read_run(tx, others[0])
-                assert row is not None
-                return Admission(row, False, others)
         while True:
-            attempt = await store.next_attempt(tx, job_id, workflow, content) if rerun else 1
+            attempt = await store.next_attempt(tx, job_id, workflow, content)
             rid = run_id(job_id, workflow, version, input_json, attempt)
             inserted = await store.insert_run(
                 tx,
@@ -99,21 +93,56 @@ async def admit(
                 input_json=input_json,
             )
             # A rerun racing another one for the same attempt number lost the insert (its
-            # conflict waited for the winner's commit): the next number is free now. Without
-            # rerun, the run that exists is the answer.
-            if inserted or not rerun:
+            # conflict waited for the winner's commit): the next number is free now.
+            if inserted:
                 break
-        if inserted:
-            await store.add_event(
-                tx,
-                rid,
-                "admitted",
-                {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt},
-            )
-            await store.notify_wake(tx, rid)
+        await store.add_event(tx, rid, "admitted", _admitted(workflow, version, job_id, attempt))
+        await store.notify_wake(tx, rid)
         row = await store.read_run(tx, rid)
     assert row is not None
-    return Admission(row, inserted, others)
+    return Admission(row, True, others)
+
+
+async def _admit_once(
+    store: Store,
+    workflow: str,
+    version: str,
+    job_id: str,
+    input_json: str,
+    content: str,
+    if_exists: str,
+) -> Admission:
+    """The first attempt of a job's input, admitted (or found) in one statement."""
+    rid = run_id(job_id, workflow, version, input_json, 1)
+    row, created, refused, others = await store.admit_run(
+        run_id=rid,
+        job_id=job_id,
+        workflow=workflow,
+        version=version,
+        attempt=1,
+        input_hash=content,
+        input_json=input_json,
+        if_exists=if_exists,
+        data=_admitted(workflow, version, job_id, 1),
+    )
+    if refused and if_exists == "error":
+        raise JobExists(
+            f"job {job_id} already has a run with other input ({others[0]}); "
+            "submit it with if_exists='new' to admit another, 'reuse' to get that one",
+            runs=others,
+        )
+    if refused:  # reuse: the job's latest run
+        rid = others[0]
+    if row is None:
+        # Refused, or admitted by a concurrent submit that committed while this one waited on
+        # it: read it now.
+        row = await store.get_run(rid)
+    assert row is not None
+    return Admission(row, created, others)
+
+
+def _admitted(workflow: str, version: str, job_id: str, attempt: int) -> dict[str, Any]:
+    return {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt}
 
 
 async def transition(
@@ -142,32 +171,57 @@ async def transition(
         output=output,
         finished=target in FINISHED,
     )
+    data = _move_data(event, termination_reason, error)
+    await _record_move(store, tx, current, target, f"status.{target.value}", data, worker_id, token)
+
+
+async def finish(
+    store: Store,
+    run_id: str,
+    token: int,
+    target: Status,
+    *,
+    worker_id: str,
+    termination_reason: str,
+    error: str | None = None,
+    output: str | None = None,
+) -> None:
+    """End the running run that `token` holds (completed, failed, cancelled) in one statement,
+    its timeline event with it; LeaseLost (RunNotFound, InvalidTransition) and nothing written
+    if the token no longer holds it running."""
+    check_transition(Status.RUNNING, target)
+    if target not in FINISHED:
+        raise InvalidTransition(f"finish() ends a run; {target.value} is not an end")
+    moved = {"from": Status.RUNNING.value, "to": target.value}
+    moved.update(_move_data(None, termination_reason, error))
+    done = await store.finish_run(
+        run_id,
+        token,
+        target.value,
+        worker_id=worker_id,
+        termination_reason=termination_reason,
+        error=error,
+        output=output,
+        kind=f"status.{target.value}",
+        data=moved,
+    )
+    if done:
+        return
+    # Why not: the same errors a fenced transaction raises, or the run had moved on.
+    current = await store.check_token(run_id, token)
+    check_transition(current["status"], target)
+    raise InvalidTransition(f"run {run_id} is {current['status']}, not running")
+
+
+def _move_data(
+    event: dict[str, Any] | None, termination_reason: str | None, error: str | None
+) -> dict[str, Any]:
     data = dict(event or {})
     if termination_reason:
         data["termination_reason"] = termination_reason
     if error:
         data["error"] = error[:2000]
-    await _record_move(store, tx, current, target, f"status.{target.value}", data, worker_id, token)
-
-
-async def claimed(store: Store, tx: Tx, candidate: Row, worker_id: str, ttl: float) -> Row:
-    """Take the lease of a claimable run (queued, or running under an expired lease) and move
-    it to running; return the claimed row, with its new token."""
-    check_transition(candidate["status"], Status.RUNNING)
-    row = await store.claim_run(tx, candidate["run_id"], worker_id, ttl)
-    assert row is not None
-    # A claim's status event is named after the lease: "lease.claimed", or "lease.takeover"
-    # (running -> running) with the owner it fenced out.
-    takeover = candidate["status"] == Status.RUNNING
-    data: dict[str, Any] = {"expires_at": row["lease_expires_at"]}
-    if takeover:
-        data = {"previous_owner": candidate["lease_owner"], **data}
-    kind = "lease.takeover" if takeover else "lease.claimed"
-    token = int(row["lease_token"])
-    # The claim is logged before the executor binds the run's ids: give them to its line.
-    ids = {"job_id": row["job_id"], "workflow": f"{row['workflow']}@{row['workflow_version']}"}
-    await _record_move(store, tx, candidate, Status.RUNNING, kind, data, worker_id, token, ids=ids)
-    return row
+    return data
 
 
 async def _record_move(

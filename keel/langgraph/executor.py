@@ -25,11 +25,13 @@ from keel.core.faults import fault_point
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status, TerminationReason
-from keel.core.runs import transition
+from keel.core.runs import finish, transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
+from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
+from keel.langgraph import traces
 from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
@@ -124,12 +126,38 @@ class Executor:
             marks={},
             started=time.monotonic(),
         ):
-            try:
-                return await self._execute(lease, run)
-            except Exception as exc:
-                return await self._failed_attempt(lease, exc)
+            tracer = traces.active()
+            if tracer is None:
+                return await self._attempt(lease, run, None)
+            return await self._traced(tracer, lease, run)
 
-    async def _execute(self, lease: Lease, run: Row) -> Outcome:
+    async def _traced(self, tracer: traces.RunTracer, lease: Lease, run: Row) -> Outcome:
+        """The attempt as a span of the run's trace (keel.langgraph.traces)."""
+        try:
+            parent = await tracer.root(self.services.store, run, by=self.worker_id)
+        except Exception as exc:  # the database is away: the attempt meets it and says so
+            log.debug("run %s: no trace context (%r)", lease.run_id, exc)
+            parent = None
+        span = tracer.attempt(parent, run, self.worker_id, lease.token)
+        steps = tracer.steps(span)
+        try:
+            with traces.current(span):
+                outcome = await self._attempt(lease, run, steps)
+        except BaseException as exc:
+            steps.close()
+            traces.end_attempt(span, "interrupted", exc)
+            raise
+        steps.close()
+        traces.end_attempt(span, str(outcome.value))
+        return outcome
+
+    async def _attempt(self, lease: Lease, run: Row, steps: traces.Steps | None) -> Outcome:
+        try:
+            return await self._execute(lease, run, steps)
+        except Exception as exc:
+            return await self._failed_attempt(lease, exc)
+
+    async def _execute(self, lease: Lease, run: Row, steps: traces.Steps | None) -> Outcome:
         rt = self.services
         workflow = self.workflows.get(run["workflow"], run["workflow_version"])
         graph = self.graph(workflow)
@@ -138,6 +166,8 @@ class Executor:
             "recursion_limit": workflow.recursion_limit,
             "metadata": {"keel_job_id": run["job_id"], "keel_worker": self.worker_id},
         }
+        if steps is not None:
+            config["callbacks"] = [steps]
         ctx = RunContext(
             run_id=lease.run_id,
             job_id=run["job_id"],
@@ -148,6 +178,7 @@ class Executor:
             locate=locate,
             pause=interrupt,
             last_heartbeat=loads(run.get("heartbeat_details")),
+            tracer=steps if steps is not None else NO_TRACER,
         )
         self.saver.hold(lease.run_id, lease.token, self.worker_id)
         entered = enter(ctx)
@@ -228,7 +259,7 @@ class Executor:
                     )
                 else:
                     # A crash the run recovers from is counted by the takeover that follows
-                    # the backoff (claim_run counts every takeover, as after a dead worker);
+                    # the backoff (claim_next counts every takeover, as after a dead worker);
                     # the last one is counted here, where the run ends.
                     attempt = int(current["crash_count"]) + 1
                     if attempt >= limit:
@@ -315,6 +346,7 @@ class Executor:
                 limit,
                 error,
                 exc_info=not infra,
+                extra=logs.database_error(exc) if infra else None,
             )
         except LeaseLost:
             return LeaseEnd.LOST
@@ -327,34 +359,40 @@ class Executor:
                 lease.token,
                 error,
                 second,
+                extra=logs.database_error(second),
             )
         return LeaseEnd.RETRY
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
-        if await self.saver.aget_tuple(cast(RunnableConfig, config)) is None:
+        """What to invoke the graph with, from at most one read of the run's checkpoint: none
+        for a run claimed for the first time (it never ran, so nothing was checkpointed)."""
+        started = time.monotonic()
+        first = bool(run.get("first_claim"))
+        saved = None if first else await self.saver.aget_tuple(cast(RunnableConfig, config))
+        if saved is None:
             # Admitted, never checkpointed (perhaps a crash right after the claim): start from
             # the admitted input; LangGraph alone would raise EmptyInputError on invoke(None).
             fault_point("run.before_first_checkpoint", workflow.name)
-            _resumed(run, "from its admitted input (no checkpoint yet)", "run.start")
+            _resumed(run, "from its admitted input (no checkpoint yet)", started, "run.start")
             return loads(run["input"])
-        state = await graph.aget_state(config)
-        pending = {i.id for i in state.interrupts}
+        pending = _pending_interrupts(saved.pending_writes or ())
         if pending:
             resume = await waits.resume_map(self.services.store, run["run_id"], pending)
             if resume:
-                _resumed(run, f"with {len(resume)} decided wait(s)")
+                _resumed(run, f"with {len(resume)} decided wait(s)", started)
                 return Command(resume=resume)
-        _resumed(run, "from its last checkpoint")
+        _resumed(run, "from its last checkpoint", started)
         return None
 
     async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> Outcome:
-        run = await self.services.store.get_run(ctx.run_id)
-        assert run is not None
         reason = workflow.termination(values) if workflow.termination else None
         if reason is None:
-            reason = waits.completed_because(
-                run["decision"], await self.services.store.waits(ctx.run_id)
-            )
+            store = self.services.store
+            async with store.read() as tx:
+                run = await store.read_run(tx, ctx.run_id)
+                assert run is not None
+                answered = await store.read_waits(tx, ctx.run_id)
+            reason = waits.completed_because(run["decision"], answered)
         return await self._end(
             ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
         )
@@ -367,22 +405,18 @@ class Executor:
         error: str | None,
         output: str | None = None,
     ) -> Outcome:
-        rt = self.services
+        """The execution's end, in one fenced statement (its event with it)."""
         try:
-            async with rt.store.fenced(ctx.run_id, ctx.token) as tx:
-                run = await rt.store.read_run(tx, ctx.run_id)
-                assert run is not None
-                await transition(
-                    rt.store,
-                    tx,
-                    run,
-                    status,
-                    worker_id=ctx.worker_id,
-                    token=ctx.token,
-                    termination_reason=reason.value,
-                    error=error,
-                    output=output,
-                )
+            await finish(
+                self.services.store,
+                ctx.run_id,
+                ctx.token,
+                status,
+                worker_id=ctx.worker_id,
+                termination_reason=reason.value,
+                error=error,
+                output=output,
+            )
         except LeaseLost as exc:
             log.warning(
                 "worker %s run %s: lease %s lost before it could end: %s",
@@ -395,8 +429,28 @@ class Executor:
         return status
 
 
-def _resumed(run: Row, how: str, kind: str = "run.resume") -> None:
-    log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"]})
+# LangGraph's interrupt channel (private there since 1.0; resuming after a decision breaks in
+# tests/store if it is renamed).
+INTERRUPT = "__interrupt__"
+
+
+def _pending_interrupts(writes: Any) -> set[str]:
+    """The ids of the interrupts a checkpoint's tasks raised (LangGraph saves them as pending
+    writes to its interrupt channel, a subgraph's with its parent task's): what `aget_state`
+    would list, without building the state a second time."""
+    return {
+        str(item.id)
+        for _task, channel, value in writes
+        if channel == INTERRUPT
+        for item in (value if isinstance(value, list | tuple) else (value,))
+        if getattr(item, "id", None) is not None
+    }
+
+
+def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> None:
+    """One line saying where the run goes on from, with the time reading its state took."""
+    took = round(time.monotonic() - started, 6)
+    log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took})
 
 
 async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,12 @@ from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflow, Workflows
+from keel.langgraph import traces
 from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input, learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
+
+log = logging.getLogger("keel.runtime")
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
 
@@ -276,8 +280,20 @@ class Runtime:
             check=functools.partial(check_input, wf),
         )
         if admitted.created:
+            await self._trace(admitted.row)
             self.wake()
         return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
+
+    async def _trace(self, row: Row) -> None:
+        """Root the new run's trace here, linked to the submitter's span (keel.langgraph.traces);
+        a failure only leaves it to the first worker."""
+        tracer = traces.active()
+        if tracer is None:
+            return
+        try:
+            await tracer.root(self.store, row, by="submit")
+        except Exception as exc:
+            log.warning("run %s: could not keep its trace context (%r)", row["run_id"], exc)
 
     async def get_run(self, run_id: str) -> RunDetails:
         await self.open()
@@ -298,8 +314,13 @@ class Runtime:
         )
 
     async def list_runs(self, **filters: Any) -> list[Row]:
-        """Runs, newest first, each with its derived `stranded` flag."""
+        """Runs, newest first, each with its derived `stranded` flag; `since` and `until`
+        (admission time, until excluded) take epoch seconds, ages (2h, 7d) or ISO times."""
         await self.open()
+        if filters.get("since") is not None or filters.get("until") is not None:
+            now = await self.store.database_now()
+            for bound in ("since", "until"):
+                filters[bound] = retention.parse_moment(filters.get(bound), now)
         rows = await self.store.list_runs(**filters)
         served = await self.served_versions()
         for row in rows:

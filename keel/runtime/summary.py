@@ -9,15 +9,19 @@ the task ends, so a bar runs from the previous recorded moment of the same attem
 or the previous task's write) to the task's own write. Tasks of one superstep run in parallel
 but are drawn one after the other, each from the previous write: the bar's end is exact, its
 start is an upper bound.
+
+Where the time went (queued, running, waiting for a person, lost to crashes) and where the story
+turned (crashes, takeovers, resumes) come from keel.runtime.story.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from keel.core.codec import loads
+from keel.runtime.story import Mark, NodeTime, story
 
 # Nodes LangGraph adds around the user's graph: their writes are not the user's steps.
 _INTERNAL = frozenset({"__start__", "__end__"})
@@ -37,6 +41,9 @@ class Details(Protocol):
 
     @property
     def waits(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def artifacts(self) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,39 @@ class Attempt:
     ended_at: float | None = None
     steps: int = 0
     ended_by: str | None = None  # the event that closed it: status.waiting, lease.takeover, ...
+    why: str = ""  # why it began: the first claim, a decision, a crash, a dead worker
+    first_node: str | None = None  # where it started (a resume: the node it resumed in)
+
+
+@dataclass(frozen=True)
+class EffectLine:
+    name: str
+    key: str
+    node: str | None
+    status: str
+    attempts: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class WaitLine:
+    name: str
+    kind: str
+    status: str
+    decision: str | None
+    decided_by: str | None
+    channel: str | None
+    comment: str | None
+    created_at: float
+    decided_at: float | None
+    seconds: float  # how long it took to decide (so far, while pending)
+    escalation_level: int = 0
+
+
+@dataclass(frozen=True)
+class ArtifactLine:
+    name: str
+    size: int
 
 
 @dataclass
@@ -88,6 +128,19 @@ class RunSummary:
     pending_waits: int = 0
     in_doubt: int = 0
     effects: dict[str, int] = field(default_factory=dict)
+    totals: NodeTime = field(default_factory=lambda: NodeTime("(run)"))
+    nodes: list[NodeTime] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    effect_lines: list[EffectLine] = field(default_factory=list)
+    wait_lines: list[WaitLine] = field(default_factory=list)
+    artifacts: list[ArtifactLine] = field(default_factory=list)
+    traceparent: str | None = None
+
+    @property
+    def trace_id(self) -> str | None:
+        parts = (self.traceparent or "").split("-")
+        return parts[1] if len(parts) == 4 else None
+
     intents: dict[str, int] = field(default_factory=dict)
     """The run's outbox intents per state (keel.core.effect_outbox)."""
 
@@ -111,10 +164,11 @@ class RunSummary:
 def summarize(details: Details, now: float) -> RunSummary:
     run = details.run
     spans, attempts = _timing(details.timeline, run["status"], now)
+    held = sum((now if a.ended_at is None else a.ended_at) - a.started_at for a in attempts)
+    totals, nodes, marks = story(details.timeline, run, now, held)
     effects = Counter(str(e["status"]) for e in details.effects)
     pending = [w for w in details.waits if w["status"] == "pending"]
     started, finished = run["started_at"], run["finished_at"]
-    end = finished if finished is not None else (now if started is not None else None)
     intents = Counter(str(i["status"]) for i in getattr(details, "intents", []))
     outcome, why = _explain(details, pending)
     undelivered = sum(n for state, n in intents.items() if state != "delivered")
@@ -136,14 +190,58 @@ def summarize(details: Details, now: float) -> RunSummary:
         created_at=run["created_at"],
         started_at=started,
         finished_at=finished,
-        duration=(end - started) if started is not None and end is not None else None,
+        duration=duration(run, now),
         spans=spans,
         attempts=attempts,
         pending_waits=len(pending),
         in_doubt=effects.get("in_doubt", 0),
         effects=dict(effects),
+        totals=totals,
+        nodes=nodes,
+        marks=marks,
+        effect_lines=[
+            EffectLine(
+                str(e.get("name", "?")),
+                str(e.get("idempotency_key", "?")),
+                e.get("node"),
+                str(e["status"]),
+                int(e.get("attempts") or 0),
+                e.get("error"),
+            )
+            for e in details.effects
+        ],
+        wait_lines=[_wait_line(w, now) for w in details.waits],
+        artifacts=[ArtifactLine(a.name, int(a.size)) for a in details.artifacts],
+        traceparent=run.get("traceparent"),
         intents=dict(intents),
     )
+
+
+def duration(run: dict[str, Any], now: float | None) -> float | None:
+    """Seconds from the run's first claim to its finish (to `now` while unfinished; None then
+    without a `now`, and before the first claim)."""
+    started, finished = run.get("started_at"), run.get("finished_at")
+    end = finished if finished is not None else now
+    return None if started is None or end is None else max(0.0, float(end) - float(started))
+
+
+def attempts(run: dict[str, Any]) -> int:
+    """Executions so far: the first claim, each resume and each takeover (the lease token
+    counts them all)."""
+    return int(run.get("lease_token") or 0)
+
+
+def to_dict(summary: RunSummary) -> dict[str, Any]:
+    """The summary as JSON-ready data (`GET /runs/{id}/summary`, `keel runs show --json`)."""
+    data = asdict(summary)
+    data["effect_counts"] = data.pop("effects")
+    data["effects"] = data.pop("effect_lines")
+    data["waits"] = data.pop("wait_lines")
+    data["takeovers"] = summary.takeovers
+    data["trace_id"] = summary.trace_id
+    for part in (data["totals"], *data["nodes"]):
+        part["total"] = part["queued"] + part["running"] + part["waiting"] + part["lost"]
+    return data
 
 
 def _timing(
@@ -153,32 +251,47 @@ def _timing(
     attempts: list[Attempt] = []
     cursor: float | None = None  # the last recorded moment of the current attempt
     waiting_since: float | None = None
+    why = "first claim"  # why the next attempt begins, from what came before it
     for event in timeline:
         kind, at = event["kind"], event["at"]
         token, worker = event["lease_token"], event["worker_id"]
+        data = event["data"] or {}
         if kind in ("lease.claimed", "lease.takeover"):
-            if attempts and attempts[-1].ended_at is None:
-                attempts[-1].ended_at, attempts[-1].ended_by = at, kind
-            attempts.append(
-                Attempt(
-                    token or 0, worker, at, "takeover" if kind == "lease.takeover" else "claimed"
-                )
-            )
+            previous = attempts[-1] if attempts else None
+            if previous is not None and previous.ended_at is None:
+                previous.ended_at, previous.ended_by = at, kind
+            if kind == "lease.takeover" and not why.startswith("retry"):
+                who = data.get("previous_owner") or (previous.worker_id if previous else None)
+                why = f"took over from {who or 'a worker'}: its lease expired (it stopped)"
+            how = "takeover" if kind == "lease.takeover" else "claimed"
+            attempts.append(Attempt(token or 0, worker, at, how, why=why))
+            why = "claimed again"
             cursor = at
         elif kind == "step":
-            data = event["data"] or {}
             node = str(data.get("node", "?"))
             if node not in _INTERNAL and cursor is not None:
                 label = f"{data['namespace']}/{node}" if data.get("namespace") else node
                 spans.append(Span(label, "step", cursor, at, worker, token))
                 if attempts:
                     attempts[-1].steps += 1
+                    attempts[-1].first_node = attempts[-1].first_node or label
             cursor = at
+        elif kind == "decision.recorded":
+            by = data.get("by") or "someone"
+            why = f"resumed after {data.get('decision', 'a decision')} by {by}"
+        elif kind == "attempt.crashed":
+            why = f"retry {data.get('attempt', '?')} of {data.get('limit', '?')} after a crash"
+        elif kind == "attempt.interrupted":
+            why = "resumed after an infrastructure fault"
         elif kind == "status.waiting":
             waiting_since = at
             _close(attempts, at, kind)
             cursor = None
         elif kind.startswith("status."):
+            if kind == "status.queued" and data.get("from") == "failed":
+                why = f"resumed by {data.get('by') or 'someone'} after it failed"
+            elif kind == "status.queued" and data.get("reason") == "worker stopping":
+                why = "given back by its stopping worker"
             if waiting_since is not None:
                 spans.append(Span("waiting for a person", "waiting", waiting_since, at))
                 waiting_since = None
@@ -193,6 +306,29 @@ def _timing(
             Span("in progress", "running", cursor, now, current.worker_id, current.lease_token)
         )
     return spans, attempts
+
+
+def _wait_line(wait: dict[str, Any], now: float) -> WaitLine:
+    created = float(wait.get("created_at") or now)
+    decided = wait.get("decided_at")
+    who = wait.get("decided_by")
+    value = loads(wait.get("value")) if wait.get("value") else None
+    principal = value.get("principal") if isinstance(value, dict) else None
+    if who and principal and principal != who:
+        who = f"{who} ({principal})"
+    return WaitLine(
+        name=str(wait["name"]),
+        kind=str(wait["kind"]),
+        status=str(wait["status"]),
+        decision=wait.get("decision"),
+        decided_by=who,
+        channel=wait.get("channel"),
+        comment=wait.get("comment"),
+        created_at=created,
+        decided_at=decided,
+        seconds=max(0.0, (float(decided) if decided is not None else now) - created),
+        escalation_level=int(wait.get("escalation_level") or 0),
+    )
 
 
 def _close(attempts: list[Attempt], at: float, by: str) -> None:

@@ -39,6 +39,11 @@ from keel.runtime.runtime import Runtime
 log = logging.getLogger("keel.runtime.worker")
 STRANDED_CHECK_INTERVAL = 10.0
 """Seconds between looks for stranded runs (each new one is logged once)."""
+QUIET_STRANDED_CHECK_INTERVAL = 60.0
+"""The same for a quiet worker (PostgreSQL), whose looks cost round trips an idle worker
+should not make."""
+SAFETY_POLL_INTERVAL = 5.0
+"""The longest a quiet worker sleeps without looking at the database (a NOTIFY it missed)."""
 
 
 def new_worker_id() -> str:
@@ -76,6 +81,7 @@ class Worker:
         stop_when_idle: bool = False,
         grace: float = 30.0,
         sweep_interval: float = 1.0,
+        safety_poll_interval: float = SAFETY_POLL_INTERVAL,
         sweep_before_exit: bool = True,
         prune_older_than: str | float | None = None,
         prune_interval: str | float = 3600.0,
@@ -94,7 +100,10 @@ class Worker:
         self._skew_warned = False
         self._stranded_logged: set[str] = set()
         self._next_stranded_check = 0.0
+        self._next_quiet_sweep = 0.0
+        self._quiet_backoff = poll_interval
         self.sweep_interval = sweep_interval
+        self.safety_poll_interval = safety_poll_interval
         self.sweep_before_exit = sweep_before_exit
         self.concurrency = max(1, concurrency)
         self.worker_id = worker_id or new_worker_id()
@@ -152,32 +161,26 @@ class Worker:
             ", ".join(sorted(rt.workflows.keys())) or "none",
             extra={"event": "worker.started"},
         )
+        # Quiet (PostgreSQL, a long-lived worker): claim when woken (a NOTIFY, a run of ours
+        # ending) or when the database says work is there or falls due, and look at least
+        # every `safety_poll_interval`. Otherwise poll with backoff, as SQLite's workers in
+        # other processes cannot wake this one, and sweep every `sweep_interval`.
+        quiet = rt.connector.notifies and not self.stop_when_idle
         delay = self.poll_interval
         next_sweep = 0.0
         loop = asyncio.get_running_loop()
+        woken = True
         try:
             while not self._stopping.is_set():
                 try:
-                    if loop.time() >= next_sweep:
-                        next_sweep = loop.time() + self.sweep_interval
-                        await self._sweep()
-                    claimed = await self._fill(executor)
-                    # Undelivered intents first: the delivery that queues a run awaiting it
-                    # commits with it, so a run the check below misses is not left queued.
-                    idle = (
-                        self.stop_when_idle
-                        and not claimed
-                        and not self._tasks
-                        and not await effect_dispatch.due_soon(rt.services)
-                        and await rt.store.count_unfinished(rt.workflows.keys()) == 0
-                    )
-                    if idle:
-                        # Deliver what the last runs announced (a wait's request) before
-                        # leaving, and stay if a due deadline queued a run meanwhile.
-                        if not self.sweep_before_exit:
-                            break
-                        await self._sweep()
-                        if await rt.store.count_unfinished(rt.workflows.keys()) == 0:
+                    if quiet:
+                        delay, claimed = await self._quiet_pass(executor, woken)
+                    else:
+                        if loop.time() >= next_sweep:
+                            next_sweep = loop.time() + self.sweep_interval
+                            await self._sweep()
+                        claimed = await self._fill(executor)
+                        if await self._idle_done(claimed):
                             break
                     self._reachable()
                 except Exception as exc:
@@ -185,7 +188,10 @@ class Worker:
                         raise
                     await self._wait_for_database(exc)
                     continue
-                delay = self.poll_interval if claimed else min(delay * 2, self.max_poll_interval)
+                if not quiet:
+                    delay = (
+                        self.poll_interval if claimed else min(delay * 2, self.max_poll_interval)
+                    )
                 wake.clear()
                 waiters: list[asyncio.Future[Any]] = [
                     asyncio.ensure_future(wake.wait()),
@@ -197,6 +203,7 @@ class Worker:
                 )
                 for w in waiters[:2]:
                     w.cancel()
+                woken = bool(done)
                 if done & {t for _, t in self._tasks.values()}:
                     delay = self.poll_interval
         finally:
@@ -207,6 +214,57 @@ class Worker:
             await asyncio.gather(*background, return_exceptions=True)
             await self._goodbye()
         return self.stats
+
+    async def _idle_done(self, claimed: int) -> bool:
+        """A stop-when-idle worker with nothing left to do anywhere: time to leave."""
+        rt = self.runtime
+        if not self.stop_when_idle or claimed or self._tasks:
+            return False
+        # Undelivered intents first: the delivery that queues a run awaiting it commits with
+        # it, so a run the check below misses is not left queued.
+        if await effect_dispatch.due_soon(rt.services):
+            return False
+        if await rt.store.count_unfinished(rt.workflows.keys()) != 0:
+            return False
+        # Deliver what the last runs announced (a wait's request) before leaving, and stay if
+        # a due deadline queued a run meanwhile.
+        if not self.sweep_before_exit:
+            return True
+        await self._sweep()
+        return await rt.store.count_unfinished(rt.workflows.keys()) == 0
+
+    async def _quiet_pass(self, executor: Executor, woken: bool) -> tuple[float, int]:
+        """One look of a quiet worker: sweep if something fell due, claim if a run is there
+        (or a wake-up says one may be), and say how long to sleep before the next look."""
+        rt = self.runtime
+        loop = asyncio.get_running_loop()
+        keys, outbox = rt.workflows.keys(), bool(rt.notifiers)
+        due = await rt.store.next_due(keys, outbox=outbox)
+        if due.sweep_in == 0.0 and loop.time() >= self._next_quiet_sweep:
+            # Not again before `sweep_interval`, even if something is still due (past the
+            # pass's limit, or held by another sweeper): a retry, not a spin.
+            self._next_quiet_sweep = loop.time() + self.sweep_interval
+            await self._sweep()
+            due = await rt.store.next_due(keys, outbox=outbox)
+        elif loop.time() >= self._next_stranded_check:
+            self._next_stranded_check = loop.time() + QUIET_STRANDED_CHECK_INTERVAL
+            await self._report_stranded()
+        claimed = 0
+        work = due.queued or due.lease_in == 0.0
+        if woken or work:
+            claimed = await self._fill(executor)
+        # Work the database showed but no claim got (a workflow at its limit, a row another
+        # transaction holds): look again after a backoff, not at once.
+        if claimed or not work:
+            self._quiet_backoff = self.poll_interval
+        else:
+            self._quiet_backoff = min(self._quiet_backoff * 2, self.safety_poll_interval)
+        sweep_in = due.sweep_in
+        if sweep_in == 0.0:
+            sweep_in = max(self._next_quiet_sweep - loop.time(), 0.0)
+        waits = [self.safety_poll_interval]
+        waits += [t for t in (due.lease_in, sweep_in) if t]
+        return max(min(waits), self._quiet_backoff), claimed
 
     async def _guarded(self, step: Any) -> None:
         try:
@@ -237,6 +295,7 @@ class Worker:
             self._outage_attempts,
             delay,
             exc,
+            extra=logs.database_error(exc),
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
@@ -374,7 +433,9 @@ class Worker:
                 failed = {"event": "heartbeat.failed"}
                 if rt.store.is_infrastructure(exc):
                     log.warning(
-                        "heartbeat: database unavailable (%r); leases may expire", exc, extra=failed
+                        "heartbeat: database unavailable (%r); leases may expire",
+                        exc,
+                        extra={**failed, **logs.database_error(exc)},
                     )
                 else:
                     log.exception("heartbeat failed; leases may expire", extra=failed)
@@ -424,22 +485,18 @@ class Worker:
                 )
 
     async def _announce(self) -> None:
-        store = self.runtime.store
-        async with store.transaction() as tx:
-            await store.upsert_worker(
-                tx,
-                self.worker_id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                concurrency=self.concurrency,
-                workflows=self.runtime.workflows.keys(),
-            )
+        await self.runtime.store.upsert_worker(
+            self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            concurrency=self.concurrency,
+            workflows=self.runtime.workflows.keys(),
+        )
 
     async def _goodbye(self) -> None:
         store = self.runtime.store
         try:
-            async with store.transaction() as tx:
-                await store.stop_worker(tx, self.worker_id)
+            await store.stop_worker(self.worker_id)
         except Exception as exc:
             log.warning("could not record worker stop: %r", exc)
 

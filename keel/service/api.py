@@ -24,6 +24,7 @@ from keel.core.errors import InvalidId, RunFinished, UsageError
 from keel.core.lifecycle import Decision, Status
 from keel.core.wait_model import EffectAnswer
 from keel.core.waits import check_answer
+from keel.runtime.summary import to_dict
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
 from keel.service.console import install_console
@@ -35,6 +36,7 @@ from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 from keel.service.replay import replay_router
+from keel.service.tracing import instrument
 
 log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
@@ -100,6 +102,7 @@ def create_app(
     api.include_router(effects_router(keel_app, auth))
     install_docs(api)
     install_console(api, keel_app, auth)
+    instrument(api)
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:
@@ -189,6 +192,13 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         workflow: str | None = None,
         status: Status | None = None,
         job_id: str | None = None,
+        since: Annotated[
+            str | None,
+            Query(description="Admitted at or after: 2h, 7d (ago) or an ISO time."),
+        ] = None,
+        until: Annotated[
+            str | None, Query(description="Admitted before: 2h, 7d (ago) or an ISO time.")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> m.RunPage:
@@ -197,11 +207,14 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             workflow=workflow,
             status=status.value if status else None,
             job_id=job_id,
+            since=since,
+            until=until,
             limit=limit + 1,  # one more tells whether there is a next page
             offset=offset,
         )
+        now = keel_app.database_now()
         return m.RunPage(
-            runs=[m.run_model(r, _run_url(request, r["run_id"])) for r in rows[:limit]],
+            runs=[m.run_model(r, _run_url(request, r["run_id"]), now) for r in rows[:limit]],
             **_paging(offset, limit, len(rows)),
         )
 
@@ -228,6 +241,12 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             notifications=details.notifications,
             artifacts=files,
         )
+
+    @router.get("/runs/{run_id}/summary", response_model=m.RunSummary, responses=NOT_FOUND)
+    def run_summary(run_id: RunId, _: Reader) -> m.RunSummary:
+        """Outcome and why, time per node (queued, running, waiting, lost), attempts and
+        takeovers, effects, waits and who decided them, artifacts, crashes and resumes."""
+        return m.RunSummary.model_validate(to_dict(keel_app.summary(run_id)))
 
     @router.get(
         "/runs/{run_id}/artifacts/{name}",

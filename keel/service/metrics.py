@@ -232,7 +232,9 @@ class Metrics(logging.Handler):
             self.handleError(record)
 
     def _count(self, record: logging.LogRecord) -> None:
-        if record.exc_info and record.exc_info[1] is not None:
+        if (kind := getattr(record, "db_error", None)) is not None:
+            self.db_errors.labels(str(kind)).inc()  # a fault ridden out, logged without a trace
+        elif record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
             if type(exc).__module__.split(".")[0] in _DB_MODULES:
                 self._database_error(exc)

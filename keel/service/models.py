@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from keel.core.codec import loads
 from keel.core.store.base import Row
+from keel.runtime import summary
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -86,6 +87,16 @@ class Run(BaseModel):
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    duration: float | None = Field(
+        None,
+        description="Seconds from the first claim to the finish (to now while unfinished); "
+        "null before the first claim.",
+    )
+    attempts: int = Field(
+        0,
+        description="Executions so far: the first claim, each resume after a wait and each "
+        "takeover (`attempt` is which rerun of the job this run is).",
+    )
     url: str
 
 
@@ -214,12 +225,14 @@ class Ready(BaseModel):
 # -- rows to models -------------------------------------------------------------------------
 
 
-def run_model(row: Row, url: str) -> Run:
-    return Run(**_run_fields(row), url=url)
+def run_model(row: Row, url: str, now: float | None = None) -> Run:
+    return Run(**_run_fields(row, now), url=url)
 
 
-def _run_fields(row: Row) -> dict[str, Any]:
+def _run_fields(row: Row, now: float | None = None) -> dict[str, Any]:
     return {
+        "duration": summary.duration(row, now),
+        "attempts": summary.attempts(row),
         "run_id": row["run_id"],
         "job_id": row["job_id"],
         "workflow": row["workflow"],
@@ -313,3 +326,110 @@ def run_detail(
         notifications=[notification_model(n) for n in notifications],
         artifacts=artifacts,
     )
+
+
+# -- the run summary (keel.runtime.summary.to_dict) --------------------------------------------
+
+
+class TimeSplit(BaseModel):
+    node: str = Field(description="The node (namespace/node inside a subgraph); (run) in total.")
+    queued: float = Field(description="Seconds queued for a worker before this node ran.")
+    running: float = Field(description="Seconds a worker spent executing it.")
+    waiting: float = Field(description="Seconds it waited for a person.")
+    lost: float = Field(
+        description="Seconds lost between a crash and the takeover that resumed it."
+    )
+    total: float
+    executions: int = Field(description="How many times it ran (re-runs after crashes count).")
+
+
+class SummaryAttempt(BaseModel):
+    lease_token: int
+    worker_id: str | None
+    started_at: float
+    ended_at: float | None
+    how: Literal["claimed", "takeover"]
+    why: str = Field(description="Why it began: first claim, a decision, a crash, a dead worker.")
+    ended_by: str | None = Field(description="The event that closed it (status.waiting, ...).")
+    steps: int
+    first_node: str | None
+
+
+class SummaryMark(BaseModel):
+    at: float
+    kind: Literal["crash", "infrastructure", "takeover", "lease_lost", "resumed", "failed"]
+    text: str
+    worker_id: str | None
+    lease_token: int | None
+
+
+class SummarySpan(BaseModel):
+    label: str
+    kind: Literal["step", "waiting", "running"]
+    start: float
+    end: float
+    worker_id: str | None
+    lease_token: int | None
+
+
+class SummaryEffect(BaseModel):
+    name: str
+    key: str
+    node: str | None
+    status: str
+    attempts: int
+    error: str | None
+
+
+class SummaryWait(BaseModel):
+    name: str
+    kind: str
+    status: str
+    decision: str | None
+    decided_by: str | None
+    channel: str | None
+    comment: str | None
+    created_at: float
+    decided_at: float | None
+    seconds: float = Field(description="How long it took to decide (so far, while pending).")
+    escalation_level: int
+
+
+class SummaryArtifact(BaseModel):
+    name: str
+    size: int
+
+
+class RunSummary(BaseModel):
+    """What a person asks first about a run: see docs/http.md, "GET /runs/{id}/summary"."""
+
+    run_id: str
+    job_id: str
+    workflow: str
+    version: str
+    status: str
+    decision: str
+    termination_reason: str | None
+    outcome: str = Field(description="The headline: completed (approved), waiting for manager...")
+    why: str = Field(description="The sentence that says why, from the recorded facts only.")
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    duration: float | None
+    totals: TimeSplit
+    nodes: list[TimeSplit]
+    attempts: list[SummaryAttempt]
+    takeovers: int
+    marks: list[SummaryMark] = Field(description="Crashes, takeovers and resumes, in order.")
+    spans: list[SummarySpan]
+    effects: list[SummaryEffect]
+    effect_counts: dict[str, int]
+    in_doubt: int
+    waits: list[SummaryWait]
+    pending_waits: int
+    artifacts: list[SummaryArtifact]
+    intents: dict[str, int] = Field(
+        default_factory=dict, description="The run's outbox intents per state."
+    )
+    trace_id: str | None = Field(description="The run's OpenTelemetry trace id, when traced.")
+    traceparent: str | None

@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 import keel
+from keel.core import leases, logs
 from keel.testing import spawn_worker
 from tests.support import REPO
 from tests.support.apps import observed
+from tests.support.apps.service import register
+from tests.support.in_doubt import stalled_pay
+from tests.support.providers import Provider
 from tests.support.service_client import free_port
+from tests.support.workers import claim, drain
 
 SECRETS = (observed.DB_PASSWORD, observed.API_TOKEN, observed.SLACK_SECRET)
 SECRET_ENV = {
@@ -186,3 +193,83 @@ def test_a_worker_serves_its_metrics_on_metrics_port(db_url: str, tmp_path: Path
     assert 'keel_runs_finished_total{status="completed",workflow="observed@1"} 1.0' in text
     assert 'keel_effects{effect="notify",state="sent"} 1.0' in text
     assert timeline(db_url, run_id)[-1] == "status.completed"
+
+
+class Captured(logging.Handler):
+    """Every record Keel logs in this process, as its handlers get it (ids copied on)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.addFilter(logs.ContextFilter())
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    handler = Captured()
+    keel_logger = logging.getLogger("keel")
+    level = keel_logger.level
+    keel_logger.addHandler(handler)
+    keel_logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        keel_logger.removeHandler(handler)
+        keel_logger.setLevel(level)
+
+
+def test_each_kind_of_run_event_logs_one_info_line_with_its_duration(
+    make_app: Callable[..., keel.App], captured: Captured
+) -> None:
+    # Takeovers, an effect reconciled by lookup: a charge that stalled its worker past the lease.
+    provider = Provider()
+    app, paid = stalled_pay(make_app, provider, reconcile=True)
+    assert app.get_run(paid).status == "completed"
+    # A wait and its decision, a release by a stopping worker, status changes.
+    register(app)
+    reviewed = app.submit("review", job_id="logged-1", input={"topic": "t"})["run_id"]
+    drain(app)
+    app.approve(reviewed, by="editor")
+    released = app.submit("review", job_id="logged-2", input={"topic": "u"})["run_id"]
+    lease, _ = claim(app, "stopping-worker")
+    assert lease.run_id == reviewed  # the decided run is the oldest claimable one
+    app.aio.portal.call(leases.release(app.aio.store, lease, "worker stopping"))
+    drain(app)
+    assert app.get_run(reviewed).status == "completed"
+    assert app.get_run(released).status == "waiting"
+
+    records = [r for r in captured.records if getattr(r, "event", None)]
+    by_kind: dict[str, list[logging.LogRecord]] = {}
+    for record in records:
+        by_kind.setdefault(record.event, []).append(record)  # type: ignore[attr-defined]
+    wanted = {
+        "lease.claimed": "claim",
+        "run.resume": "resume",
+        "lease.takeover": "takeover",
+        "effect.reserve": "effect reserve",
+        "effect.perform": "effect perform",
+        "effect.sent": "effect record",
+        "effect.reconcile": "effect reconcile",
+        "wait.registered": "wait",
+        "decision.recorded": "decision",
+        "status.queued": "release (and a decision's requeue)",
+        "status.waiting": "status change",
+        "status.completed": "status change",
+    }
+    for kind, what in wanted.items():
+        found = by_kind.get(kind)
+        assert found, f"{what}: no {kind} line"
+        for record in found:
+            assert record.levelno == logging.INFO, (kind, record.levelname)
+            assert isinstance(getattr(record, "duration", None), float), f"{kind}: no duration"
+            assert record.run_id, kind  # type: ignore[attr-defined]
+    # One line per event: each committed timeline event of these runs is logged once.
+    for run_id in (paid, reviewed, released):
+        timeline = [e["kind"] for e in app.get_run(run_id).timeline]
+        logged = [r.event for r in records if r.name == "keel.events" and r.run_id == run_id]  # type: ignore[attr-defined]
+        assert logged == timeline, run_id
+    release = [r for r in by_kind["status.queued"] if "worker stopping" in r.getMessage()]
+    assert len(release) == 1 and release[0].worker_id == "stopping-worker"  # type: ignore[attr-defined]

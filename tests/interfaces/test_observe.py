@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
+import pytest
+from langgraph.graph import END, START, StateGraph
 from prometheus_client.parser import text_string_to_metric_families
 
 import keel
 from keel.service import create_app
 from tests.support.apps.service import LiveServer, register
+from tests.support.apps.service import State as ReviewState
+from tests.support.checks import wait_until
 from tests.support.in_doubt import in_doubt
+from tests.support.notifiers import Recorder
 from tests.support.providers import Provider
 from tests.support.service_client import ADMIN, TOKENS, Service, bearer
 from tests.support.workers import drain
@@ -156,3 +164,106 @@ def test_metrics_report_runs_queue_effects_in_doubt_approvals_and_takeovers(
     )
     assert value("keel_heartbeat_failures_total") == 0
     assert value("keel_events_total", kind="lease.takeover") == 2
+
+
+def test_metrics_show_an_outbox_backlog_a_delivery_failure_and_the_sweepers_lag(
+    make_app: AppFactory,
+) -> None:
+    clock = keel.ManualClock()
+    app = register(make_app(clock=clock, lease_ttl=5))
+    app.add_notifier(Recorder("flaky", failures=[keel.TransientError("429 slow down")]))
+    app.add_notifier(Recorder("broken", failures=[RuntimeError("invalid_auth")]))
+    server = LiveServer(create_app(app, tokens=TOKENS)).__enter__()
+    try:
+        run_id = app.submit("review", job_id="o-1", input={"topic": "a", "timeout": "60s"})[
+            "run_id"
+        ]
+        drain(app)  # the request: delivered by neither (one to retry later, one failed)
+        assert app.get_run(run_id).status == "waiting"
+        clock.advance(600)  # the deadline passed 540 s ago and no sweeper ran since
+        m = scrape(server.url)
+        drain(app)  # a sweep: the deadline applied, the retry delivered
+        after = scrape(server.url)
+    finally:
+        server.__exit__(None, None, None)
+
+    def value(found: dict[Any, float], name: str, **labels: str) -> float:
+        return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value(m, "keel_outbox_backlog") == 1
+    assert value(m, "keel_outbox", state="queued") == 1
+    assert value(m, "keel_outbox", state="failed") == 1
+    assert value(m, "keel_outbox_oldest_age_seconds") == pytest.approx(600, abs=1)
+    assert value(m, "keel_outbox_delivery_failures_total", outcome="failed") == 1
+    assert value(m, "keel_sweeper_lag_seconds") == pytest.approx(540, abs=1)
+    assert value(m, "keel_waits_pending", kind="approval") == 1
+    assert value(m, "keel_waits_oldest_age_seconds", kind="approval") == pytest.approx(600, abs=1)
+
+    assert app.get_run(run_id).status == "completed"  # rejected by the deadline policy
+    assert value(after, "keel_sweeper_lag_seconds") == 0
+    assert value(after, "keel_outbox_backlog") == 0
+    assert value(after, "keel_waits_pending", kind="approval") == 0
+    assert value(after, "keel_outbox_delivery_failures_total", outcome="failed") == 1
+
+
+def held(gate: threading.Event) -> StateGraph:
+    """One node that holds its run (and its worker's lease) until `gate` opens."""
+
+    def hold(state: dict[str, Any]) -> dict[str, Any]:
+        assert gate.wait(30)
+        return {"topic": "done"}
+
+    g = StateGraph(ReviewState)
+    g.add_node("hold", hold)
+    g.add_edge(START, "hold")
+    g.add_edge("hold", END)
+    return g
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_metrics_count_heartbeat_failures_and_database_errors_by_kind(
+    make_app: AppFactory, db_url: str
+) -> None:
+    gate = threading.Event()
+    app = make_app(lease_ttl=6)  # a renewal every 2 s
+    app.aio.connector._busy_timeout_ms = 100  # a locked file fails a write fast
+    app.workflow("held")(lambda: held(gate))
+    seen: list[logging.LogRecord] = []
+    counted = logging.Handler()
+    counted.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger("keel").addHandler(counted)
+    server = LiveServer(create_app(app, tokens=TOKENS)).__enter__()
+    worker = threading.Thread(target=drain, args=(app,), kwargs={"within": 60})
+    try:
+        run_id = app.submit("held", job_id="h-1", input={"topic": "t"})["run_id"]
+        worker.start()
+        wait_until(lambda: app.get_run(run_id).status == "running", 20, "the run to start")
+        # Another process holds the database's write lock (a long backup, a stuck writer).
+        path = db_url.removeprefix("sqlite:///")
+        blocker = sqlite3.connect(path, isolation_level=None, timeout=30)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            wait_until(
+                lambda: any(getattr(r, "event", None) == "heartbeat.failed" for r in seen),
+                20,
+                "a renewal to fail on the locked file",
+            )
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        gate.set()
+        worker.join(60)
+        assert app.get_run(run_id).status == "completed"  # a database fault fails no run
+        m = scrape(server.url)
+    finally:
+        gate.set()
+        server.__exit__(None, None, None)
+        logging.getLogger("keel").removeHandler(counted)
+
+    failures = [r for r in seen if getattr(r, "event", None) == "heartbeat.failed"]
+    locked = [r for r in seen if getattr(r, "db_error", None) == "OperationalError"]
+    assert failures and all("locked" in r.getMessage() for r in failures)
+    key = ("keel_heartbeat_failures_total", ())
+    assert m[key] == len(failures)
+    kind = ("keel_database_errors_total", (("kind", "OperationalError"),))
+    assert m[kind] == len(locked) >= len(failures)

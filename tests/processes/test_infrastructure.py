@@ -196,6 +196,7 @@ def test_postgres_down_for_40_seconds_pauses_work_and_then_finishes_it(
 ) -> None:
     ids = pg_fleet.submit(100, work=0.02)
     pg_fleet.start(3)
+    pg_fleet.wait_started()
     wait_until(lambda: pg_fleet.delivered() >= 20, 60, "20 emails")
     cluster.stop("fast")  # clients are disconnected; new connections are refused
     down_at = time.monotonic()
@@ -256,6 +257,7 @@ def test_sqlite_disk_full_then_freed_every_run_completes_and_sends_once(
         try:
             ids = crew.submit(40, work=0.05)
             crew.start(2)
+            crew.wait_started()
             wait_until(lambda: crew.delivered() >= 8, 60, "8 emails")
             filler = _fill(small_disk)
             time.sleep(6)  # writes fail: checkpoints, claims, heartbeats, the release

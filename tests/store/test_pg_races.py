@@ -20,6 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
 import keel
+from keel.core import leases
 from tests.support.graphs import echo_graph
 from tests.support.providers import Provider
 from tests.support.workers import claim, drain, execute
@@ -111,11 +112,7 @@ def mail_graph(send: Any) -> StateGraph:
     return g
 
 
-def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
-    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
-) -> None:
-    provider = Provider()
-
+def _mail_app(make_app: AppFactory, provider: Provider) -> tuple[keel.App, str]:
     def send(to: str, *, idempotency_key: str) -> Any:
         return provider.deliver(idempotency_key, to)
 
@@ -123,16 +120,28 @@ def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
     app.workflow("mail")(lambda: mail_graph(keel.effect("send")(send)))
     run = app.submit("mail", job_id="mail-1", input={"to": "a@x"})["run_id"]
     app.get_run(run)  # open the app's pool before the race
+    return app, run
+
+
+def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+) -> None:
+    """The claim is one statement: it has locked and taken the run (status running) and waits
+    to write its event when the cancel arrives. The cancel must wait for the claim, see the run
+    running, and ask it to stop: a stale "queued" read would cancel it under the worker's feet
+    while the worker went on to send."""
+    provider = Provider()
+    app, run = _mail_app(make_app, provider)
 
     stopwatch = raw()
-    stopwatch.execute("BEGIN")
-    # Event inserts wait: the claim stops right after it took the run (status running).
-    stopwatch.execute("LOCK TABLE keel_events IN SHARE ROW EXCLUSIVE MODE")
+    # The claim's event waits for the run's turn on the timeline (insert_event's lock), after
+    # its UPDATE took the row: the claim is held mid-statement, the row locked.
+    stopwatch.execute("SELECT pg_advisory_lock(74213003, hashtext(%s))", (run,))
     claiming = Background(lambda: claim(app, "worker-a"))
     until(lambda: lock_waiters(raw()) >= 1, "the claim to wait")
     cancelling = Background(lambda: app.cancel(run, by="ops"))
     until(lambda: lock_waiters(raw()) >= 2, "the cancel to wait")
-    stopwatch.execute("COMMIT")
+    stopwatch.execute("SELECT pg_advisory_unlock(74213003, hashtext(%s))", (run,))
     lease, row = claiming.result()
     cancelling.result()
 
@@ -146,8 +155,36 @@ def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
     # before the step that sends. The world must not see the email.
     assert provider.deliveries == [], f"a cancelled run performed its effect ({outcome})"
     assert outcome == "cancelled"
+    kinds = [e["kind"] for e in details.timeline]
+    assert kinds.index("lease.claimed") < kinds.index("cancel.requested"), kinds
     moves = [e["data"] for e in details.timeline if e["kind"] == "status.cancelled"]
     assert [(m["from"], m["to"]) for m in moves] == [("running", "cancelled")]
+
+
+def test_a_claim_racing_a_cancel_that_holds_the_run_skips_it(
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+) -> None:
+    """The other order: the cancel has locked the queued run and waits to write its event when
+    the claim arrives. The claim must not take the run the cancel is ending (nor wait for it):
+    it skips the row, and once the cancel committed there is nothing to claim."""
+    provider = Provider()
+    app, run = _mail_app(make_app, provider)
+
+    stopwatch = raw()
+    stopwatch.execute("SELECT pg_advisory_lock(74213003, hashtext(%s))", (run,))
+    cancelling = Background(lambda: app.cancel(run, by="ops"))
+    until(lambda: lock_waiters(raw()) >= 1, "the cancel to wait")
+    rt = app.aio
+    got = rt.portal.call(leases.claim(rt.store, "worker-a", rt.workflows.keys(), rt.lease_ttl))
+    assert got is None, "a claim took a run that a cancel had locked"
+    stopwatch.execute("SELECT pg_advisory_unlock(74213003, hashtext(%s))", (run,))
+    cancelling.result()
+    got = rt.portal.call(leases.claim(rt.store, "worker-a", rt.workflows.keys(), rt.lease_ttl))
+    assert got is None, "a cancelled run was claimed"
+    details = app.get_run(run)
+    assert details.status == "cancelled"
+    assert provider.deliveries == []
+    assert "lease.claimed" not in [e["kind"] for e in details.timeline]
 
 
 # -- two approvals of one run, answered while the worker re-registers the second -------------

@@ -65,7 +65,7 @@ def test_the_store_itself_is_where_queries_are_named() -> None:
         for path in STORE.rglob("*.py")
         for problem in violations(path.read_text(), names, path.name)
     ]
-    assert any("'claim_run'" in p for p in inside)  # the scan sees real calls
+    assert any("'claim_next'" in p for p in inside)  # the scan sees real calls
 
 
 def test_the_checker_refuses_a_named_query_and_a_connector_transaction() -> None:

@@ -88,3 +88,73 @@ def test_a_waiting_run_says_who_it_waits_for_and_the_wait_is_a_bar_up_to_now() -
     assert "escalated to level 2" in summary.why
     assert summary.spans[-1].kind == "waiting" and summary.spans[-1].end == 200.0
     assert summary.pending_waits == 1 and summary.duration == 99.0
+
+
+def test_time_splits_four_ways_per_node_and_crashes_and_resumes_are_marked_where_seen() -> None:
+    timeline = [
+        event(1, 100, "admitted"),
+        event(2, 110, "lease.claimed", "w1", 1),  # queued 10 s
+        event(3, 111, "step", "w1", 1, node="__start__"),
+        event(4, 115, "step", "w1", 1, node="draft"),  # draft ran 4 s
+        event(5, 116, "attempt.crashed", "w1", 1, attempt=1, limit=3, error="Boom: in send"),
+        event(6, 140, "lease.takeover", "w2", 2),  # 25 s lost since draft's write
+        event(7, 150, "step", "w2", 2, node="send"),  # send ran 10 s
+        event(8, 151, "step", "w2", 2, node="review", writes=["__interrupt__"]),
+        event(9, 151, "status.waiting", "w2", 2),
+        event(10, 451, "decision.recorded", by="ann", decision="approved"),
+        event(11, 451, "status.queued"),  # waited 300 s for ann
+        event(12, 453, "lease.claimed", "w3", 3),  # queued 2 s
+        event(13, 454, "step", "w3", 3, node="review"),
+        event(14, 455, "status.completed", "w3", 3),
+    ]
+    run = run_row(started_at=110.0, finished_at=455.0, lease_token=3)
+    s = summarize(RunDetails(run, timeline, [], [], []), now=1000.0)
+    t = s.totals
+    assert (t.queued, t.waiting, t.lost) == (12.0, 300.0, 25.0)
+    assert t.running == (151 - 110) + (455 - 453) - 25  # leases held, less the lost time
+    assert t.total == 455 - 100
+    nodes = {n.node: n for n in s.nodes}
+    assert (nodes["draft"].queued, nodes["draft"].running) == (10.0, 4.0)
+    assert (nodes["send"].lost, nodes["send"].running) == (25.0, 10.0)  # it ran in the crash
+    assert (nodes["review"].waiting, nodes["review"].queued, nodes["review"].executions) == (
+        300.0,
+        2.0,
+        2,
+    )
+    assert [(m.kind, m.at) for m in s.marks] == [
+        ("crash", 116),
+        ("takeover", 140),
+        ("resumed", 453),
+    ]
+    assert "after draft" in s.marks[0].text and "Boom: in send" in s.marks[0].text
+    assert "after send" not in s.marks[1].text and "after draft" in s.marks[1].text
+    assert "in review" in s.marks[2].text
+    assert [a.why for a in s.attempts] == [
+        "first claim",
+        "retry 1 of 3 after a crash",
+        "resumed after approved by ann",
+    ]
+    assert [a.first_node for a in s.attempts] == ["draft", "send", "review"]
+
+
+def test_an_attempt_says_it_followed_a_release_or_a_resume_of_a_failed_run() -> None:
+    timeline = [
+        event(1, 100, "admitted"),
+        event(2, 101, "lease.claimed", "w1", 1),
+        event(3, 102, "status.queued", "w1", 1, reason="worker stopping", **{"from": "running"}),
+        event(4, 103, "lease.claimed", "w2", 2),
+        event(5, 104, "status.failed", "w2", 2),
+        event(6, 200, "status.queued", reason="resumed", by="ann", **{"from": "failed"}),
+        event(7, 201, "lease.claimed", "w3", 3),
+        event(8, 260, "lease.takeover", "w4", 4, previous_owner="w3"),
+        event(9, 262, "status.completed", "w4", 4),
+    ]
+    run = run_row(finished_at=262.0, lease_token=4)
+    s = summarize(RunDetails(run, timeline, [], [], []), now=300.0)
+    assert [a.why for a in s.attempts] == [
+        "first claim",
+        "given back by its stopping worker",
+        "resumed by ann after it failed",
+        "took over from w3: its lease expired (it stopped)",
+    ]
+    assert s.takeovers == 1 and s.totals.lost == 260 - 201

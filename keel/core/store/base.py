@@ -101,6 +101,9 @@ class Tx(Protocol):
 class Connector(Protocol):
     dialect: str
     url: str
+    notifies: bool
+    """Whether `listen` hears other processes' wake-ups (PostgreSQL): idle workers then claim
+    when woken, with a slow safety poll, instead of polling."""
     clock_override: Callable[[], float] | None
     """A test clock that `keel_now()` reads on this connector's connections instead of the
     database's own clock (None in production)."""
@@ -120,6 +123,17 @@ class Connector(Protocol):
 
     def read(self) -> AbstractAsyncContextManager[Tx]:
         """Reads outside a write transaction."""
+        ...
+
+    async def single(self, name: str, params: Params | None = None) -> Row | None:
+        """Run one named query as its own write transaction, in one round trip (PostgreSQL:
+        one statement on an autocommit connection) or one call on the database thread (SQLite).
+
+        On SQLite the query may be a chain of statements (`;` at a line's end): they run in
+        order under one BEGIN IMMEDIATE; the columns of each statement's first row become
+        parameters of the statements after it, and a statement with a result that returns no
+        row ends the chain (what ran before it commits). The answer is the chain's rows merged
+        (PostgreSQL: the statement's first row), or None if a statement found nothing."""
         ...
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:

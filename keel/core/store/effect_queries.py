@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+from keel.core import logs
+from keel.core.codec import dumps
 from keel.core.store.base import Connector, Row, Tx
 
 
@@ -10,11 +15,11 @@ class EffectQueries:
 
     # -- the ledger -----------------------------------------------------------------------------
 
-    @staticmethod
-    async def insert_effect(
-        tx: Tx,
+    async def reserve_effect(
+        self,
         key: str,
         *,
+        legacy_key: str,
         run_id: str,
         name: str,
         node: str,
@@ -25,11 +30,13 @@ class EffectQueries:
         call_index: int,
         token: int,
     ) -> Row | None:
-        """Reserve an idempotency key (pending); None if the ledger already has it."""
-        return await tx.one(
-            "insert_effect",
+        """Reserve an idempotency key (pending) in one fenced statement (see the
+        `reserve_effect` query); None, writing nothing, if `token` does not hold the run."""
+        return await self.db.single(
+            "reserve_effect",
             {
                 "key": key,
+                "legacy_key": legacy_key,
                 "run_id": run_id,
                 "name": name,
                 "node": node,
@@ -41,6 +48,44 @@ class EffectQueries:
                 "lease_token": token,
             },
         )
+
+    async def record_effect(
+        self,
+        key: str,
+        *,
+        run_id: str,
+        status: str,
+        attempts: int,
+        result: str,
+        error: str | None,
+        token: int,
+        worker_id: str,
+        kind: str,
+        data: dict[str, Any],
+    ) -> bool:
+        """Move a ledger row on, with its timeline event, in one fenced statement; False,
+        writing nothing, if `token` does not hold the run."""
+        started = time.monotonic()
+        row = await self.db.single(
+            "record_effect",
+            {
+                "key": key,
+                "run_id": run_id,
+                "status": status,
+                "attempts": attempts,
+                "result": result,
+                "error": error,
+                "lease_token": token,
+                "worker_id": worker_id,
+                "kind": kind,
+                "data": dumps(data),
+            },
+        )
+        if row is None:
+            return False
+        took = time.monotonic() - started
+        logs.event(run_id, kind, data, worker_id=worker_id, token=token, took=took)
+        return True
 
     @staticmethod
     async def read_effect(tx: Tx, key: str) -> Row | None:

@@ -10,12 +10,29 @@ SQLite the whole transaction runs under BEGIN IMMEDIATE.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
+from keel.core import logs
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Connector, Later, Row, Tx
 from keel.core.store.run_queries import committed
+
+
+@dataclass(frozen=True)
+class Due:
+    """What falls due for an idle worker, in seconds from now by the database's clock (0: it
+    is already past; None: nothing of that kind is pending)."""
+
+    queued: bool
+    """A run of the worker's workflows is queued."""
+    lease_in: float | None
+    """Until the earliest lease of a running run of its workflows expires (a takeover)."""
+    sweep_in: float | None
+    """Until a wait's deadline or stage, or an outbox delivery, falls due."""
 
 
 class LeaseQueries:
@@ -48,6 +65,12 @@ class LeaseQueries:
     @staticmethod
     async def check_fence(tx: Tx, run_id: str, token: int) -> Row:
         return _held_by(await tx.one("fence", {"run_id": run_id}), run_id, token)
+
+    async def check_token(self, run_id: str, token: int) -> Row:
+        """The run's lease row if `token` is its current token, else RunNotFound or LeaseLost
+        (a read: why a fenced single statement wrote nothing)."""
+        async with self.db.read() as tx:
+            return _held_by(await tx.one("lease_held", {"run_id": run_id}), run_id, token)
 
     async def check_lease_held(self, run_id: str, token: int) -> Row:
         """Raise LeaseLost unless `token` holds the run and its lease has not expired (by the
@@ -94,29 +117,56 @@ class LeaseQueries:
 
     # -- claims ---------------------------------------------------------------------------------
 
-    @staticmethod
-    async def lock_running_counts(tx: Tx) -> dict[str, int]:
-        """Runs executing now per workflow key, with claims serialized until `tx` ends (so the
-        counts cannot race another claim's)."""
-        await tx.one("claim_lock")
-        return {r["workflow_key"]: int(r["n"]) for r in await tx.all("running_counts")}
+    async def claim_next(
+        self, worker_id: str, workflows: list[str], ttl: float, limits: dict[str, int]
+    ) -> Row | None:
+        """Claim the oldest claimable run and record the claim on its timeline, in one
+        statement (one call on SQLite): queued with a key in `workflows` and below its limit in
+        `limits`, or running under a lease expired by the database's clock (a takeover, which
+        counts one crashed attempt). The lease is `ttl` seconds of the database's clock under a
+        new token. The row has the run's columns after the claim, `previous_status`,
+        `previous_owner` and `first_claim` (1: the run never ran before, so it has no
+        checkpoint); None if nothing is claimable.
 
-    @staticmethod
-    async def claim_candidate(tx: Tx, workflows: list[str], startable: list[str]) -> Row | None:
-        """The oldest claimable run (PostgreSQL: locked, skipping rows others hold): queued
-        with a key in `startable`, or running under a lease expired by the database's clock with
-        a key in `workflows`."""
-        return await tx.one(
-            "claim_candidate",
-            {"workflows": json.dumps(workflows), "startable": json.dumps(startable)},
-        )
-
-    @staticmethod
-    async def claim_run(tx: Tx, run_id: str, worker_id: str, ttl: float) -> Row | None:
-        """Take the lease under a new token, for `ttl` seconds of the database's clock, and set
-        status running: only `keel.core.runs.claimed` calls this, after checking the transition
-        table."""
-        return await tx.one("claim_run", {"run_id": run_id, "worker_id": worker_id, "ttl": ttl})
+        Without limits the claim is its own transaction. With limits, PostgreSQL serializes
+        claims (an advisory lock) so that no two count the same running runs; SQLite's write
+        lock already does."""
+        params = {
+            "worker_id": worker_id,
+            "workflows": json.dumps(workflows),
+            "ttl": ttl,
+            "limits": json.dumps(limits),
+        }
+        started = time.monotonic()
+        if limits:
+            with committed():
+                async with self.db.transaction() as tx:
+                    await tx.one("claim_lock")
+                    row = await tx.one("claim_next", params)
+        else:
+            row = await self.db.single("claim_next", params)
+        if row is not None:
+            takeover = row["previous_status"] == "running"
+            data = {"from": row["previous_status"], "to": "running"}
+            if takeover:
+                data["previous_owner"] = row["previous_owner"]
+            data["expires_at"] = row["lease_expires_at"]
+            # The claim is logged before the executor binds the run's ids: give them to its line.
+            ids = {
+                "job_id": row["job_id"],
+                "workflow": f"{row['workflow']}@{row['workflow_version']}",
+            }
+            kind = "lease.takeover" if takeover else "lease.claimed"
+            logs.event(
+                row["run_id"],
+                kind,
+                data,
+                worker_id=worker_id,
+                token=row["lease_token"],
+                ids=ids,
+                took=time.monotonic() - started,
+            )
+        return row
 
     @staticmethod
     async def renew_lease(tx: Tx, run_id: str, token: int, ttl: float) -> bool:
@@ -141,24 +191,35 @@ class LeaseQueries:
 
     # -- workers --------------------------------------------------------------------------------
 
-    @staticmethod
     async def upsert_worker(
-        tx: Tx, worker_id: str, *, host: str, pid: int, concurrency: int, workflows: list[str]
+        self, worker_id: str, *, host: str, pid: int, concurrency: int, workflows: list[str]
     ) -> None:
-        await tx.execute(
-            "upsert_worker",
-            {
-                "worker_id": worker_id,
-                "host": host,
-                "pid": pid,
-                "concurrency": concurrency,
-                "workflows": json.dumps(sorted(workflows)),
-            },
-        )
+        """Say the worker is alive and what it serves (one statement, its own transaction)."""
+        params = {
+            "worker_id": worker_id,
+            "host": host,
+            "pid": pid,
+            "concurrency": concurrency,
+            "workflows": json.dumps(sorted(workflows)),
+        }
+        await self.db.single("upsert_worker", params)
 
-    @staticmethod
-    async def stop_worker(tx: Tx, worker_id: str) -> None:
-        await tx.execute("stop_worker", {"worker_id": worker_id})
+    async def stop_worker(self, worker_id: str) -> None:
+        await self.db.single("stop_worker", {"worker_id": worker_id})
+
+    async def next_due(self, workflows: list[str], *, outbox: bool) -> Due:
+        """What an idle worker of `workflows` has to do and when (one read); outbox
+        deliveries count only for a worker that delivers them (`outbox`)."""
+        params = {"workflows": json.dumps(sorted(workflows)), "outbox": int(outbox)}
+        async with self.db.read() as tx:
+            row = await tx.one("next_due", params)
+        assert row is not None
+        now = float(row["now"])
+
+        def after(at: Any) -> float | None:
+            return None if at is None else max(0.0, float(at) - now)
+
+        return Due(bool(row["queued"]), after(row["lease_at"]), after(row["sweep_at"]))
 
     async def workers(self, window: float) -> list[Row]:
         """Workers that heartbeated within the last `window` seconds (database clock)."""

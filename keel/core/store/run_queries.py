@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,14 +24,16 @@ def committed() -> Iterator[None]:
     """Around a write transaction (outside it): log its events if, and after, it commits."""
     pending: list[tuple[Any, ...]] = []
     token = _uncommitted.set(pending)
+    started = time.monotonic()
     try:
         yield
     except BaseException:
         _uncommitted.reset(token)
         raise
     _uncommitted.reset(token)
+    took = time.monotonic() - started  # the transaction's, from its start to its commit
     for run_id, kind, data, worker_id, lease_token, ids in pending:
-        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids)
+        logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids, took=took)
 
 
 class RunQueries:
@@ -78,6 +81,46 @@ class RunQueries:
         )
         return inserted is not None
 
+    async def admit_run(
+        self,
+        *,
+        run_id: str,
+        job_id: str,
+        workflow: str,
+        version: str,
+        attempt: int,
+        input_hash: str,
+        input_json: str,
+        if_exists: str,
+        data: dict[str, Any],
+    ) -> tuple[Row | None, bool, bool, list[str]]:
+        """Admit a run in one statement (see the `admit_run` query): the run's row (None if
+        refused, or if a concurrent admission of it is not visible yet), whether this call
+        created it, whether `if_exists` refused it, and the job's runs with other input."""
+        started = time.monotonic()
+        row = await self.db.single(
+            "admit_run",
+            {
+                "run_id": run_id,
+                "job_id": job_id,
+                "workflow": workflow,
+                "workflow_version": version,
+                "attempt": attempt,
+                "input_hash": input_hash,
+                "input": input_json,
+                "if_exists": if_exists,
+                "data": dumps(data),
+            },
+        )
+        assert row is not None
+        others = json.loads(row.pop("others"))
+        refused, created = bool(row.pop("refused")), bool(row.pop("created"))
+        row.pop("woken")
+        if created:
+            took = time.monotonic() - started
+            logs.event(run_id, "admitted", data, worker_id=None, token=None, took=took)
+        return (row if row.get("run_id") else None), created, refused, others
+
     # -- reading runs ---------------------------------------------------------------------------
 
     @staticmethod
@@ -99,13 +142,18 @@ class RunQueries:
         status: str | None = None,
         workflow: str | None = None,
         job_id: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
         limit: int = 50,
         offset: int = 0,
     ) -> list[Row]:
+        """Runs, newest first; `since`/`until` bound their admission time (until excluded)."""
         params = {
             "status": status,
             "workflow": workflow,
             "job_id": job_id,
+            "since": since,
+            "until": until,
             "limit": limit,
             "offset": offset,
         }
@@ -177,6 +225,43 @@ class RunQueries:
             },
         )
 
+    async def finish_run(
+        self,
+        run_id: str,
+        token: int,
+        status: str,
+        *,
+        worker_id: str,
+        termination_reason: str | None,
+        error: str | None,
+        output: str | None,
+        kind: str,
+        data: dict[str, Any],
+    ) -> bool:
+        """End the running run that `token` holds, with its timeline event `kind`, in one
+        statement (only `keel.core.runs.finish` calls this, after checking the transition
+        table); False, writing nothing, if `token` no longer holds a running run."""
+        started = time.monotonic()
+        row = await self.db.single(
+            "finish_run",
+            {
+                "run_id": run_id,
+                "lease_token": token,
+                "status": status,
+                "worker_id": worker_id,
+                "termination_reason": termination_reason,
+                "error": error,
+                "output": output,
+                "kind": kind,
+                "data": dumps(data),
+            },
+        )
+        if row is None:
+            return False
+        took = time.monotonic() - started
+        logs.event(run_id, kind, data, worker_id=worker_id, token=token, took=took)
+        return True
+
     @staticmethod
     async def set_run_decision(tx: Tx, run_id: str, decision: str) -> None:
         await tx.execute("set_run_decision", {"run_id": run_id, "decision": decision})
@@ -191,6 +276,15 @@ class RunQueries:
     async def request_cancel(tx: Tx, run_id: str) -> None:
         """Ask a running run to stop at its next step boundary."""
         await tx.execute("set_cancel_requested", {"run_id": run_id})
+
+    async def keep_traceparent(self, run_id: str, traceparent: str) -> str | None:
+        """The run's trace context: `traceparent` if the run had none, else the one it has
+        (None for an unknown run). Not fenced: it only names the trace, and the first wins."""
+        async with self.db.transaction() as tx:
+            row = await tx.one("set_traceparent", {"run_id": run_id, "traceparent": traceparent})
+            if row is None:
+                row = await tx.one("get_traceparent", {"run_id": run_id})
+        return None if row is None else row["traceparent"]
 
     @staticmethod
     async def set_run_version(tx: Tx, run_id: str, version: str) -> Row | None:

@@ -52,6 +52,44 @@ VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s,
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
+-- name: admit_run
+-- Admission in one statement: the job's runs of this workflow with other input (`others`,
+-- newest first); unless `if_exists` refuses because the job has only such runs (`refused`),
+-- the run inserted queued if it is not admitted yet (`created`), with its admitted event and a
+-- wake-up for idle workers (delivered on commit). The run's columns follow: NULL if refused,
+-- or if an admission of the same run committed while this one waited on it (the caller reads
+-- it then).
+WITH job AS (
+    SELECT run_id, input_hash, created_at FROM keel_runs
+    WHERE job_id = %(job_id)s AND workflow = %(workflow)s),
+verdict AS (
+    SELECT COALESCE((SELECT jsonb_agg(run_id ORDER BY created_at DESC, run_id DESC) FROM job
+                     WHERE input_hash <> %(input_hash)s), '[]'::jsonb)::text AS others,
+           CASE WHEN %(if_exists)s::text <> 'new'
+                 AND EXISTS (SELECT 1 FROM job WHERE input_hash <> %(input_hash)s)
+                 AND NOT EXISTS (SELECT 1 FROM job WHERE input_hash = %(input_hash)s)
+                THEN 1 ELSE 0 END AS refused),
+inserted AS (
+    INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                           status, created_at, updated_at)
+    SELECT %(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s,
+           %(input)s, 'queued', keel_now(), keel_now()
+    FROM verdict WHERE refused = 0
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING *),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM inserted),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(), 'admitted', NULL, NULL, %(data)s FROM inserted, turn),
+wake AS (SELECT pg_notify('keel_wake', run_id) FROM inserted)
+SELECT v.others, v.refused, (SELECT COUNT(*) FROM inserted) AS created,
+       (SELECT COUNT(*) FROM wake) AS woken, r.*
+FROM verdict AS v
+LEFT JOIN (SELECT * FROM inserted
+           UNION ALL
+           SELECT * FROM keel_runs
+           WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM inserted)) AS r ON true;
+
 -- name: get_run
 -- One run.
 SELECT * FROM keel_runs WHERE run_id = %(run_id)s;
@@ -68,6 +106,8 @@ SELECT * FROM keel_runs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(job_id)s::text IS NULL OR job_id = %(job_id)s::text)
+  AND (%(since)s::double precision IS NULL OR created_at >= %(since)s::double precision)
+  AND (%(until)s::double precision IS NULL OR created_at < %(until)s::double precision)
 ORDER BY created_at DESC, run_id
 LIMIT %(limit)s OFFSET %(offset)s;
 
@@ -82,38 +122,51 @@ ORDER BY created_at DESC, run_id DESC;
 SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
 WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_hash)s;
 
--- name: claim_candidate
--- The oldest run this worker may take: queued (of a workflow below its concurrency limit),
--- or running under an expired lease (a takeover never raises a workflow's count).
-SELECT run_id, status, lease_token, lease_owner FROM keel_runs
-WHERE ((status = 'queued'
-        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(startable)s::jsonb)))
-    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
-        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))))
-ORDER BY created_at, run_id
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
-
 -- name: claim_lock
 -- Serialize claims while a workflow has a concurrency limit, so counts cannot race.
 SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 
--- name: running_counts
--- Runs executing now, per workflow key.
-SELECT workflow || '@' || workflow_version AS workflow_key, COUNT(*) AS n FROM keel_runs
-WHERE status = 'running'
-GROUP BY workflow, workflow_version;
-
--- name: claim_run
--- Take the lease: a new token fences out every earlier owner. A takeover (the run was
--- running: its lease expired, its execution died or crashed) counts one crashed attempt.
-UPDATE keel_runs
-SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
-    status = 'running', lease_owner = %(worker_id)s, lease_token = lease_token + 1,
-    lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now(),
-    started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
-WHERE run_id = %(run_id)s
-RETURNING *;
+-- name: claim_next
+-- A whole claim in one statement: lock the oldest claimable run (queued, below its workflow's
+-- limit in `limits` if it has one, or running under an expired lease), take its lease under a new token (a takeover counts one
+-- crashed attempt) and write its lease.claimed / lease.takeover event. No row: nothing to claim.
+-- With limits it runs after claim_lock in one transaction: its counts are then taken after
+-- every earlier claim committed (a statement's snapshot starts with the statement).
+-- `first_claim`: the run never ran, so it has no checkpoint to read.
+WITH candidate AS (
+    SELECT run_id, status, lease_owner, started_at FROM keel_runs AS q
+    WHERE q.workflow || '@' || q.workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+      AND ((q.status = 'queued'
+            AND NOT EXISTS (
+                SELECT 1 FROM jsonb_each_text(%(limits)s::jsonb) AS l
+                WHERE l.key = q.workflow || '@' || q.workflow_version
+                  AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
+                       AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value::int))
+        OR (q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())))
+    ORDER BY q.created_at, q.run_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE keel_runs AS r
+    SET crash_count = r.crash_count + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
+        status = 'running', lease_owner = %(worker_id)s, lease_token = r.lease_token + 1,
+        lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now(),
+        started_at = COALESCE(r.started_at, keel_now()), updated_at = keel_now()
+    FROM candidate AS c
+    WHERE r.run_id = c.run_id
+    RETURNING r.*, c.status AS previous_status, c.lease_owner AS previous_owner,
+              CASE WHEN c.started_at IS NULL THEN 1 ELSE 0 END AS first_claim),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM claimed),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(),
+           CASE WHEN previous_status = 'running' THEN 'lease.takeover' ELSE 'lease.claimed' END,
+           %(worker_id)s, lease_token,
+           (jsonb_build_object('from', previous_status, 'to', 'running', 'expires_at', lease_expires_at)
+            || CASE WHEN previous_status = 'running'
+                    THEN jsonb_build_object('previous_owner', previous_owner) ELSE '{}'::jsonb END)::text
+    FROM claimed, turn)
+SELECT * FROM claimed;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.
@@ -144,6 +197,25 @@ SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
     finished_at = CASE WHEN %(finished)s THEN keel_now() ELSE NULL END, updated_at = keel_now()
 WHERE run_id = %(run_id)s;
 
+-- name: finish_run
+-- End a running run (completed, failed or cancelled: checked in Python against the transition
+-- table first) and record the move on its timeline, in one statement, only if `lease_token`
+-- still holds it: the UPDATE's row lock is the fence (a takeover's claim skips the row until
+-- this commits). No row: the token no longer holds a running run, and nothing was written.
+WITH finished AS (
+    UPDATE keel_runs
+    SET status = %(status)s,
+        termination_reason = COALESCE(%(termination_reason)s::text, termination_reason),
+        error = COALESCE(%(error)s::text, error), output = COALESCE(%(output)s::text, output),
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
+    RETURNING run_id),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM finished),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM finished, turn)
+SELECT run_id AS finished_id FROM finished;
+
 -- name: insert_event
 -- Append to a run's timeline. One writer of a run's events at a time, until it commits (a
 -- transaction lock on the run): a run's event ids then grow in commit order, so a reader that
@@ -168,15 +240,6 @@ SELECT * FROM keel_events WHERE run_id = %(run_id)s ORDER BY event_id;
 -- One ledger row.
 SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
 
--- name: insert_effect
--- Reserve an idempotency key (pending) unless it is already in the ledger.
-INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
-VALUES (%(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-        %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now())
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
-
 -- name: update_effect
 -- Move a ledger row on: attempts, outcome, result or error.
 UPDATE keel_effects
@@ -184,6 +247,57 @@ SET status = %(status)s, attempts = %(attempts)s, result = %(result)s, error = %
     lease_token = %(lease_token)s, updated_at = keel_now()
 WHERE idempotency_key = %(key)s
 RETURNING *;
+
+-- name: reserve_effect
+-- Reserve an idempotency key (pending) in one statement, fenced: only if `lease_token` holds
+-- the run (its row held FOR SHARE until this commits) and no cancel was asked (`cancelled`),
+-- and unless the key is in the ledger already, or the call's pre-0006 key is (`legacy`: that
+-- row is served). The effect's row follows, and whether this call reserved it (`reserved`).
+-- No row: the token does not hold the run, and nothing was written.
+WITH fence AS (
+    SELECT run_id, cancel_requested FROM keel_runs
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+    FOR SHARE),
+legacy AS (
+    SELECT * FROM keel_effects WHERE idempotency_key = %(legacy_key)s AND arg_hashes IS NULL),
+inserted AS (
+    INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
+    SELECT %(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
+           %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now()
+    FROM fence WHERE cancel_requested = 0 AND NOT EXISTS (SELECT 1 FROM legacy)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING *)
+SELECT f.cancel_requested AS cancelled, (SELECT COUNT(*) FROM legacy) AS legacy,
+       (SELECT COUNT(*) FROM inserted) AS reserved, e.*
+FROM fence AS f
+LEFT JOIN (SELECT * FROM legacy
+           UNION ALL
+           SELECT * FROM inserted
+           UNION ALL
+           SELECT * FROM keel_effects
+           WHERE idempotency_key = %(key)s
+             AND NOT EXISTS (SELECT 1 FROM legacy) AND NOT EXISTS (SELECT 1 FROM inserted)) AS e
+  ON f.cancel_requested = 0;
+
+-- name: record_effect
+-- Move a ledger row on (attempts, outcome, result or error) and record it on the timeline, in
+-- one statement, fenced: only if `lease_token` holds the run (its row held FOR SHARE until
+-- this commits). No row: the token does not hold the run, and nothing was written.
+WITH fence AS (
+    SELECT run_id FROM keel_runs WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+    FOR SHARE),
+updated AS (
+    UPDATE keel_effects
+    SET status = %(status)s, attempts = %(attempts)s, result = %(result)s, error = %(error)s,
+        lease_token = %(lease_token)s, updated_at = keel_now()
+    WHERE idempotency_key = %(key)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING idempotency_key),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM fence),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM fence, turn)
+SELECT run_id AS fenced_id, (SELECT COUNT(*) FROM updated) AS updated FROM fence;
 
 -- name: list_effects
 -- A run's ledger.
@@ -229,6 +343,27 @@ INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, started_
 VALUES (%(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(workflows)s, keel_now(), keel_now())
 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
     workflows = excluded.workflows;
+
+-- name: next_due
+-- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
+-- then): whether a run is queued for it, when the earliest lease of a running run expires (a
+-- claim takes it over), and when the sweeper's next work falls due: a wait's deadline or next
+-- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
+-- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
+SELECT keel_now() AS now,
+       EXISTS (SELECT 1 FROM keel_runs WHERE status = 'queued'
+               AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))) AS queued,
+       (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
+        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))) AS lease_at,
+       (SELECT MIN(t) FROM (
+            SELECT MIN(deadline) AS t FROM keel_waits WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(next_stage_at) FROM keel_waits WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(available_at) FROM keel_outbox WHERE status = 'queued' AND %(outbox)s = 1
+            UNION ALL
+            SELECT MIN(claim_expires_at) FROM keel_outbox WHERE status = 'sending' AND %(outbox)s = 1
+        ) AS due) AS sweep_at;
 
 -- name: stop_worker
 -- A worker says it stopped.
@@ -354,6 +489,16 @@ WHERE status IN ('queued', 'running', 'waiting')
   AND workflow || '@' || workflow_version NOT IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb))
 ORDER BY created_at, run_id
 LIMIT %(limit)s;
+
+-- name: set_traceparent
+-- Keep the run's trace context, unless it already has one (the first tracer wins).
+UPDATE keel_runs SET traceparent = %(traceparent)s
+WHERE run_id = %(run_id)s AND traceparent IS NULL
+RETURNING traceparent;
+
+-- name: get_traceparent
+-- The run's trace context (NULL until a traced process submitted or claimed it).
+SELECT traceparent FROM keel_runs WHERE run_id = %(run_id)s;
 
 -- name: set_run_version
 -- Move a queued or waiting run to another version of its workflow.

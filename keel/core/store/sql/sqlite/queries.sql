@@ -52,6 +52,32 @@ VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
+-- name: admit_run
+-- Admission in one call (a chain: see Connector.single): the job's runs of this workflow with
+-- other input (`others`, newest first); unless `if_exists` refuses because the job has only
+-- such runs (`refused`), the run inserted queued if it is not admitted yet (`created`), with
+-- its admitted event. The run's columns follow (NULL if refused).
+SELECT COALESCE((SELECT json_group_array(run_id) FROM (
+            SELECT run_id FROM keel_runs
+            WHERE job_id = :job_id AND workflow = :workflow AND input_hash <> :input_hash
+            ORDER BY created_at DESC, run_id DESC)), '[]') AS others,
+       CASE WHEN :if_exists <> 'new'
+             AND EXISTS (SELECT 1 FROM keel_runs WHERE job_id = :job_id AND workflow = :workflow
+                         AND input_hash <> :input_hash)
+             AND NOT EXISTS (SELECT 1 FROM keel_runs WHERE job_id = :job_id AND workflow = :workflow
+                             AND input_hash = :input_hash)
+            THEN 1 ELSE 0 END AS refused;
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at)
+SELECT :run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
+       'queued', keel_now(), keel_now()
+WHERE :refused = 0
+ON CONFLICT (run_id) DO NOTHING;
+SELECT changes() AS created, 0 AS woken;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT :run_id, keel_now(), 'admitted', NULL, NULL, :data WHERE :created = 1;
+SELECT r.* FROM (SELECT 1) AS one LEFT JOIN keel_runs AS r ON r.run_id = :run_id;
+
 -- name: get_run
 -- One run.
 SELECT * FROM keel_runs WHERE run_id = :run_id;
@@ -67,6 +93,8 @@ SELECT * FROM keel_runs
 WHERE (:status IS NULL OR status = :status)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:job_id IS NULL OR job_id = :job_id)
+  AND (:since IS NULL OR created_at >= :since)
+  AND (:until IS NULL OR created_at < :until)
 ORDER BY created_at DESC, run_id
 LIMIT :limit OFFSET :offset;
 
@@ -81,37 +109,44 @@ ORDER BY created_at DESC, run_id DESC;
 SELECT COALESCE(MAX(attempt), 0) AS attempt FROM keel_runs
 WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
 
--- name: claim_candidate
--- The oldest run this worker may take: queued (of a workflow below its concurrency limit),
--- or running under an expired lease (a takeover never raises a workflow's count).
-SELECT run_id, status, lease_token, lease_owner FROM keel_runs
-WHERE ((status = 'queued'
-        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:startable)))
-    OR (status = 'running' AND lease_expires_at < (SELECT keel_now())
-        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))))
-ORDER BY created_at, run_id
-LIMIT 1;
-
 -- name: claim_lock
 -- Serialize claims while a workflow has a concurrency limit, so counts cannot race.
 SELECT 1 AS locked;
 
--- name: running_counts
--- Runs executing now, per workflow key.
-SELECT workflow || '@' || workflow_version AS workflow_key, COUNT(*) AS n FROM keel_runs
-WHERE status = 'running'
-GROUP BY workflow, workflow_version;
-
--- name: claim_run
--- Take the lease: a new token fences out every earlier owner. A takeover (the run was
--- running: its lease expired, its execution died or crashed) counts one crashed attempt.
+-- name: claim_next
+-- A whole claim in one call, its own transaction (a chain: see Connector.single): the oldest
+-- claimable run (queued, below its workflow's limit in `limits` if it has one, or running under
+-- an expired lease), its lease under a new token (a
+-- takeover counts one crashed attempt) and its lease.claimed / lease.takeover event. No row:
+-- nothing to claim. `first_claim`: the run never ran, so it has no checkpoint to read.
+SELECT run_id AS candidate_id, status AS previous_status, lease_owner AS previous_owner,
+       CASE WHEN started_at IS NULL THEN 1 ELSE 0 END AS first_claim
+FROM keel_runs AS q
+WHERE q.workflow || '@' || q.workflow_version IN (SELECT value FROM json_each(:workflows))
+  AND ((q.status = 'queued'
+        AND NOT EXISTS (
+            SELECT 1 FROM json_each(:limits) AS l
+            WHERE l.key = q.workflow || '@' || q.workflow_version
+              AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
+                   AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value))
+    OR (q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())))
+ORDER BY q.created_at, q.run_id
+LIMIT 1;
 UPDATE keel_runs
 SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
     status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
     lease_expires_at = keel_now() + :ttl, heartbeat_at = keel_now(),
     started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
-WHERE run_id = :run_id
+WHERE run_id = :candidate_id
 RETURNING *;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT run_id, keel_now(),
+       CASE WHEN :previous_status = 'running' THEN 'lease.takeover' ELSE 'lease.claimed' END,
+       :worker_id, lease_token,
+       CASE WHEN :previous_status = 'running'
+            THEN json_object('from', :previous_status, 'to', 'running', 'previous_owner', :previous_owner, 'expires_at', lease_expires_at)
+            ELSE json_object('from', :previous_status, 'to', 'running', 'expires_at', lease_expires_at) END
+FROM keel_runs WHERE run_id = :candidate_id;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.
@@ -142,6 +177,21 @@ SET status = :status, decision = COALESCE(:decision, decision),
     finished_at = CASE WHEN :finished THEN keel_now() ELSE NULL END, updated_at = keel_now()
 WHERE run_id = :run_id;
 
+-- name: finish_run
+-- End a running run (completed, failed or cancelled: checked in Python against the transition
+-- table first) and record the move on its timeline, in one call, only if `lease_token` still
+-- holds it (the write lock is held from the UPDATE on). No row: the token no longer holds a
+-- running run, and nothing was written.
+UPDATE keel_runs
+SET status = :status,
+    termination_reason = COALESCE(:termination_reason, termination_reason),
+    error = COALESCE(:error, error), output = COALESCE(:output, output),
+    lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
+RETURNING run_id AS finished_id;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token, :data);
+
 -- name: insert_event
 -- Append to a run's timeline.
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
@@ -161,15 +211,6 @@ SELECT * FROM keel_events WHERE run_id = :run_id ORDER BY event_id;
 -- One ledger row.
 SELECT * FROM keel_effects WHERE idempotency_key = :key;
 
--- name: insert_effect
--- Reserve an idempotency key (pending) unless it is already in the ledger.
-INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
-VALUES (:key, :run_id, :name, :node, :step, :task_path, :args_hash,
-        :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now())
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING *;
-
 -- name: update_effect
 -- Move a ledger row on: attempts, outcome, result or error.
 UPDATE keel_effects
@@ -177,6 +218,41 @@ SET status = :status, attempts = :attempts, result = :result, error = :error,
     lease_token = :lease_token, updated_at = keel_now()
 WHERE idempotency_key = :key
 RETURNING *;
+
+-- name: reserve_effect
+-- Reserve an idempotency key (pending) in one call (a chain: see Connector.single), fenced:
+-- only if `lease_token` holds the run and no cancel was asked (`cancelled`), and unless the key
+-- is in the ledger already, or the call's pre-0006 key is (`legacy`: that row is served). The
+-- effect's row follows, and whether this call reserved it (`reserved`). No row: the token does
+-- not hold the run, and nothing was written.
+SELECT cancel_requested AS cancelled FROM keel_runs
+WHERE run_id = :run_id AND lease_token = :lease_token;
+SELECT COUNT(*) AS legacy FROM keel_effects
+WHERE idempotency_key = :legacy_key AND arg_hashes IS NULL;
+INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
+SELECT :key, :run_id, :name, :node, :step, :task_path, :args_hash,
+       :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now()
+WHERE :cancelled = 0 AND :legacy = 0
+ON CONFLICT (idempotency_key) DO NOTHING;
+SELECT changes() AS reserved;
+SELECT e.* FROM (SELECT 1) AS one
+LEFT JOIN keel_effects AS e
+  ON :cancelled = 0
+ AND e.idempotency_key = CASE WHEN :legacy > 0 THEN :legacy_key ELSE :key END;
+
+-- name: record_effect
+-- Move a ledger row on (attempts, outcome, result or error) and record it on the timeline, in
+-- one call (a chain), fenced: only if `lease_token` holds the run. No row: the token does not
+-- hold the run, and nothing was written.
+SELECT run_id AS fenced_id FROM keel_runs WHERE run_id = :run_id AND lease_token = :lease_token;
+UPDATE keel_effects
+SET status = :status, attempts = :attempts, result = :result, error = :error,
+    lease_token = :lease_token, updated_at = keel_now()
+WHERE idempotency_key = :key;
+SELECT changes() AS updated;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (:fenced_id, keel_now(), :kind, :worker_id, :lease_token, :data);
 
 -- name: list_effects
 -- A run's ledger.
@@ -222,6 +298,27 @@ INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, started_
 VALUES (:worker_id, :host, :pid, :concurrency, :workflows, keel_now(), keel_now())
 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
     workflows = excluded.workflows;
+
+-- name: next_due
+-- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
+-- then): whether a run is queued for it, when the earliest lease of a running run expires (a
+-- claim takes it over), and when the sweeper's next work falls due: a wait's deadline or next
+-- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
+-- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
+SELECT keel_now() AS now,
+       EXISTS (SELECT 1 FROM keel_runs WHERE status = 'queued'
+               AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS queued,
+       (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
+        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS lease_at,
+       (SELECT MIN(t) FROM (
+            SELECT MIN(deadline) AS t FROM keel_waits WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(next_stage_at) FROM keel_waits WHERE status = 'pending'
+            UNION ALL
+            SELECT MIN(available_at) FROM keel_outbox WHERE status = 'queued' AND :outbox = 1
+            UNION ALL
+            SELECT MIN(claim_expires_at) FROM keel_outbox WHERE status = 'sending' AND :outbox = 1
+        ) AS due) AS sweep_at;
 
 -- name: stop_worker
 -- A worker says it stopped.
@@ -346,6 +443,16 @@ WHERE status IN ('queued', 'running', 'waiting')
   AND workflow || '@' || workflow_version NOT IN (SELECT value FROM json_each(:keys))
 ORDER BY created_at, run_id
 LIMIT :limit;
+
+-- name: set_traceparent
+-- Keep the run's trace context, unless it already has one (the first tracer wins).
+UPDATE keel_runs SET traceparent = :traceparent
+WHERE run_id = :run_id AND traceparent IS NULL
+RETURNING traceparent;
+
+-- name: get_traceparent
+-- The run's trace context (NULL until a traced process submitted or claimed it).
+SELECT traceparent FROM keel_runs WHERE run_id = :run_id;
 
 -- name: set_run_version
 -- Move a queued or waiting run to another version of its workflow.

@@ -1,0 +1,110 @@
+"""A quiet worker on PostgreSQL: it claims when woken (NOTIFY), takes a dead worker's run over
+when its lease expires and applies a deadline when it falls due, all without polling; idle, it
+makes at most one round trip a second (counted at the driver: tests/support/roundtrips.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+
+import keel
+from keel.runtime.worker import Worker
+from tests.support.checks import wait_until
+from tests.support.graphs import echo_graph
+from tests.support.roundtrips import counting
+from tests.support.workers import claim, execute
+
+AppFactory = Callable[..., keel.App]
+pytestmark = pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+NO_POLL = 3600.0
+"""A safety poll that never comes within a test: whatever the worker does, it was told to."""
+
+
+@contextmanager
+def running(app: keel.App, **options: Any) -> Iterator[Worker]:
+    worker = Worker(app.aio, concurrency=2, **options)
+    loop = app.aio.portal.loop
+    future = asyncio.run_coroutine_threadsafe(worker.run(), loop)
+    try:
+        yield worker
+    finally:
+        loop.call_soon_threadsafe(worker.stop)
+        future.result(timeout=30)
+
+
+def status(app: keel.App, run_id: str) -> str:
+    return app.get_run(run_id).status
+
+
+def test_an_idle_worker_makes_at_most_one_round_trip_a_second(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    app.list_runs()  # the pool is open before counting starts
+    with running(app):
+        wait_until(lambda: app.workers(), 10, "the worker to start")
+        time.sleep(1.0)  # its first looks (at start, and when LISTEN connects) are over
+        with counting() as count:
+            time.sleep(10.0)  # two safety polls and one heartbeat
+        trips = count.trips
+    assert trips <= 10, count.kinds
+
+
+def test_a_quiet_worker_claims_when_notified(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    submitter = make_app()  # another connection pool: the wake-up crosses the database
+    submitter.workflow("echo")(echo_graph)
+    with running(app, safety_poll_interval=NO_POLL) as worker:
+        wait_until(lambda: app.workers(), 10, "the worker to start")
+        time.sleep(0.5)
+        run = submitter.submit("echo", job_id="notified", input={"text": "hi"})["run_id"]
+        wait_until(lambda: status(submitter, run) == "completed", 15, "the notified claim")
+    assert worker.stats.claimed == 1
+
+
+def test_a_quiet_worker_takes_a_dead_workers_run_over_when_its_lease_expires(
+    make_app: AppFactory,
+) -> None:
+    app = make_app(lease_ttl=2)
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="orphan", input={"text": "hi"})["run_id"]
+    claim(app, "w-dead")  # claimed, never executed, never renewed: its lease expires in 2 s
+    with running(app, safety_poll_interval=NO_POLL) as worker:
+        wait_until(lambda: status(app, run) == "completed", 20, "the takeover")
+    kinds = [e["kind"] for e in app.get_run(run).timeline]
+    assert "lease.takeover" in kinds
+    assert worker.stats.claimed == 1
+
+
+class GateState(TypedDict, total=False):
+    log: list[str]
+
+
+def gate_graph() -> StateGraph:
+    def gate(state: GateState) -> dict[str, Any]:
+        decision = keel.approval("manager", payload={}, timeout="2s", on_timeout="reject")
+        return {"log": [decision.decision]}
+
+    g = StateGraph(GateState)
+    g.add_node("gate", gate)
+    g.add_edge(START, "gate")
+    g.add_edge("gate", END)
+    return g
+
+
+def test_a_quiet_worker_applies_a_deadline_when_it_falls_due(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("gate")(gate_graph)
+    run = app.submit("gate", job_id="deadline", input={})["run_id"]
+    assert execute(app, *claim(app, "w-a")) == "waiting"  # the deadline is 2 s away
+    with running(app, safety_poll_interval=NO_POLL):
+        wait_until(lambda: status(app, run) == "completed", 20, "the deadline's policy")
+    assert app.get_run(run).decision == "rejected"

@@ -1,0 +1,283 @@
+"""What each operation costs the database, counted at the driver (tests/support/roundtrips.py):
+PostgreSQL round trips of Keel's own statements (the pool's checks at checkout counted apart)
+and SQLite database-thread calls. One statement, its own transaction, is one of each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import keel
+from keel.core import leases, runs
+from keel.core.errors import LeaseLost, RunNotFound
+from keel.core.lifecycle import Status
+from tests.support import by_hand
+from tests.support.graphs import echo_graph, notify_effect, review_graph
+from tests.support.providers import Provider
+from tests.support.roundtrips import Count, counting
+from tests.support.workers import claim, execute
+
+AppFactory = Callable[..., keel.App]
+
+
+def _counted(app: keel.App, step: Callable[[], Any]) -> tuple[Any, Count]:
+    async def go() -> tuple[Any, Count]:
+        await app.aio.open()
+        with counting() as count:
+            result = await step()
+        return result, count
+
+    return app.aio.portal.call(go())
+
+
+def _one_trip(count: Count) -> None:
+    # PostgreSQL: one statement (whatever the pool's checks add); SQLite: one call in all.
+    assert count.statements == 1, count.kinds
+
+
+def test_a_claim_is_one_statement_and_writes_its_event(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-claim", input={"text": "a"})["run_id"]
+    rt = app.aio
+    got, count = _counted(
+        app, lambda: leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
+    )
+    _one_trip(count)
+    lease, row = got
+    assert (row["run_id"], lease.token, row["first_claim"]) == (run, 1, 1)
+    claimed = [e for e in app.get_run(run).timeline if e["kind"] == "lease.claimed"]
+    assert [(e["data"]["from"], e["data"]["to"], e["lease_token"]) for e in claimed] == [
+        ("queued", "running", 1)
+    ]
+    assert claimed[0]["data"]["expires_at"] == pytest.approx(row["lease_expires_at"])
+
+
+def test_a_takeover_is_one_statement_with_the_previous_owner(make_app: AppFactory) -> None:
+    # The real clock: a test clock costs a round trip per checkout to hand its time over.
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-takeover", input={"text": "a"})["run_id"]
+    dead, _ = claim(app, "w-dead")
+    rt = app.aio
+    assert rt.portal.call(leases.end_dead(rt.store, run, dead.token))
+    got, count = _counted(
+        app, lambda: leases.claim(rt.store, "w-b", rt.workflows.keys(), rt.lease_ttl)
+    )
+    _one_trip(count)
+    lease, row = got
+    assert (lease.token, row["crash_count"], row["first_claim"]) == (2, 1, 0)
+    takeover = [e for e in app.get_run(run).timeline if e["kind"] == "lease.takeover"]
+    assert [(e["data"]["previous_owner"], e["lease_token"]) for e in takeover] == [("w-dead", 2)]
+
+
+def test_nothing_to_claim_is_one_statement(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    rt = app.aio
+    got, count = _counted(
+        app, lambda: leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
+    )
+    assert got is None
+    _one_trip(count)
+
+
+def test_a_worker_saying_it_is_alive_is_one_statement(make_app: AppFactory) -> None:
+    app = make_app()
+    store = app.aio.store
+    _, count = _counted(
+        app,
+        lambda: store.upsert_worker("w-a", host="h", pid=1, concurrency=2, workflows=["a@1"]),
+    )
+    _one_trip(count)
+    _, count = _counted(app, lambda: store.stop_worker("w-a"))
+    _one_trip(count)
+
+
+def test_an_idle_heartbeat_renews_nothing_and_costs_nothing(make_app: AppFactory) -> None:
+    app = make_app()
+    _, count = _counted(app, lambda: leases.renew(app.aio.store, [], 30))
+    assert count.trips == 0, count.kinds
+
+
+def test_what_is_due_for_an_idle_worker_is_one_read(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("review")(lambda: review_graph(notify_effect(Provider())))
+    store, keys = app.aio.store, app.aio.workflows.keys()
+    due, count = _counted(app, lambda: store.next_due(keys, outbox=True))
+    assert (due.queued, due.lease_in, due.sweep_in) == (False, None, None)
+    if app.aio.connector.dialect == "postgres":
+        _one_trip(count)
+    run = app.submit("review", job_id="rt-due", input={"to": "a@x"})["run_id"]
+    assert app.aio.portal.call(store.next_due(keys, outbox=True)).queued
+    execute(app, *claim(app, "w-a"))  # waits for the manager, 1 h
+    due = app.aio.portal.call(store.next_due(keys, outbox=False))
+    assert not due.queued and due.lease_in is None
+    assert due.sweep_in is not None and 3500 < due.sweep_in <= 3600, run
+
+
+class CountingReads:
+    """Counts the checkpoint reads of a runtime's saver (LangGraph's loop's own included)."""
+
+    def __init__(self, app: keel.App) -> None:
+        saver = app.aio.fencing()
+        self.reads = 0
+        original = saver.aget_tuple
+
+        async def aget_tuple(config: Any) -> Any:
+            self.reads += 1
+            return await original(config)
+
+        saver.aget_tuple = aget_tuple  # type: ignore[method-assign]
+
+
+def test_a_first_execution_reads_no_checkpoint_before_its_first_step(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    app.submit("echo", job_id="rt-first", input={"text": "a"})
+    lease, row = claim(app, "w-a")
+    counter = CountingReads(app)
+    assert execute(app, lease, row) == "completed"
+    # LangGraph's loop reads once as it starts (it finds nothing); Keel reads nothing.
+    assert counter.reads == 1
+
+
+def test_a_resume_after_a_decision_reads_the_checkpoint_once(make_app: AppFactory) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow("review")(lambda: review_graph(notify_effect(provider)))
+    run = app.submit("review", job_id="rt-resume", input={"to": "a@x"})["run_id"]
+    assert execute(app, *claim(app, "w-a")) == "waiting"
+    app.approve(run, by="alice")
+    lease, row = claim(app, "w-b")
+    counter = CountingReads(app)
+    assert execute(app, lease, row) == "completed"
+    # Keel's one read (the pending interrupts come from it) and LangGraph's loop's own; an
+    # aget_state on top used to make it three.
+    assert counter.reads == 2
+    assert len(provider.deliveries) == 1
+
+
+def test_an_admission_is_one_statement_with_its_event(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    rt = app.aio
+
+    def submit(**kwargs: Any) -> Callable[[], Any]:
+        return lambda: rt.submit("echo", job_id="rt-admit", **kwargs)
+
+    first, count = _counted(app, submit(input={"text": "a"}))
+    _one_trip(count)
+    again, count = _counted(app, submit(input={"text": "a"}))
+    _one_trip(count)
+    assert first.created and not again.created and again["run_id"] == first["run_id"]
+    other, count = _counted(app, submit(input={"text": "b"}))
+    _one_trip(count)
+    assert other.created and other.other_runs == [first["run_id"]]
+    kinds = [e["kind"] for e in app.get_run(first["run_id"]).timeline]
+    assert kinds == ["admitted"]
+
+
+def test_an_execution_ends_in_one_statement_with_its_event(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-end", input={"text": "a"})["run_id"]
+    lease, _ = claim(app, "w-a")
+    _, count = _counted(
+        app,
+        lambda: runs.finish(
+            app.aio.store,
+            run,
+            lease.token,
+            Status.COMPLETED,
+            worker_id="w-a",
+            termination_reason="completed",
+            output='{"out": "A"}',
+        ),
+    )
+    _one_trip(count)
+    details = app.get_run(run)
+    assert (details.status, details.termination_reason) == ("completed", "completed")
+    ended = [e for e in details.timeline if e["kind"] == "status.completed"]
+    assert [(e["data"]["from"], e["lease_token"]) for e in ended] == [("running", lease.token)]
+
+
+def test_an_end_under_a_stale_token_writes_nothing_and_says_why(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-stale-end", input={"text": "a"})["run_id"]
+    stale, _ = claim(app, "w-a")
+    rt = app.aio
+    assert rt.portal.call(leases.end_dead(rt.store, run, stale.token))
+    claim(app, "w-b")  # token 2 holds the run now
+    with pytest.raises(LeaseLost, match="lease token 1 is stale"):
+        rt.portal.call(
+            runs.finish(
+                rt.store,
+                run,
+                stale.token,
+                Status.COMPLETED,
+                worker_id="w-a",
+                termination_reason="completed",
+            )
+        )
+    with pytest.raises(RunNotFound):
+        rt.portal.call(
+            runs.finish(rt.store, "nope", 1, Status.FAILED, worker_id="w-a", termination_reason="x")
+        )
+    details = app.get_run(run)
+    assert details.status == "running"
+    assert "status.completed" not in [e["kind"] for e in details.timeline]
+
+
+def _per_call(store: Any, method: str, count: Count, seen: list[int]) -> None:
+    """Record what each call of `store.method` cost (nothing else runs meanwhile here)."""
+    original = getattr(store, method)
+
+    async def measured(*args: Any, **kwargs: Any) -> Any:
+        before = count.statements
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            seen.append(count.statements - before)
+
+    setattr(store, method, measured)
+
+
+def test_an_effects_reserve_and_record_are_one_statement_each(make_app: AppFactory) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    node = by_hand.start(app, "rt-effect")
+    send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
+    store = app.aio.store
+    reserved: list[int] = []
+    recorded: list[int] = []
+    with counting() as count:
+        _per_call(store, "reserve_effect", count, reserved)
+        _per_call(store, "record_effect", count, recorded)
+        node.call(send, "a@x")
+        node.call(send, "a@x")  # the replay: served from the ledger, one reserve
+    assert (reserved, recorded) == ([1, 1], [1]), count.kinds
+    assert len(provider.deliveries) == 1
+    kinds = [e["kind"] for e in app.get_run(node.run_id).timeline]
+    assert kinds.count("effect.sent") == 1
+
+
+def test_a_stale_token_reserves_and_records_nothing(make_app: AppFactory) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    node = by_hand.start(app, "rt-effect-stale")
+    rt = app.aio
+    assert rt.portal.call(leases.end_dead(rt.store, node.run_id, node.lease.token))
+    by_hand.claim(app, "worker-b")  # token 2
+    send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
+    with pytest.raises(LeaseLost, match="lease token 1 is stale"):
+        node.call(send, "a@x")
+    assert provider.deliveries == []
+    assert rt.portal.call(rt.store.effects(node.run_id)) == []

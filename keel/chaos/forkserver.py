@@ -35,6 +35,7 @@ import sys
 import sysconfig
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -118,6 +119,10 @@ def _child(
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            # What an interpreter does with an uncaught exception: its traceback, exit status 1
+            # (it used to vanish here, and a cell's workers died silently one after another).
+            traceback.print_exc()
     finally:
         # What a normal interpreter exit runs (the fault record among them), then out without
         # the parent's cleanups: they belong to the server.

@@ -118,6 +118,11 @@ class PostgresTx:
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         cur = await self.connection.execute(self._queries[name], params or {})
+        if cur.pgresult is None:
+            # In a pipeline (a step transaction) nothing has come back yet, not even whether
+            # the statement returns rows: fetching syncs the pipeline (inside the transaction).
+            found = await cur.fetchone()
+            return dict(found) if found is not None else None
         if cur.description is None:
             return None
         row = await cur.fetchone()
@@ -227,11 +232,25 @@ class PostgresConnector:
         pipeline early and is still inside the transaction."""
         async with self.pool.connection() as conn:
             try:
-                async with conn.pipeline():
-                    await conn.execute("BEGIN")
-                    await self._set_clock(conn)
-                    result = await body(PostgresTx(conn, self._queries))
-                    await conn.execute("COMMIT")
+                failed: psycopg.Error | None = None
+                try:
+                    async with conn.pipeline():
+                        try:
+                            await conn.execute("BEGIN")
+                            await self._set_clock(conn)
+                            result = await body(PostgresTx(conn, self._queries))
+                            await conn.execute("COMMIT")
+                        except psycopg.Error as exc:
+                            # Kept for after the pipeline's end, which still collects the
+                            # results of what was sent after the failed statement: each of them
+                            # "pipeline aborted" (which psycopg would log as an error ignored,
+                            # once per stale token, had the block raised).
+                            failed = exc
+                except psycopg.Error:
+                    if failed is None:
+                        raise
+                if failed is not None:
+                    raise failed
                 return result
             except BaseException as exc:
                 status = conn.info.transaction_status

@@ -11,26 +11,38 @@ reports its pid, then its exit status, on its stdout. Only on Linux; elsewhere, 
 harness starts plain subprocesses.
 
 Protocol (one JSON object per line): the server writes `{"ready": true}` once warm; for each
-request `{"argv": ["keel", "worker", ...], "env": {...}}` it writes `{"pid": N}` and, when the
-child has exited, `{"status": S}` (negative: killed by signal -S).
+request `{"argv": ["keel", "worker", ...], "env": {...}, "log": PATH}` it writes `{"pid": N}`
+and, when the child has exited, `{"status": S}` (negative: killed by signal -S). The child's
+stdout and stderr go to the file at PATH (appended; without one, to /dev/null), and SIGUSR1
+makes it write every thread's stack and every asyncio task's to that file: what the harness
+does to a child that outlived its cell before it kills it, so a hang is diagnosed from the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
+import faulthandler
+import gc
 import importlib
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import sysconfig
 import threading
+import time
+import traceback
 from pathlib import Path
 from typing import IO, Any
 
 SUPPORTED = sys.platform == "linux"
+
+STACKS_GRACE = 2.0
+"""Seconds a child that outlived its timeout has to write its stacks before it is killed."""
 
 
 def _third_party(module: Any) -> bool:
@@ -70,7 +82,7 @@ def serve(app: str) -> None:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:  # the child never returns from here
-            _child(out, request["argv"], request["env"], users)
+            _child(out, request["argv"], request["env"], users, request.get("log"))
         _say(out, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _say(out, {"status": os.waitstatus_to_exitcode(status)})
@@ -81,13 +93,19 @@ def _say(out: IO[str], message: dict[str, Any]) -> None:
     out.flush()
 
 
-def _child(out: IO[str], argv: list[str], env: dict[str, str], users: list[str]) -> None:
+def _child(
+    out: IO[str], argv: list[str], env: dict[str, str], users: list[str], log: str | None
+) -> None:
     code = 1
     try:
         out.close()  # the server's protocol pipe is not the child's
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
+        os.dup2(devnull, 0)
+        output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if log else devnull
+        for fd in (1, 2):
+            os.dup2(output, fd)
+        os.write(2, f"== pid {os.getpid()}: {' '.join(argv)}\n".encode())
+        signal.signal(signal.SIGUSR1, _dump_stacks)
         os.environ.clear()
         os.environ.update(env)
         for name in users:
@@ -101,6 +119,10 @@ def _child(out: IO[str], argv: list[str], env: dict[str, str], users: list[str])
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            # What an interpreter does with an uncaught exception: its traceback, exit status 1
+            # (it used to vanish here, and a cell's workers died silently one after another).
+            traceback.print_exc()
     finally:
         # What a normal interpreter exit runs (the fault record among them), then out without
         # the parent's cleanups: they belong to the server.
@@ -109,8 +131,26 @@ def _child(out: IO[str], argv: list[str], env: dict[str, str], users: list[str])
         os._exit(code)
 
 
+def _dump_stacks(signum: int, frame: object) -> None:
+    """Every thread's stack now, then every task of each running event loop, from that loop's
+    own thread (a loop that never gets to it is itself the hang, and the threads show where)."""
+    faulthandler.dump_traceback(all_threads=True)
+    for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
+        if loop.is_running():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_dump_tasks, loop)
+
+
+def _dump_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = asyncio.all_tasks(loop)
+    print(f"== {len(tasks)} asyncio task(s)", file=sys.stderr)
+    for task in tasks:
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
 class ForkServer:
-    """The harness's end: `run(argv, env, timeout)` -> (exit status, pid)."""
+    """The harness's end: `run(argv, env, timeout, log)` -> (exit status, pid)."""
 
     def __init__(self, app: str, cwd: Path, env: dict[str, str]) -> None:
         self._proc = subprocess.Popen(
@@ -133,16 +173,23 @@ class ForkServer:
             raise RuntimeError("the fork server exited")
         return dict(json.loads(line))
 
-    def run(self, argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
+    def run(
+        self, argv: list[str], env: dict[str, str], timeout: float, log: Path | None = None
+    ) -> tuple[int, int]:
         with self._lock:
             assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps({"argv": argv, "env": env}) + "\n")
+            request = {"argv": argv, "env": env, "log": str(log) if log else None}
+            self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()
             pid = int(self._read()["pid"])
             expired = threading.Event()
 
             def expire() -> None:
                 expired.set()
+                if log is not None:  # its stacks into its log first (see the protocol)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGUSR1)
+                    time.sleep(STACKS_GRACE)
                 _kill(pid)
 
             timer = threading.Timer(timeout, expire)

@@ -219,9 +219,7 @@ class Harness:
     def spawn(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]:
         """`python -m ARGS`, running, as a child of this process (a fault kind signals it and
         waits for it to stop); its output goes to logs/LOG.log under the work dir."""
-        logs = self.root / "logs"
-        logs.mkdir(exist_ok=True)
-        with open(logs / f"{log}.log", "ab") as out:  # the child keeps its own descriptor
+        with open(self.log_path(log), "ab") as out:  # the child keeps its own descriptor
             return subprocess.Popen(
                 [sys.executable, "-m", *args],
                 cwd=self.config.cwd,
@@ -231,20 +229,32 @@ class Harness:
                 stderr=subprocess.STDOUT,
             )
 
-    def process(self, args: list[str], env: dict[str, str], timeout: float) -> tuple[int, int]:
+    def log_path(self, log: str) -> Path:
+        """logs/LOG.log under the work dir: the output of a cell's processes."""
+        logs = self.root / "logs"
+        logs.mkdir(exist_ok=True)
+        return logs / f"{log}.log"
+
+    def process(
+        self, args: list[str], env: dict[str, str], timeout: float, log: str
+    ) -> tuple[int, int]:
         """Run `python -m ARGS` to its end; return its exit status and pid. The process is
-        forked from this thread's warm fork server (keel.chaos.forkserver) where there is one."""
+        forked from this thread's warm fork server (keel.chaos.forkserver) where there is one.
+        Its output is appended to logs/LOG.log; one that outlives `timeout` first writes its
+        stacks there (forked ones), and the TimeoutError names that file."""
+        path = self.log_path(log)
         try:
             server = self._server() if self.fork else None
             if server is not None:
-                return server.run(args, env, timeout)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", *args],
-                cwd=self.config.cwd,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+                return server.run(args, env, timeout, path)
+            with open(path, "ab") as out:  # the child keeps its own descriptor
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", *args],
+                    cwd=self.config.cwd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             try:
                 return proc.wait(timeout=timeout), proc.pid
             except subprocess.TimeoutExpired:
@@ -252,7 +262,9 @@ class Harness:
                 proc.wait()
                 raise
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"{' '.join(args[:2])} did not end within {timeout:.0f}s") from None
+            raise TimeoutError(
+                f"{' '.join(args[:2])} did not end within {timeout:.0f}s (its output: {path})"
+            ) from None
 
     def _server(self) -> ForkServer | None:
         server: ForkServer | None = getattr(self._local, "server", None)
@@ -296,6 +308,7 @@ class Harness:
         pending: list[dict[str, Any]],
         faults: str | None = None,
         record: str | None = None,
+        log: str = "answers",
     ) -> bool:
         """Answer the run's open waits as a person (or the deadline) would; return whether the
         deciding process was killed. The decision is made in this process unless it must be
@@ -319,6 +332,7 @@ class Harness:
                 ["keel.chaos.decide", wait["run_id"], wait["wait_id"], decision],
                 self.env(url, app, world, **extra),
                 30,
+                log,
             )
             died = died or code == KILLED
         return died
@@ -378,6 +392,7 @@ class _Drive:
                     pending,
                     _spec(arm) if at_decision and arm is not None else None,
                     f"{self.record}.d{phase}" if self.record is not None else None,
+                    self.log,
                 )
                 if at_decision:
                     armed_left, killed = False, died
@@ -403,6 +418,7 @@ class _Drive:
                 ["keel", "worker", config.app, "--stop-when-idle"],
                 self.harness.env(self.url, app, self.world, **extra),
                 max(1.0, deadline - time.monotonic()),
+                self.log,
             )
             if arm_here:
                 armed_left = False
@@ -410,6 +426,11 @@ class _Drive:
                 killed_running = killed and app.get_run(self.run_id).status == "running"
                 if killed_running:
                     self._end_lease_of(pid)
+
+    @property
+    def log(self) -> str:
+        """The name of this execution's log (logs/cell-N.log), shared by its processes."""
+        return f"cell-{self.number}"
 
     def _strike(self, arm: Cell, deadline: float) -> tuple[bool, bool]:
         harness, app = self.harness, self.app
@@ -421,7 +442,7 @@ class _Drive:
             harness.env(self.url, app, self.world, KEEL_FAULTS=_spec(arm)),
             harness.env(self.url, app, self.world),
             deadline,
-            f"cell-{self.number}",
+            self.log,
         )
         struck = harness.kinds[arm.kind].strike(harness, armed)
         self.fault_problems = struck.problems

@@ -14,6 +14,7 @@ and the report lists those it skipped.
 from __future__ import annotations
 
 import copy
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -87,15 +88,22 @@ def run_matrix(
     """Run the clean run, then the cells (`config.jobs` at once); return the report (see
     keel.chaos.report)."""
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="keel-chaos-") as tmp:
-        root = Path(config.workdir or tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    root = Path(config.workdir or tempfile.mkdtemp(prefix="keel-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+    report: Report | None = None
+    try:
         with fault_kinds(config) as kinds:
             harness = Harness(config, root, kinds)
             try:
-                return _run(config, harness, root, started, on_cell, soak, matrix)
+                report = _run(config, harness, root, started, on_cell, soak, matrix)
+                return report
             finally:
                 harness.close()
+    finally:
+        # A failed matrix keeps its temporary work dir: the failed cells' logs/cell-N.log (named
+        # in their problems) hold their workers' output and, for a hung one, its stacks.
+        if config.workdir is None and report is not None and report.ok:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def per_kind(kinds: dict[str, FaultKind], cells: list[Cell]) -> list[Cell]:

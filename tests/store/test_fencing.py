@@ -11,6 +11,7 @@ while its event loop was blocked past the TTL), the stale one checkpoints nothin
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypedDict, TypeVar
 
@@ -114,6 +115,60 @@ def test_stale_token_fenced_transaction_raises_lease_lost_and_writes_nothing(
     takeover.call(write(2))
     probes = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
     assert [p["data"] for p in probes] == [{"token": 2}]
+
+
+def test_stale_token_step_transaction_fails_quietly_and_its_connection_serves_the_next(
+    takeover: Takeover, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stale token's step transaction raises LeaseLost and nothing else: no driver warning
+    (on PostgreSQL the fence aborts the pipeline, and a read inside it meets the failure before
+    the pipeline ends; psycopg used to log "error ignored terminating AsyncPipeline" for every
+    stale token), and the connection it used serves the next transactions."""
+    store, run = takeover.rt.store, takeover.run_id
+    before = takeover.snapshot()
+
+    async def step(tx: Any) -> Any:
+        fence = await store.fence_step(tx, run, 1)
+        await store.add_event(tx, run, "probe", {"token": 1})
+        now = await tx.send("database_now", {})
+        await now()  # a row read at once: the pipeline syncs inside the transaction
+        return fence
+
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            with pytest.raises(LeaseLost, match="token 1 is stale"):
+                takeover.call(store.step_transaction(step))
+    assert [r.getMessage() for r in caplog.records] == []
+    assert takeover.snapshot() == before
+
+    async def fresh(tx: Any) -> Any:
+        fence = await store.fence_step(tx, run, 2)
+        await store.add_event(tx, run, "probe", {"token": 2})
+        return fence
+
+    row = takeover.call(_after(store.step_transaction(fresh)))
+    assert row["cancel_requested"] in (0, False)
+    probes = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
+    assert [p["data"] for p in probes] == [{"token": 2}]
+
+
+def test_a_row_read_inside_a_step_transaction_is_returned(takeover: Takeover) -> None:
+    """`tx.one` in a step transaction's body returns the row (an outbox intent's insert reads
+    whether it was new this way): on PostgreSQL the body runs in a pipeline, where a result is
+    back only after a sync, and `one` returned None before it synced."""
+    store, run = takeover.rt.store, takeover.run_id
+
+    async def step(tx: Any) -> Any:
+        await store.fence_step(tx, run, 2)
+        return await store.check_fence(tx, run, 2)
+
+    row = takeover.call(store.step_transaction(step))
+    assert row is not None and row["lease_token"] == 2
+
+
+async def _after(call: Coroutine[Any, Any, Any]) -> Any:
+    """A step transaction's result: its fence's row, read after the commit."""
+    return await (await call)()
 
 
 def test_stale_token_cannot_reserve_or_record_an_effect(takeover: Takeover) -> None:

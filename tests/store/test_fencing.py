@@ -180,7 +180,7 @@ def test_stale_token_cannot_reserve_or_record_an_effect(takeover: Takeover) -> N
         takeover.call(ledger.reserve(stale, call, "email"))
     assert takeover.app.get_run(takeover.run_id).effects == []
 
-    row, new = takeover.call(ledger.reserve(live, call, "email"))
+    row, new, _ = takeover.call(ledger.reserve(live, call, "email"))
     assert new and (row["status"], row["lease_token"]) == ("pending", 2)
     before = takeover.snapshot()
     with pytest.raises(LeaseLost):

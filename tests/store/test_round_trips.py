@@ -281,3 +281,28 @@ def test_a_stale_token_reserves_and_records_nothing(make_app: AppFactory) -> Non
         node.call(send, "a@x")
     assert provider.deliveries == []
     assert rt.portal.call(rt.store.effects(node.run_id)) == []
+
+
+def test_an_effect_costs_two_round_trips_in_all(make_app: AppFactory) -> None:
+    # Its reserve and its record; the reservation proves the lease live, so the provider call
+    # right after it needs no read of the lease of its own (the third trip it used to cost).
+    provider = Provider()
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    node = by_hand.start(app, "rt-effect-all")
+    send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
+
+    async def send_async(to: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, to)
+
+    for n, effect in enumerate((send, keel.effect("send_async")(send_async))):
+        with counting() as count:
+            node.call(effect, f"{n}@x")
+        assert count.statements == 2, count.kinds
+    with counting() as count:
+        node.call(send, "0@x")  # a replay: served from the ledger by its reserve
+    assert count.statements == 1, count.kinds
+    assert sorted(provider.deliveries) == sorted(
+        e["idempotency_key"] for e in app.get_run(node.run_id).effects
+    )
+    assert len(provider.deliveries) == 2

@@ -374,6 +374,59 @@ def test_a_lease_expired_after_the_reserve_performs_nothing(
     assert provider.deliveries == [] and ledger(node) == [("pending", 0)]
 
 
+def _stall_after_reserve(app: keel.App, clock: keel.ManualClock, seconds: float) -> None:
+    """The worker stalls right after each reservation commits (a GC pause, a frozen thread)."""
+    store = app.aio.store
+    reserve = store.reserve_effect
+
+    async def stalled(*args: Any, **kwargs: Any) -> Any:
+        found = await reserve(*args, **kwargs)
+        clock.advance(seconds)
+        return found
+
+    store.reserve_effect = stalled  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("style", ["sync", "async"])
+def test_a_call_made_past_the_reservations_lease_bound_looks_again_and_performs_nothing(
+    app: keel.App, clock: keel.ManualClock, style: str
+) -> None:
+    provider = Provider()
+    node = start(app)
+    _stall_after_reserve(app, clock, app.aio.lease_ttl + 1)
+
+    def send(to: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, to)
+
+    async def send_async(to: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, to)
+
+    effect = keel.effect("send")(send if style == "sync" else send_async)
+    with pytest.raises(LeaseLost, match="expired"):
+        node.call(effect, "a@example.com")  # an async one is awaited on the loop
+    assert provider.deliveries == []
+    assert ledger(node) == [("pending", 0)]  # reserved under a live lease, never performed
+
+
+def test_a_call_within_the_reservations_lease_bound_goes_ahead(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    provider = Provider()
+    node = start(app)
+    _stall_after_reserve(app, clock, app.aio.lease_ttl * 0.4)  # well inside the lease left
+    node.call(send_effect(provider), "a@example.com")
+    assert len(provider.deliveries) == 1 and ledger(node) == [("sent", 1)]
+
+
+def test_an_expired_lease_reserves_no_new_key(app: keel.App, clock: keel.ManualClock) -> None:
+    provider = Provider()
+    node = start(app)
+    clock.advance(app.aio.lease_ttl + 1)  # still the current token, but takeable by anyone
+    with pytest.raises(LeaseLost, match="expired"):
+        node.call(send_effect(provider), "a@example.com")
+    assert provider.calls == [] and ledger(node) == []
+
+
 def test_a_function_that_takes_a_fencing_token_receives_the_runs_token(
     app: keel.App, clock: keel.ManualClock
 ) -> None:

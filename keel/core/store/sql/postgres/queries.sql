@@ -252,10 +252,14 @@ RETURNING *;
 -- Reserve an idempotency key (pending) in one statement, fenced: only if `lease_token` holds
 -- the run (its row held FOR SHARE until this commits) and no cancel was asked (`cancelled`),
 -- and unless the key is in the ledger already, or the call's pre-0006 key is (`legacy`: that
--- row is served). The effect's row follows, and whether this call reserved it (`reserved`).
--- No row: the token does not hold the run, and nothing was written.
+-- row is served). A key is reserved only under a live lease: `lease_left` is how many seconds
+-- of it remain by the database's clock (0: expired), the bound within which the provider call
+-- that follows needs no second look at the lease. The effect's row follows, and whether this
+-- call reserved it (`reserved`). No row: the token does not hold the run, nothing was written.
 WITH fence AS (
-    SELECT run_id, cancel_requested FROM keel_runs
+    SELECT run_id, cancel_requested,
+           GREATEST(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
+    FROM keel_runs
     WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
     FOR SHARE),
 legacy AS (
@@ -265,10 +269,10 @@ inserted AS (
                           arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
     SELECT %(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
            %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now()
-    FROM fence WHERE cancel_requested = 0 AND NOT EXISTS (SELECT 1 FROM legacy)
+    FROM fence WHERE cancel_requested = 0 AND lease_left > 0 AND NOT EXISTS (SELECT 1 FROM legacy)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING *)
-SELECT f.cancel_requested AS cancelled, (SELECT COUNT(*) FROM legacy) AS legacy,
+SELECT f.cancel_requested AS cancelled, f.lease_left, (SELECT COUNT(*) FROM legacy) AS legacy,
        (SELECT COUNT(*) FROM inserted) AS reserved, e.*
 FROM fence AS f
 LEFT JOIN (SELECT * FROM legacy

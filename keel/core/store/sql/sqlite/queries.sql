@@ -222,10 +222,14 @@ RETURNING *;
 -- name: reserve_effect
 -- Reserve an idempotency key (pending) in one call (a chain: see Connector.single), fenced:
 -- only if `lease_token` holds the run and no cancel was asked (`cancelled`), and unless the key
--- is in the ledger already, or the call's pre-0006 key is (`legacy`: that row is served). The
--- effect's row follows, and whether this call reserved it (`reserved`). No row: the token does
--- not hold the run, and nothing was written.
-SELECT cancel_requested AS cancelled FROM keel_runs
+-- is in the ledger already, or the call's pre-0006 key is (`legacy`: that row is served). A key
+-- is reserved only under a live lease: `lease_left` is how many seconds of it remain by the
+-- database's clock (0: expired), the bound within which the provider call that follows needs
+-- no second look at the lease. The effect's row follows, and whether this call reserved it
+-- (`reserved`). No row: the token does not hold the run, and nothing was written.
+SELECT cancel_requested AS cancelled,
+       MAX(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
+FROM keel_runs
 WHERE run_id = :run_id AND lease_token = :lease_token;
 SELECT COUNT(*) AS legacy FROM keel_effects
 WHERE idempotency_key = :legacy_key AND arg_hashes IS NULL;
@@ -233,7 +237,7 @@ INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, 
                           arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
 SELECT :key, :run_id, :name, :node, :step, :task_path, :args_hash,
        :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now()
-WHERE :cancelled = 0 AND :legacy = 0
+WHERE :cancelled = 0 AND :lease_left > 0 AND :legacy = 0
 ON CONFLICT (idempotency_key) DO NOTHING;
 SELECT changes() AS reserved;
 SELECT e.* FROM (SELECT 1) AS one

@@ -22,6 +22,7 @@ import aiosqlite
 from keel.backends.locks import TaskReentrantLock
 from keel.core.errors import LeaseLost
 from keel.core.faults import statement_fails
+from keel.core.ids import digest
 from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
 
 T = TypeVar("T")
@@ -154,12 +155,21 @@ class ThreadTx:
     own async methods run on the thread unchanged: one implementation of each query, no hop
     per statement."""
 
-    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str]) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        queries: dict[str, str],
+        chains: dict[str, tuple[str, ...]],
+    ) -> None:
         self.connection = conn
         self._queries = queries
+        self._chains = chains
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         _injected_failure()
+        chain = self._chains[name]
+        if len(chain) > 1:
+            return _run_chain(self.connection, chain, params, own=False)
         row = self.connection.execute(self._queries[name], params or {}).fetchone()
         return dict(row) if row is not None else None
 
@@ -235,6 +245,8 @@ class SqliteConnector:
             await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
             await conn.create_function("keel_now", 0, self._keel_now)
             await conn.create_function("keel_fence", 3, self._keel_fence)
+            # Ids derived in SQL (a decision's intents) by the one rule, keel.core.ids.digest.
+            await conn.create_function("keel_digest", -1, digest, deterministic=True)
         except BaseException:
             await conn.close()  # its thread would keep the process alive
             raise
@@ -274,7 +286,7 @@ class SqliteConnector:
         context = contextvars.copy_context()
 
         def transaction(conn: sqlite3.Connection) -> T:
-            tx = ThreadTx(conn, self._queries)
+            tx = ThreadTx(conn, self._queries, self._chains)
             _injected_failure()
             conn.execute("BEGIN IMMEDIATE")
             try:

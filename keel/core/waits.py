@@ -9,11 +9,12 @@ decision is one conditional UPDATE: the first wins, later ones get the recorded 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import effect_outbox, outbox
+from keel.core import effect_outbox, logs, outbox
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, current
@@ -21,7 +22,7 @@ from keel.core.errors import NoPendingWait, RunFinished, RunNotFound, UsageError
 from keel.core.faults import fault_point
 from keel.core.ids import digest, validate_run_id
 from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason
-from keel.core.runs import cancel_waits, transition, wake_after_wait
+from keel.core.runs import cancel_waits, transition
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
@@ -233,8 +234,7 @@ def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
             f"wait {wait_id} waits for an outbox intent's delivery: it ends when the intent is "
             "delivered (see `keel effects list`, `keel effects retry/resolve`)"
         )
-    is_effect_answer = decision in (EffectAnswer.PERFORMED, EffectAnswer.NOT_PERFORMED)
-    if (wait_kind == WaitKind.EFFECT) != is_effect_answer:
+    if (wait_kind == WaitKind.EFFECT) != is_effect_answer(decision):
         how = "resolve_effect()" if wait_kind == WaitKind.EFFECT else "approve() or reject()"
         raise UsageError(f"wait {wait_id} is a {wait_kind} wait: answer it with {how}")
 
@@ -269,109 +269,128 @@ async def decide(
     API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
     validate_run_id(run_id)
     store = services.store
-    async with store.transaction() as tx:
-        # The run first, locked (as registration's fence does): its status stays what we read,
-        # and decisions and registrations take their locks in one order.
-        run = await store.lock_run(tx, run_id)
-        if run is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        waits = await store.read_waits(tx, run_id)
-        wait = _target(run, waits, wait_id)
-        check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
-        finished = Status(run["status"]) in FINISHED
-        retried = action_id is not None and wait["action_id"] == action_id
-        if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
-            # A double click, a second approver, or (once the run finished) a retry of the
-            # winning call itself: told what was recorded.
-            return DecisionResult(wait, recorded=False)
-        if wait["status"] != WaitStatus.PENDING or finished:
-            raise RunFinished(
-                f"run {run_id} is {run['status']} and its wait {wait['wait_id']} is "
-                f"{wait['status']}: it takes no more decisions"
-            )
-        resume_value = {
-            "decision": decision,
-            "wait_id": wait["wait_id"],
-            "by": by,
-            "comment": comment,
-            "channel": channel,
-            "principal": principal,
-            "at": await store.db_now(tx),
-            **(value or {}),
-        }
-        updated = await store.decide_wait(
-            tx,
-            wait["wait_id"],
-            decision=decision,
-            value=dumps(resume_value),
-            decided_by=by,
-            action_id=action_id,
-            channel=channel,
-            comment=comment,
-        )
-        if updated is None:  # another decision committed first
-            again = await store.read_wait(tx, wait["wait_id"])
-            assert again is not None
-            return DecisionResult(again, recorded=False)
-        is_verdict = wait["kind"] == WaitKind.APPROVAL and decision in (
-            Decision.APPROVED,
-            Decision.REJECTED,
-        )
-        run_decision = decision if is_verdict else None
-        await outbox.record(
-            services,
-            tx,
-            run,
-            updated,
-            "decided",
-            details={
-                "decision": decision,
-                "by": by,
-                "principal": principal,
-                "channel": channel,
-                "comment": comment,
-            },
-        )
-        await store.add_event(
-            tx,
+    started = time.monotonic()
+    answer = {
+        "decision": decision,
+        "by": by,
+        "comment": comment,
+        "channel": channel,
+        "principal": principal,
+        **(value or {}),
+    }
+    recorded_data = {
+        "decision": decision,
+        "by": by,
+        "principal": principal,
+        "channel": channel,
+        "action_id": action_id,
+    }
+    details = {
+        "stage": 0,
+        "decision": decision,
+        "by": by,
+        "principal": principal,
+        "channel": channel,
+        "comment": comment,
+    }
+    # Everything in one call: which wait, whether it takes this answer, the first decision
+    # winning, what follows it. What the call found explains, below, a decision not recorded.
+    found = await store.decide(
+        run_id,
+        wait_id=wait_id,
+        decision=decision,
+        effect_answer=is_effect_answer(decision),
+        value=dumps(answer),
+        decided_by=by,
+        action_id=action_id,
+        channel=channel,
+        comment=comment,
+        notifiers=[n.name for n in services.notifiers.values() if "decided" in n.kinds],
+        details=dumps(details),
+        recorded_data=dumps(recorded_data),
+        queued_data=dumps(
+            {"from": Status.WAITING.value, "to": Status.QUEUED.value, "decision": decision}
+        ),
+    )
+    if found is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    wait = _wait_of(found)
+    if found["recorded"]:
+        assert wait is not None
+        took = time.monotonic() - started
+        logs.event(
             run_id,
             "decision.recorded",
-            {
+            {**recorded_data, "wait_id": wait["wait_id"]},
+            worker_id=None,
+            token=None,
+            took=took,
+        )
+        if found["run_status"] == Status.WAITING:
+            moved = {
+                "from": Status.WAITING.value,
+                "to": Status.QUEUED.value,
                 "wait_id": wait["wait_id"],
                 "decision": decision,
-                "by": by,
-                "principal": principal,
-                "channel": channel,
-                "action_id": action_id,
-            },
+            }
+            logs.event(run_id, "status.queued", moved, worker_id=None, token=None, took=took)
+        fault_point("decision.after_record")
+        services.wake()
+        return DecisionResult(wait, recorded=True)
+    run_status = Status(found["run_status"])
+    if wait is None:
+        _no_target(run_id, run_status, found, wait_id)
+    assert wait is not None
+    check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
+    finished = run_status in FINISHED
+    retried = action_id is not None and wait["action_id"] == action_id
+    if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
+        # A double click, a second approver, or (once the run finished) a retry of the
+        # winning call itself: told what was recorded.
+        return DecisionResult(wait, recorded=False)
+    if wait["status"] != WaitStatus.PENDING or finished:
+        raise RunFinished(
+            f"run {run_id} is {run_status.value} and its wait {wait['wait_id']} is "
+            f"{wait['status']}: it takes no more decisions"
         )
-        await wake_after_wait(
-            store,
-            tx,
-            run,
-            decision=run_decision,
-            cause={"wait_id": wait["wait_id"], "decision": decision},
-        )
-    fault_point("decision.after_record")
-    services.wake()
-    return DecisionResult(updated, recorded=True)
+    # Pending when read, yet not decided: another writer ended it first (the sweeper).
+    again = await store.get_wait(wait["wait_id"])
+    assert again is not None
+    return DecisionResult(again, recorded=False)
 
 
-def _target(run: Row, waits: list[Row], wait_id: str | None) -> Row:
+def is_effect_answer(decision: str) -> bool:
+    """Whether `decision` answers an in-doubt effect (the only answers its wait takes)."""
+    return decision in (EffectAnswer.PERFORMED, EffectAnswer.NOT_PERFORMED)
+
+
+_FOUND = (
+    "found_run",
+    "run_status",
+    "run_job",
+    "run_workflow",
+    "n_pending",
+    "pending_ids",
+    "recorded",
+    "moved",
+    "target_id",
+)
+
+
+def _wait_of(found: Row) -> Row | None:
+    """The wait row in what `decide` found (its columns beside the run's and the counts)."""
+    if found.get("wait_id") is None:
+        return None
+    return {k: v for k, v in found.items() if k not in _FOUND}
+
+
+def _no_target(run_id: str, status: Status, found: Row, wait_id: str | None) -> None:
+    """Why `decide` found no wait to decide (the rules of its target, in its query)."""
     if wait_id is not None:
-        for w in waits:
-            if w["wait_id"] == wait_id:
-                return w
-        raise WaitNotFound(f"run {run['run_id']} has no wait {wait_id!r}")
-    pending = [w for w in waits if w["status"] == WaitStatus.PENDING]
-    if len(pending) > 1:
-        names = ", ".join(w["wait_id"] for w in pending)
-        raise UsageError(f"run {run['run_id']} waits on several decisions ({names}): name one")
-    if pending:
-        return pending[0]
-    if Status(run["status"]) in FINISHED:
-        raise RunFinished(f"run {run['run_id']} is {run['status']}: it takes no more decisions")
-    decided = [w for w in waits if w["status"] == WaitStatus.DECIDED]
-    if decided and Status(run["status"]) != Status.WAITING:
-        return decided[-1]  # a duplicate of the decision that just resumed it
-    raise NoPendingWait(f"run {run['run_id']} is {run['status']}, not waiting for a decision")
+        raise WaitNotFound(f"run {run_id} has no wait {wait_id!r}")
+    if int(found["n_pending"]) > 1:
+        names = found["pending_ids"]
+        raise UsageError(f"run {run_id} waits on several decisions ({names}): name one")
+    if status in FINISHED:
+        raise RunFinished(f"run {run_id} is {status.value}: it takes no more decisions")
+    raise NoPendingWait(f"run {run_id} is {status.value}, not waiting for a decision")

@@ -4,17 +4,19 @@ and SQLite database-thread calls. One statement, its own transaction, is one of 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import keel
-from keel.core import leases, runs
+from keel.core import leases, outbox, runs
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.lifecycle import Status
 from tests.support import by_hand
 from tests.support.graphs import echo_graph, notify_effect, review_graph
+from tests.support.notifiers import Recorder
 from tests.support.providers import Provider
 from tests.support.roundtrips import Count, counting
 from tests.support.workers import claim, execute
@@ -306,3 +308,76 @@ def test_an_effect_costs_two_round_trips_in_all(make_app: AppFactory) -> None:
         e["idempotency_key"] for e in app.get_run(node.run_id).effects
     )
     assert len(provider.deliveries) == 2
+
+
+def test_a_decision_is_one_round_trip_with_all_that_follows_it(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    node = by_hand.waiting(app, "manager", job_id="rt-decide")
+    result, count = _counted(
+        app, lambda: app.aio.decide(node.run_id, decision="approved", by="alice")
+    )
+    _one_trip(count)
+    assert result.recorded and result.wait["decided_by"] == "alice"
+    # A second approver: told what was recorded, in one round trip as well.
+    again, count = _counted(app, lambda: app.aio.decide(node.run_id, decision="rejected", by="bob"))
+    _one_trip(count)
+    assert not again.recorded and again.decision == "approved"
+    details = app.get_run(node.run_id)
+    assert (details.status, details.decision) == ("queued", "approved")
+    kinds = [e["kind"] for e in details.timeline]
+    assert kinds[-2:] == ["decision.recorded", "status.queued"]
+    value = json.loads(details.waits[0]["value"])
+    assert (value["decision"], value["by"], value["wait_id"]) == (
+        "approved",
+        "alice",
+        details.waits[0]["wait_id"],
+    )
+    assert value["at"] == pytest.approx(details.waits[0]["decided_at"])
+
+
+def test_a_decisions_notifications_are_in_its_one_round_trip_under_the_outbox_rules(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    app.add_notifier(Recorder("slackish"))
+    app.add_notifier(Recorder("quiet", kinds=("request",)))
+    node = by_hand.waiting(app, "manager", job_id="rt-decide-notify", approvers=["ed@x"])
+    [wait] = app.get_run(node.run_id).waits
+    result, count = _counted(
+        app,
+        lambda: app.aio.decide(
+            node.run_id, decision="rejected", by="ed", comment="no", principal="p:ed"
+        ),
+    )
+    _one_trip(count)
+    assert result.recorded
+    decided = [
+        i for i in app.aio.portal.call(app.aio.store.intents(node.run_id)) if i["kind"] == "decided"
+    ]
+    # One per notifier of `decided`, under the id the outbox's own rule gives it.
+    assert [(i["intent_id"], i["notifier"]) for i in decided] == [
+        (outbox.intent_id(node.run_id, wait["wait_id"], "decided", 0, "slackish"), "slackish")
+    ]
+    payload = json.loads(decided[0]["payload"])
+    assert payload == {
+        "job_id": "rt-decide-notify",
+        "workflow": by_hand.WORKFLOW,
+        "wait": {
+            "wait_id": wait["wait_id"],
+            "kind": "approval",
+            "name": "manager",
+            "payload": None,
+            "approvers": ["ed@x"],
+            "deadline": pytest.approx(wait["deadline"]),
+        },
+        "details": {
+            "stage": 0,
+            "decision": "rejected",
+            "by": "ed",
+            "principal": "p:ed",
+            "channel": "api",
+            "comment": "no",
+        },
+    }

@@ -62,7 +62,10 @@ def _watch(gen: Any, read: list[bool]) -> Any:
     except StopIteration as done:
         return done.value
     while True:
-        read[0] = read[0] or bool(state & WAIT_R)
+        # Waiting to read alone is waiting for the server's answer. A pipeline's send waits
+        # to read *or* write (it takes whatever results are already there, and goes on
+        # sending): no answer is awaited, and its statements' round trip is the Sync's.
+        read[0] = read[0] or state == WAIT_R
         ready = yield state
         try:
             state = gen.send(ready)

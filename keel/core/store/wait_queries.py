@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from keel.core.store.base import Connector, Row, Tx
+from keel.core.store.base import Connector, Later, Row, Tx
 
 
 class WaitQueries:
@@ -126,6 +126,51 @@ class WaitQueries:
                 "comment": comment,
             },
         )
+
+    async def decide(
+        self,
+        run_id: str,
+        *,
+        wait_id: str | None,
+        decision: str,
+        effect_answer: bool,
+        value: str,
+        decided_by: str | None,
+        action_id: str | None,
+        channel: str,
+        comment: str | None,
+        notifiers: list[str],
+        details: str,
+        recorded_data: str,
+        queued_data: str,
+    ) -> Row | None:
+        """A decision on the run's wait and all that follows it, in one transaction of one call
+        (the run locked, then the `decide` query: one pipeline on PostgreSQL, one call on
+        SQLite's database thread). None if there is no such run; else what was found and
+        whether this call recorded it (see the query)."""
+        params = {
+            "run_id": run_id,
+            "wait_id": wait_id,
+            "decision": decision,
+            "effect_answer": int(effect_answer),
+            "value": value,
+            "decided_by": decided_by,
+            "action_id": action_id,
+            "channel": channel,
+            "comment": comment,
+            "notifiers": json.dumps(notifiers),
+            "details": details,
+            "recorded_data": recorded_data,
+            "queued_data": queued_data,
+        }
+
+        async def body(tx: Tx) -> Later:
+            # The run first, as every writer of a run and its waits takes it (a registration's
+            # fence among them); the decision's own snapshot starts once it is held.
+            await tx.send("lock_run", {"run_id": run_id})
+            return await tx.send("decide", params)
+
+        return await (await self.db.run_transaction(body))()
 
     @staticmethod
     async def expire_wait(tx: Tx, wait_id: str, decision: str, value: str) -> Row | None:

@@ -337,6 +337,93 @@ SET status = 'decided', decision = %(decision)s, value = %(value)s, decided_by =
 WHERE wait_id = %(wait_id)s AND status = 'pending'
 RETURNING *;
 
+-- name: decide
+-- A decision, in one statement after the run's lock (`lock_run`, sent in the same pipeline):
+-- the target wait (the one named, else the run's only pending wait, else, for a run that has
+-- moved on from waiting, its latest decided one: a duplicate), decided only if it is pending,
+-- the run not finished and the answer of its kind (`effect_answer`: an in-doubt effect's wait
+-- takes only performed/not_performed; an outbox wait none). The value the graph resumes with
+-- gets the wait's id and the database's time. With it: an approval's verdict as the run's
+-- decision, a waiting run queued, the timeline's `decision.recorded` (and `status.queued`),
+-- one `decided` intent per notifier in `notifiers`, and a wake-up. The row: what was found
+-- (run, pending waits, target) and `recorded` (1 for the call that decided); none if no run.
+WITH run AS (SELECT * FROM keel_runs WHERE run_id = %(run_id)s),
+waits AS (SELECT * FROM keel_waits WHERE run_id = %(run_id)s),
+pending AS (SELECT * FROM waits WHERE status = 'pending'),
+target AS (
+    SELECT w.* FROM waits AS w, run AS r
+    WHERE CASE
+        WHEN %(wait_id)s::text IS NOT NULL THEN w.wait_id = %(wait_id)s::text
+        WHEN (SELECT COUNT(*) FROM pending) = 1 THEN w.status = 'pending'
+        WHEN (SELECT COUNT(*) FROM pending) = 0
+             AND r.status NOT IN ('completed', 'failed', 'cancelled', 'waiting')
+        THEN w.wait_id = (SELECT wait_id FROM waits WHERE status = 'decided'
+                          ORDER BY created_at DESC, wait_id DESC LIMIT 1)
+        ELSE false END),
+decided AS (
+    UPDATE keel_waits AS w
+    SET status = 'decided', decision = %(decision)s,
+        value = (%(value)s::jsonb || jsonb_build_object('wait_id', w.wait_id, 'at', keel_now()))::text,
+        decided_by = %(decided_by)s, action_id = %(action_id)s, channel = %(channel)s,
+        comment = %(comment)s, decided_at = keel_now()
+    FROM target AS t, run AS r
+    WHERE w.wait_id = t.wait_id AND w.status = 'pending'
+      AND r.status NOT IN ('completed', 'failed', 'cancelled')
+      AND t.kind <> 'outbox' AND (t.kind = 'effect') = (%(effect_answer)s = 1)
+    RETURNING w.*),
+moved AS (
+    UPDATE keel_runs AS r
+    SET decision = CASE WHEN d.kind = 'approval' AND %(decision)s IN ('approved', 'rejected')
+                        THEN %(decision)s ELSE r.decision END,
+        status = CASE WHEN r.status = 'waiting' THEN 'queued' ELSE r.status END,
+        lease_owner = CASE WHEN r.status = 'waiting' THEN NULL ELSE r.lease_owner END,
+        lease_expires_at = CASE WHEN r.status = 'waiting' THEN NULL ELSE r.lease_expires_at END,
+        updated_at = keel_now()
+    FROM decided AS d
+    WHERE r.run_id = d.run_id
+    RETURNING r.run_id),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM decided),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT d.run_id, keel_now(), e.kind, NULL, NULL,
+           (e.data::jsonb || jsonb_build_object('wait_id', d.wait_id))::text
+    FROM decided AS d, turn, run AS r,
+         (VALUES (1, 'decision.recorded', %(recorded_data)s::text),
+                 (2, 'status.queued', %(queued_data)s::text)) AS e (n, kind, data)
+    WHERE e.n = 1 OR r.status = 'waiting'
+    ORDER BY e.n),
+intent AS (
+    INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
+                             available_at, created_at, updated_at)
+    SELECT 'n:' || left(encode(sha256(
+               int8send(octet_length(d.run_id)::bigint) || convert_to(d.run_id, 'UTF8')
+               || int8send(octet_length(d.wait_id)::bigint) || convert_to(d.wait_id, 'UTF8')
+               || int8send(7::bigint) || convert_to('decided', 'UTF8')
+               || int8send(1::bigint) || convert_to('0', 'UTF8')
+               || int8send(octet_length(n.name)::bigint) || convert_to(n.name, 'UTF8')), 'hex'), 32),
+           d.run_id, d.wait_id, n.name, 'decided',
+           jsonb_build_object(
+               'job_id', r.job_id, 'workflow', r.workflow,
+               'wait', jsonb_build_object('wait_id', d.wait_id, 'kind', d.kind, 'name', d.name,
+                                          'payload', d.payload::jsonb,
+                                          'approvers', d.approvers::jsonb,
+                                          'deadline', d.deadline),
+               'details', %(details)s::jsonb)::text,
+           'queued', keel_now(), keel_now(), keel_now()
+    FROM decided AS d, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
+    ON CONFLICT (intent_id) DO NOTHING),
+wake AS (SELECT pg_notify('keel_wake', run_id) FROM decided)
+SELECT r.run_id AS found_run, r.status AS run_status,
+       (SELECT COUNT(*) FROM pending) AS n_pending,
+       (SELECT string_agg(wait_id, ', ' ORDER BY created_at, wait_id) FROM pending) AS pending_ids,
+       (SELECT COUNT(*) FROM decided) AS recorded,
+       (SELECT COUNT(*) FROM moved) + (SELECT COUNT(*) FROM wake) AS moved,
+       w.*
+FROM run AS r
+LEFT JOIN (SELECT * FROM decided
+           UNION ALL
+           SELECT * FROM target WHERE NOT EXISTS (SELECT 1 FROM decided)) AS w ON true;
+
 -- name: set_run_decision
 -- An approval's decision is also the run's (status moves separately, through the table).
 UPDATE keel_runs SET decision = %(decision)s, updated_at = keel_now() WHERE run_id = %(run_id)s;

@@ -292,6 +292,73 @@ SET status = 'decided', decision = :decision, value = :value, decided_by = :deci
 WHERE wait_id = :wait_id AND status = 'pending'
 RETURNING *;
 
+-- name: decide
+-- A decision, in one call (a chain: see Connector.single) after the run's lock (`lock_run`):
+-- the target wait (the one named, else the run's only pending wait, else, for a run that has
+-- moved on from waiting, its latest decided one: a duplicate), decided only if it is pending,
+-- the run not finished and the answer of its kind (`effect_answer`: an in-doubt effect's wait
+-- takes only performed/not_performed; an outbox wait none). The value the graph resumes with
+-- gets the wait's id and the database's time. With it: an approval's verdict as the run's
+-- decision, a waiting run queued, the timeline's `decision.recorded` (and `status.queued`),
+-- one `decided` intent per notifier in `notifiers`. The row: what was found (run, pending
+-- waits, target) and `recorded` (1 for the call that decided); none if there is no run.
+SELECT run_id AS found_run, status AS run_status, job_id AS run_job, workflow AS run_workflow
+FROM keel_runs WHERE run_id = :run_id;
+SELECT COUNT(*) AS n_pending, group_concat(wait_id, ', ') AS pending_ids
+FROM (SELECT wait_id FROM keel_waits WHERE run_id = :run_id AND status = 'pending'
+      ORDER BY created_at, wait_id);
+SELECT CASE
+    WHEN :wait_id IS NOT NULL
+    THEN (SELECT wait_id FROM keel_waits WHERE run_id = :run_id AND wait_id = :wait_id)
+    WHEN :n_pending = 1
+    THEN (SELECT wait_id FROM keel_waits WHERE run_id = :run_id AND status = 'pending')
+    WHEN :n_pending = 0 AND :run_status NOT IN ('completed', 'failed', 'cancelled', 'waiting')
+    THEN (SELECT wait_id FROM keel_waits WHERE run_id = :run_id AND status = 'decided'
+          ORDER BY created_at DESC, wait_id DESC LIMIT 1)
+    END AS target_id;
+UPDATE keel_waits
+SET status = 'decided', decision = :decision,
+    value = json_set(:value, '$.wait_id', wait_id, '$.at', keel_now()),
+    decided_by = :decided_by, action_id = :action_id, channel = :channel, comment = :comment,
+    decided_at = keel_now()
+WHERE wait_id = :target_id AND status = 'pending'
+  AND :run_status NOT IN ('completed', 'failed', 'cancelled')
+  AND kind <> 'outbox' AND (kind = 'effect') = (:effect_answer = 1);
+SELECT changes() AS recorded;
+UPDATE keel_runs
+SET decision = CASE WHEN (SELECT kind FROM keel_waits WHERE wait_id = :target_id) = 'approval'
+                         AND :decision IN ('approved', 'rejected')
+                    THEN :decision ELSE decision END,
+    status = CASE WHEN status = 'waiting' THEN 'queued' ELSE status END,
+    lease_owner = CASE WHEN status = 'waiting' THEN NULL ELSE lease_owner END,
+    lease_expires_at = CASE WHEN status = 'waiting' THEN NULL ELSE lease_expires_at END,
+    updated_at = keel_now()
+WHERE run_id = :run_id AND :recorded = 1;
+SELECT changes() AS moved;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT :run_id, keel_now(), 'decision.recorded', NULL, NULL,
+       json_set(:recorded_data, '$.wait_id', :target_id)
+WHERE :recorded = 1;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT :run_id, keel_now(), 'status.queued', NULL, NULL,
+       json_set(:queued_data, '$.wait_id', :target_id)
+WHERE :recorded = 1 AND :run_status = 'waiting';
+INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
+                         available_at, created_at, updated_at)
+SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'decided', '0', n.value), 1, 32),
+       :run_id, w.wait_id, n.value, 'decided',
+       json_object('job_id', :run_job, 'workflow', :run_workflow,
+                   'wait', json_object('wait_id', w.wait_id, 'kind', w.kind, 'name', w.name,
+                                       'payload', json(w.payload),
+                                       'approvers', json(w.approvers),
+                                       'deadline', w.deadline),
+                   'details', json(:details)),
+       'queued', keel_now(), keel_now(), keel_now()
+FROM keel_waits AS w, json_each(:notifiers) AS n
+WHERE w.wait_id = :target_id AND :recorded = 1
+ON CONFLICT (intent_id) DO NOTHING;
+SELECT w.* FROM (SELECT 1) AS one LEFT JOIN keel_waits AS w ON w.wait_id = :target_id;
+
 -- name: set_run_decision
 -- An approval's decision is also the run's (status moves separately, through the table).
 UPDATE keel_runs SET decision = :decision, updated_at = keel_now() WHERE run_id = :run_id;

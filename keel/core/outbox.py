@@ -53,8 +53,8 @@ async def record(
     *,
     stage: int = 0,
     details: dict[str, Any] | None = None,
-) -> int:
-    """Insert one intent per notifier that handles `kind`; return how many were new."""
+) -> None:
+    """Insert one intent per notifier that handles `kind` (once: a replay inserts nothing)."""
     wait_view = {
         "wait_id": wait["wait_id"],
         "kind": wait["kind"],
@@ -63,11 +63,10 @@ async def record(
         "approvers": loads(wait["approvers"]),
         "deadline": wait["deadline"],
     }
-    added = 0
     for notifier in services.notifiers.values():
         if kind not in notifier.kinds:
             continue
-        added += await services.store.insert_intent(
+        await services.store.insert_intent(
             tx,
             intent_id(run["run_id"], wait["wait_id"], kind, stage, notifier.name),
             run_id=run["run_id"],
@@ -83,7 +82,6 @@ async def record(
                 }
             ),
         )
-    return added
 
 
 async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:

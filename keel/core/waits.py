@@ -24,7 +24,7 @@ from keel.core.ids import digest, validate_run_id
 from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason
 from keel.core.runs import cancel_waits, transition
 from keel.core.services import Services
-from keel.core.store.base import Row
+from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
 
@@ -124,33 +124,29 @@ def _spec(value: Any) -> dict[str, Any]:
 
 
 async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
-    """Record the waits the graph paused on and release the run until a decision arrives."""
+    """Record the waits the graph paused on and release the run until a decision arrives: one
+    fenced transaction, in one call (`Store.step_transaction`)."""
+
+    async def body(tx: Tx) -> Status:
+        return await _register(ctx, tx, interrupts)
+
+    return await ctx.services.store.step_transaction(body)
+
+
+async def _register(ctx: RunContext, tx: Tx, interrupts: Sequence[Any]) -> Status:
     rt = ctx.services
-    ids = []
-    run: Row | None = None
     store = rt.store
-    async with store.fenced(ctx.run_id, ctx.token) as tx:
-        current_run = await store.read_run(tx, ctx.run_id)
-        if current_run is not None and current_run["cancel_requested"]:
-            # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
-            await cancel_waits(store, tx, ctx.run_id)
-            await transition(
-                store,
-                tx,
-                current_run,
-                Status.CANCELLED,
-                worker_id=ctx.worker_id,
-                token=ctx.token,
-                termination_reason=TerminationReason.CANCELLED,
-            )
-            return Status.CANCELLED
-        for intr in interrupts:
-            spec = _spec(intr.value)
-            wid = wait_id_for(ctx.run_id, intr.id)
-            ids.append(wid)
-            timeout = spec.get("timeout")
-            schedule = spec.get("schedule", [])
-            inserted = await store.insert_wait(
+    # Sent together, read together (PostgreSQL: one sync of the pipeline): the fence, the
+    # run's waits as they were, and each wait's insert (none under a cancel request).
+    fenced = await store.send_fence(tx, ctx.run_id, ctx.token)
+    before = await store.send_settled_waits(tx, ctx.run_id)
+    specs = [(wait_id_for(ctx.run_id, intr.id), intr, _spec(intr.value)) for intr in interrupts]
+    inserts = []
+    for wid, intr, spec in specs:
+        timeout = spec.get("timeout")
+        schedule = spec.get("schedule", [])
+        inserts.append(
+            await store.insert_wait(
                 tx,
                 wait_id=wid,
                 run_id=ctx.run_id,
@@ -164,36 +160,46 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 schedule=dumps(schedule),
                 first_stage_after=float(schedule[0]["after"]) if schedule else None,
             )
-            if inserted and spec.get("kind") == WaitKind.OUTBOX:
-                # Delivered before this wait existed: answered now, the run goes on at once.
-                intent = await store.read_effect_intent(tx, str(spec["payload"]["intent_id"]))
-                if intent is not None:
-                    await effect_outbox.answer_waits(store, tx, intent)
-            if inserted:
-                if run is None:
-                    run = await store.read_run(tx, ctx.run_id)
-                wait_row = await store.read_wait(tx, wid)
-                assert run is not None and wait_row is not None
-                if wait_row["kind"] != WaitKind.OUTBOX:  # a machine's wait: nobody is asked
-                    await outbox.record(rt, tx, run, wait_row, "request")
-                await store.add_event(
-                    tx,
-                    ctx.run_id,
-                    "wait.registered",
-                    {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")},
-                    worker_id=ctx.worker_id,
-                    token=ctx.token,
-                )
-        decided = [
-            w
-            for w in await store.read_waits(tx, ctx.run_id)
-            if w["wait_id"] in ids and w["status"] != WaitStatus.PENDING
-        ]
-        run = await store.read_run(tx, ctx.run_id)
-        assert run is not None
-        # A decision that is already in (it raced the registration) resumes the run at once.
-        target = Status.QUEUED if decided else Status.WAITING
-        await transition(store, tx, run, target, worker_id=ctx.worker_id, token=ctx.token)
+        )
+    run = await fenced()
+    settled = await before()
+    if run["cancel_requested"]:
+        # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
+        await cancel_waits(store, tx, ctx.run_id)
+        await transition(
+            store,
+            tx,
+            run,
+            Status.CANCELLED,
+            worker_id=ctx.worker_id,
+            token=ctx.token,
+            termination_reason=TerminationReason.CANCELLED,
+        )
+        return Status.CANCELLED
+    identity = {"run_id": ctx.run_id, "job_id": ctx.job_id, "workflow": ctx.workflow}
+    for (wid, _, spec), insert in zip(specs, inserts, strict=True):
+        wait_row = await insert()
+        if wait_row is None:
+            continue  # registered before (a replay): asked and announced then
+        if spec.get("kind") == WaitKind.OUTBOX:
+            # Delivered before this wait existed: answered now, the run goes on at once.
+            intent = await store.read_effect_intent(tx, str(spec["payload"]["intent_id"]))
+            if intent is not None and await effect_outbox.answer_waits(store, tx, intent):
+                settled.add(wid)
+        else:  # a machine's wait: nobody is asked
+            await outbox.record(rt, tx, identity, wait_row, "request")
+        await store.add_event(
+            tx,
+            ctx.run_id,
+            "wait.registered",
+            {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")},
+            worker_id=ctx.worker_id,
+            token=ctx.token,
+        )
+    # A decision that is already in (it raced the registration) resumes the run at once.
+    decided = any(wid in settled for wid, _, _ in specs)
+    target = Status.QUEUED if decided else Status.WAITING
+    await transition(store, tx, run, target, worker_id=ctx.worker_id, token=ctx.token)
     return target
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import keel
-from keel.core import leases, outbox, runs
+from keel.core import leases, outbox, runs, waits
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.lifecycle import Status
 from tests.support import by_hand
@@ -381,3 +381,35 @@ def test_a_decisions_notifications_are_in_its_one_round_trip_under_the_outbox_ru
             "comment": "no",
         },
     }
+
+
+def test_a_wait_registration_is_one_transaction_in_one_call(make_app: AppFactory) -> None:
+    # SQLite: one call on the database thread. PostgreSQL: one pipelined transaction that
+    # syncs twice: once to read the fence, the waits already settled and which inserts took,
+    # once to commit the announcements, events and the run's move (it was 12 round trips).
+    app = make_app()
+    app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
+    app.add_notifier(Recorder("slackish"))
+    node = by_hand.start(app, "rt-register")
+    node.ask("manager")
+    node.ask("legal")
+    status, count = _counted(app, lambda: waits.register(node.ctx, node.interrupts()))
+    assert status == "waiting"
+    expected = 1 if app.aio.connector.dialect == "sqlite" else 2
+    assert count.statements == expected, count.kinds
+    details = app.get_run(node.run_id)
+    assert [w["name"] for w in details.waits] == ["manager", "legal"]
+    kinds = [e["kind"] for e in details.timeline]
+    assert kinds[-3:] == ["wait.registered", "wait.registered", "status.waiting"]
+    requests = [i for i in app.aio.portal.call(app.aio.store.intents(node.run_id))]
+    assert sorted(i["kind"] for i in requests) == ["request", "request"]
+    # The run resumed by one decision pauses on both again (a replay): nothing is registered
+    # twice, the decided wait sends it straight back to the queue, in the same one call.
+    app.approve(node.run_id, by="alice", wait_id=details.waits[0]["wait_id"])
+    again = by_hand.claim(app, "worker-b")
+    again.pauses = list(node.pauses)
+    status, count = _counted(app, lambda: waits.register(again.ctx, again.interrupts()))
+    assert status == "queued"
+    assert count.statements == expected, count.kinds
+    assert len(app.get_run(node.run_id).waits) == 2
+    assert len(app.aio.portal.call(app.aio.store.intents(node.run_id))) == 3  # + one decided

@@ -137,15 +137,18 @@ class Node:
             return
         raise AssertionError(f"keel.approval({name!r}) did not pause")
 
+    def interrupts(self) -> list[Interrupt]:
+        """The node's pauses as LangGraph's interrupts (ids stable, as on a replay)."""
+        return [
+            Interrupt(value=value, id=f"{self.name}-{n}") for n, value in enumerate(self.pauses)
+        ]
+
     def register_pauses(self) -> str:
         """What the executor does when the graph stopped: register each pause as a wait.
 
         The interrupt ids are stable, as LangGraph's are on a replay; returns the run's status.
         """
-        interrupts = [
-            Interrupt(value=value, id=f"{self.name}-{n}") for n, value in enumerate(self.pauses)
-        ]
-        return str(on_loop(self.app, waits.register(self.ctx, interrupts)))
+        return str(on_loop(self.app, waits.register(self.ctx, self.interrupts())))
 
     def resume_values(self) -> list[Any]:
         """The decided waits' values, as the executor hands them to the resumed graph."""

@@ -130,9 +130,10 @@ class EffectQueries:
         notifier: str,
         kind: str,
         payload: str,
-    ) -> bool:
-        """Record a notification to deliver; False if it was already recorded (a replay)."""
-        row = await tx.one(
+    ) -> None:
+        """Record a notification to deliver, once (a replay records nothing): sent without
+        waiting for its answer, so a pipelined transaction goes on."""
+        await tx.send(
             "insert_intent",
             {
                 "intent_id": intent_id,
@@ -143,7 +144,6 @@ class EffectQueries:
                 "payload": payload,
             },
         )
-        return row is not None
 
     @staticmethod
     async def claim_intent_candidate(tx: Tx) -> Row | None:

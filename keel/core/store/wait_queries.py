@@ -7,6 +7,7 @@ when several deciders or sweepers race, exactly one gets the row back, the other
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 from keel.core.store.base import Connector, Later, Row, Tx
 
@@ -24,6 +25,18 @@ class WaitQueries:
     async def read_waits(tx: Tx, run_id: str) -> list[Row]:
         """A run's waits, oldest first."""
         return await tx.all("list_waits", {"run_id": run_id})
+
+    @staticmethod
+    async def send_settled_waits(tx: Tx, run_id: str) -> Callable[[], Awaitable[set[str]]]:
+        """The run's waits that are no longer pending, sent without waiting: their ids, read
+        once the transaction has gone on (a pipeline's next sync)."""
+        later = await tx.send("settled_wait_ids", {"run_id": run_id})
+
+        async def ids() -> set[str]:
+            row = await later()
+            return set(((row or {}).get("settled") or "").split())
+
+        return ids
 
     async def get_wait(self, wait_id: str) -> Row | None:
         async with self.db.read() as tx:
@@ -79,11 +92,11 @@ class WaitQueries:
         on_timeout: str,
         schedule: str,
         first_stage_after: float | None,
-    ) -> bool:
-        """Register a pending wait; False if it was already registered (a replay). Its deadline
-        and first stage fall `deadline_after` and `first_stage_after` seconds after the
-        database's now."""
-        inserted = await tx.one(
+    ) -> Later:
+        """Register a pending wait, sent without waiting: its row, once read, or None if it was
+        already registered (a replay) or the run was asked to cancel. Its deadline and first
+        stage fall `deadline_after` and `first_stage_after` seconds after the database's now."""
+        return await tx.send(
             "insert_wait",
             {
                 "wait_id": wait_id,
@@ -99,7 +112,6 @@ class WaitQueries:
                 "first_stage_after": first_stage_after,
             },
         )
-        return inserted is not None
 
     @staticmethod
     async def decide_wait(

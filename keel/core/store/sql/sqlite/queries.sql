@@ -263,13 +263,20 @@ VALUES (:fenced_id, keel_now(), :kind, :worker_id, :lease_token, :data);
 SELECT * FROM keel_effects WHERE run_id = :run_id ORDER BY created_at, idempotency_key;
 
 -- name: insert_wait
--- Register a wait unless it is already registered (replays register it again).
+-- Register a wait unless it is already registered (replays register it again) or the run was
+-- asked to cancel (its pause is then its step boundary: nobody is asked). The new wait's row;
+-- none if nothing was inserted.
 INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
                         deadline, on_timeout, schedule, next_stage_at, created_at)
-VALUES (:wait_id, :run_id, :interrupt_id, :kind, :name, :payload, :approvers, 'pending',
-        keel_now() + :deadline_after, :on_timeout, :schedule, keel_now() + :first_stage_after, keel_now())
+SELECT :wait_id, run_id, :interrupt_id, :kind, :name, :payload, :approvers, 'pending',
+       keel_now() + :deadline_after, :on_timeout, :schedule, keel_now() + :first_stage_after, keel_now()
+FROM keel_runs WHERE run_id = :run_id AND cancel_requested = 0
 ON CONFLICT (wait_id) DO NOTHING
-RETURNING wait_id;
+RETURNING *;
+
+-- name: settled_wait_ids
+-- The ids of a run's waits that are no longer pending (decided or expired), space-separated.
+SELECT group_concat(wait_id, ' ') AS settled FROM keel_waits WHERE run_id = :run_id AND status <> 'pending';
 
 -- name: get_wait
 -- One wait.

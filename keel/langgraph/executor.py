@@ -375,6 +375,8 @@ class Executor:
             fault_point("run.before_first_checkpoint", workflow.name)
             _resumed(run, "from its admitted input (no checkpoint yet)", started, "run.start")
             return loads(run["input"])
+        # LangGraph's loop reads the same checkpoint as it starts: it gets this read.
+        self.saver.read_ahead(run["run_id"], saved)
         pending = _pending_interrupts(saved.pending_writes or ())
         if pending:
             resume = await waits.resume_map(self.services.store, run["run_id"], pending)

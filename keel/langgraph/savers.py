@@ -92,6 +92,9 @@ class Buffer:
 
 
 _recording: ContextVar[list[Statement] | None] = ContextVar("keel_recording", default=None)
+_read_ahead: ContextVar[list[tuple[str, CheckpointTuple]] | None] = ContextVar(
+    "keel_read_ahead", default=None
+)
 
 
 class Fencing:
@@ -298,7 +301,21 @@ class Fencing:
         if buffer is not None and buffer.writes:
             await self._flush(ctx.run_id, buffer)
 
+    def read_ahead(self, run_id: str, found: CheckpointTuple) -> None:
+        """The executor just read the run's latest checkpoint: LangGraph's loop, which reads it
+        again as it starts, gets this one (once, in this execution) instead of a second read."""
+        _read_ahead.set([(run_id, found)])
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        ahead = _read_ahead.get()
+        configurable = config.get("configurable", {})
+        if (
+            ahead
+            and ahead[0][0] == str(configurable.get("thread_id"))
+            and not configurable.get("checkpoint_ns")
+            and not configurable.get("checkpoint_id")
+        ):
+            return ahead.pop()[1]
         await self._flush_for(config)
         found: CheckpointTuple | None = await super().aget_tuple(config)  # type: ignore[misc]
         if found is not None:

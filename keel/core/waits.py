@@ -14,17 +14,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import effect_outbox, logs, outbox
+from keel.core import effect_outbox, logs
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, current
-from keel.core.errors import NoPendingWait, RunFinished, RunNotFound, UsageError, WaitNotFound
+from keel.core.errors import (
+    InvalidTransition,
+    NoPendingWait,
+    RunFinished,
+    RunNotFound,
+    UsageError,
+    WaitNotFound,
+)
 from keel.core.faults import fault_point
 from keel.core.ids import digest, validate_run_id
-from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason
-from keel.core.runs import cancel_waits, transition
+from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason, check_transition
 from keel.core.services import Services
-from keel.core.store.base import Row, Tx
+from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
 
@@ -125,31 +131,27 @@ def _spec(value: Any) -> dict[str, Any]:
 
 async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     """Record the waits the graph paused on and release the run until a decision arrives: one
-    fenced transaction, in one call (`Store.step_transaction`)."""
-
-    async def body(tx: Tx) -> Status:
-        return await _register(ctx, tx, interrupts)
-
-    return await ctx.services.store.step_transaction(body)
-
-
-async def _register(ctx: RunContext, tx: Tx, interrupts: Sequence[Any]) -> Status:
-    rt = ctx.services
-    store = rt.store
-    # Sent together, read together (PostgreSQL: one sync of the pipeline): the fence, the
-    # run's waits as they were, and each wait's insert (none under a cancel request).
-    fenced = await store.send_fence(tx, ctx.run_id, ctx.token)
-    before = await store.send_settled_waits(tx, ctx.run_id)
+    fenced transaction in one call (`Store.step_transaction`): one call on SQLite's database
+    thread, one pipeline and round trip on PostgreSQL (an outbox wait, whose intent may have
+    been delivered already, reads it: one more)."""
+    store = ctx.services.store
+    started = time.monotonic()
     specs = [(wait_id_for(ctx.run_id, intr.id), intr, _spec(intr.value)) for intr in interrupts]
-    inserts = []
-    for wid, intr, spec in specs:
-        timeout = spec.get("timeout")
-        schedule = spec.get("schedule", [])
-        inserts.append(
-            await store.insert_wait(
+    notifiers = [n.name for n in ctx.services.notifiers.values() if "request" in n.kinds]
+
+    async def body(tx: Tx) -> tuple[list[tuple[dict[str, Any], Later]], Later]:
+        await store.fence_step(tx, ctx.run_id, ctx.token)  # a stale token commits nothing
+        registered = []
+        for wid, intr, spec in specs:
+            timeout = spec.get("timeout")
+            schedule = spec.get("schedule", [])
+            event = {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")}
+            row = await store.register_wait(
                 tx,
                 wait_id=wid,
                 run_id=ctx.run_id,
+                token=ctx.token,
+                worker_id=ctx.worker_id,
                 interrupt_id=intr.id,
                 kind=spec.get("kind", WaitKind.INTERRUPT),
                 name=spec.get("name", "interrupt"),
@@ -159,47 +161,49 @@ async def _register(ctx: RunContext, tx: Tx, interrupts: Sequence[Any]) -> Statu
                 on_timeout=spec.get("on_timeout", "fail"),
                 schedule=dumps(schedule),
                 first_stage_after=float(schedule[0]["after"]) if schedule else None,
+                event=dumps(event),
+                notifiers=notifiers,
             )
+            registered.append((event, row))
+            if spec.get("kind") == WaitKind.OUTBOX and await row() is not None:
+                # Delivered before this wait existed: answered now, the run goes on at once.
+                intent = await store.read_effect_intent(tx, str(spec["payload"]["intent_id"]))
+                if intent is not None:
+                    await effect_outbox.answer_waits(store, tx, intent)
+        # Cancelled while this step ran: this pause is its step boundary, nobody is asked. A
+        # decision already in (it raced the registration) resumes the run at once.
+        moved = await store.end_registration(
+            tx, ctx.run_id, ctx.token, ctx.worker_id, [wid for wid, _, _ in specs]
         )
-    run = await fenced()
-    settled = await before()
-    if run["cancel_requested"]:
-        # Cancelled while this step ran: this pause is its step boundary; nobody is asked.
-        await cancel_waits(store, tx, ctx.run_id)
-        await transition(
-            store,
-            tx,
-            run,
-            Status.CANCELLED,
-            worker_id=ctx.worker_id,
-            token=ctx.token,
-            termination_reason=TerminationReason.CANCELLED,
-        )
-        return Status.CANCELLED
-    identity = {"run_id": ctx.run_id, "job_id": ctx.job_id, "workflow": ctx.workflow}
-    for (wid, _, spec), insert in zip(specs, inserts, strict=True):
-        wait_row = await insert()
-        if wait_row is None:
-            continue  # registered before (a replay): asked and announced then
-        if spec.get("kind") == WaitKind.OUTBOX:
-            # Delivered before this wait existed: answered now, the run goes on at once.
-            intent = await store.read_effect_intent(tx, str(spec["payload"]["intent_id"]))
-            if intent is not None and await effect_outbox.answer_waits(store, tx, intent):
-                settled.add(wid)
-        else:  # a machine's wait: nobody is asked
-            await outbox.record(rt, tx, identity, wait_row, "request")
-        await store.add_event(
-            tx,
-            ctx.run_id,
-            "wait.registered",
-            {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")},
-            worker_id=ctx.worker_id,
-            token=ctx.token,
-        )
-    # A decision that is already in (it raced the registration) resumes the run at once.
-    decided = any(wid in settled for wid, _, _ in specs)
-    target = Status.QUEUED if decided else Status.WAITING
-    await transition(store, tx, run, target, worker_id=ctx.worker_id, token=ctx.token)
+        return registered, moved
+
+    registered, moved = await store.step_transaction(body)
+    took = time.monotonic() - started
+    ended = await moved()
+    if ended is None:
+        raise InvalidTransition(f"run {ctx.run_id} is not running: it registers no wait")
+    for event, row in registered:
+        if await row() is not None:
+            logs.event(
+                ctx.run_id,
+                "wait.registered",
+                event,
+                worker_id=ctx.worker_id,
+                token=ctx.token,
+                took=took,
+            )
+    target = check_transition(Status.RUNNING, ended["target"])
+    data: dict[str, Any] = {"from": Status.RUNNING.value, "to": target.value}
+    if target == Status.CANCELLED:
+        data["termination_reason"] = TerminationReason.CANCELLED.value
+    logs.event(
+        ctx.run_id,
+        f"status.{target.value}",
+        data,
+        worker_id=ctx.worker_id,
+        token=ctx.token,
+        took=took,
+    )
     return target
 
 

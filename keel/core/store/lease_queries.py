@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -59,17 +59,6 @@ class LeaseQueries:
             if found is None:
                 raise RunNotFound(f"no run {run_id!r}")
             return found
-
-        return row
-
-    @staticmethod
-    async def send_fence(tx: Tx, run_id: str, token: int) -> Callable[[], Awaitable[Row]]:
-        """The run's lease row, locked against a takeover (FOR SHARE), sent without waiting:
-        read it before anything sent after it can commit, for RunNotFound or LeaseLost."""
-        later = await tx.send("fence", {"run_id": run_id})
-
-        async def row() -> Row:
-            return _held_by(await later(), run_id, token)
 
         return row
 

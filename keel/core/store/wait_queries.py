@@ -7,7 +7,6 @@ when several deciders or sweepers race, exactly one gets the row back, the other
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 
 from keel.core.store.base import Connector, Later, Row, Tx
 
@@ -25,18 +24,6 @@ class WaitQueries:
     async def read_waits(tx: Tx, run_id: str) -> list[Row]:
         """A run's waits, oldest first."""
         return await tx.all("list_waits", {"run_id": run_id})
-
-    @staticmethod
-    async def send_settled_waits(tx: Tx, run_id: str) -> Callable[[], Awaitable[set[str]]]:
-        """The run's waits that are no longer pending, sent without waiting: their ids, read
-        once the transaction has gone on (a pipeline's next sync)."""
-        later = await tx.send("settled_wait_ids", {"run_id": run_id})
-
-        async def ids() -> set[str]:
-            row = await later()
-            return set(((row or {}).get("settled") or "").split())
-
-        return ids
 
     async def get_wait(self, wait_id: str) -> Row | None:
         async with self.db.read() as tx:
@@ -78,11 +65,13 @@ class WaitQueries:
     # -- changing -------------------------------------------------------------------------------
 
     @staticmethod
-    async def insert_wait(
+    async def register_wait(
         tx: Tx,
         *,
         wait_id: str,
         run_id: str,
+        token: int,
+        worker_id: str,
         interrupt_id: str,
         kind: str,
         name: str,
@@ -92,15 +81,20 @@ class WaitQueries:
         on_timeout: str,
         schedule: str,
         first_stage_after: float | None,
+        event: str,
+        notifiers: list[str],
     ) -> Later:
-        """Register a pending wait, sent without waiting: its row, once read, or None if it was
-        already registered (a replay) or the run was asked to cancel. Its deadline and first
-        stage fall `deadline_after` and `first_stage_after` seconds after the database's now."""
+        """Register a pending wait with its event and request intents, sent without waiting:
+        its row, once read, or None if it was already registered (a replay) or the run was
+        asked to cancel. Its deadline and first stage fall `deadline_after` and
+        `first_stage_after` seconds after the database's now."""
         return await tx.send(
-            "insert_wait",
+            "register_wait",
             {
                 "wait_id": wait_id,
                 "run_id": run_id,
+                "lease_token": token,
+                "worker_id": worker_id,
                 "interrupt_id": interrupt_id,
                 "kind": kind,
                 "name": name,
@@ -110,6 +104,24 @@ class WaitQueries:
                 "on_timeout": on_timeout,
                 "schedule": schedule,
                 "first_stage_after": first_stage_after,
+                "event": event,
+                "notifiers": json.dumps(notifiers),
+            },
+        )
+
+    @staticmethod
+    async def end_registration(
+        tx: Tx, run_id: str, token: int, worker_id: str, wait_ids: list[str]
+    ) -> Later:
+        """The run's move at the end of a registration (cancelled, queued or waiting), sent
+        without waiting: the status it reached, once read (None: not running under `token`)."""
+        return await tx.send(
+            "end_registration",
+            {
+                "run_id": run_id,
+                "lease_token": token,
+                "worker_id": worker_id,
+                "wait_ids": json.dumps(wait_ids),
             },
         )
 

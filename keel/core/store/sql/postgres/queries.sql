@@ -307,21 +307,93 @@ SELECT run_id AS fenced_id, (SELECT COUNT(*) FROM updated) AS updated FROM fence
 -- A run's ledger.
 SELECT * FROM keel_effects WHERE run_id = %(run_id)s ORDER BY created_at, idempotency_key;
 
--- name: insert_wait
--- Register a wait unless it is already registered (replays register it again) or the run was
--- asked to cancel (its pause is then its step boundary: nobody is asked). The new wait's row;
--- none if nothing was inserted.
-INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
-                        deadline, on_timeout, schedule, next_stage_at, created_at)
-SELECT %(wait_id)s, run_id, %(interrupt_id)s, %(kind)s, %(name)s, %(payload)s, %(approvers)s, 'pending',
-       keel_now() + %(deadline_after)s::double precision, %(on_timeout)s, %(schedule)s, keel_now() + %(first_stage_after)s::double precision, keel_now()
-FROM keel_runs WHERE run_id = %(run_id)s AND cancel_requested = 0
-ON CONFLICT (wait_id) DO NOTHING
-RETURNING *;
+-- name: register_wait
+-- Register one wait the graph paused on, in one statement, after the step's fence
+-- (`fence_step`, sent first in the same pipeline): unless it is already registered (a replay)
+-- or the run, running under `lease_token`, was asked to cancel. With it: its `wait.registered`
+-- event (`event`) and, unless it is an outbox wait (a machine's), one `request` intent per
+-- notifier in `notifiers`. The new wait's row; none if nothing was inserted.
+WITH run AS (
+    SELECT run_id, job_id, workflow FROM keel_runs
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
+      AND cancel_requested = 0),
+inserted AS (
+    INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
+                            deadline, on_timeout, schedule, next_stage_at, created_at)
+    SELECT %(wait_id)s, run_id, %(interrupt_id)s, %(kind)s, %(name)s, %(payload)s, %(approvers)s, 'pending',
+           keel_now() + %(deadline_after)s::double precision, %(on_timeout)s, %(schedule)s,
+           keel_now() + %(first_stage_after)s::double precision, keel_now()
+    FROM run
+    ON CONFLICT (wait_id) DO NOTHING
+    RETURNING *),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM inserted),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT i.run_id, keel_now(), 'wait.registered', %(worker_id)s, %(lease_token)s, %(event)s
+    FROM inserted AS i, turn),
+intent AS (
+    INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
+                             available_at, created_at, updated_at)
+    SELECT 'n:' || left(keel_digest(i.run_id, i.wait_id, 'request', '0', n.name), 32),
+           i.run_id, i.wait_id, n.name, 'request',
+           jsonb_build_object(
+               'job_id', r.job_id, 'workflow', r.workflow,
+               'wait', jsonb_build_object('wait_id', i.wait_id, 'kind', i.kind, 'name', i.name,
+                                          'payload', i.payload::jsonb,
+                                          'approvers', i.approvers::jsonb,
+                                          'deadline', i.deadline),
+               'details', jsonb_build_object('stage', 0))::text,
+           'queued', keel_now(), keel_now(), keel_now()
+    FROM inserted AS i, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
+    WHERE i.kind <> 'outbox'
+    ON CONFLICT (intent_id) DO NOTHING)
+SELECT * FROM inserted;
 
--- name: settled_wait_ids
--- The ids of a run's waits that are no longer pending (decided or expired), space-separated.
-SELECT string_agg(wait_id, ' ') AS settled FROM keel_waits WHERE run_id = %(run_id)s AND status <> 'pending';
+-- name: end_registration
+-- The end of a wait registration, in one statement after its waits: the run, running under
+-- `lease_token`, is cancelled if a cancel was asked while its step ran (its pending waits
+-- expire: nobody is asked), queued if one of `wait_ids` is already answered (a decision raced
+-- the registration), else waiting; its lease is released, the move is on its timeline. The
+-- status it reached; none if the token does not hold a running run.
+WITH run AS (
+    SELECT run_id, cancel_requested FROM keel_runs
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'),
+target AS (
+    SELECT CASE
+        WHEN r.cancel_requested = 1 THEN 'cancelled'
+        WHEN EXISTS (SELECT 1 FROM keel_waits
+                     WHERE run_id = r.run_id AND status <> 'pending'
+                       AND wait_id IN (SELECT jsonb_array_elements_text(%(wait_ids)s::jsonb)))
+        THEN 'queued'
+        ELSE 'waiting' END AS status
+    FROM run AS r),
+expired AS (
+    UPDATE keel_waits
+    SET status = 'expired', decision = 'cancelled', value = 'null', decided_by = 'keel:deadline',
+        channel = 'deadline', decided_at = keel_now()
+    WHERE run_id = %(run_id)s AND status = 'pending'
+      AND EXISTS (SELECT 1 FROM target WHERE status = 'cancelled')
+    RETURNING wait_id),
+moved AS (
+    UPDATE keel_runs AS r
+    SET status = t.status,
+        termination_reason = CASE WHEN t.status = 'cancelled' THEN 'cancelled' ELSE r.termination_reason END,
+        lease_owner = NULL, lease_expires_at = NULL,
+        finished_at = CASE WHEN t.status = 'cancelled' THEN keel_now() ELSE NULL END,
+        updated_at = keel_now()
+    FROM target AS t
+    WHERE r.run_id = %(run_id)s
+    RETURNING r.run_id, t.status),
+turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM moved),
+event AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT m.run_id, keel_now(), 'status.' || m.status, %(worker_id)s, %(lease_token)s,
+           (jsonb_build_object('from', 'running', 'to', m.status)
+            || CASE WHEN m.status = 'cancelled'
+                    THEN jsonb_build_object('termination_reason', 'cancelled')
+                    ELSE '{}'::jsonb END)::text
+    FROM moved AS m, turn)
+SELECT status AS target, (SELECT COUNT(*) FROM expired) AS expired FROM moved;
 
 -- name: get_wait
 -- One wait.
@@ -402,12 +474,7 @@ event AS (
 intent AS (
     INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
                              available_at, created_at, updated_at)
-    SELECT 'n:' || left(encode(sha256(
-               int8send(octet_length(d.run_id)::bigint) || convert_to(d.run_id, 'UTF8')
-               || int8send(octet_length(d.wait_id)::bigint) || convert_to(d.wait_id, 'UTF8')
-               || int8send(7::bigint) || convert_to('decided', 'UTF8')
-               || int8send(1::bigint) || convert_to('0', 'UTF8')
-               || int8send(octet_length(n.name)::bigint) || convert_to(n.name, 'UTF8')), 'hex'), 32),
+    SELECT 'n:' || left(keel_digest(d.run_id, d.wait_id, 'decided', '0', n.name), 32),
            d.run_id, d.wait_id, n.name, 'decided',
            jsonb_build_object(
                'job_id', r.job_id, 'workflow', r.workflow,

@@ -262,21 +262,74 @@ VALUES (:fenced_id, keel_now(), :kind, :worker_id, :lease_token, :data);
 -- A run's ledger.
 SELECT * FROM keel_effects WHERE run_id = :run_id ORDER BY created_at, idempotency_key;
 
--- name: insert_wait
--- Register a wait unless it is already registered (replays register it again) or the run was
--- asked to cancel (its pause is then its step boundary: nobody is asked). The new wait's row;
--- none if nothing was inserted.
+-- name: register_wait
+-- Register one wait the graph paused on, in one call (a chain: see Connector.single), after
+-- the step's fence (`fence_step`): unless it is already registered (a replay) or the run,
+-- running under `lease_token`, was asked to cancel. With it: its `wait.registered` event
+-- (`event`) and, unless it is an outbox wait (a machine's), one `request` intent per notifier
+-- in `notifiers`. The new wait's row; none if nothing was inserted.
+SELECT job_id AS run_job, workflow AS run_workflow FROM keel_runs
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
+  AND cancel_requested = 0;
 INSERT INTO keel_waits (wait_id, run_id, interrupt_id, kind, name, payload, approvers, status,
                         deadline, on_timeout, schedule, next_stage_at, created_at)
-SELECT :wait_id, run_id, :interrupt_id, :kind, :name, :payload, :approvers, 'pending',
-       keel_now() + :deadline_after, :on_timeout, :schedule, keel_now() + :first_stage_after, keel_now()
-FROM keel_runs WHERE run_id = :run_id AND cancel_requested = 0
-ON CONFLICT (wait_id) DO NOTHING
-RETURNING *;
+VALUES (:wait_id, :run_id, :interrupt_id, :kind, :name, :payload, :approvers, 'pending',
+        keel_now() + :deadline_after, :on_timeout, :schedule, keel_now() + :first_stage_after,
+        keel_now())
+ON CONFLICT (wait_id) DO NOTHING;
+SELECT changes() AS inserted;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT :run_id, keel_now(), 'wait.registered', :worker_id, :lease_token, :event
+WHERE :inserted = 1;
+INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
+                         available_at, created_at, updated_at)
+SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'request', '0', n.value), 1, 32),
+       :run_id, w.wait_id, n.value, 'request',
+       json_object('job_id', :run_job, 'workflow', :run_workflow,
+                   'wait', json_object('wait_id', w.wait_id, 'kind', w.kind, 'name', w.name,
+                                       'payload', json(w.payload),
+                                       'approvers', json(w.approvers),
+                                       'deadline', w.deadline),
+                   'details', json_object('stage', 0)),
+       'queued', keel_now(), keel_now(), keel_now()
+FROM keel_waits AS w, json_each(:notifiers) AS n
+WHERE w.wait_id = :wait_id AND :inserted = 1 AND w.kind <> 'outbox'
+ON CONFLICT (intent_id) DO NOTHING;
+SELECT w.* FROM keel_waits AS w WHERE w.wait_id = :wait_id AND :inserted = 1;
 
--- name: settled_wait_ids
--- The ids of a run's waits that are no longer pending (decided or expired), space-separated.
-SELECT group_concat(wait_id, ' ') AS settled FROM keel_waits WHERE run_id = :run_id AND status <> 'pending';
+-- name: end_registration
+-- The end of a wait registration, in one call (a chain) after its waits: the run, running
+-- under `lease_token`, is cancelled if a cancel was asked while its step ran (its pending
+-- waits expire: nobody is asked), queued if one of `wait_ids` is already answered (a decision
+-- raced the registration), else waiting; its lease is released, the move is on its timeline.
+-- The status it reached; none if the token does not hold a running run.
+SELECT cancel_requested AS cancel FROM keel_runs
+WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running';
+SELECT CASE
+    WHEN :cancel = 1 THEN 'cancelled'
+    WHEN EXISTS (SELECT 1 FROM keel_waits
+                 WHERE run_id = :run_id AND status <> 'pending'
+                   AND wait_id IN (SELECT value FROM json_each(:wait_ids)))
+    THEN 'queued'
+    ELSE 'waiting' END AS target;
+UPDATE keel_waits
+SET status = 'expired', decision = 'cancelled', value = 'null', decided_by = 'keel:deadline',
+    channel = 'deadline', decided_at = keel_now()
+WHERE run_id = :run_id AND status = 'pending' AND :target = 'cancelled';
+SELECT changes() AS expired;
+UPDATE keel_runs
+SET status = :target,
+    termination_reason = CASE WHEN :target = 'cancelled' THEN 'cancelled' ELSE termination_reason END,
+    lease_owner = NULL, lease_expires_at = NULL,
+    finished_at = CASE WHEN :target = 'cancelled' THEN keel_now() ELSE NULL END,
+    updated_at = keel_now()
+WHERE run_id = :run_id;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+VALUES (:run_id, keel_now(), 'status.' || :target, :worker_id, :lease_token,
+        CASE WHEN :target = 'cancelled'
+             THEN json_object('from', 'running', 'to', :target, 'termination_reason', 'cancelled')
+             ELSE json_object('from', 'running', 'to', :target) END);
+SELECT :target AS target;
 
 -- name: get_wait
 -- One wait.

@@ -1,0 +1,3 @@
+-- Ids derived in SQL (a decision's and a registration's notification intents, issue 12) by the
+-- same rule as keel.core.ids.digest. SQLite's `keel_digest` is that Python function, which the
+-- connector registers on its connection: no schema needed.

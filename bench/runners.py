@@ -23,7 +23,6 @@ import keel
 from bench.common import Databases, Loop, Traffic
 from bench.wire import PgCounter, sqlite_counting
 
-
 POLL = 0.02
 """Seconds between the observer's looks at a run it waits for (see KeelRunner._wait)."""
 

@@ -278,16 +278,17 @@ class PostgresConnector:
             now = repr(float(self.clock_override()))
             await conn.execute("SELECT set_config('keel.fake_now', %s, false)", (now,))
 
-    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
-        """Call `on_notify` for every NOTIFY on `channel` until cancelled; reconnect on errors."""
+    async def listen(self, channel: str, on_notify: Callable[[str | None], None]) -> None:
+        """Call `on_notify` with the payload of every NOTIFY on `channel` until cancelled;
+        reconnect on errors (and call `on_notify(None)`: what was sent meanwhile is lost)."""
         while True:
             try:
                 conn = await AsyncConnection.connect(self.url, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {channel}")
-                    on_notify()  # anything sent while we were not listening
-                    async for _ in conn.notifies():
-                        on_notify()
+                    on_notify(None)  # anything sent while we were not listening
+                    async for notify in conn.notifies():
+                        on_notify(notify.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

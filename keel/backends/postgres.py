@@ -78,6 +78,12 @@ def _readable(conn: AsyncConnection[Any]) -> bool:
     return bool(ready)
 
 
+_ROLL_BACK = (
+    "DO $$BEGIN RAISE EXCEPTION 'rolled back: the step transaction stopped before its end'"
+    " USING ERRCODE = 'KL003'; END$$"
+)
+"""Ends a pipeline's transaction rolled back (it has no BEGIN for a ROLLBACK to end)."""
+
 FENCE_SQLSTATE, NO_RUN_SQLSTATE = "KL001", "KL002"
 """What `keel_fence` (migration 0013) raises: a stale lease token, no such run."""
 
@@ -224,28 +230,34 @@ class PostgresConnector:
         return dict(row) if row is not None else None
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        """BEGIN, `body`, COMMIT as one pipeline: one round trip (one Sync) when `body` only
-        sends. A stale token's fence aborts the pipeline, and the whole transaction with it.
+        """`body` as one pipeline and one transaction: one round trip (one Sync) when `body`
+        only sends. A stale token's fence aborts the pipeline, and the whole transaction with it.
 
-        BEGIN and COMMIT are statements of the pipeline, not psycopg's `transaction()` (which
-        syncs at its start and at its end): a statement whose row is read at once syncs the
-        pipeline early and is still inside the transaction."""
+        No BEGIN or COMMIT: the server runs what a pipeline sends up to its Sync as one
+        transaction (committed at the Sync, rolled back if a statement failed), and a row read
+        before the end asks for a flush, not a Sync, so it stays inside it. Two statements
+        fewer per step, each of which cost a trip through psycopg and the event loop."""
         async with self.pool.connection() as conn:
             try:
-                failed: psycopg.Error | None = None
+                failed: BaseException | None = None
                 try:
                     async with conn.pipeline():
                         try:
-                            await conn.execute("BEGIN")
                             await self._set_clock(conn)
                             result = await body(PostgresTx(conn, self._queries))
-                            await conn.execute("COMMIT")
                         except psycopg.Error as exc:
                             # Kept for after the pipeline's end, which still collects the
                             # results of what was sent after the failed statement: each of them
                             # "pipeline aborted" (which psycopg would log as an error ignored,
                             # once per stale token, had the block raised).
                             failed = exc
+                        except BaseException as exc:
+                            # `body` stopped half-way (cancelled, a bug): what it sent must not
+                            # commit at the Sync the pipeline's end sends. A statement that
+                            # fails rolls the whole transaction back.
+                            failed = exc
+                            with contextlib.suppress(psycopg.Error):
+                                await conn.execute(_ROLL_BACK)
                 except psycopg.Error:
                     if failed is None:
                         raise

@@ -2,8 +2,8 @@
 
 Counting: on SQLite, the connection's trace callback (every statement the database thread
 runs, split into transactions at BEGIN IMMEDIATE / COMMIT); on PostgreSQL, libpq's protocol
-trace of each connection the pool hands out, where a round trip is one ReadyForQuery (the
-server's answer to one Sync).
+trace of each connection the pool hands out (one checkout, one transaction), where a round trip
+is one ReadyForQuery (the server's answer to one Sync).
 """
 
 from __future__ import annotations
@@ -123,7 +123,9 @@ async def traced(app: keel.App) -> AsyncIterator[Trace]:
                         statements,
                         sum(1 for m in messages if re.match(r"B\t\d+\tReadyForQuery\t", m)),
                     )
-                    if any("COMMIT" in s for s in tx.statements):
+                    # One checkout is one transaction: a step's pipeline (committed at its
+                    # Sync, with no BEGIN/COMMIT) or one autocommitted statement.
+                    if tx.statements:
                         trace.transactions.append(tx)
 
     pool.connection = tracing

@@ -166,6 +166,37 @@ def test_a_row_read_inside_a_step_transaction_is_returned(takeover: Takeover) ->
     assert row is not None and row["lease_token"] == 2
 
 
+@pytest.mark.parametrize("stop", ["raises", "is cancelled"])
+def test_a_step_transaction_stopped_half_way_commits_nothing(takeover: Takeover, stop: str) -> None:
+    """A body that stops after some statements were sent (a bug, a cancelled task) leaves none
+    of them: on PostgreSQL the pipeline has no BEGIN, and its Sync would commit them."""
+    store, run = takeover.rt.store, takeover.run_id
+    before = takeover.snapshot()
+    sent = asyncio.Event()
+
+    async def step(tx: Any) -> Any:
+        await store.fence_step(tx, run, 2)
+        await store.add_event(tx, run, "half.way", {"sent": True})
+        sent.set()
+        if stop == "raises":
+            raise RuntimeError("a bug half-way through a step")
+        await asyncio.sleep(30)
+
+    async def go() -> None:
+        task = asyncio.create_task(store.step_transaction(step))
+        await sent.wait()
+        if stop == "is cancelled":
+            task.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await task
+
+    takeover.call(go())
+    assert takeover.snapshot() == before
+    # The connection it used serves the next transaction.
+    after = takeover.call(_after(store.step_transaction(lambda tx: store.fence_step(tx, run, 2))))
+    assert not after["cancel_requested"]
+
+
 async def _after(call: Coroutine[Any, Any, Any]) -> Any:
     """A step transaction's result: its fence's row, read after the commit."""
     return await (await call)()

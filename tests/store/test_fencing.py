@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypedDict, TypeVar
 
+import psycopg
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
@@ -197,15 +198,13 @@ def test_a_step_transaction_stopped_half_way_commits_nothing(takeover: Takeover,
     assert not after["cancel_requested"]
 
 
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_a_step_holds_no_lock_until_its_whole_transaction_is_sent(takeover: Takeover) -> None:
     """A worker frozen (SIGSTOP, a paused VM) half-way through sending a step must hold nothing
     another worker would wait on. On PostgreSQL the statements go as one message at the end: a
     pipeline ran the fence at once, its FOR SHARE held the run with no timeout to end it, and
     the frozen worker's run could not be taken over."""
-    if takeover.rt.store.dialect != "postgres":
-        pytest.skip("SQLite takes its write lock for the whole call, on the database thread")
-    import psycopg
-
+    # (SQLite takes its write lock for the whole call, on the database thread.)
     store, run = takeover.rt.store, takeover.run_id
     url = takeover.rt.connector.url
 

@@ -118,7 +118,8 @@ async def traced(app: keel.App) -> AsyncIterator[Trace]:
                             # to its name, with no Parse, runs it again.
                             statements.append(prepared.get((id(conn), bound[1]), m))
                         elif re.match(r"F\t\d+\tQuery\t", m):
-                            statements.append(m)
+                            # A step's statements, sent as one message (keel.backends.postgres).
+                            statements.extend(m.split(";\n"))
                     tx = Transaction(
                         statements,
                         sum(1 for m in messages if re.match(r"B\t\d+\tReadyForQuery\t", m)),

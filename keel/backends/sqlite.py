@@ -94,6 +94,9 @@ def _split(sql: str) -> tuple[str, ...]:
 
 
 class SqliteTx:
+    """Named queries from the event loop: each statement, with its fetch, is one call to the
+    database thread (aiosqlite's public calls cost one per statement, fetch and close)."""
+
     def __init__(
         self,
         conn: aiosqlite.Connection,
@@ -104,40 +107,39 @@ class SqliteTx:
         self._queries = queries
         self._chains = chains
 
+    async def _on_thread(self, method: str, *args: Any) -> Any:
+        conn = self.connection
+
+        def statement() -> Any:
+            tx = ThreadTx(conn._conn, self._queries, self._chains)
+            return _run_to_end(getattr(tx, method)(*args))
+
+        return await conn._execute(statement)
+
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         _injected_failure()
-        chain = self._chains[name]
-        if len(chain) > 1:
-            raw = self.connection._conn  # see SqliteConnector.single
-            return await self.connection._execute(_run_chain, raw, chain, params, own=False)
-        async with self.connection.execute(self._queries[name], params or {}) as cur:
-            row = await cur.fetchone()
-        return dict(row) if row is not None else None
+        row: Row | None = await self._on_thread("one", name, params)
+        return row
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]:
         _injected_failure()
-        async with self.connection.execute(self._queries[name], params or {}) as cur:
-            rows = await cur.fetchall()
-        return [dict(r) for r in rows]
+        rows: list[Row] = await self._on_thread("all", name, params)
+        return rows
 
     async def execute(self, name: str, params: Params | None = None) -> int:
         _injected_failure()
-        async with self.connection.execute(self._queries[name], params or {}) as cur:
-            return cur.rowcount
+        count: int = await self._on_thread("execute", name, params)
+        return count
 
     async def script(self, sql: str) -> None:
-        await self.connection.execute(sql)
+        await self._on_thread("script", sql)
 
     async def send(self, name: str, params: Params | None = None) -> Later:
         row = await self.one(name, params)
         return _now(row)
 
     async def replay(self, statement: Statement) -> None:
-        sql, params, many = statement
-        if many:
-            await self.connection.executemany(sql, params)
-        else:
-            await self.connection.execute(sql, params)
+        await self._on_thread("replay", statement)
 
 
 def _now(row: Row | None) -> Later:
@@ -154,13 +156,23 @@ class ThreadTx:
     own async methods run on the thread unchanged: one implementation of each query, no hop
     per statement."""
 
-    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str]) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, queries: dict[str, str], chains: dict[str, tuple[str, ...]]
+    ) -> None:
         self.connection = conn
         self._queries = queries
+        self._chains = chains
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         _injected_failure()
-        row = self.connection.execute(self._queries[name], params or {}).fetchone()
+        chain = self._chains[name]
+        if len(chain) > 1:
+            return _run_chain(self.connection, chain, params, own=False)
+        cur = self.connection.execute(self._queries[name], params or {})
+        try:
+            row = cur.fetchone()
+        finally:
+            cur.close()
         return dict(row) if row is not None else None
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]:
@@ -274,7 +286,7 @@ class SqliteConnector:
         context = contextvars.copy_context()
 
         def transaction(conn: sqlite3.Connection) -> T:
-            tx = ThreadTx(conn, self._queries)
+            tx = ThreadTx(conn, self._queries, self._chains)
             _injected_failure()
             conn.execute("BEGIN IMMEDIATE")
             try:

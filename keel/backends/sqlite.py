@@ -211,6 +211,32 @@ def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
     )
 
 
+class _Pending:
+    """One `run_transaction` waiting for its group's COMMIT."""
+
+    def __init__(
+        self, body: Callable[[Tx], Awaitable[Any]], context: contextvars.Context, loop: Any
+    ) -> None:
+        self.body = body
+        self.context = context
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+    def settle(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class SqliteConnector:
     dialect = "sqlite"
     notifies = False
@@ -223,10 +249,13 @@ class SqliteConnector:
         self._synchronous = synchronous
         self._queries = load_queries(self.dialect)
         self._chains = {name: _split(sql) for name, sql in self._queries.items()}
+        self._named = (self._queries, self._chains)
         self._conn: aiosqlite.Connection | None = None
         self.clock_override: Callable[[], float] | None = None
         # Shared with the checkpoint saver, which runs on the same connection.
         self.lock = TaskReentrantLock()
+        self._pending: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def connection(self) -> aiosqlite.Connection:
@@ -281,31 +310,103 @@ class SqliteConnector:
         return 1
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        """BEGIN IMMEDIATE, `body`, COMMIT: one call to the database thread."""
-        # The caller's context on the thread: events the body adds are logged after the commit.
-        context = contextvars.copy_context()
+        """BEGIN IMMEDIATE, `body`, COMMIT: one call to the database thread.
 
-        def transaction(conn: sqlite3.Connection) -> T:
-            tx = ThreadTx(conn, self._queries, self._chains)
-            _injected_failure()
-            conn.execute("BEGIN IMMEDIATE")
+        Group commit: transactions that arrive while one is on the thread wait for it, then go
+        together in one call and one COMMIT (one fsync), each body in a savepoint of its own,
+        so a body that fails (a stale fence) rolls back alone. Each caller returns after the
+        COMMIT that made its body durable; a lone transaction goes at once, as it is."""
+        # The caller's context on the thread: events the body adds are logged after the commit.
+        entry = _Pending(body, contextvars.copy_context(), asyncio.get_running_loop())
+        if self.lock.owned():
+            # Inside this task's own open transaction (the lock is re-entrant): a flush of the
+            # group would wait for the lock this task holds.
+            await self._flush_now([entry])
+        else:
+            self._pending.append(entry)
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.create_task(self._flush())
             try:
-                result = _run_to_end(cast(Coroutine[Any, Any, T], body(tx)))
+                await asyncio.shield(entry.done)
+            except asyncio.CancelledError:
+                if entry in self._pending:  # not taken yet: it never runs, as before the lock
+                    self._pending.remove(entry)
+                raise
+        return cast(T, entry.outcome())
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                async with self.lock:
+                    batch, self._pending = self._pending, []
+                    await self._flush_now(batch)
+        except BaseException as exc:  # cancelled (the loop is closing): none may wait forever
+            batch, self._pending = self._pending, []
+            for entry in batch:
+                entry.failed(exc)
+                entry.settle()
+            raise
+
+    async def _flush_now(self, batch: list[_Pending]) -> None:
+        try:
+            conn = self.connection
+            await conn._execute(self._group, conn._conn, batch)
+        except BaseException as exc:  # the call itself (a closed connection): every one fails
+            for entry in batch:
+                entry.failed(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for entry in batch:
+                entry.settle()
+
+    def _group(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        """On the database thread: the batch in one transaction (a savepoint per body when
+        there are several), committed once."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if self._bodies(conn, batch):
                 conn.execute("COMMIT")
-                return result
-            except BaseException as exc:
+        except Exception as exc:
+            if conn.in_transaction:
                 with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")
-                stale, self._stale = self._stale, None
-                if stale is not None and isinstance(exc, sqlite3.OperationalError):
-                    raise stale from None
-                raise
+            for entry in batch:
+                entry.failed(exc)
 
-        conn = self.connection
-        async with self.lock:
-            return await conn._execute(context.run, transaction, conn._conn)
+    def _bodies(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
+        """Each body of the open transaction; False when nothing is left to commit."""
+        alone = len(batch) == 1
+        for entry in batch:
+            if not alone:
+                conn.execute("SAVEPOINT keel_step")
+            try:
+                _injected_failure()
+                coro = cast(Coroutine[Any, Any, Any], entry.body(ThreadTx(conn, *self._named)))
+                entry.result = entry.context.run(_run_to_end, coro)
+            except Exception as exc:
+                entry.failed(self._reason(exc))
+                if not conn.in_transaction:
+                    # SQLite gave the whole transaction up (a full disk, an I/O error): the
+                    # bodies before this one are lost with it.
+                    raise
+                if alone:
+                    conn.execute("ROLLBACK")
+                    return False
+                conn.execute("ROLLBACK TO keel_step")
+            if not alone:
+                conn.execute("RELEASE keel_step")
+        return True
+
+    def _reason(self, exc: Exception) -> Exception:
+        stale, self._stale = self._stale, None
+        if stale is not None and isinstance(exc, sqlite3.OperationalError):
+            return stale
+        return exc
 
     async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.gather(self._flusher, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

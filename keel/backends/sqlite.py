@@ -432,13 +432,14 @@ class SqliteConnector:
                 raise
 
     async def single(self, name: str, params: Params | None = None) -> Row | None:
-        conn = self.connection
-        async with self.lock:
-            _injected_failure()
-            # One hand-off to aiosqlite's thread for the whole transaction: its public calls
-            # cost one per statement, fetch and commit (private API, pinned with aiosqlite).
-            raw = conn._conn
-            return await conn._execute(_run_chain, raw, self._chains[name], params, own=True)
+        # One hand-off to aiosqlite's thread for the whole transaction (its public calls cost
+        # one per statement, fetch and commit; private API, pinned with aiosqlite), and in the
+        # group of step transactions waiting with it: an admission, a claim or an end shares
+        # their COMMIT.
+        async def chain(tx: Tx) -> Row | None:
+            return await tx.one(name, params)
+
+        return await self.run_transaction(chain)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:

@@ -199,6 +199,10 @@ class ThreadTx:
             self.connection.execute(sql, params)
 
 
+def _nothing() -> None:
+    return None
+
+
 def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine that awaits only ThreadTx statements, here, to its end."""
     try:
@@ -255,7 +259,9 @@ class SqliteConnector:
         # Shared with the checkpoint saver, which runs on the same connection.
         self.lock = TaskReentrantLock()
         self._pending: list[_Pending] = []
+        self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
+        self._late: set[asyncio.Future[None]] = set()
 
     @property
     def connection(self) -> aiosqlite.Connection:
@@ -315,24 +321,38 @@ class SqliteConnector:
         Group commit: transactions that arrive while one is on the thread wait for it, then go
         together in one call and one COMMIT (one fsync), each body in a savepoint of its own,
         so a body that fails (a stale fence) rolls back alone. Each caller returns after the
-        COMMIT that made its body durable; a lone transaction goes at once, as it is."""
+        COMMIT that made its body durable; a lone transaction goes at once, its caller's own
+        call, as it would without a group."""
         # The caller's context on the thread: events the body adds are logged after the commit.
         entry = _Pending(body, contextvars.copy_context(), asyncio.get_running_loop())
         if self.lock.owned():
-            # Inside this task's own open transaction (the lock is re-entrant): a flush of the
-            # group would wait for the lock this task holds.
+            # Inside this task's own open transaction (the lock is re-entrant): a group would
+            # wait for the lock this task holds.
             await self._flush_now([entry])
-        else:
-            self._pending.append(entry)
-            if self._flusher is None or self._flusher.done():
-                self._flusher = asyncio.create_task(self._flush())
-            try:
-                await asyncio.shield(entry.done)
-            except asyncio.CancelledError:
-                if entry in self._pending:  # not taken yet: it never runs, as before the lock
-                    self._pending.remove(entry)
-                raise
+            return cast(T, entry.outcome())
+        self._pending.append(entry)
+        try:
+            if self._flushing:
+                await entry.done
+            else:
+                await self._lead()
+        except asyncio.CancelledError:
+            if entry in self._pending:  # not taken yet: it never runs, as before the lock
+                self._pending.remove(entry)
+            raise
         return cast(T, entry.outcome())
+
+    async def _lead(self) -> None:
+        """The caller's own group (what waits now, itself first); later ones go to a task."""
+        self._flushing = True
+        try:
+            async with self.lock:
+                batch, self._pending = self._pending, []
+                await self._flush_now(batch)
+        finally:
+            self._flushing = bool(self._pending)
+            if self._flushing:
+                self._flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         try:
@@ -346,16 +366,31 @@ class SqliteConnector:
                 entry.failed(exc)
                 entry.settle()
             raise
+        finally:
+            self._flushing = False
 
     async def _flush_now(self, batch: list[_Pending]) -> None:
         try:
             conn = self.connection
             await conn._execute(self._group, conn._conn, batch)
+        except asyncio.CancelledError:
+            # Only the caller leading the group is cancelled: the group goes on on the thread,
+            # and its members hear how it went once it is done there.
+            late = asyncio.ensure_future(self._settle_after(batch))
+            self._late.add(late)
+            late.add_done_callback(self._late.discard)
+            raise
         except BaseException as exc:  # the call itself (a closed connection): every one fails
             for entry in batch:
                 entry.failed(exc)
             if not isinstance(exc, Exception):
                 raise
+        for entry in batch:
+            entry.settle()
+
+    async def _settle_after(self, batch: list[_Pending]) -> None:
+        try:
+            await self.connection._execute(_nothing)  # the thread is FIFO: the group is done
         finally:
             for entry in batch:
                 entry.settle()
@@ -405,8 +440,8 @@ class SqliteConnector:
         return exc
 
     async def close(self) -> None:
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        waiting = [f for f in (self._flusher, *self._late) if f is not None and not f.done()]
+        await asyncio.gather(*waiting, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypedDict, TypeVar
 
@@ -156,9 +157,10 @@ def test_stale_token_step_transaction_fails_quietly_and_its_connection_serves_th
 def test_step_transactions_that_arrive_together_commit_once_and_a_stale_one_alone_fails(
     takeover: Takeover,
 ) -> None:
-    """SQLite's group commit: step transactions that wait for the database thread together
-    go in one call with one COMMIT, each in its own savepoint, so the stale one between two
-    current ones writes nothing and raises LeaseLost while both others commit."""
+    """SQLite's group commit: the first goes at once; the three that wait for the database
+    thread meanwhile go together, in one call with one COMMIT, each in its own savepoint, so
+    the stale one between two current ones writes nothing and raises LeaseLost while both
+    others commit."""
     store, run = takeover.rt.store, takeover.run_id
     tokens = [2, 1, 2, 2]
 
@@ -184,7 +186,7 @@ def test_step_transactions_that_arrive_together_commit_once_and_a_stale_one_alon
     probes = [e["data"]["n"] for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
     assert sorted(probes) == [0, 2, 3]
     if store.dialect == "sqlite":
-        assert count.kinds == ["_group"]  # one call, one BEGIN ... COMMIT for all four
+        assert count.kinds == ["_group", "_group"]  # the first alone, then the three
 
 
 def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
@@ -213,15 +215,65 @@ def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
         return body
 
     async def together() -> list[Any]:
-        kinds = ["probe", "doom", "probe"]
+        kinds = ["probe", "probe", "doom", "probe"]  # the first alone, then a group
         calls = (store.step_transaction(step(k)) for k in kinds)
         return await asyncio.gather(*calls, return_exceptions=True)
 
     got = takeover.call(together())
-    assert all(isinstance(g, Exception) and "doomed" in str(g) for g in got), got
+    assert not isinstance(got[0], Exception), got
+    assert all(isinstance(g, Exception) and "doomed" in str(g) for g in got[1:]), got
     assert takeover.call(_after(store.step_transaction(step("probe")))) is not None
     kinds = [e["kind"] for e in takeover.app.get_run(run).timeline]
-    assert kinds.count("probe") == 1 and "doom" not in kinds
+    assert kinds.count("probe") == 2 and "doom" not in kinds
+
+
+def test_a_group_whose_leading_caller_is_cancelled_still_answers_the_others(
+    takeover: Takeover,
+) -> None:
+    """The caller that took a group to the database thread is cancelled while the group is
+    there: the group still commits, and the other member returns its result."""
+    store, run = takeover.rt.store, takeover.run_id
+    connector = takeover.rt.connector
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's group commit")
+    gate = threading.Event()
+
+    def step(n: int, *, slow: bool = False) -> Any:
+        async def body(tx: Any) -> Any:
+            fence = await store.fence_step(tx, run, 2)
+            if slow:
+                gate.wait(10)  # on the database thread: the group is there
+            await store.add_event(tx, run, "probe", {"n": n})
+            return fence
+
+        return body
+
+    async def scenario() -> Any:
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with connector.lock:  # type: ignore[attr-defined]
+                await release.wait()
+
+        holder = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        leader = asyncio.create_task(store.step_transaction(step(0, slow=True)))
+        await asyncio.sleep(0)  # the leader waits for the lock ...
+        other = asyncio.create_task(store.step_transaction(step(1)))
+        await asyncio.sleep(0)  # ... and the other joins its group
+        release.set()
+        await holder
+        await asyncio.sleep(0.05)  # the group is on the thread, held at the gate
+        leader.cancel()
+        gate.set()
+        fence = await asyncio.wait_for(other, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        return await fence()
+
+    assert takeover.call(scenario())["run_id"] == run
+    probes = [e["data"]["n"] for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
+    assert sorted(probes) == [0, 1]
 
 
 def test_a_row_read_inside_a_step_transaction_is_returned(takeover: Takeover) -> None:

@@ -353,8 +353,10 @@ def write(
         "- **Keel runs are measured end to end**: from just before `app.submit` to the run's "
         "`finished_at`, executed by a standing in-process worker at concurrency 1 (so "
         "admission, claim, every fenced step and completion are in; a second App on the same "
-        "database watches for the end). Raw LangGraph runs are `ainvoke(..., "
-        'durability="sync")` with the official async saver, a new thread each.',
+        "database watches for the end, looking every 20 ms: the time is the run's own "
+        "`finished_at`, and a busier look would only take the GIL from the worker). Raw "
+        'LangGraph runs are `ainvoke(..., durability="sync")` with the official async saver, '
+        "a new thread each.",
         "- **Traffic is counted, not estimated** (bench/wire.py), in separate untimed "
         "batches of two sizes whose difference cancels per-batch costs (connecting, a "
         "worker's start and stop), and only on the measured client's own connections. "

@@ -84,7 +84,7 @@ FENCE_SQLSTATE, NO_RUN_SQLSTATE = "KL001", "KL002"
 
 def _fence_error(exc: BaseException) -> BaseException | None:
     """LeaseLost (or RunNotFound) if the fence aborted the transaction, anywhere in the chain
-    (a pipeline reports the first failed statement)."""
+    (a message of several statements reports the first that failed)."""
     seen: BaseException | None = exc
     while seen is not None:
         state = getattr(seen, "sqlstate", None)
@@ -118,11 +118,6 @@ class PostgresTx:
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         cur = await self.connection.execute(self._queries[name], params or {})
-        if cur.pgresult is None:
-            # In a pipeline (a step transaction) nothing has come back yet, not even whether
-            # the statement returns rows: fetching syncs the pipeline (inside the transaction).
-            found = await cur.fetchone()
-            return dict(found) if found is not None else None
         if cur.description is None:
             return None
         row = await cur.fetchone()
@@ -157,6 +152,87 @@ class PostgresTx:
             await cur.executemany(sql, params)
         else:
             await cur.execute(sql, params)
+
+
+_SET_FAKE_NOW = "SELECT set_config('keel.fake_now', %s, false)"
+
+
+class _Batch:
+    """One transaction's statements, bound client-side (psycopg's own adapters, as `execute`
+    would use) and sent together as one simple-query message: at the end, or when a row is
+    needed before it (`one`, `all`; a `send`'s row is read after the commit)."""
+
+    def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
+        self.connection = conn
+        self._queries = queries
+        self._binder = psycopg.AsyncClientCursor(conn)
+        self._pending: list[str] = []
+        self._wanted: dict[int, list[Row | None]] = {}
+        self._begun = False
+
+    def add(self, sql: str, params: Any = None) -> int:
+        self._pending.append(self._binder.mogrify(sql, params) if params is not None else sql)
+        return len(self._pending) - 1
+
+    async def flush(self, *, end: bool = False) -> list[list[Row]]:
+        """Send what is pending; each statement's rows, in order. Before the end, the message
+        opens the transaction (BEGIN) for the next one; at the end it commits it."""
+        statements, wanted = self._pending, self._wanted
+        self._pending, self._wanted = [], {}
+        offset = 0
+        if not end and not self._begun:
+            statements.insert(0, "BEGIN")
+            offset, self._begun = 1, True
+        elif end and self._begun:
+            statements.append("COMMIT")
+        if not statements:
+            return []
+        cur = self.connection.cursor()
+        await cur.execute(";\n".join(statements))
+        found: list[list[Row]] = []
+        while True:
+            found.append([dict(r) for r in await cur.fetchall()] if cur.description else [])
+            if not cur.nextset():
+                break
+        for index, slot in wanted.items():
+            rows = found[index + offset] if index + offset < len(found) else []
+            slot.append(rows[0] if rows else None)
+        return found[offset:]
+
+    async def _now(self, name: str, params: Params | None) -> list[Row]:
+        index = self.add(self._queries[name], params or {})
+        return (await self.flush())[index]
+
+    async def one(self, name: str, params: Params | None = None) -> Row | None:
+        rows = await self._now(name, params)
+        return rows[0] if rows else None
+
+    async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        return await self._now(name, params)
+
+    async def execute(self, name: str, params: Params | None = None) -> int:
+        # Sent with the message: nothing in a step transaction reads a row count.
+        self.add(self._queries[name], params or {})
+        return -1
+
+    async def script(self, sql: str) -> None:
+        raise RuntimeError("DDL does not run in a step transaction")
+
+    async def send(self, name: str, params: Params | None = None) -> Later:
+        slot: list[Row | None] = []
+        self._wanted[self.add(self._queries[name], params or {})] = slot
+
+        async def later() -> Row | None:
+            if not slot:  # read before the end: what is pending goes now (BEGIN first)
+                await self.flush()
+            return slot[0] if slot else None
+
+        return later
+
+    async def replay(self, statement: Statement) -> None:
+        sql, params, many = statement
+        for one in params if many else (params,):
+            self.add(sql, one)
 
 
 class PostgresConnector:
@@ -224,33 +300,24 @@ class PostgresConnector:
         return dict(row) if row is not None else None
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        """BEGIN, `body`, COMMIT as one pipeline: one round trip (one Sync) when `body` only
-        sends. A stale token's fence aborts the pipeline, and the whole transaction with it.
+        """`body`'s statements, bound here, sent as one simple-query message at its end: one
+        round trip and one transaction (the server runs a message's statements as one, and
+        stops at the first that fails: a stale token's fence rolls back everything after it).
 
-        BEGIN and COMMIT are statements of the pipeline, not psycopg's `transaction()` (which
-        syncs at its start and at its end): a statement whose row is read at once syncs the
-        pipeline early and is still inside the transaction."""
+        One message, not a pipeline of many: the server reads a whole message before it runs
+        any of it, so a worker frozen (SIGSTOP, a paused VM) while it sends its step holds no
+        lock. A pipeline's first statements run at once, the fence's FOR SHARE on the run among
+        them, and no timeout ends a transaction waiting for the rest of its pipeline: the
+        frozen worker's run could not be taken over. A `body` that reads a row before its end
+        sends what it has (with BEGIN) to get it; the transaction then waits between messages
+        as any other, under `idle_in_transaction_session_timeout`."""
         async with self.pool.connection() as conn:
+            batch = _Batch(conn, self._queries)
             try:
-                failed: psycopg.Error | None = None
-                try:
-                    async with conn.pipeline():
-                        try:
-                            await conn.execute("BEGIN")
-                            await self._set_clock(conn)
-                            result = await body(PostgresTx(conn, self._queries))
-                            await conn.execute("COMMIT")
-                        except psycopg.Error as exc:
-                            # Kept for after the pipeline's end, which still collects the
-                            # results of what was sent after the failed statement: each of them
-                            # "pipeline aborted" (which psycopg would log as an error ignored,
-                            # once per stale token, had the block raised).
-                            failed = exc
-                except psycopg.Error:
-                    if failed is None:
-                        raise
-                if failed is not None:
-                    raise failed
+                if self.clock_override is not None:
+                    batch.add(_SET_FAKE_NOW, (repr(float(self.clock_override())),))
+                result = await body(batch)
+                await batch.flush(end=True)
                 return result
             except BaseException as exc:
                 status = conn.info.transaction_status
@@ -278,16 +345,17 @@ class PostgresConnector:
             now = repr(float(self.clock_override()))
             await conn.execute("SELECT set_config('keel.fake_now', %s, false)", (now,))
 
-    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
-        """Call `on_notify` for every NOTIFY on `channel` until cancelled; reconnect on errors."""
+    async def listen(self, channel: str, on_notify: Callable[[str | None], None]) -> None:
+        """Call `on_notify` with the payload of every NOTIFY on `channel` until cancelled;
+        reconnect on errors (and call `on_notify(None)`: what was sent meanwhile is lost)."""
         while True:
             try:
                 conn = await AsyncConnection.connect(self.url, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {channel}")
-                    on_notify()  # anything sent while we were not listening
-                    async for _ in conn.notifies():
-                        on_notify()
+                    on_notify(None)  # anything sent while we were not listening
+                    async for notify in conn.notifies():
+                        on_notify(notify.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

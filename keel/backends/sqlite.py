@@ -482,7 +482,7 @@ class SqliteConnector:
             _injected_failure()
             yield SqliteTx(self.connection, self._queries, self._chains)
 
-    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
+    async def listen(self, channel: str, on_notify: Callable[[str | None], None]) -> None:
         """SQLite has no notifications: workers in other processes poll with backoff."""
         return None
 

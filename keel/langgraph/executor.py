@@ -180,7 +180,8 @@ class Executor:
             last_heartbeat=loads(run.get("heartbeat_details")),
             tracer=steps if steps is not None else NO_TRACER,
         )
-        self.saver.hold(lease.run_id, lease.token, self.worker_id)
+        never_ran = bool(run.get("first_claim"))
+        self.saver.hold(lease.run_id, lease.token, self.worker_id, never_ran=never_ran)
         entered = enter(ctx)
         try:
             graph_input = await self._input(graph, config, run, workflow)
@@ -217,7 +218,7 @@ class Executor:
             if interrupts:
                 fault_point("wait.after_interrupt", workflow.name)
                 return await waits.register(ctx, interrupts)
-            return await self._complete(ctx, workflow, values)
+            return await self._complete(ctx, workflow, values, never_ran=never_ran)
         except LeaseLost as exc:
             log.warning(
                 "worker %s run %s: lease lost (token %s): %s",
@@ -384,9 +385,15 @@ class Executor:
         _resumed(run, "from its last checkpoint", started)
         return None
 
-    async def _complete(self, ctx: RunContext, workflow: Workflow, values: Any) -> Outcome:
+    async def _complete(
+        self, ctx: RunContext, workflow: Workflow, values: Any, *, never_ran: bool
+    ) -> Outcome:
         reason = workflow.termination(values) if workflow.termination else None
-        if reason is None:
+        if reason is None and never_ran:
+            # Its first execution ran to the end: it never waited, so no decision or deadline
+            # can be why it ended (a wait would have ended the execution).
+            reason = TerminationReason.COMPLETED
+        elif reason is None:
             store = self.services.store
             async with store.read() as tx:
                 run = await store.read_run(tx, ctx.run_id)

@@ -90,6 +90,10 @@ class Buffer:
     """(namespace, checkpoint id) after an interrupt or error: no checkpoint will follow, so a
     sibling task that finishes later commits its writes at once."""
     counts: dict[str, int] = field(default_factory=dict)
+    deferred: list[Statement] = field(default_factory=list)
+    """The input checkpoint of a run's first execution, committed with the next transaction:
+    until then the admission record holds the same input durably, and a crash before it
+    restarts the run from there, as the checkpoint would."""
 
 
 _recording: ContextVar[list[Statement] | None] = ContextVar("keel_recording", default=None)
@@ -104,6 +108,9 @@ class Fencing:
         self.store = store
         self.holders: dict[str, tuple[int, str]] = {}
         self.buffers: dict[tuple[str, int], Buffer] = {}
+        self.unwritten: set[tuple[str, int]] = set()
+        """(run, token) of executions whose run never ran before (its claim said so): no
+        checkpoint exists, so the loop's first read is answered without the database."""
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
         only its index, and the timeline should name the node."""
@@ -113,13 +120,19 @@ class Fencing:
 
     # -- leases and executions ----------------------------------------------------------------
 
-    def hold(self, run_id: str, token: int, worker_id: str) -> None:
+    def hold(self, run_id: str, token: int, worker_id: str, *, never_ran: bool = False) -> None:
+        """Fence the run's writes under `token`. `never_ran`: the claim found the run never
+        started, so nothing of it was ever checkpointed (only a holder of a lease writes one,
+        and this is the first lease)."""
         self.holders[run_id] = (token, worker_id)
+        if never_ran:
+            self.unwritten.add((run_id, token))
 
     def drop(self, run_id: str, token: int) -> None:
         """The execution under `token` ended: what it buffered is discarded (its step never
         checkpointed; the run resumes from the last checkpoint, effects from the ledger)."""
         self.buffers.pop((run_id, token), None)
+        self.unwritten.discard((run_id, token))
         # Only our own hold: this process may already run the same run again under a newer token.
         if self.holders.get(run_id, (None,))[0] == token:
             del self.holders[run_id]
@@ -210,6 +223,15 @@ class Fencing:
             next_config: RunnableConfig = await super().aput(  # type: ignore[misc]
                 config, checkpoint, metadata, new_versions
             )
+        if (
+            ctx is not None
+            and (run_id, token) in self.unwritten
+            and metadata.get("source") == "input"
+        ):
+            # Nothing to make durable yet: the run's admitted input is (see Buffer.deferred).
+            self.unwritten.discard((run_id, token))
+            self._buffer(run_id, token, worker_id).deferred = recorder
+            return next_config
         buffer = self.buffers.get((run_id, token)) if ctx is not None else None
         writes, buffer_writes = (buffer.writes, buffer) if buffer else ([], None)
         if buffer_writes is not None:
@@ -229,7 +251,7 @@ class Fencing:
 
     async def _flush(self, run_id: str, buffer: Buffer) -> None:
         writes, buffer.writes = buffer.writes, []
-        if not writes:
+        if not writes and not buffer.deferred:
             return
         try:
             await self._commit(run_id, buffer.token, buffer.worker_id, writes, None)
@@ -247,15 +269,23 @@ class Fencing:
     ) -> Row:
         """One fenced transaction: the fence, each task's `step` event, staged rows and writes,
         then the checkpoint. Nothing commits unless `token` still holds the run."""
+        # From here on (even if this commit's outcome is unknown) reads go to the database.
+        self.unwritten.discard((run_id, token))
         if checkpoint is not None:
             fault_point("checkpoint.before_write", "", "")
         stale = [w for w in writes if w.token != token]
         if stale:  # a buffer is one execution's: a write never commits under another token
             raise LeaseLost(f"run {run_id}: a write of token {stale[0].token} under {token}")
         recorded = [await w.recorded for w in writes]
+        buffer = self.buffers.get((run_id, token))
+        deferred, buffer_deferred = (buffer.deferred, buffer) if buffer else ([], None)
+        if buffer_deferred is not None:
+            buffer_deferred.deferred = []
 
         async def step(tx: Tx) -> Any:
             fence = await self.store.fence_step(tx, run_id, token)
+            for statement in deferred:
+                await tx.replay(statement)
             for write, statements in zip(writes, recorded, strict=True):
                 await self.store.add_event(
                     tx, run_id, "step", write.event, worker_id=worker_id, token=token, key=write.key
@@ -269,16 +299,21 @@ class Fencing:
             return fence
 
         try:
-            fence = await self.store.step_transaction(step)
-        except Exception as exc:
-            if not self.store.is_infrastructure(exc):
-                raise
-            # A lost connection or a failed commit: the step may or may not have committed.
-            # Once more, on a fresh connection: every statement of it is idempotent (upstream's
-            # upserts and INSERT ... DO NOTHING, step events by key, staged rows by their
-            # deterministic keys), so a step that did commit commits nothing twice.
-            log.warning("run %s: step transaction failed (%r); retrying it once", run_id, exc)
-            fence = await self.store.step_transaction(step)
+            try:
+                fence = await self.store.step_transaction(step)
+            except Exception as exc:
+                if not self.store.is_infrastructure(exc):
+                    raise
+                # A lost connection or a failed commit: the step may or may not have committed.
+                # Once more, on a fresh connection: every statement of it is idempotent
+                # (upstream's upserts and INSERT ... DO NOTHING, step events by key, staged rows
+                # by their deterministic keys), so a step that did commit commits nothing twice.
+                log.warning("run %s: step transaction failed (%r); retrying it once", run_id, exc)
+                fence = await self.store.step_transaction(step)
+        except BaseException:
+            if buffer_deferred is not None:
+                buffer_deferred.deferred[:0] = deferred  # not committed: still to be written
+            raise
         return await fence()
 
     async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:
@@ -296,15 +331,27 @@ class Fencing:
         if str(config.get("configurable", {}).get("thread_id")) != ctx.run_id:
             return
         buffer = self.buffers.get((ctx.run_id, ctx.token))
-        if buffer is not None and buffer.writes:
+        if buffer is not None and (buffer.writes or buffer.deferred):
             await self._flush(ctx.run_id, buffer)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        if self._unwritten(config):
+            return None
         await self._flush_for(config)
         found: CheckpointTuple | None = await super().aget_tuple(config)  # type: ignore[misc]
         if found is not None:
             self.remember_sends(found.checkpoint)  # a resumed run's pending sends
         return found
+
+    def _unwritten(self, config: RunnableConfig) -> bool:
+        """Whether `config` asks for the latest root checkpoint of a run that has none yet: the
+        first read of a first execution, before any of its writes was committed."""
+        configurable = config.get("configurable", {})
+        if configurable.get("checkpoint_ns") or configurable.get("checkpoint_id"):
+            return False
+        run_id = str(configurable.get("thread_id"))
+        held = self.holders.get(run_id)
+        return held is not None and (run_id, held[0]) in self.unwritten
 
     async def alist(
         self, config: RunnableConfig | None, **kwargs: Any

@@ -32,6 +32,7 @@ from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED
+from keel.core.store.intent_queries import OUTBOX_WAKE
 from keel.core.store.store import Lease
 from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.runtime import Runtime
@@ -154,9 +155,13 @@ class Worker:
         heartbeat = asyncio.create_task(self._heartbeat())
         effects_wake = asyncio.Event()  # the dispatcher's own: the claim loop clears `wake`
 
-        def woken_by_notify() -> None:
-            wake.set()
-            effects_wake.set()
+        def woken_by_notify(payload: str | None) -> None:
+            # An intent's wake-up is the dispatcher's alone: a claim loop woken for it would
+            # query the database for nothing, beside the run it is there to start.
+            if payload is None or not payload.startswith(OUTBOX_WAKE):
+                wake.set()
+            if payload is None or payload.startswith(OUTBOX_WAKE):
+                effects_wake.set()
 
         listener = asyncio.create_task(rt.connector.listen("keel_wake", woken_by_notify))
         pruner = asyncio.create_task(self._prune()) if self.prune_older_than else None
@@ -188,6 +193,10 @@ class Worker:
         woken = True
         try:
             while not self._stopping.is_set():
+                # Cleared before the look, not after it: a wake-up that comes while this pass
+                # runs (a run admitted after its claim found nothing) starts another pass at
+                # once instead of being lost until the next poll.
+                wake.clear()
                 try:
                     if quiet:
                         delay, claimed = await self._quiet_pass(executor, woken)
@@ -208,7 +217,6 @@ class Worker:
                     delay = (
                         self.poll_interval if claimed else min(delay * 2, self.max_poll_interval)
                     )
-                wake.clear()
                 waiters: list[asyncio.Future[Any]] = [
                     asyncio.ensure_future(wake.wait()),
                     asyncio.ensure_future(self._stopping.wait()),
@@ -255,20 +263,24 @@ class Worker:
         rt = self.runtime
         loop = asyncio.get_running_loop()
         keys, outbox = rt.workflows.keys(), bool(rt.notifiers)
+        # A wake-up is most often a run just admitted: it starts first, and the look at what
+        # else is due (for how long to sleep) runs beside it rather than before it.
+        claimed = await self._fill(executor) if woken else 0
         due = await rt.store.next_due(keys, outbox=outbox)
+        swept = False
         if due.sweep_in == 0.0 and loop.time() >= self._next_quiet_sweep:
             # Not again before `sweep_interval`, even if something is still due (past the
             # pass's limit, or held by another sweeper): a retry, not a spin.
             self._next_quiet_sweep = loop.time() + self.sweep_interval
             await self._sweep()
+            swept = True
             due = await rt.store.next_due(keys, outbox=outbox)
         elif loop.time() >= self._next_stranded_check:
             self._next_stranded_check = loop.time() + QUIET_STRANDED_CHECK_INTERVAL
             await self._report_stranded()
-        claimed = 0
         work = due.queued or due.lease_in == 0.0
-        if woken or work:
-            claimed = await self._fill(executor)
+        if work and (swept or not woken):
+            claimed += await self._fill(executor)
         # Work the database showed but no claim got (a workflow at its limit, a row another
         # transaction holds): look again after a backoff, not at once.
         if claimed or not work:

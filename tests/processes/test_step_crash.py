@@ -24,13 +24,28 @@ pytestmark = pytest.mark.slow
 
 AppFactory = Callable[..., keel.App]
 BRANCHES = 3
-# checkpoint.before_write occurrences of a 3-way fan-out: 1 the input checkpoint, 2 the input's
-# writes, 3 the checkpoint before the fan-out, 4-6 each branch's writes as it finishes (buffered
-# for the step's checkpoint), 7 that checkpoint. 6: every branch has performed and recorded its
-# effect and finished, two are buffered, the third finishing; the step is not committed. (An
-# earlier kill may catch a branch between its provider call and its record: an in-doubt
-# effect, which waits for a person, tests/processes/test_crashes.py.)
-KILL_AT = "checkpoint.before_write@6"
+# checkpoint.before_write occurrences of a 3-way fan-out: 1 the input's writes, 2 the checkpoint
+# before the fan-out (the input's own checkpoint commits with it: the admitted input is durable
+# already), 3-5 each branch's writes as it finishes (buffered for the step's checkpoint), 6 that
+# checkpoint. 5: every branch has performed and recorded its effect and finished, two are
+# buffered, the third finishing; the step is not committed. (An earlier kill may catch a branch
+# between its provider call and its record: an in-doubt effect, which waits for a person,
+# tests/processes/test_crashes.py.)
+KILL_AT = "checkpoint.before_write@5"
+FIRST_COMMIT = "checkpoint.before_write@2"
+"""Just before the first transaction of the run's first execution: nothing of it is durable
+but its admission (its input's checkpoint waits for this transaction)."""
+
+
+def _common(db_url: str, tmp_path: Path, deliveries: Path) -> dict[str, Any]:
+    return {
+        "database_url": db_url,
+        "artifacts_dir": tmp_path / "artifacts",
+        "env": {"FANOUT_DELIVERIES": str(deliveries), "KEEL_LOG_LEVEL": "warning"},
+        "cwd": REPO,
+        "lease_ttl": 1.0,
+        "log": tmp_path / "workers.log",
+    }
 
 
 def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effect_once(
@@ -40,14 +55,7 @@ def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effe
     app.workflow("fanout")(build)
     run = app.submit("fanout", job_id="crash-fan-1", input={"n": BRANCHES})["run_id"]
     deliveries = tmp_path / "deliveries.txt"
-    common: dict[str, Any] = {
-        "database_url": db_url,
-        "artifacts_dir": tmp_path / "artifacts",
-        "env": {"FANOUT_DELIVERIES": str(deliveries), "KEEL_LOG_LEVEL": "warning"},
-        "cwd": REPO,
-        "lease_ttl": 1.0,
-        "log": tmp_path / "workers.log",
-    }
+    common = _common(db_url, tmp_path, deliveries)
     killed = spawn_worker(
         "tests.support.apps.fanout:app", "--stop-when-idle", faults=KILL_AT, **common
     )
@@ -81,3 +89,36 @@ def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effe
 async def _opened(app: keel.App) -> Any:
     await app.aio.open()
     return app.aio.fencing()
+
+
+def test_killed_before_a_first_execution_commits_resumes_from_the_admitted_input(
+    make_app: AppFactory, db_url: str, tmp_path: Path
+) -> None:
+    """The input's checkpoint, not yet durable when LangGraph's `aput` for it returned, is not
+    missed: the run starts again from its admission record, and completes once."""
+    app = make_app()
+    app.workflow("fanout")(build)
+    run = app.submit("fanout", job_id="crash-fan-first", input={"n": BRANCHES})["run_id"]
+    deliveries = tmp_path / "deliveries.txt"
+    common = _common(db_url, tmp_path, deliveries)
+    killed = spawn_worker(
+        "tests.support.apps.fanout:app", "--stop-when-idle", faults=FIRST_COMMIT, **common
+    )
+    assert killed.wait(timeout=40) == -signal.SIGKILL, (tmp_path / "workers.log").read_text()
+    saver = app.aio.portal.call(_opened(app))
+    assert app.aio.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}})) is None
+    assert not deliveries.exists() or deliveries.read_text().split() == []
+
+    clean = spawn_worker("tests.support.apps.fanout:app", "--stop-when-idle", **common)
+    try:
+        assert clean.wait(timeout=40) == 0, (tmp_path / "workers.log").read_text()
+    except subprocess.TimeoutExpired:
+        clean.kill()
+        raise
+    details = app.get_run(run)
+    assert details.status == "completed", (details.run["error"], details.timeline)
+    assert sorted(details.output["out"]) == list(range(BRANCHES))
+    lines = deliveries.read_text().split()
+    assert len(lines) == BRANCHES and len(set(lines)) == BRANCHES, lines
+    kinds = [e["kind"] for e in details.timeline]
+    assert kinds.count("lease.takeover") == 1 and kinds.count("admitted") == 1

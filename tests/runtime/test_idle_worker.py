@@ -70,6 +70,46 @@ def test_a_quiet_worker_claims_when_notified(make_app: AppFactory) -> None:
     assert worker.stats.claimed == 1
 
 
+def test_a_run_admitted_while_a_quiet_worker_looks_is_not_missed(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wake-up of a run admitted after the worker's claim found nothing, but before its
+    look ended, starts another look: it was cleared after the look, and the run waited for the
+    next safety poll (5 s by default; here never)."""
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    submitter = make_app()
+    submitter.workflow("echo")(echo_graph)
+    submitter.workflow("elsewhere")(echo_graph)  # served by no worker: its NOTIFY finds nothing
+    store = app.aio.store
+    looked = store.next_due
+    armed, admitted = asyncio.Event(), []
+
+    async def next_due(*args: Any, **kwargs: Any) -> Any:
+        due = await looked(*args, **kwargs)
+        if armed.is_set() and not admitted:
+            # After the claim found nothing: a run is admitted, and its NOTIFY reaches this
+            # worker's listener before the look ends.
+            admitted.append(
+                await asyncio.to_thread(
+                    lambda: submitter.submit("echo", job_id="mid-look", input={"text": "hi"})
+                )
+            )
+            await asyncio.sleep(0.3)
+        return due
+
+    monkeypatch.setattr(store, "next_due", next_due)
+    with running(app, safety_poll_interval=NO_POLL) as worker:
+        wait_until(lambda: app.workers(), 10, "the worker to start")
+        time.sleep(0.5)
+        app.aio.portal.loop.call_soon_threadsafe(armed.set)
+        submitter.submit("elsewhere", job_id="wakes-only", input={"text": "hi"})
+        wait_until(lambda: bool(admitted), 10, "a run admitted during the worker's look")
+        run = admitted[0]["run_id"]
+        wait_until(lambda: status(submitter, run) == "completed", 15, "the mid-look run's claim")
+    assert worker.stats.claimed == 1
+
+
 def test_a_quiet_worker_takes_a_dead_workers_run_over_when_its_lease_expires(
     make_app: AppFactory,
 ) -> None:

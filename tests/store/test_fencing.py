@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypedDict, TypeVar
 
+import psycopg
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import END, START, StateGraph
@@ -133,7 +134,7 @@ def test_stale_token_step_transaction_fails_quietly_and_its_connection_serves_th
         fence = await store.fence_step(tx, run, 1)
         await store.add_event(tx, run, "probe", {"token": 1})
         now = await tx.send("database_now", {})
-        await now()  # a row read at once: the pipeline syncs inside the transaction
+        await now()  # a row read at once: sent before the end, inside the transaction
         return fence
 
     with caplog.at_level(logging.WARNING):
@@ -288,6 +289,69 @@ def test_a_row_read_inside_a_step_transaction_is_returned(takeover: Takeover) ->
 
     row = takeover.call(store.step_transaction(step))
     assert row is not None and row["lease_token"] == 2
+
+
+@pytest.mark.parametrize("stop", ["raises", "is cancelled"])
+def test_a_step_transaction_stopped_half_way_commits_nothing(takeover: Takeover, stop: str) -> None:
+    """A body that stops after some statements were sent (a bug, a cancelled task) leaves none
+    of them: on PostgreSQL the pipeline has no BEGIN, and its Sync would commit them."""
+    store, run = takeover.rt.store, takeover.run_id
+    before = takeover.snapshot()
+    sent = asyncio.Event()
+
+    async def step(tx: Any) -> Any:
+        await store.fence_step(tx, run, 2)
+        await store.add_event(tx, run, "half.way", {"sent": True})
+        sent.set()
+        if stop == "raises":
+            raise RuntimeError("a bug half-way through a step")
+        await asyncio.sleep(30)
+
+    async def go() -> None:
+        task = asyncio.create_task(store.step_transaction(step))
+        await sent.wait()
+        if stop == "is cancelled":
+            task.cancel()
+        with pytest.raises((RuntimeError, asyncio.CancelledError)):
+            await task
+
+    takeover.call(go())
+    assert takeover.snapshot() == before
+    # The connection it used serves the next transaction.
+    after = takeover.call(_after(store.step_transaction(lambda tx: store.fence_step(tx, run, 2))))
+    assert not after["cancel_requested"]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_step_holds_no_lock_until_its_whole_transaction_is_sent(takeover: Takeover) -> None:
+    """A worker frozen (SIGSTOP, a paused VM) half-way through sending a step must hold nothing
+    another worker would wait on. On PostgreSQL the statements go as one message at the end: a
+    pipeline ran the fence at once, its FOR SHARE held the run with no timeout to end it, and
+    the frozen worker's run could not be taken over."""
+    # (SQLite takes its write lock for the whole call, on the database thread.)
+    store, run = takeover.rt.store, takeover.run_id
+    url = takeover.rt.connector.url
+
+    def lockable() -> bool:
+        with psycopg.connect(url) as other:
+            try:
+                other.execute("SELECT 1 FROM keel_runs WHERE run_id = %s FOR UPDATE NOWAIT", (run,))
+            except psycopg.errors.LockNotAvailable:
+                return False
+            return True
+
+    seen: list[bool] = []
+
+    async def step(tx: Any) -> Any:
+        fence = await store.fence_step(tx, run, 2)
+        await store.add_event(tx, run, "probe", {"token": 2})
+        seen.append(await asyncio.to_thread(lockable))  # the step "frozen" here
+        return fence
+
+    takeover.call(_after(store.step_transaction(step)))
+    assert seen == [True]
+    probes = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
+    assert [p["data"] for p in probes] == [{"token": 2}]
 
 
 async def _after(call: Coroutine[Any, Any, Any]) -> Any:

@@ -142,7 +142,8 @@ class Connector(Protocol):
         thread, one pipeline (one round trip) on PostgreSQL."""
         ...
 
-    async def listen(self, channel: str, on_notify: Callable[[], None]) -> None:
-        """Call `on_notify` whenever another process wakes `channel` (returns at once if the
-        database cannot notify)."""
+    async def listen(self, channel: str, on_notify: Callable[[str | None], None]) -> None:
+        """Call `on_notify(payload)` whenever another process wakes `channel`, and
+        `on_notify(None)` whenever it (re)starts listening: anything sent meanwhile was missed
+        (returns at once if the database cannot notify)."""
         ...

@@ -5,6 +5,10 @@ from __future__ import annotations
 from keel.core.codec import dumps
 from keel.core.store.base import Connector, Row, Tx
 
+OUTBOX_WAKE = "outbox:"
+"""How the payload of an intent's wake-up (query `notify_outbox`) begins: the NOTIFY that
+wakes workers' outbox dispatchers and not their claim loops."""
+
 
 class IntentQueries:
     db: Connector
@@ -14,7 +18,7 @@ class IntentQueries:
         """Record an intent (pending); False if it exists already (the step ran before)."""
         inserted = await tx.one("outbox_insert", row) is not None
         if inserted:  # wake quiet dispatchers when the step commits (PostgreSQL's NOTIFY)
-            await tx.one("notify_wake", {"run_id": row["run_id"]})
+            await tx.one("notify_outbox", {"run_id": row["run_id"]})
         return inserted
 
     @staticmethod
@@ -88,7 +92,7 @@ class IntentQueries:
     async def reopen_effect_intent(tx: Tx, intent_id: str, from_status: str) -> Row | None:
         row = await tx.one("outbox_reopen", {"intent_id": intent_id, "from_status": from_status})
         if row is not None:
-            await tx.one("notify_wake", {"run_id": row["run_id"]})
+            await tx.one("notify_outbox", {"run_id": row["run_id"]})
         return row
 
     async def effect_intents_due_in(self) -> float | None:

@@ -383,6 +383,10 @@ WHERE status IN ('queued', 'running')
 -- Wake idle workers at once (delivered on commit).
 SELECT pg_notify('keel_wake', %(run_id)s) IS NULL AS sent;
 
+-- name: notify_outbox
+-- Wake idle workers' outbox dispatchers at once (delivered on commit), not their claim loops.
+SELECT pg_notify('keel_wake', 'outbox:' || %(run_id)s) IS NULL AS sent;
+
 -- name: expired_waits
 -- Open waits whose deadline has passed, oldest first.
 SELECT * FROM keel_waits

@@ -338,6 +338,10 @@ WHERE status IN ('queued', 'running')
 -- Wake idle workers at once (SQLite has no notifications: workers poll with backoff).
 SELECT :run_id AS sent;
 
+-- name: notify_outbox
+-- Wake idle workers' outbox dispatchers at once (SQLite: a no-op, as notify_wake).
+SELECT :run_id AS sent;
+
 -- name: expired_waits
 -- Open waits whose deadline has passed, oldest first.
 SELECT * FROM keel_waits

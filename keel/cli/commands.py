@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,6 @@ from keel.cli import observe, render
 from keel.cli.effects import dispatcher, effects_cli
 from keel.cli.guard import (
     APP_HINT,
-    BAD_USAGE,
     IfExists,
     bad_spec_is_usage,
     check_database,
@@ -46,6 +44,7 @@ from keel.cli.options import (
     WaitOption,
     listing,
     open_app,
+    performed_result,
 )
 from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
@@ -343,14 +342,7 @@ def resolve_effect(
     db: DbOption = None,
 ) -> None:
     """Settle an in-doubt effect: --performed (never redo it) or --not-performed (do it once)."""
-    value = None
-    if result is not None:
-        if not performed:
-            fail("--result only goes with --performed", BAD_USAGE)
-        try:
-            value = json.loads(result)
-        except json.JSONDecodeError as exc:
-            fail(f"--result is not valid JSON: {exc.msg} at column {exc.colno}", BAD_USAGE)
+    value = performed_result(result, performed)
     decision = "performed" if performed else "not_performed"
     _decide(run_id, decision, by, comment, wait_id, None, app, db, result=value)
 

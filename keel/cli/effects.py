@@ -3,14 +3,21 @@ and `keel dispatcher APP`: delivering outbox intents without executing runs."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from keel.cli.guard import APP_HINT, BAD_USAGE, check_database, fail, guarded, say
-from keel.cli.options import AppOption, ByOption, DbOption, JsonOption, listing, open_app
+from keel.cli.guard import APP_HINT, check_database, guarded, say
+from keel.cli.options import (
+    AppOption,
+    ByOption,
+    DbOption,
+    JsonOption,
+    listing,
+    open_app,
+    performed_result,
+)
 from keel.core.effect_outbox import IntentState
 from keel.runtime.loading import load_app
 
@@ -90,14 +97,7 @@ def effects_resolve(
     db: DbOption = None,
 ) -> None:
     """Settle an in-doubt intent: --performed (never send it) or --not-performed (send once)."""
-    value = None
-    if result is not None:
-        if not performed:
-            fail("--result only goes with --performed", BAD_USAGE)
-        try:
-            value = json.loads(result)
-        except json.JSONDecodeError as exc:
-            fail(f"--result is not valid JSON: {exc.msg} at column {exc.colno}", BAD_USAGE)
+    value = performed_result(result, performed)
     with open_app(app, db) as loaded:
         row = loaded.resolve_intent(intent_id, performed=performed, result=value, by=by)
     say(f"intent {row['intent_id']} is {row['status']}")

@@ -4,6 +4,7 @@ wait options, the App a command opens, and how a listing prints.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,6 +60,18 @@ ActionOption = Annotated[
     ),
 ]
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
+
+
+def performed_result(result: str | None, performed: bool) -> object:
+    """`--result` of a settled in-doubt effect or intent: JSON, and only with --performed."""
+    if result is None:
+        return None
+    if not performed:
+        fail("--result only goes with --performed", BAD_USAGE)
+    try:
+        return json.loads(result)
+    except json.JSONDecodeError as exc:
+        fail(f"--result is not valid JSON: {exc.msg} at column {exc.colno}", BAD_USAGE)
 
 
 def listing(rows: list[Row], as_json: bool, table: Callable[[list[Row]], Table], none: str) -> None:

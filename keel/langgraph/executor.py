@@ -152,10 +152,13 @@ class Executor:
         return outcome
 
     async def _attempt(self, lease: Lease, run: Row, steps: traces.Steps | None) -> Outcome:
+        held = (lease.run_id, lease.token)
         try:
             return await self._execute(lease, run, steps)
         except Exception as exc:
-            return await self._failed_attempt(lease, exc)
+            return await self._failed_attempt(lease, exc, progressed=held in self.saver.progressed)
+        finally:
+            self.saver.progressed.discard(held)
 
     async def _execute(self, lease: Lease, run: Row, steps: traces.Steps | None) -> Outcome:
         rt = self.services
@@ -240,9 +243,11 @@ class Executor:
             self.saver.drop(lease.run_id, lease.token)
             ctx.staged.clear()
 
-    async def _failed_attempt(self, lease: Lease, exc: Exception) -> Outcome:
+    async def _failed_attempt(self, lease: Lease, exc: Exception, *, progressed: bool) -> Outcome:
         """Count an execution that failed outside the graph's own code, and say what comes next:
-        given back (infrastructure), retried after a backoff (crash), or failed past the limit."""
+        given back (infrastructure), retried after a backoff (crash), or failed past the limit.
+        Infrastructure interruptions count in a row: one after a committed step (`progressed`)
+        is the first again, so a long run through many outages is not failed for them."""
         rt = self.services
         infra = rt.store.is_infrastructure(exc)
         error = f"{type(exc).__name__}: {exc}"
@@ -256,7 +261,7 @@ class Executor:
                 limit = policy.max_infra_retries if infra else policy.max_crashes
                 if infra:
                     _, attempt = await rt.store.count_failed_attempt(
-                        tx, lease.run_id, lease.token, crash=False
+                        tx, lease.run_id, lease.token, crash=False, progressed=progressed
                     )
                 else:
                     # A crash the run recovers from is counted by the takeover that follows

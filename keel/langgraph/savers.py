@@ -108,6 +108,9 @@ class Fencing:
         self.store = store
         self.holders: dict[str, tuple[int, str]] = {}
         self.buffers: dict[tuple[str, int], Buffer] = {}
+        self.progressed: set[tuple[str, int]] = set()
+        """(run, token) of executions that committed a step: an interruption that ends one is
+        not counted with those before it (`Executor._failed_attempt`)."""
         self.unwritten: set[tuple[str, int]] = set()
         """(run, token) of executions whose run never ran before (its claim said so): no
         checkpoint exists, so the loop's first read is answered without the database."""
@@ -314,6 +317,8 @@ class Fencing:
             if buffer_deferred is not None:
                 buffer_deferred.deferred[:0] = deferred  # not committed: still to be written
             raise
+        if checkpoint is not None:
+            self.progressed.add((run_id, token))
         return await fence()
 
     async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:

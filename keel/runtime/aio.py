@@ -15,10 +15,11 @@ from keel.core import effect_dispatch
 from keel.core.effect_outbox import IntentState, public
 from keel.core.errors import UsageError
 from keel.runtime import replay
+from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
 from keel.runtime.summary import RunSummary, summarize
-from keel.runtime.worker import Worker, WorkerStats, deliver_effects, new_worker_id
+from keel.runtime.worker import Worker, WorkerStats, new_worker_id
 
 
 class AsyncApp(Runtime):

@@ -25,10 +25,11 @@ from keel.core.store.base import Row
 from keel.core.waits import DecisionResult
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
+from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import DEFAULT_URL, RunDetails, Submission
 from keel.runtime.summary import RunSummary
-from keel.runtime.worker import WorkerStats, deliver_effects, new_worker_id
+from keel.runtime.worker import WorkerStats, new_worker_id
 
 F = TypeVar("F", bound=Callable[[], Any])
 

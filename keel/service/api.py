@@ -12,7 +12,7 @@ aliases, which are local names, from real annotation objects.)
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Annotated, Any, Literal
 
@@ -23,7 +23,7 @@ import keel
 from keel.core.errors import InvalidId, RunFinished, UsageError
 from keel.core.lifecycle import Decision, Status
 from keel.core.wait_model import EffectAnswer
-from keel.core.waits import check_answer
+from keel.core.waits import DecisionResult, check_answer
 from keel.runtime.summary import to_dict
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal, load_tokens
@@ -382,8 +382,8 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 approval=m.approval_fields(wait, run_url),
             ) from None
         record = keel_app.approve if approve else keel_app.reject
-        try:
-            result = record(
+        return _decided(
+            lambda: record(
                 wait["run_id"],
                 wait_id=approval_id,
                 by=body.by or principal.label,
@@ -391,13 +391,10 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 action_id=idempotency_key or body.action_id,
                 comment=body.comment,
                 channel="http",
-            )
-        except RunFinished as exc:
-            now = keel_app.get_wait(approval_id)
-            raise Refused(
-                409, "run_finished", str(exc), approval=m.approval_fields(now, run_url)
-            ) from None
-        return m.DecisionOut(**m.approval_fields(result.wait, run_url), recorded=result.recorded)
+            ),
+            approval_id,
+            run_url,
+        )
 
     @router.post(
         "/approvals/{approval_id}/resolution",
@@ -433,8 +430,8 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 f"/approvals/{approval_id}/decision",
                 approval=m.approval_fields(wait, run_url),
             ) from None
-        try:
-            result = keel_app.resolve_effect(
+        return _decided(
+            lambda: keel_app.resolve_effect(
                 wait["run_id"],
                 performed=body.performed,
                 result=body.result,
@@ -444,7 +441,18 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
                 action_id=idempotency_key or body.action_id,
                 comment=body.comment,
                 channel="http",
-            )
+            ),
+            approval_id,
+            run_url,
+        )
+
+    def _decided(
+        decide: Callable[[], DecisionResult], approval_id: str, run_url: str
+    ) -> m.DecisionOut:
+        """A decision's answer: the wait as it is now, whether this call recorded it; 409 if
+        the run had finished."""
+        try:
+            result = decide()
         except RunFinished as exc:
             now = keel_app.get_wait(approval_id)
             raise Refused(

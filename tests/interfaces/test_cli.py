@@ -359,6 +359,16 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert bad_job.exit_code == 2
     assert "job_id" in one_error_line(bad_job.stderr)
 
+    # A settled in-doubt effect or intent: --result is JSON, and only with --performed.
+    run = "ticket-1-0123456789abcdef"
+    for command in (("resolve-effect", run), ("effects", "resolve", "intent-0123456789abcdef")):
+        unsent = invoke(env, *command, "--not-performed", "--result", "{}", "--db", db_url)
+        assert unsent.exit_code == 2, (command, unsent.output)
+        assert "--result only goes with --performed" in one_error_line(unsent.stderr)
+        garbled = invoke(env, *command, "--performed", "--result", "{'ok'", "--db", db_url)
+        assert garbled.exit_code == 2, (command, garbled.output)
+        assert "--result is not valid JSON" in one_error_line(garbled.stderr)
+
     big = tmp_path / "big.json"
     big.write_text(json.dumps({**TICKET, "body": "x" * 1_100_000}))
     too_large = invoke(env, *submit, "--input-file", str(big))

@@ -194,3 +194,33 @@ def test_workflow_concurrency_limit_holds_across_the_worker(make_app) -> None:
     assert stats.finished == 6
     assert {app.get_run(r).status for r in ids} == {"completed"}
     assert peak[0] == 2
+
+
+def test_infrastructure_interruptions_count_in_a_row_not_over_the_runs_life(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """max_infra_retries bounds interruptions in a row: one that ends an execution which
+    committed a step starts the count again, so a run that goes on through an outage a day is
+    not failed on the twenty-first day."""
+    app = make_app()
+    app.workflow("chain")(chain)
+    run = app.submit("chain", job_id="outages", input={"n": 0})["run_id"]
+    store = app.aio.store
+    lease, _ = app.aio.portal.call(
+        leases.claim(store, "w-1", app.aio.workflows.keys(), 30.0)  # type: ignore[arg-type]
+    )
+
+    def interrupted(progressed: bool) -> int:
+        async def go() -> int:
+            async with store.fenced(run, lease.token) as tx:
+                _, infra = await store.count_failed_attempt(
+                    tx, run, lease.token, crash=False, progressed=progressed
+                )
+            return infra
+
+        return app.aio.portal.call(go())
+
+    assert [interrupted(False) for _ in range(3)] == [1, 2, 3]
+    assert interrupted(True) == 1  # it had committed a step: a new row of interruptions
+    assert [interrupted(False) for _ in range(2)] == [2, 3]
+    assert app.get_run(run).run["crash_count"] == 0

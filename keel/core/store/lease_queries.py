@@ -91,10 +91,11 @@ class LeaseQueries:
 
     @staticmethod
     async def count_failed_attempt(
-        tx: Tx, run_id: str, token: int, *, crash: bool
+        tx: Tx, run_id: str, token: int, *, crash: bool, progressed: bool = False
     ) -> tuple[int, int]:
         """One more crashed (`crash`) or infrastructure-interrupted attempt; the run's counts
-        of both afterwards."""
+        of both afterwards. `progressed`: the failed execution committed a step, so its
+        interruption is the first of a new row (infra_retries counts them in a row)."""
         row = await tx.one(
             "count_failed_attempt",
             {
@@ -102,6 +103,7 @@ class LeaseQueries:
                 "lease_token": token,
                 "crash": int(crash),
                 "infra": int(not crash),
+                "progressed": int(progressed),
             },
         )
         if row is None:

@@ -499,9 +499,12 @@ LIMIT :limit;
 
 -- name: count_failed_attempt
 -- One more crashed or interrupted attempt of the run, by the execution that holds its lease
--- (a crash it recovers from is counted by the takeover's claim_run instead).
+-- (a crash it recovers from is counted by the takeover's claim_run instead). Interruptions
+-- count in a row: one that ends an execution which committed a step starts again from 1.
 UPDATE keel_runs
-SET crash_count = crash_count + :crash, infra_retries = infra_retries + :infra, updated_at = keel_now()
+SET crash_count = crash_count + :crash,
+    infra_retries = CASE WHEN :progressed = 1 THEN :infra ELSE infra_retries + :infra END,
+    updated_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token
 RETURNING crash_count, infra_retries;
 

@@ -1,0 +1,76 @@
+"""The outbox dispatcher every worker runs beside its claim loop (and `keel dispatcher APP`
+runs alone): it delivers user effect intents (keel.core.effect_dispatch) until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from keel.core import effect_dispatch, infra
+from keel.runtime.runtime import Runtime
+
+log = logging.getLogger("keel.runtime.worker")  # the worker's lines, as they were
+SAFETY_POLL_INTERVAL = 5.0
+"""The longest a quiet worker sleeps without looking at the database (a NOTIFY it missed)."""
+IDLE_OUTBOX_LOOK = 60.0
+"""How often a quiet dispatcher with no intent pending looks anyway (a lost NOTIFY)."""
+
+
+async def deliver_effects(
+    runtime: Runtime,
+    worker_id: str,
+    stopping: asyncio.Event,
+    poll: float = 0.2,
+    *,
+    wake: asyncio.Event | None = None,
+    safety_poll: float = SAFETY_POLL_INTERVAL,
+) -> None:
+    """Deliver outbox intents until `stopping` is set: the dispatcher every worker runs (and
+    `keel dispatcher APP` alone).
+
+    Idle, it polls every `poll` seconds; given `wake` (set on PostgreSQL's NOTIFY, which a
+    committed intent and a person's retry send) it is quiet instead: it sleeps until the next
+    intent falls due by the database's clock, a NOTIFY, or `safety_poll` at the latest."""
+    pacing = effect_dispatch.Pacing()
+    failures = 0
+    while not stopping.is_set():
+        try:
+            handled = await effect_dispatch.dispatch(runtime.services, worker_id, pacing)
+            failures = 0
+        except Exception as exc:
+            failures += 1
+            if runtime.store.is_infrastructure(exc):
+                log.warning("outbox: database unavailable (%r); backing off", exc)
+            else:
+                log.exception("outbox dispatch failed; the next pass retries")
+            handled, pause = 0, infra.backoff(failures, base=0.1, cap=5.0)
+        else:
+            # Busy: straight on. Idle: the next due token, or a short poll for new intents.
+            pause = 0.0 if handled else min(poll, pacing.next_due() or poll)
+            if not handled and wake is not None:
+                pause = await _quiet_pause(runtime, pacing, safety_poll)
+        if pause:
+            waiting = [stopping] if wake is None else [stopping, wake]
+            await _first_of(waiting, pause)
+            if wake is not None:
+                wake.clear()
+
+
+async def _quiet_pause(runtime: Runtime, pacing: effect_dispatch.Pacing, cap: float) -> float:
+    """How long an idle quiet dispatcher sleeps: until an intent falls due (one read), a rate
+    token it waits for comes back, or `cap`."""
+    due = await runtime.store.effect_intents_due_in()
+    if due is None:
+        # Nothing pending or being sent: only a NOTIFY (an intent committed, a person's retry,
+        # the LISTEN connection back) brings work, so look rarely.
+        return IDLE_OUTBOX_LOOK
+    return min(cap, pacing.next_due() or cap, max(due, 0.01))
+
+
+async def _first_of(events: list[asyncio.Event], seconds: float) -> None:
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -36,6 +36,11 @@ class TaskReentrantLock:
     def locked(self) -> bool:
         return self._lock.locked()
 
+    def owned(self) -> bool:
+        """Held by the task asking."""
+        task = asyncio.current_task()
+        return task is not None and self._owner is task
+
     async def __aenter__(self) -> None:
         await self.acquire()
 

@@ -95,6 +95,9 @@ def _split(sql: str) -> tuple[str, ...]:
 
 
 class SqliteTx:
+    """Named queries from the event loop: each statement, with its fetch, is one call to the
+    database thread (aiosqlite's public calls cost one per statement, fetch and close)."""
+
     def __init__(
         self,
         conn: aiosqlite.Connection,
@@ -105,40 +108,39 @@ class SqliteTx:
         self._queries = queries
         self._chains = chains
 
+    async def _on_thread(self, method: str, *args: Any) -> Any:
+        conn = self.connection
+
+        def statement() -> Any:
+            tx = ThreadTx(conn._conn, self._queries, self._chains)
+            return _run_to_end(getattr(tx, method)(*args))
+
+        return await conn._execute(statement)
+
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         _injected_failure()
-        chain = self._chains[name]
-        if len(chain) > 1:
-            raw = self.connection._conn  # see SqliteConnector.single
-            return await self.connection._execute(_run_chain, raw, chain, params, own=False)
-        async with self.connection.execute(self._queries[name], params or {}) as cur:
-            row = await cur.fetchone()
-        return dict(row) if row is not None else None
+        row: Row | None = await self._on_thread("one", name, params)
+        return row
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]:
         _injected_failure()
-        async with self.connection.execute(self._queries[name], params or {}) as cur:
-            rows = await cur.fetchall()
-        return [dict(r) for r in rows]
+        rows: list[Row] = await self._on_thread("all", name, params)
+        return rows
 
     async def execute(self, name: str, params: Params | None = None) -> int:
         _injected_failure()
-        async with self.connection.execute(self._queries[name], params or {}) as cur:
-            return cur.rowcount
+        count: int = await self._on_thread("execute", name, params)
+        return count
 
     async def script(self, sql: str) -> None:
-        await self.connection.execute(sql)
+        await self._on_thread("script", sql)
 
     async def send(self, name: str, params: Params | None = None) -> Later:
         row = await self.one(name, params)
         return _now(row)
 
     async def replay(self, statement: Statement) -> None:
-        sql, params, many = statement
-        if many:
-            await self.connection.executemany(sql, params)
-        else:
-            await self.connection.execute(sql, params)
+        await self._on_thread("replay", statement)
 
 
 def _now(row: Row | None) -> Later:
@@ -156,10 +158,7 @@ class ThreadTx:
     per statement."""
 
     def __init__(
-        self,
-        conn: sqlite3.Connection,
-        queries: dict[str, str],
-        chains: dict[str, tuple[str, ...]],
+        self, conn: sqlite3.Connection, queries: dict[str, str], chains: dict[str, tuple[str, ...]]
     ) -> None:
         self.connection = conn
         self._queries = queries
@@ -170,7 +169,11 @@ class ThreadTx:
         chain = self._chains[name]
         if len(chain) > 1:
             return _run_chain(self.connection, chain, params, own=False)
-        row = self.connection.execute(self._queries[name], params or {}).fetchone()
+        cur = self.connection.execute(self._queries[name], params or {})
+        try:
+            row = cur.fetchone()
+        finally:
+            cur.close()
         return dict(row) if row is not None else None
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]:
@@ -197,6 +200,10 @@ class ThreadTx:
             self.connection.execute(sql, params)
 
 
+def _nothing() -> None:
+    return None
+
+
 def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine that awaits only ThreadTx statements, here, to its end."""
     try:
@@ -207,6 +214,32 @@ def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError(
         "a statement of a database-thread transaction awaited something else than its Tx"
     )
+
+
+class _Pending:
+    """One `run_transaction` waiting for its group's COMMIT."""
+
+    def __init__(
+        self, body: Callable[[Tx], Awaitable[Any]], context: contextvars.Context, loop: Any
+    ) -> None:
+        self.body = body
+        self.context = context
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+
+    def settle(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 class SqliteConnector:
@@ -221,10 +254,15 @@ class SqliteConnector:
         self._synchronous = synchronous
         self._queries = load_queries(self.dialect)
         self._chains = {name: _split(sql) for name, sql in self._queries.items()}
+        self._named = (self._queries, self._chains)
         self._conn: aiosqlite.Connection | None = None
         self.clock_override: Callable[[], float] | None = None
         # Shared with the checkpoint saver, which runs on the same connection.
         self.lock = TaskReentrantLock()
+        self._pending: list[_Pending] = []
+        self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None
+        self._late: set[asyncio.Future[None]] = set()
 
     @property
     def connection(self) -> aiosqlite.Connection:
@@ -281,31 +319,132 @@ class SqliteConnector:
         return 1
 
     async def run_transaction(self, body: Callable[[Tx], Awaitable[T]]) -> T:
-        """BEGIN IMMEDIATE, `body`, COMMIT: one call to the database thread."""
-        # The caller's context on the thread: events the body adds are logged after the commit.
-        context = contextvars.copy_context()
+        """BEGIN IMMEDIATE, `body`, COMMIT: one call to the database thread.
 
-        def transaction(conn: sqlite3.Connection) -> T:
-            tx = ThreadTx(conn, self._queries, self._chains)
-            _injected_failure()
+        Group commit: transactions that arrive while one is on the thread wait for it, then go
+        together in one call and one COMMIT (one fsync), each body in a savepoint of its own,
+        so a body that fails (a stale fence) rolls back alone. Each caller returns after the
+        COMMIT that made its body durable; a lone transaction goes at once, its caller's own
+        call, as it would without a group."""
+        # The caller's context on the thread: events the body adds are logged after the commit.
+        entry = _Pending(body, contextvars.copy_context(), asyncio.get_running_loop())
+        if self.lock.owned():
+            # Inside this task's own open transaction (the lock is re-entrant): a group would
+            # wait for the lock this task holds.
+            await self._flush_now([entry])
+            return cast(T, entry.outcome())
+        self._pending.append(entry)
+        try:
+            if self._flushing:
+                await entry.done
+            else:
+                await self._lead()
+        except asyncio.CancelledError:
+            if entry in self._pending:  # not taken yet: it never runs, as before the lock
+                self._pending.remove(entry)
+            raise
+        return cast(T, entry.outcome())
+
+    async def _lead(self) -> None:
+        """The caller's own group (what waits now, itself first); later ones go to a task."""
+        self._flushing = True
+        try:
+            async with self.lock:
+                batch, self._pending = self._pending, []
+                await self._flush_now(batch)
+        finally:
+            self._flushing = bool(self._pending)
+            if self._flushing:
+                self._flusher = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                async with self.lock:
+                    batch, self._pending = self._pending, []
+                    await self._flush_now(batch)
+        except BaseException as exc:  # cancelled (the loop is closing): none may wait forever
+            batch, self._pending = self._pending, []
+            for entry in batch:
+                entry.failed(exc)
+                entry.settle()
+            raise
+        finally:
+            self._flushing = False
+
+    async def _flush_now(self, batch: list[_Pending]) -> None:
+        try:
+            conn = self.connection
+            await conn._execute(self._group, conn._conn, batch)
+        except asyncio.CancelledError:
+            # Only the caller leading the group is cancelled: the group goes on on the thread,
+            # and its members hear how it went once it is done there.
+            late = asyncio.ensure_future(self._settle_after(batch))
+            self._late.add(late)
+            late.add_done_callback(self._late.discard)
+            raise
+        except BaseException as exc:  # the call itself (a closed connection): every one fails
+            for entry in batch:
+                entry.failed(exc)
+            if not isinstance(exc, Exception):
+                raise
+        for entry in batch:
+            entry.settle()
+
+    async def _settle_after(self, batch: list[_Pending]) -> None:
+        try:
+            await self.connection._execute(_nothing)  # the thread is FIFO: the group is done
+        finally:
+            for entry in batch:
+                entry.settle()
+
+    def _group(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        """On the database thread: the batch in one transaction (a savepoint per body when
+        there are several), committed once."""
+        try:
             conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = _run_to_end(cast(Coroutine[Any, Any, T], body(tx)))
+            if self._bodies(conn, batch):
                 conn.execute("COMMIT")
-                return result
-            except BaseException as exc:
+        except Exception as exc:
+            if conn.in_transaction:
                 with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")
-                stale, self._stale = self._stale, None
-                if stale is not None and isinstance(exc, sqlite3.OperationalError):
-                    raise stale from None
-                raise
+            for entry in batch:
+                entry.failed(exc)
 
-        conn = self.connection
-        async with self.lock:
-            return await conn._execute(context.run, transaction, conn._conn)
+    def _bodies(self, conn: sqlite3.Connection, batch: list[_Pending]) -> bool:
+        """Each body of the open transaction; False when nothing is left to commit."""
+        alone = len(batch) == 1
+        for entry in batch:
+            if not alone:
+                conn.execute("SAVEPOINT keel_step")
+            try:
+                _injected_failure()
+                coro = cast(Coroutine[Any, Any, Any], entry.body(ThreadTx(conn, *self._named)))
+                entry.result = entry.context.run(_run_to_end, coro)
+            except Exception as exc:
+                entry.failed(self._reason(exc))
+                if not conn.in_transaction:
+                    # SQLite gave the whole transaction up (a full disk, an I/O error): the
+                    # bodies before this one are lost with it.
+                    raise
+                if alone:
+                    conn.execute("ROLLBACK")
+                    return False
+                conn.execute("ROLLBACK TO keel_step")
+            if not alone:
+                conn.execute("RELEASE keel_step")
+        return True
+
+    def _reason(self, exc: Exception) -> Exception:
+        stale, self._stale = self._stale, None
+        if stale is not None and isinstance(exc, sqlite3.OperationalError):
+            return stale
+        return exc
 
     async def close(self) -> None:
+        waiting = [f for f in (self._flusher, *self._late) if f is not None and not f.done()]
+        await asyncio.gather(*waiting, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -331,13 +470,14 @@ class SqliteConnector:
                 raise
 
     async def single(self, name: str, params: Params | None = None) -> Row | None:
-        conn = self.connection
-        async with self.lock:
-            _injected_failure()
-            # One hand-off to aiosqlite's thread for the whole transaction: its public calls
-            # cost one per statement, fetch and commit (private API, pinned with aiosqlite).
-            raw = conn._conn
-            return await conn._execute(_run_chain, raw, self._chains[name], params, own=True)
+        # One hand-off to aiosqlite's thread for the whole transaction (its public calls cost
+        # one per statement, fetch and commit; private API, pinned with aiosqlite), and in the
+        # group of step transactions waiting with it: an admission, a claim or an end shares
+        # their COMMIT.
+        async def chain(tx: Tx) -> Row | None:
+            return await tx.one(name, params)
+
+        return await self.run_transaction(chain)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:

@@ -44,6 +44,7 @@ from psycopg_pool import AsyncConnectionPool
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.postgres import PostgresConnector
 from keel.backends.sqlite import SqliteConnector
+from keel.backends.sqlite_reads import ThreadCursor, ThreadQuery
 from keel.core.context import RunContext, StagedWrite
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
@@ -485,7 +486,8 @@ class _Recording:
 
 class _SqliteConnection:
     """The aiosqlite connection as upstream's saver sees it: its writes are recorded (and its
-    commit is Keel's); everything else, reads among them, goes to the connection itself."""
+    commit is Keel's); its reads run at one database-thread call per statement (`ThreadCursor`);
+    anything else goes to the connection itself."""
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
@@ -493,14 +495,14 @@ class _SqliteConnection:
     def execute(self, sql: str, params: Any = None) -> Any:
         into = _recording.get()
         if into is None:
-            return self._conn.execute(sql, params)
+            return ThreadQuery(self._conn, sql, params)
         recorder = _Recorder(into)
         into.append((sql, params, False))
         return _Recording(recorder)
 
     def cursor(self) -> Any:
         into = _recording.get()
-        return self._conn.cursor() if into is None else _Recording(_Recorder(into))
+        return ThreadCursor(self._conn) if into is None else _Recording(_Recorder(into))
 
     async def commit(self) -> None:
         if _recording.get() is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypedDict, TypeVar
 
@@ -29,6 +30,7 @@ from keel.core.errors import LeaseLost
 from keel.core.ids import StepRef
 from keel.core.store.store import Lease
 from tests.support.graphs import echo_graph
+from tests.support.roundtrips import Count, counting
 
 AppFactory = Callable[..., keel.App]
 T = TypeVar("T")
@@ -151,6 +153,128 @@ def test_stale_token_step_transaction_fails_quietly_and_its_connection_serves_th
     assert row["cancel_requested"] in (0, False)
     probes = [e for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
     assert [p["data"] for p in probes] == [{"token": 2}]
+
+
+def test_step_transactions_that_arrive_together_commit_once_and_a_stale_one_alone_fails(
+    takeover: Takeover,
+) -> None:
+    """SQLite's group commit: the first goes at once; the three that wait for the database
+    thread meanwhile go together, in one call with one COMMIT, each in its own savepoint, so
+    the stale one between two current ones writes nothing and raises LeaseLost while both
+    others commit."""
+    store, run = takeover.rt.store, takeover.run_id
+    tokens = [2, 1, 2, 2]
+
+    def step(n: int, token: int) -> Any:
+        async def body(tx: Any) -> Any:
+            fence = await store.fence_step(tx, run, token)
+            await store.add_event(tx, run, "probe", {"n": n})
+            return fence
+
+        return body
+
+    async def together() -> tuple[list[Any], Count]:
+        with counting() as count:
+            got = await asyncio.gather(
+                *(store.step_transaction(step(n, t)) for n, t in enumerate(tokens)),
+                return_exceptions=True,
+            )
+        return got, count
+
+    got, count = takeover.call(together())
+    assert isinstance(got[1], LeaseLost) and "token 1 is stale" in str(got[1])
+    assert not any(isinstance(g, BaseException) for i, g in enumerate(got) if i != 1), got
+    probes = [e["data"]["n"] for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
+    assert sorted(probes) == [0, 2, 3]
+    if store.dialect == "sqlite":
+        assert count.kinds == ["_group", "_group"]  # the first alone, then the three
+
+
+def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
+    takeover: Takeover,
+) -> None:
+    """When SQLite rolls the whole transaction back (a full disk, an I/O error; here a
+    trigger's RAISE(ROLLBACK)), the members whose bodies had run are lost with it: each of them
+    raises, none is told it committed, and the connection serves the next transaction."""
+    store, run = takeover.rt.store, takeover.run_id
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's group commit")
+    conn = takeover.rt.connector.connection  # type: ignore[attr-defined]
+    takeover.call(
+        conn.execute(
+            "CREATE TEMP TRIGGER doom BEFORE INSERT ON keel_events WHEN NEW.kind = 'doom' "
+            "BEGIN SELECT RAISE(ROLLBACK, 'doomed'); END"
+        )
+    )
+
+    def step(kind: str) -> Any:
+        async def body(tx: Any) -> Any:
+            fence = await store.fence_step(tx, run, 2)
+            await store.add_event(tx, run, kind, {})
+            return fence
+
+        return body
+
+    async def together() -> list[Any]:
+        kinds = ["probe", "probe", "doom", "probe"]  # the first alone, then a group
+        calls = (store.step_transaction(step(k)) for k in kinds)
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    got = takeover.call(together())
+    assert not isinstance(got[0], Exception), got
+    assert all(isinstance(g, Exception) and "doomed" in str(g) for g in got[1:]), got
+    assert takeover.call(_after(store.step_transaction(step("probe")))) is not None
+    kinds = [e["kind"] for e in takeover.app.get_run(run).timeline]
+    assert kinds.count("probe") == 2 and "doom" not in kinds
+
+
+def test_a_group_whose_leading_caller_is_cancelled_still_answers_the_others(
+    takeover: Takeover,
+) -> None:
+    """The caller that took a group to the database thread is cancelled while the group is
+    there: the group still commits, and the other member returns its result."""
+    store, run = takeover.rt.store, takeover.run_id
+    connector = takeover.rt.connector
+    if store.dialect != "sqlite":
+        pytest.skip("SQLite's group commit")
+    gate = threading.Event()
+
+    def step(n: int, *, slow: bool = False) -> Any:
+        async def body(tx: Any) -> Any:
+            fence = await store.fence_step(tx, run, 2)
+            if slow:
+                gate.wait(10)  # on the database thread: the group is there
+            await store.add_event(tx, run, "probe", {"n": n})
+            return fence
+
+        return body
+
+    async def scenario() -> Any:
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with connector.lock:  # type: ignore[attr-defined]
+                await release.wait()
+
+        holder = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        leader = asyncio.create_task(store.step_transaction(step(0, slow=True)))
+        await asyncio.sleep(0)  # the leader waits for the lock ...
+        other = asyncio.create_task(store.step_transaction(step(1)))
+        await asyncio.sleep(0)  # ... and the other joins its group
+        release.set()
+        await holder
+        await asyncio.sleep(0.05)  # the group is on the thread, held at the gate
+        leader.cancel()
+        gate.set()
+        fence = await asyncio.wait_for(other, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        return await fence()
+
+    assert takeover.call(scenario())["run_id"] == run
+    probes = [e["data"]["n"] for e in takeover.app.get_run(run).timeline if e["kind"] == "probe"]
+    assert sorted(probes) == [0, 1]
 
 
 def test_a_row_read_inside_a_step_transaction_is_returned(takeover: Takeover) -> None:

@@ -430,3 +430,94 @@ def test_a_wait_registration_is_one_round_trip_with_all_that_follows_it(
     _one_trip(count)
     assert len(app.get_run(node.run_id).waits) == 2
     assert len(app.aio.portal.call(app.aio.store.intents(node.run_id))) == 3  # + one decided
+
+
+# -- SQLite: one call to the database thread per statement, per transaction ------------------
+
+
+def _on_sqlite(app: keel.App) -> None:
+    if app.aio.connector.dialect != "sqlite":
+        pytest.skip("counts SQLite's database-thread calls")
+
+
+def test_a_read_is_one_database_thread_call_per_statement(make_app: AppFactory) -> None:
+    app = make_app()
+    _on_sqlite(app)
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="rt-read", input={"text": "a"})["run_id"]
+    store = app.aio.store
+    row, count = _counted(app, lambda: store.get_run(run))
+    assert row is not None and row["run_id"] == run
+    _one_trip(count)  # aiosqlite's execute, fetchone and close were three
+    rows, count = _counted(app, lambda: store.list_runs(limit=10))
+    assert [r["run_id"] for r in rows] == [run]
+    _one_trip(count)
+
+
+def _chain(n: int) -> Callable[[], Any]:
+    def build() -> Any:
+        from langgraph.graph import END, START, StateGraph
+
+        from tests.support.graphs import EchoState
+
+        g = StateGraph(EchoState)
+        names = [f"n{i}" for i in range(n)]
+        for name in names:
+            g.add_node(name, lambda s, name=name: {"out": f"{s.get('out', '')}{name}"})
+        for a, b in zip([START, *names], [*names, END], strict=True):
+            g.add_edge(a, b)
+        return g
+
+    return build
+
+
+def test_a_checkpoint_read_is_one_database_thread_call_per_statement(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    _on_sqlite(app)
+    app.workflow("chain")(_chain(3))
+    run = app.submit("chain", job_id="rt-cp", input={"text": "a"})["run_id"]
+    assert execute(app, *claim(app, "w-a")) == "completed"
+    saver = app.aio.fencing()
+
+    def config(thread: str) -> Any:
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+
+    found, count = _counted(app, lambda: saver.aget_tuple(config("never-ran")))
+    assert found is None
+    assert count.trips == 1, count.kinds  # aiosqlite's cursor, execute, fetchone, close: 4
+    found, count = _counted(app, lambda: saver.aget_tuple(config(run)))
+    assert found is not None and found.checkpoint["channel_values"]["out"] == "n0n1n2"
+    assert count.trips == 2, count.kinds  # the checkpoint, then its pending writes
+
+    async def listing() -> list[Any]:
+        return [c async for c in saver.alist(config(run))]
+
+    listed, count = _counted(app, listing)
+    # The input's, the first step's, one per node: the listing's rows, then each one's writes.
+    assert len(listed) == 5
+    assert count.trips == 1 + len(listed), count.kinds
+
+
+def test_a_five_step_run_costs_one_database_thread_call_per_transaction(
+    make_app: AppFactory,
+) -> None:
+    """Admission, claim, a fenced transaction per step and the end are one call each to the
+    database thread, and there is nothing else (aiosqlite's own calls made it 20)."""
+    app = make_app()
+    _on_sqlite(app)
+    app.workflow("chain")(_chain(5))
+    rt = app.aio
+
+    async def run() -> Any:
+        await rt.submit("chain", job_id="rt-run", input={"text": "a"})
+        got = await leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
+        assert got is not None
+        return await rt.executor("w-a").execute(*got)
+
+    outcome, count = _counted(app, run)
+    assert outcome == "completed"
+    # Admission, claim, 6 checkpoints (the input's goes with the first step's), end; LangGraph's
+    # first look for a checkpoint is answered without the database.
+    assert count.kinds == ["_group"] * (1 + 1 + 6 + 1), count.kinds

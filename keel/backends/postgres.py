@@ -22,6 +22,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from keel.backends.pg_batch import PREPARE_REFUSED, SET_FAKE_NOW, Batch
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
 
@@ -154,87 +155,6 @@ class PostgresTx:
             await cur.execute(sql, params)
 
 
-_SET_FAKE_NOW = "SELECT set_config('keel.fake_now', %s, false)"
-
-
-class _Batch:
-    """One transaction's statements, bound client-side (psycopg's own adapters, as `execute`
-    would use) and sent together as one simple-query message: at the end, or when a row is
-    needed before it (`one`, `all`; a `send`'s row is read after the commit)."""
-
-    def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
-        self.connection = conn
-        self._queries = queries
-        self._binder = psycopg.AsyncClientCursor(conn)
-        self._pending: list[str] = []
-        self._wanted: dict[int, list[Row | None]] = {}
-        self._begun = False
-
-    def add(self, sql: str, params: Any = None) -> int:
-        self._pending.append(self._binder.mogrify(sql, params) if params is not None else sql)
-        return len(self._pending) - 1
-
-    async def flush(self, *, end: bool = False) -> list[list[Row]]:
-        """Send what is pending; each statement's rows, in order. Before the end, the message
-        opens the transaction (BEGIN) for the next one; at the end it commits it."""
-        statements, wanted = self._pending, self._wanted
-        self._pending, self._wanted = [], {}
-        offset = 0
-        if not end and not self._begun:
-            statements.insert(0, "BEGIN")
-            offset, self._begun = 1, True
-        elif end and self._begun:
-            statements.append("COMMIT")
-        if not statements:
-            return []
-        cur = self.connection.cursor()
-        await cur.execute(";\n".join(statements))
-        found: list[list[Row]] = []
-        while True:
-            found.append([dict(r) for r in await cur.fetchall()] if cur.description else [])
-            if not cur.nextset():
-                break
-        for index, slot in wanted.items():
-            rows = found[index + offset] if index + offset < len(found) else []
-            slot.append(rows[0] if rows else None)
-        return found[offset:]
-
-    async def _now(self, name: str, params: Params | None) -> list[Row]:
-        index = self.add(self._queries[name], params or {})
-        return (await self.flush())[index]
-
-    async def one(self, name: str, params: Params | None = None) -> Row | None:
-        rows = await self._now(name, params)
-        return rows[0] if rows else None
-
-    async def all(self, name: str, params: Params | None = None) -> list[Row]:
-        return await self._now(name, params)
-
-    async def execute(self, name: str, params: Params | None = None) -> int:
-        # Sent with the message: nothing in a step transaction reads a row count.
-        self.add(self._queries[name], params or {})
-        return -1
-
-    async def script(self, sql: str) -> None:
-        raise RuntimeError("DDL does not run in a step transaction")
-
-    async def send(self, name: str, params: Params | None = None) -> Later:
-        slot: list[Row | None] = []
-        self._wanted[self.add(self._queries[name], params or {})] = slot
-
-        async def later() -> Row | None:
-            if not slot:  # read before the end: what is pending goes now (BEGIN first)
-                await self.flush()
-            return slot[0] if slot else None
-
-        return later
-
-    async def replay(self, statement: Statement) -> None:
-        sql, params, many = statement
-        for one in params if many else (params,):
-            self.add(sql, one)
-
-
 class PostgresConnector:
     dialect = "postgres"
     notifies = True
@@ -310,27 +230,47 @@ class PostgresConnector:
         them, and no timeout ends a transaction waiting for the rest of its pipeline: the
         frozen worker's run could not be taken over. A `body` that reads a row before its end
         sends what it has (with BEGIN) to get it; the transaction then waits between messages
-        as any other, under `idle_in_transaction_session_timeout`."""
+        as any other, under `idle_in_transaction_session_timeout`. Repeated statements are
+        prepared once per connection (keel.backends.pg_batch)."""
         async with self.pool.connection() as conn:
-            batch = _Batch(conn, self._queries)
             try:
-                if self.clock_override is not None:
-                    batch.add(_SET_FAKE_NOW, (repr(float(self.clock_override())),))
-                result = await body(batch)
-                await batch.flush(end=True)
-                return result
-            except BaseException as exc:
-                status = conn.info.transaction_status
-                if status in (
-                    psycopg.pq.TransactionStatus.INTRANS,
-                    psycopg.pq.TransactionStatus.INERROR,
-                ):
-                    with contextlib.suppress(psycopg.Error):
-                        await conn.rollback()  # before the connection goes back to the pool
-                fenced = _fence_error(exc)
-                if fenced is not None:
-                    raise fenced from None
+                return await self._batched(conn, body)
+            except psycopg.Error as exc:
+                if exc.sqlstate not in PREPARE_REFUSED:
+                    raise
+                # A statement the server would not PREPARE (and so nothing ran): again, with
+                # those bound inline.
+                return await self._batched(conn, body)
+
+    async def _batched(
+        self, conn: AsyncConnection[DictRow], body: Callable[[Tx], Awaitable[T]]
+    ) -> T:
+        batch = Batch(conn, self._queries)
+        try:
+            if self.clock_override is not None:
+                batch.add(SET_FAKE_NOW, (repr(float(self.clock_override())),))
+            result = await body(batch)
+            await batch.flush(end=True)
+            return result
+        except BaseException as exc:
+            status = conn.info.transaction_status
+            if status in (
+                psycopg.pq.TransactionStatus.INTRANS,
+                psycopg.pq.TransactionStatus.INERROR,
+            ):
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()  # before the connection goes back to the pool
+            if (
+                isinstance(exc, psycopg.Error)
+                and exc.sqlstate in PREPARE_REFUSED
+                and batch.prepares
+            ):
+                batch.refused()
                 raise
+            fenced = _fence_error(exc)
+            if fenced is not None:
+                raise fenced from None
+            raise
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:

@@ -91,6 +91,7 @@ async def traced(app: keel.App) -> AsyncIterator[Trace]:
     pool = connector.pool
     checkout = pool.connection
     prepared: dict[tuple[int, str], str] = {}
+    prepared_sql: dict[str, str] = {}
 
     @asynccontextmanager
     async def tracing(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -118,8 +119,14 @@ async def traced(app: keel.App) -> AsyncIterator[Trace]:
                             # to its name, with no Parse, runs it again.
                             statements.append(prepared.get((id(conn), bound[1]), m))
                         elif re.match(r"F\t\d+\tQuery\t", m):
-                            # A step's statements, sent as one message (keel.backends.postgres).
-                            statements.extend(m.split(";\n"))
+                            # A step's statements, sent as one message (keel.backends.pg_batch):
+                            # an EXECUTE stands for the statement PREPAREd under its name.
+                            for part in m.split(";\n"):
+                                if made := re.search(r"PREPARE (keel_\d+) AS ", part):
+                                    prepared_sql[made[1]] = part
+                                    continue
+                                run = re.search(r"EXECUTE (keel_\d+)", part)
+                                statements.append(prepared_sql.get(run[1], part) if run else part)
                     tx = Transaction(
                         statements,
                         sum(1 for m in messages if re.match(r"B\t\d+\tReadyForQuery\t", m)),

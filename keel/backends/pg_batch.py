@@ -1,0 +1,166 @@
+"""A PostgreSQL transaction sent as one simple-query message (`PostgresConnector.run_transaction`).
+
+The server reads a whole message before it runs any of it, so a worker frozen while it sends
+holds no lock (a pipeline runs its statements as they arrive, and nothing ends a transaction
+that waits for the rest of its pipeline). The statements are bound here with psycopg's own
+adapters. Each one that repeats is PREPAREd once per connection, in the message that first
+runs it, and EXECUTEd after: the server then parses and plans a step's statements once per
+connection rather than in every step, as psycopg's own prepared statements would have it do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import weakref
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+
+from keel.core.store.base import Later, Params, Row, Statement
+
+SET_FAKE_NOW = "SELECT set_config('keel.fake_now', %s, false)"
+
+_PLACEHOLDER = re.compile(r"%(?:\((?P<name>[^)]+)\))?(?P<format>[sbt])|%%")
+_names = itertools.count(1)
+_prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], dict[str, str]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per connection, the SQL of each statement PREPAREd on it and its name."""
+_unpreparable: set[str] = set()
+"""SQL the server would not PREPARE (a parameter whose type it cannot tell): bound inline."""
+PREPARE_REFUSED = frozenset({"42P18", "42804", "42P08", "42725"})
+"""What a PREPARE of a statement whose parameters' types the server cannot settle raises
+(indeterminate or mismatched datatype, ambiguous parameter or function)."""
+
+
+def forget_prepared(conn: AsyncConnection[Any]) -> None:
+    """The connection's prepared statements are unknown (a message failed after some ran)."""
+    _prepared.pop(conn, None)
+
+
+def _numbered(sql: str) -> tuple[str, list[str | int]]:
+    """`sql` with psycopg's placeholders as $1, $2, ... and what each number binds (a name of
+    a mapping's key, or a position); None if it has no placeholder."""
+    keys: list[str | int] = []
+    numbers: dict[str | int, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        key: str | int = match.group("name") or len(keys)
+        if key not in numbers:
+            keys.append(key)
+            numbers[key] = len(keys)
+        return f"${numbers[key]}"
+
+    return _PLACEHOLDER.sub(number, sql), keys
+
+
+class Batch:
+    """One transaction's statements, sent together as one simple-query message: at the end,
+    or when a row is needed before it (`one`, `all`, a `send`'s row read early)."""
+
+    def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
+        self.connection = conn
+        self._queries = queries
+        self._binder = psycopg.AsyncClientCursor(conn)
+        self._known = _prepared.setdefault(conn, {})
+        self._preparing: dict[str, str] = {}
+        self.prepares = 0
+        """Statements this batch PREPAREd (for its caller: a refused one is retried inline)."""
+        self._pending: list[str] = []
+        self._wanted: dict[int, list[Row | None]] = {}
+        self._begun = False
+
+    def add(self, sql: str, params: Any = None) -> int:
+        if params is None:
+            self._pending.append(sql)
+        elif sql in _unpreparable:
+            self._pending.append(self._binder.mogrify(sql, params))
+        else:
+            name = self._known.get(sql) or self._preparing.get(sql)
+            converted, keys = _numbered(sql)
+            if name is None:
+                name = self._preparing[sql] = f"keel_{next(_names)}"
+                self._pending.append(f"PREPARE {name} AS {converted}")
+                self.prepares += 1
+            values = [params[k] for k in keys]
+            bound = self._binder.mogrify(", ".join(["%s"] * len(values)), values)
+            self._pending.append(f"EXECUTE {name}({bound})" if values else f"EXECUTE {name}")
+        return len(self._pending) - 1
+
+    def refused(self) -> None:
+        """The server would not PREPARE one of this batch's statements: bind them inline."""
+        _unpreparable.update(self._preparing)
+
+    async def flush(self, *, end: bool = False) -> list[list[Row]]:
+        """Send what is pending; each statement's rows, in order. Before the end, the message
+        opens the transaction (BEGIN) for the next one; at the end it commits it."""
+        statements, wanted = self._pending, self._wanted
+        self._pending, self._wanted = [], {}
+        offset = 0
+        if not end and not self._begun:
+            statements.insert(0, "BEGIN")
+            offset, self._begun = 1, True
+        elif end and self._begun:
+            statements.append("COMMIT")
+        if not statements:
+            return []
+        cur = self.connection.cursor()
+        try:
+            await cur.execute(";\n".join(statements))
+        except BaseException:
+            # A PREPARE before the failed statement ran (PREPARE is not transactional), one
+            # after it did not: which of them exist is unknown, so none is taken as known.
+            forget_prepared(self.connection)
+            self._known = _prepared.setdefault(self.connection, {})
+            raise
+        self._known.update(self._preparing)
+        self._preparing = {}
+        found: list[list[Row]] = []
+        while True:
+            found.append([dict(r) for r in await cur.fetchall()] if cur.description else [])
+            if not cur.nextset():
+                break
+        for index, slot in wanted.items():
+            rows = found[index + offset] if index + offset < len(found) else []
+            slot.append(rows[0] if rows else None)
+        return found[offset:]
+
+    async def _now(self, name: str, params: Params | None) -> list[Row]:
+        index = self.add(self._queries[name], params or {})
+        return (await self.flush())[index]
+
+    async def one(self, name: str, params: Params | None = None) -> Row | None:
+        rows = await self._now(name, params)
+        return rows[0] if rows else None
+
+    async def all(self, name: str, params: Params | None = None) -> list[Row]:
+        return await self._now(name, params)
+
+    async def execute(self, name: str, params: Params | None = None) -> int:
+        # Sent with the message: nothing in a step transaction reads a row count.
+        self.add(self._queries[name], params or {})
+        return -1
+
+    async def script(self, sql: str) -> None:
+        raise RuntimeError("DDL does not run in a step transaction")
+
+    async def send(self, name: str, params: Params | None = None) -> Later:
+        slot: list[Row | None] = []
+        self._wanted[self.add(self._queries[name], params or {})] = slot
+
+        async def later() -> Row | None:
+            if not slot:  # read before the end: what is pending goes now (BEGIN first)
+                await self.flush()
+            return slot[0] if slot else None
+
+        return later
+
+    async def replay(self, statement: Statement) -> None:
+        sql, params, many = statement
+        for one in params if many else (params,):
+            self.add(sql, one)

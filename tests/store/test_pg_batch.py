@@ -1,0 +1,73 @@
+"""A PostgreSQL transaction as one message (keel.backends.pg_batch): repeated statements are
+prepared once per connection, and one the server will not prepare runs bound inline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import keel
+from keel.backends.pg_batch import _numbered
+from tests.support.graphs import echo_graph
+
+AppFactory = Callable[..., keel.App]
+pytestmark = pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+
+
+def test_placeholders_become_numbers_once_per_name(backend: str) -> None:
+    assert _numbered("SELECT %(a)s, %(b)s, %(a)s, 10 %% 3") == (
+        "SELECT $1, $2, $1, 10 % 3",
+        ["a", "b"],
+    )
+    assert _numbered("INSERT INTO t VALUES (%s, %s)") == ("INSERT INTO t VALUES ($1, $2)", [0, 1])
+    assert _numbered("SELECT 1") == ("SELECT 1", [])
+
+
+def _events(app: keel.App, run_id: str, kind: str) -> list[dict[str, Any]]:
+    return [e["data"] for e in app.get_run(run_id).timeline if e["kind"] == kind]
+
+
+def test_a_statement_the_server_will_not_prepare_runs_bound_inline(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="inline", input={"text": "x"})["run_id"]
+    store = app.aio.store
+
+    async def body(tx: Any) -> None:
+        # `SELECT $1` alone: the server cannot tell the parameter's type (42P18).
+        await tx.replay(("SELECT %s AS untyped", ("x",), False))
+        await store.add_event(tx, run, "probe", {"n": 1})
+
+    for _ in range(3):  # refused once, then inline from the start
+        app.aio.portal.call(store.step_transaction(body))
+    assert _events(app, run, "probe") == [{"n": 1}] * 3
+
+
+def test_a_statement_is_prepared_once_per_connection(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="prepared", input={"text": "x"})["run_id"]
+    store = app.aio.store
+    seen: list[tuple[int, int]] = []
+
+    async def body(tx: Any) -> None:
+        for n in range(3):
+            await store.add_event(tx, run, "probe", {"n": n})
+        cur = await tx.connection.execute(  # this connection's, before the message is sent
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE name LIKE 'keel\\_%'"
+        )
+        row = await cur.fetchone()
+        seen.append((tx.prepares, int(row["n"])))
+
+    for _ in range(2):
+        app.aio.portal.call(store.step_transaction(body))
+    first, second = seen
+    assert first == (1, 0)  # the three events: one PREPARE, three EXECUTEs
+    assert second in ((0, 1), (1, 0))  # the same connection again, or another one
+    assert _events(app, run, "probe") == [{"n": 0}, {"n": 1}, {"n": 2}] * 2

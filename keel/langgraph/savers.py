@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
-from contextlib import aclosing, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -44,13 +44,13 @@ from psycopg_pool import AsyncConnectionPool
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.postgres import PostgresConnector
 from keel.backends.sqlite import SqliteConnector
-from keel.backends.sqlite_reads import ThreadCursor, ThreadQuery
 from keel.core.context import RunContext, StagedWrite
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.store.base import Connector, Row, Statement, Tx
 from keel.core.store.store import Store
+from keel.langgraph.recording import Recorder, SqliteConnection, SqliteLock, recorded, recording
 
 T = TypeVar("T")
 log = logging.getLogger("keel.savers")
@@ -96,7 +96,6 @@ class Buffer:
     restarts the run from there, as the checkpoint would."""
 
 
-_recording: ContextVar[list[Statement] | None] = ContextVar("keel_recording", default=None)
 _read_ahead: ContextVar[list[tuple[str, CheckpointTuple]] | None] = ContextVar(
     "keel_read_ahead", default=None
 )
@@ -225,7 +224,7 @@ class Fencing:
         token, worker_id, ctx = self._held(run_id)
         self.remember_sends(checkpoint)
         recorder: list[Statement] = []
-        with _recorded(recorder):
+        with recorded(recorder):
             next_config: RunnableConfig = await super().aput(  # type: ignore[misc]
                 config, checkpoint, metadata, new_versions
             )
@@ -326,7 +325,7 @@ class Fencing:
 
     async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:
         recorder: list[Statement] = []
-        with _recorded(recorder):
+        with recorded(recorder):
             await call
         return recorder
 
@@ -424,15 +423,6 @@ def _key(token: int, where: tuple[str, str], task_id: str, n: int) -> str:
     return f"{token}/{where[0]}/{where[1]}/{task_id}/{n}"
 
 
-@contextmanager
-def _recorded(recorder: list[Statement]) -> Iterator[None]:
-    reset = _recording.set(recorder)
-    try:
-        yield
-    finally:
-        _recording.reset(reset)
-
-
 def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str) -> dict:
     parts = [p.strip() for p in task_path.lstrip("~").split(",")]
     node = parts[1] if len(parts) > 1 and parts[0] == "__pregel_pull" else task_path
@@ -445,99 +435,14 @@ def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_p
     return data
 
 
-# -- recorders: upstream's statements, captured instead of run ----------------------------------
-
-
-class _Recorder:
-    """A cursor that keeps the statements it is given (upstream's aput and aput_writes)."""
-
-    def __init__(self, into: list[Statement]) -> None:
-        self._into = into
-
-    async def execute(self, sql: str, params: Any = None) -> None:
-        self._into.append((sql, params, False))
-
-    async def executemany(self, sql: str, params: Any) -> None:
-        self._into.append((sql, list(params), True))
-
-    async def __aenter__(self) -> _Recorder:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class _Recording:
-    """What `conn.execute(...)` / `conn.cursor()` return while recording: awaitable, and an
-    async context manager, as aiosqlite's results are."""
-
-    def __init__(self, recorder: _Recorder) -> None:
-        self._recorder = recorder
-
-    def __await__(self) -> Any:
-        return self._recorder.__aenter__().__await__()
-
-    async def __aenter__(self) -> _Recorder:
-        return self._recorder
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class _SqliteConnection:
-    """The aiosqlite connection as upstream's saver sees it: its writes are recorded (and its
-    commit is Keel's); its reads run at one database-thread call per statement (`ThreadCursor`);
-    anything else goes to the connection itself."""
-
-    def __init__(self, conn: aiosqlite.Connection) -> None:
-        self._conn = conn
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        into = _recording.get()
-        if into is None:
-            return ThreadQuery(self._conn, sql, params)
-        recorder = _Recorder(into)
-        into.append((sql, params, False))
-        return _Recording(recorder)
-
-    def cursor(self) -> Any:
-        into = _recording.get()
-        return ThreadCursor(self._conn) if into is None else _Recording(_Recorder(into))
-
-    async def commit(self) -> None:
-        if _recording.get() is None:
-            await self._conn.commit()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
-class _SqliteLock:
-    """The connector's lock, except while upstream only records: then it touches nothing."""
-
-    def __init__(self, lock: TaskReentrantLock) -> None:
-        self.inner = lock
-
-    async def __aenter__(self) -> None:
-        if _recording.get() is None:
-            await self.inner.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        if _recording.get() is None:
-            self.inner.release()
-
-    def locked(self) -> bool:
-        return self.inner.locked()
-
-
 class FencedSqliteSaver(Fencing, AsyncSqliteSaver):
     """AsyncSqliteSaver on Keel's own connection; its writes replayed in Keel's transaction."""
 
     def __init__(self, conn: aiosqlite.Connection, lock: TaskReentrantLock) -> None:
         super().__init__(conn)
-        self.conn = _SqliteConnection(conn)  # type: ignore[assignment]
+        self.conn = SqliteConnection(conn)  # type: ignore[assignment]
         # One lock for every user of the connection (upstream takes it around its reads).
-        self.lock = _SqliteLock(lock)  # type: ignore[assignment]
+        self.lock = SqliteLock(lock)  # type: ignore[assignment]
 
 
 class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
@@ -548,10 +453,10 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:
-        into = _recording.get()
+        into = recording.get()
         if into is not None:
             # Upstream serializes blobs inside its cursor: recorded, no connection waits on it.
-            yield _Recorder(into)
+            yield Recorder(into)
             return
         async with super()._cursor(pipeline=pipeline) as cur:
             yield cur

@@ -10,6 +10,7 @@ connection rather than in every step, as psycopg's own prepared statements would
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 import weakref
@@ -31,6 +32,10 @@ _prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], dict[str, str]] = (
 """Per connection, the SQL of each statement PREPAREd on it and its name."""
 _unpreparable: set[str] = set()
 """SQL the server would not PREPARE (a parameter whose type it cannot tell): bound inline."""
+LARGE = 64 * 1024
+"""Bytes of a statement's values, or of a message, past which binding or joining them runs in a
+thread: a 1 MB state took ~20 ms of the event loop (hex-escaping, copying), stalling every other
+run on it; in a thread, the interpreter hands the loop its turn every few milliseconds."""
 PREPARE_REFUSED = frozenset({"42P18", "42804", "42P08", "42725"})
 """What a PREPARE of a statement whose parameters' types the server cannot settle raises
 (indeterminate or mismatched datatype, ambiguous parameter or function)."""
@@ -39,6 +44,12 @@ PREPARE_REFUSED = frozenset({"42P18", "42804", "42P08", "42725"})
 def forget_prepared(conn: AsyncConnection[Any]) -> None:
     """The connection's prepared statements are unknown (a message failed after some ran)."""
     _prepared.pop(conn, None)
+
+
+def _size(params: Any) -> int:
+    """Bytes of the bytes and strings among a statement's values (upstream's blobs)."""
+    values = params.values() if isinstance(params, dict) else params or ()
+    return sum(len(v) for v in values if isinstance(v, bytes | bytearray | memoryview | str))
 
 
 def _numbered(sql: str) -> tuple[str, list[str | int]]:
@@ -109,9 +120,13 @@ class Batch:
             statements.append("COMMIT")
         if not statements:
             return []
+        if sum(map(len, statements)) > LARGE:
+            message = await asyncio.to_thread(";\n".join, statements)
+        else:
+            message = ";\n".join(statements)
         cur = self.connection.cursor()
         try:
-            await cur.execute(";\n".join(statements))
+            await cur.execute(message)
         except BaseException:
             # A PREPARE before the failed statement ran (PREPARE is not transactional), one
             # after it did not: which of them exist is unknown, so none is taken as known.
@@ -163,4 +178,7 @@ class Batch:
     async def replay(self, statement: Statement) -> None:
         sql, params, many = statement
         for one in params if many else (params,):
-            self.add(sql, one)
+            if _size(one) > LARGE:
+                await asyncio.to_thread(self.add, sql, one)
+            else:
+                self.add(sql, one)

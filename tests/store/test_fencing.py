@@ -190,6 +190,7 @@ def test_step_transactions_that_arrive_together_commit_once_and_a_stale_one_alon
         assert count.kinds == ["_group", "_group"]  # the first alone, then the three
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # SQLite's group commit
 def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
     takeover: Takeover,
 ) -> None:
@@ -197,8 +198,6 @@ def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
     trigger's RAISE(ROLLBACK)), the members whose bodies had run are lost with it: each of them
     raises, none is told it committed, and the connection serves the next transaction."""
     store, run = takeover.rt.store, takeover.run_id
-    if store.dialect != "sqlite":
-        pytest.skip("SQLite's group commit")
     conn = takeover.rt.connector.connection  # type: ignore[attr-defined]
     takeover.call(
         conn.execute(
@@ -228,6 +227,7 @@ def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
     assert kinds.count("probe") == 2 and "doom" not in kinds
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # SQLite's group commit
 def test_a_group_whose_leading_caller_is_cancelled_still_answers_the_others(
     takeover: Takeover,
 ) -> None:
@@ -235,8 +235,6 @@ def test_a_group_whose_leading_caller_is_cancelled_still_answers_the_others(
     there: the group still commits, and the other member returns its result."""
     store, run = takeover.rt.store, takeover.run_id
     connector = takeover.rt.connector
-    if store.dialect != "sqlite":
-        pytest.skip("SQLite's group commit")
     gate = threading.Event()
 
     def step(n: int, *, slow: bool = False) -> Any:

@@ -435,14 +435,13 @@ def test_a_wait_registration_is_one_round_trip_with_all_that_follows_it(
 # -- SQLite: one call to the database thread per statement, per transaction ------------------
 
 
-def _on_sqlite(app: keel.App) -> None:
-    if app.aio.connector.dialect != "sqlite":
-        pytest.skip("counts SQLite's database-thread calls")
+ON_SQLITE = pytest.mark.parametrize("backend", ["sqlite"])
+"""These count SQLite's database-thread calls: they run on SQLite alone."""
 
 
+@ON_SQLITE
 def test_a_read_is_one_database_thread_call_per_statement(make_app: AppFactory) -> None:
     app = make_app()
-    _on_sqlite(app)
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="rt-read", input={"text": "a"})["run_id"]
     store = app.aio.store
@@ -471,11 +470,11 @@ def _chain(n: int) -> Callable[[], Any]:
     return build
 
 
+@ON_SQLITE
 def test_a_checkpoint_read_is_one_database_thread_call_per_statement(
     make_app: AppFactory,
 ) -> None:
     app = make_app()
-    _on_sqlite(app)
     app.workflow("chain")(_chain(3))
     run = app.submit("chain", job_id="rt-cp", input={"text": "a"})["run_id"]
     assert execute(app, *claim(app, "w-a")) == "completed"
@@ -500,13 +499,13 @@ def test_a_checkpoint_read_is_one_database_thread_call_per_statement(
     assert count.trips == 1 + len(listed), count.kinds
 
 
+@ON_SQLITE
 def test_a_five_step_run_costs_one_database_thread_call_per_transaction(
     make_app: AppFactory,
 ) -> None:
     """Admission, claim, a fenced transaction per step and the end are one call each to the
     database thread, and there is nothing else (aiosqlite's own calls made it 20)."""
     app = make_app()
-    _on_sqlite(app)
     app.workflow("chain")(_chain(5))
     rt = app.aio
 

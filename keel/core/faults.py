@@ -41,6 +41,7 @@ POINTS = (
     "outbox.before_call",  # an intent is claimed; its claim is about to be checked, then sent
     "outbox.after_call",  # the provider accepted an intent; its delivery is not recorded yet
     "outbox.after_settle",  # an intent is recorded delivered
+    "prune.after_commit",  # a prune batch's rows are deleted; its artifact folders are not yet
 )
 
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 
 from keel.core.artifacts import RunArtifacts
 from keel.core.errors import UsageError
+from keel.core.faults import fault_point
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.services import Services
 
@@ -132,6 +133,7 @@ async def prune(
             ids, counts = await store.prune_batch(tx, wanted, age, batch_size)
         if not ids:
             break
+        fault_point("prune.after_commit")
         report.batches += 1
         report.runs += len(ids)
         for table, n in counts.items():

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from keel import RunNotFound
 from tests.support.checks import wait_until
-from tests.support.crash import Chaos, Worker, assert_fenced
+from tests.support.crash import KILLED, Chaos, Worker, assert_fenced
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +122,31 @@ def test_with_key_naming_the_recipient_and_subject_the_replay_completes_with_one
     assert chaos.sink.count(subject="Re: ticket S-2") == 1, report
     [mail] = chaos.mails_for(details)
     assert details.output["message_id"] == mail.message_id.strip(), report
+
+
+def test_a_prune_killed_between_its_commit_and_the_folder_removal_leaves_no_orphan(
+    chaos: Chaos,
+) -> None:
+    run_id = chaos.submit("report", "R-1")
+    chaos.prepare()
+    folder = chaos.tmp_path / "artifacts" / run_id
+    assert (folder / "report.txt").is_file()
+    assert chaos.details(run_id).status == "completed"
+    time.sleep(1.1)  # finished more than the 1 s the prune below asks for
+    code = (
+        "from tests.support.apps.mailer import app\n"
+        "app.prune(older_than='1s')\n"
+        "print('survived the fault point')\n"
+    )
+    pruner = chaos.python(code, faults="prune.after_commit")
+    assert pruner.proc.returncode == KILLED, pruner.output()
+    # The batch's rows are gone, the folder outlived the process that meant to remove it.
+    with pytest.raises(RunNotFound):
+        chaos.details(run_id)
+    assert (folder / "report.txt").is_file()
+    # The next prune has no run left to delete and still finds the folder, from the record the
+    # dead prune's batch committed with the rows.
+    report = chaos.app.prune(older_than="1s")
+    assert (report.runs, report.folders) == (0, 1)
+    assert not folder.exists()
+    assert chaos.app.prune(older_than="1s").folders == 0

@@ -165,34 +165,3 @@ def test_prune_keeps_failed_runs_when_asked_and_refuses_unfinished_statuses(
     assert rows_of(db_url, failed)["keel_runs"] == 1
     assert app.prune(older_than="1d").runs == 1
     assert set(rows_of(db_url, failed).values()) == {0}
-
-
-def test_a_prune_killed_after_its_commit_leaves_no_orphan_folder(
-    make_app: AppFactory, tmp_path: Path
-) -> None:
-    clock = ManualClock()
-    provider = Provider()
-    app = make_app(clock=clock)
-    app.workflow("report")(lambda: graph(provider))
-    run_id = app.submit("report", job_id="old", input={"to": "a"})["run_id"]
-    drain(app)
-    clock.advance(31 * DAY)
-    folder = tmp_path / "artifacts" / run_id
-    assert (folder / "report.md").is_file()
-    # What a prune process does up to its death: the batch's transaction commits, and the
-    # process is killed before it removes the folder.
-    rt = app.aio
-    store = rt.store
-
-    async def commit_batch_only() -> list[str]:
-        async with store.transaction() as tx:
-            ids, _ = await store.prune_batch(tx, ["completed"], 30 * DAY, 10)
-        return ids
-
-    assert rt.portal.call(commit_batch_only()) == [run_id]
-    assert folder.is_dir()  # rows gone, folder left behind
-    # The next prune has no run to delete, and still removes the folder.
-    report = app.prune(older_than="30d")
-    assert report.runs == 0 and report.folders == 1
-    assert not folder.exists()
-    assert app.prune(older_than="30d").folders == 0

@@ -48,6 +48,31 @@ def _common(db_url: str, tmp_path: Path, deliveries: Path) -> dict[str, Any]:
     }
 
 
+def _killed_at(faults: str, common: dict[str, Any], tmp_path: Path) -> None:
+    """A worker armed at `faults` dies there by SIGKILL."""
+    killed = spawn_worker(
+        "tests.support.apps.fanout:app", "--stop-when-idle", faults=faults, **common
+    )
+    assert killed.wait(timeout=40) == -signal.SIGKILL, (tmp_path / "workers.log").read_text()
+
+
+def _recovered(app: keel.App, run: str, common: dict[str, Any], tmp_path: Path) -> list[str]:
+    """A clean worker completes the run with every branch's output; returns the deliveries
+    (each branch's effect, as the outside world received it), each exactly once."""
+    clean = spawn_worker("tests.support.apps.fanout:app", "--stop-when-idle", **common)
+    try:
+        assert clean.wait(timeout=40) == 0, (tmp_path / "workers.log").read_text()
+    except subprocess.TimeoutExpired:
+        clean.kill()
+        raise
+    details = app.get_run(run)
+    assert details.status == "completed", (details.run["error"], details.timeline)
+    assert sorted(details.output["out"]) == list(range(BRANCHES))
+    lines = Path(common["env"]["FANOUT_DELIVERIES"]).read_text().split()
+    assert len(lines) == BRANCHES and len(set(lines)) == BRANCHES, lines
+    return lines
+
+
 def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effect_once(
     make_app: AppFactory, db_url: str, tmp_path: Path
 ) -> None:
@@ -56,10 +81,7 @@ def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effe
     run = app.submit("fanout", job_id="crash-fan-1", input={"n": BRANCHES})["run_id"]
     deliveries = tmp_path / "deliveries.txt"
     common = _common(db_url, tmp_path, deliveries)
-    killed = spawn_worker(
-        "tests.support.apps.fanout:app", "--stop-when-idle", faults=KILL_AT, **common
-    )
-    assert killed.wait(timeout=40) == -signal.SIGKILL, (tmp_path / "workers.log").read_text()
+    _killed_at(KILL_AT, common, tmp_path)
 
     # The step's checkpoint never committed: the run's last checkpoint is the one before it.
     saver = app.aio.portal.call(_opened(app))
@@ -71,17 +93,8 @@ def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effe
     before = deliveries.read_text().split() if deliveries.exists() else []
     assert len(before) == BRANCHES, "the kill came before every branch performed its effect"
 
-    clean = spawn_worker("tests.support.apps.fanout:app", "--stop-when-idle", **common)
-    try:
-        assert clean.wait(timeout=40) == 0, (tmp_path / "workers.log").read_text()
-    except subprocess.TimeoutExpired:
-        clean.kill()
-        raise
+    lines = _recovered(app, run, common, tmp_path)
     details = app.get_run(run)
-    assert details.status == "completed", (details.run["error"], details.timeline)
-    assert sorted(details.output["out"]) == list(range(BRANCHES))
-    lines = deliveries.read_text().split()
-    assert len(lines) == BRANCHES and len(set(lines)) == BRANCHES, lines
     assert set(before) <= set(lines)
     assert [e["kind"] for e in details.timeline].count("lease.takeover") == 1
 
@@ -101,24 +114,12 @@ def test_killed_before_a_first_execution_commits_resumes_from_the_admitted_input
     run = app.submit("fanout", job_id="crash-fan-first", input={"n": BRANCHES})["run_id"]
     deliveries = tmp_path / "deliveries.txt"
     common = _common(db_url, tmp_path, deliveries)
-    killed = spawn_worker(
-        "tests.support.apps.fanout:app", "--stop-when-idle", faults=FIRST_COMMIT, **common
-    )
-    assert killed.wait(timeout=40) == -signal.SIGKILL, (tmp_path / "workers.log").read_text()
+    _killed_at(FIRST_COMMIT, common, tmp_path)
     saver = app.aio.portal.call(_opened(app))
     assert app.aio.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}})) is None
     assert not deliveries.exists() or deliveries.read_text().split() == []
 
-    clean = spawn_worker("tests.support.apps.fanout:app", "--stop-when-idle", **common)
-    try:
-        assert clean.wait(timeout=40) == 0, (tmp_path / "workers.log").read_text()
-    except subprocess.TimeoutExpired:
-        clean.kill()
-        raise
+    _recovered(app, run, common, tmp_path)
     details = app.get_run(run)
-    assert details.status == "completed", (details.run["error"], details.timeline)
-    assert sorted(details.output["out"]) == list(range(BRANCHES))
-    lines = deliveries.read_text().split()
-    assert len(lines) == BRANCHES and len(set(lines)) == BRANCHES, lines
     kinds = [e["kind"] for e in details.timeline]
     assert kinds.count("lease.takeover") == 1 and kinds.count("admitted") == 1

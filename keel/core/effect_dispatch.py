@@ -3,7 +3,9 @@
 Every worker (and `keel dispatcher APP` alone) runs `dispatch`. A claim is a conditional update
 under a new claim token with an expiry judged by the database's clock; every outcome is written
 only under the token that claimed it, so a dispatcher that froze past its claim writes nothing.
-Before the provider call the claim is checked once more, where the call is made.
+Before the provider call the claim is checked once more, where the call is made; while the
+call is under way it is renewed every third of its TTL, so a slow provider is not taken for a
+dead dispatcher (a frozen or killed one stops renewing, and its claim lapses).
 
 An intent found `sending` under an expired claim may or may not have reached the provider: as
 the ledger does, Keel asks the effect's reconciler, retries under the same id if the provider
@@ -20,7 +22,8 @@ import contextvars
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from keel.core.codec import dumps, loads
@@ -155,7 +158,8 @@ async def _deliver(
     attempts = int(row["attempts"])
     started = time.monotonic()
     try:
-        result = await _call(effect.fn, token, *args, idempotency_key=intent_id, **kwargs)
+        async with _claim_renewed(services, intent_id, token):
+            result = await _call(effect.fn, token, *args, idempotency_key=intent_id, **kwargs)
     except Exception as exc:
         took = round(time.monotonic() - started, 6)
         error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -187,6 +191,38 @@ async def _deliver(
     fault_point("outbox.after_call", effect.name)
     await _settle(services, worker_id, row, IntentState.DELIVERED, result=result)
     fault_point("outbox.after_settle", effect.name)
+
+
+@asynccontextmanager
+async def _claim_renewed(services: Services, intent_id: str, token: int) -> AsyncIterator[None]:
+    """Keep the claim on `intent_id` for as long as the body (the provider call) runs."""
+
+    async def renew() -> None:
+        ttl = services.lease_ttl
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                held = await services.store.renew_effect_claim(intent_id, token, ttl)
+            except Exception as exc:
+                # Never the call's failure: at worst the claim lapses and the intent is
+                # reconciled as a dead dispatcher's would be.
+                if not services.store.is_infrastructure(exc):
+                    log.exception("intent %s: claim %d renewal failed", intent_id, token)
+                    return
+                log.warning("intent %s: claim %d not renewed: %s", intent_id, token, exc)
+                continue
+            if not held:
+                # Another dispatcher reconciles it; this call's outcome will not be recorded.
+                log.warning("intent %s: claim %d lapsed during the call", intent_id, token)
+                return
+
+    renewing = asyncio.create_task(renew(), name=f"keel-claim-{intent_id}")
+    try:
+        yield
+    finally:
+        renewing.cancel()
+        with suppress(asyncio.CancelledError):
+            await renewing
 
 
 async def _call(fn: Callable[..., Any], token: int, *args: Any, **kwargs: Any) -> Any:

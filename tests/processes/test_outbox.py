@@ -138,6 +138,25 @@ def test_a_dispatcher_killed_while_the_provider_holds_its_request_is_reconciled(
     assert_each_once(app, run_id, provider, "/reconciled")
 
 
+def test_a_provider_slower_than_the_claim_is_not_taken_for_a_dead_dispatcher(
+    app: keel.App, provider: HttpSink, spawn: Spawn
+) -> None:
+    """The claim is renewed while the call is under way: a second dispatcher, looking after
+    the claim's TTL, leaves the delivery alone (reconciling it, with a provider that cannot
+    tell a retry, would have left it in doubt for a person)."""
+    run_id = app.submit("outbox", job_id="o-slow", input={"count": 1, "effect": "blind"}).run_id
+    provider.hold = 4.0  # four claim TTLs (lease_ttl=1)
+    first = spawn()
+    wait_until(lambda: provider.deliveries, timeout=60, what="the delivery to start")
+    second = spawn()  # stays while the intent is undelivered, claiming what falls due
+    assert first.wait(timeout=60) == 0
+    assert second.wait(timeout=60) == 0
+    details = app.get_run(run_id)
+    assert details.status == "completed", details.timeline
+    assert len(provider.deliveries) == 1
+    assert [(i["status"], i["attempts"]) for i in details.intents] == [("delivered", 1)]
+
+
 def test_an_intent_a_dead_dispatcher_may_have_sent_waits_for_a_person(
     app: keel.App, provider: HttpSink, spawn: Spawn
 ) -> None:

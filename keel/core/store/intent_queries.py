@@ -64,6 +64,14 @@ class IntentQueries:
             )
         return found is not None
 
+    async def renew_effect_claim(self, intent_id: str, claim_token: int, ttl: float) -> bool:
+        """Push a held claim's expiry `ttl` seconds past the database's now; False if it had
+        lapsed or another claim holds the intent (the delivery is no longer this one's)."""
+        found = await self.db.single(
+            "outbox_renew_claim", {"intent_id": intent_id, "claim_token": claim_token, "ttl": ttl}
+        )
+        return found is not None
+
     @staticmethod
     async def settle_effect_intent(
         tx: Tx,

@@ -892,6 +892,13 @@ SELECT intent_id FROM keel_intents
 WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
   AND claim_expires_at > (SELECT keel_now());
 
+-- name: outbox_renew_claim
+-- Extend a claim while its provider call is under way, only under that claim and before it lapsed.
+UPDATE keel_intents SET claim_expires_at = keel_now() + %(ttl)s
+WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
+  AND claim_expires_at > keel_now()
+RETURNING intent_id;
+
 -- name: outbox_settle
 -- Record a delivery's outcome, only under the claim that made it.
 UPDATE keel_intents

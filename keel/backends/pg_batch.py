@@ -39,6 +39,11 @@ run on it; in a thread, the interpreter hands the loop its turn every few millis
 PREPARE_REFUSED = frozenset({"42P18", "42804", "42P08", "42725"})
 """What a PREPARE of a statement whose parameters' types the server cannot settle raises
 (indeterminate or mismatched datatype, ambiguous parameter or function)."""
+PREPARED_LOST = "26000"
+"""An EXECUTE of a name the session no longer has: something deallocated the connection's
+prepared statements behind this module's back (psycopg sends DEALLOCATE ALL when a transaction
+rolls back on a connection where it had prepared statements of its own; a pooler's reset
+would too). The transaction ran nothing: it is sent again, preparing afresh."""
 
 
 def forget_prepared(conn: AsyncConnection[Any]) -> None:

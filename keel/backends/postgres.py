@@ -22,7 +22,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from keel.backends.pg_batch import PREPARE_REFUSED, SET_FAKE_NOW, Batch
+from keel.backends.pg_batch import PREPARE_REFUSED, PREPARED_LOST, SET_FAKE_NOW, Batch
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
 
@@ -236,10 +236,10 @@ class PostgresConnector:
             try:
                 return await self._batched(conn, body)
             except psycopg.Error as exc:
-                if exc.sqlstate not in PREPARE_REFUSED:
+                if exc.sqlstate not in PREPARE_REFUSED and exc.sqlstate != PREPARED_LOST:
                     raise
-                # A statement the server would not PREPARE (and so nothing ran): again, with
-                # those bound inline.
+                # A statement the server would not PREPARE, or a prepared one it lost (and so
+                # nothing ran): again, with those bound inline or prepared anew.
                 return await self._batched(conn, body)
 
     async def _batched(

@@ -71,3 +71,60 @@ def test_a_statement_is_prepared_once_per_connection(make_app: AppFactory) -> No
     assert first == (1, 0)  # the three events: one PREPARE, three EXECUTEs
     assert second in ((0, 1), (1, 0))  # the same connection again, or another one
     assert _events(app, run, "probe") == [{"n": 0}, {"n": 1}, {"n": 2}] * 2
+
+
+def test_prepared_statements_dropped_by_psycopg_are_prepared_again(make_app: AppFactory) -> None:
+    """psycopg deallocates every prepared statement of a connection (DEALLOCATE ALL) when a
+    transaction on it rolls back after psycopg prepared statements of its own (a query run five
+    times): a step transaction then EXECUTEs names the server forgot. It must prepare them
+    again, not fail the run (it did: 'prepared statement "keel_6" does not exist')."""
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    run = app.submit("echo", job_id="deallocated", input={"text": "x"})["run_id"]
+    store = app.aio.store
+    seen: list[tuple[int, int, int]] = []
+
+    async def body(tx: Any) -> None:
+        await store.add_event(tx, run, "probe", {"n": len(seen)})
+        cur = await tx.connection.execute(
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE name LIKE 'keel\\_%'"
+        )
+        row = await cur.fetchone()
+        seen.append((id(tx.connection), tx.prepares, int(row["n"])))
+
+    async def psycopg_prepares_then_rolls_back() -> int:
+        for _ in range(20):  # the pool hands its connections out in turn
+            async with store.db.pool.connection() as conn:
+                if id(conn) == seen[0][0]:
+                    return await on_it(conn)
+        raise AssertionError("the step's connection never came back from the pool")
+
+    async def on_it(conn: Any) -> int:
+        for _ in range(6):  # psycopg prepares a query it has run five times
+            await conn.execute("SELECT %s::int AS n", (1,))
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await conn.execute("SELECT 1")
+                raise RuntimeError("rolled back")
+        cur = await conn.execute(
+            "SELECT count(*) AS n FROM pg_prepared_statements WHERE name LIKE 'keel\\_%'"
+        )
+        row = await cur.fetchone()
+        await conn.commit()
+        return int(row["n"])
+
+    portal = app.aio.portal
+    portal.call(store.step_transaction(body))  # prepares the event insert
+    assert seen[0][1:] == (1, 0)
+    assert portal.call(psycopg_prepares_then_rolls_back()) == 0  # psycopg's DEALLOCATE ALL
+    first = seen[0][0]
+    calls = 1
+    while seen[-1][0] != first or calls == 1:  # the pool hands its connections out in turn
+        assert calls < 20, seen
+        portal.call(store.step_transaction(body))
+        calls += 1
+    # That connection's first try EXECUTEd a name the server had forgotten; it was sent again,
+    # preparing afresh, and committed once.
+    assert seen[-2:] == [(first, 0, 0), (first, 1, 0)], seen
+    probes = [e["n"] for e in _events(app, run, "probe")]
+    assert len(probes) == calls and probes[-1] == len(seen) - 1, (probes, seen)

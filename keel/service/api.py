@@ -239,6 +239,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             effects=details.effects,
             waits=details.waits,
             notifications=details.notifications,
+            intents=details.intents,
             artifacts=files,
         )
 

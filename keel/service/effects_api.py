@@ -14,31 +14,12 @@ from pydantic import BaseModel, Field
 import keel
 from keel.core.effect_outbox import IntentState
 from keel.service.auth import Authenticator, Principal
-from keel.service.models import Problem
+from keel.service.models import Intent, Problem
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No such intent."},
     409: {"model": Problem, "description": "The intent's state does not take this action."},
 }
-
-
-class Intent(BaseModel):
-    """One outbox intent: an effect recorded by a step, delivered by a dispatcher."""
-
-    intent_id: str
-    run_id: str
-    effect: str
-    node: str
-    step: int
-    status: str = Field(description="pending, sending, delivered, dead or in_doubt.")
-    attempts: int
-    max_attempts: int
-    error: str | None
-    args: Any
-    result: Any
-    created_at: float
-    updated_at: float
-    delivered_at: float | None
 
 
 class IntentPage(BaseModel):

@@ -186,6 +186,25 @@ class Notification(BaseModel):
     updated_at: float
 
 
+class Intent(BaseModel):
+    """One outbox intent: an effect recorded by a step, delivered by a dispatcher."""
+
+    intent_id: str
+    run_id: str
+    effect: str
+    node: str
+    step: int
+    status: str = Field(description="pending, sending, delivered, dead or in_doubt.")
+    attempts: int
+    max_attempts: int
+    error: str | None
+    args: Any
+    result: Any
+    created_at: float
+    updated_at: float
+    delivered_at: float | None
+
+
 class Artifact(BaseModel):
     name: str
     size: int
@@ -199,6 +218,7 @@ class RunDetail(Run):
     effects: list[Effect]
     waits: list[Approval]
     notifications: list[Notification]
+    intents: list[Intent] = Field(description="Its outbox effects' intents, oldest first.")
     artifacts: list[Artifact]
 
 
@@ -304,6 +324,10 @@ def notification_model(row: Row) -> Notification:
     return _from_row(Notification, row)
 
 
+def intent_model(row: Row) -> Intent:
+    return _from_row(Intent, row, args=loads(row["args"]), result=loads(row["result"]))
+
+
 def run_detail(
     run: Row,
     *,
@@ -313,6 +337,7 @@ def run_detail(
     effects: list[Row],
     waits: list[Row],
     notifications: list[Row],
+    intents: list[Row],
     artifacts: list[Artifact],
 ) -> RunDetail:
     return RunDetail(
@@ -324,6 +349,7 @@ def run_detail(
         effects=[effect_model(e) for e in effects],
         waits=[approval_model(w, run_url) for w in waits],
         notifications=[notification_model(n) for n in notifications],
+        intents=[intent_model(i) for i in intents],
         artifacts=artifacts,
     )
 

@@ -28,6 +28,9 @@ from tests.support import REPO
 from tests.support.apps.service import LiveServer, register
 from tests.support.checks import wait_until
 from tests.support.in_doubt import in_doubt
+from tests.support.outbox_flows import drain as outbox_drain
+from tests.support.outbox_flows import enqueue, graph, serving
+from tests.support.outbox_flows import wait as outbox_wait
 from tests.support.providers import Provider
 from tests.support.workers import drain
 
@@ -184,6 +187,31 @@ def test_log_in_find_a_run_by_job_id_and_see_its_timeline_and_artifacts(
     on_disk = Path(app.aio.artifacts_root) / run / "draft.md"
     assert saved.read_bytes() == on_disk.read_bytes()
     shot(page, "run")
+
+
+def test_a_runs_outbox_intents_are_shown_with_their_state_and_error(
+    console: Callable[[keel.App], Console],
+    make_app: Callable[..., keel.App],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = make_app()
+    app.workflow("mail", version="1")(graph(("enqueue", enqueue), ("wait", outbox_wait)))
+    run = app.submit("mail", job_id="outbox-1", input={"to": "ida@example.com"}).run_id
+    with serving(monkeypatch) as provider:
+        provider.refuse(503)  # every attempt fails: a dead letter
+        outbox_drain(app)
+    (intent,) = app.effect_intents(run_id=run)
+    assert intent["status"] == "dead"
+    page = console(app).login(next=f"/ui/runs/{run}")
+    row = page.locator("#intents tr.intent")
+    expect(row).to_have_count(1)
+    expect(row).to_have_class(re.compile(r"\bdead\b"))
+    expect(row).to_contain_text(intent["intent_id"])
+    expect(row).to_contain_text("rt_mail")
+    expect(row).to_contain_text("3 / 3")  # attempts of max_attempts
+    expect(row).to_contain_text("ida@example.com")
+    expect(row.locator("pre.error")).to_contain_text("gave up after 3 attempts")
+    assert len(provider.deliveries) == 0  # shown, not sent
 
 
 def test_bad_input_is_explained_on_a_page_and_changes_nothing(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -36,6 +37,11 @@ def test_dead_letters_are_listed_retried_and_resolved_over_http(
     ):
         dead = http.get("/effects", params={"state": "dead"}).json()["items"]
         assert sorted(d["run_id"] for d in dead) == sorted([first, second])
+        # The run's own page says the same of its intents.
+        (shown,) = http.get(f"/runs/{first}").json()["intents"]
+        assert (shown["status"], shown["attempts"], shown["effect"]) == ("dead", 3, "rt_mail")
+        assert "fa@example.com" in json.dumps(shown["args"]), shown  # decoded, not a string
+        assert isinstance(shown["args"], dict | list), shown
         assert all(d["attempts"] == 3 and d["error"] for d in dead)
         assert http.get("/effects", params={"state": "lost"}).status_code == 422
         reader = httpx.post(

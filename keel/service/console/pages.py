@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from keel.core.codec import loads
+from keel.core.effect_outbox import public
 from keel.core.errors import KeelError
 from keel.core.lifecycle import Status
 from keel.runtime.app import App
@@ -67,6 +68,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             summary=summary,
             timeline=details.timeline,
             effects=[_effect_view(e) for e in details.effects],
+            intents=[_intent_view(i) for i in details.intents],
             waits=[_wait_view(w) for w in details.waits],
             notifications=details.notifications,
             artifacts=[_artifact_view(a) for a in details.artifacts],
@@ -202,6 +204,15 @@ def _int(text: str | None, default: int, problems: list[str], label: str) -> int
 
 def _effect_view(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "result_text": pretty(row["result"]) if row["result"] else ""}
+
+
+def _intent_view(row: dict[str, Any]) -> dict[str, Any]:
+    shown = public(row)
+    return {
+        **shown,
+        "args_text": pretty(shown["args"]),
+        "result_text": pretty(shown["result"]) if shown["result"] is not None else "",
+    }
 
 
 def _wait_view(row: dict[str, Any]) -> dict[str, Any]:

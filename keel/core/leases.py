@@ -10,7 +10,7 @@ picked up by whoever claims next.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from enum import StrEnum
 
 from keel.core.errors import LeaseLost
@@ -49,24 +49,53 @@ async def claim(
     run taken over for the `max_crashes`-th time is not executed again: it ends failed here,
     fenced by the token just taken, and the next candidate is tried."""
     keys = sorted(workflows)
-    # The statement moves a queued run, or a running one under an expired lease, to running.
-    check_transition(Status.QUEUED, Status.RUNNING)
-    check_transition(Status.RUNNING, Status.RUNNING)
-    wanted = {k: int(n) for k, n in (limits or {}).items() if k in keys}
+    wanted = _claimable(keys, limits)
     while True:
         row = await store.claim_next(worker_id, keys, ttl, wanted)
         if row is None:
             return None
-        crashes = int(row["crash_count"])
-        lease = Lease(row["run_id"], worker_id, int(row["lease_token"]))
-        takeover = row["previous_status"] == Status.RUNNING
-        if not takeover or max_crashes is None or crashes < max_crashes:
-            return lease, row
-        try:
-            async with store.fenced(lease.run_id, lease.token) as tx:
-                await _give_up(store, tx, row, worker_id, crashes, max_crashes)
-        except LeaseLost:
-            continue  # another worker took it over meanwhile: it gives up on it
+        got = await accept(store, worker_id, row, max_crashes)
+        if got is not None:
+            return got
+
+
+def claim_with(
+    store: Store,
+    worker_id: str,
+    workflows: Iterable[str],
+    ttl: float,
+    limits: Mapping[str, int] | None = None,
+) -> Callable[[Tx], Awaitable[Row | None]]:
+    """`claim`'s statement as the end of another write transaction (a worker of the process
+    that admits a run takes it in the admission's commit); its row, once committed, goes to
+    `Store.log_claim` and `accept`."""
+    keys = sorted(workflows)
+    return store.claim_with(worker_id, keys, ttl, _claimable(keys, limits))
+
+
+def _claimable(keys: list[str], limits: Mapping[str, int] | None) -> dict[str, int]:
+    # The statement moves a queued run, or a running one under an expired lease, to running.
+    check_transition(Status.QUEUED, Status.RUNNING)
+    check_transition(Status.RUNNING, Status.RUNNING)
+    return {k: int(n) for k, n in (limits or {}).items() if k in keys}
+
+
+async def accept(
+    store: Store, worker_id: str, row: Row, max_crashes: int | None
+) -> tuple[Lease, Row] | None:
+    """The lease a committed claim took; None for a takeover past `max_crashes`, which ends
+    the run failed instead (fenced by the token just taken)."""
+    crashes = int(row["crash_count"])
+    lease = Lease(row["run_id"], worker_id, int(row["lease_token"]))
+    takeover = row["previous_status"] == Status.RUNNING
+    if not takeover or max_crashes is None or crashes < max_crashes:
+        return lease, row
+    try:
+        async with store.fenced(lease.run_id, lease.token) as tx:
+            await _give_up(store, tx, row, worker_id, crashes, max_crashes)
+    except LeaseLost:
+        pass  # another worker took it over meanwhile: it gives up on it
+    return None
 
 
 async def _give_up(

@@ -15,7 +15,7 @@ Admission (`insert_run`) writes a new run's first status, `queued`; nothing else
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,8 @@ class Admission:
     created: bool
     other_runs: list[str]
     """The job's runs of this workflow with other input, newest first."""
+    then: Row | None = None
+    """What the `then` write that committed with the admission returned (a claim's row)."""
 
 
 async def admit(
@@ -59,8 +61,12 @@ async def admit(
     max_input_bytes: int,
     if_exists: str = "new",
     check: Callable[[Any], None] | None = None,
+    then: Callable[[Tx], Awaitable[Row | None]] | None = None,
 ) -> Admission:
     """Write the run before anything executes it; the same job+input+version is one run.
+
+    `then`, a write of the same store, commits with a new run's admission (a rerun's
+    admission, several statements, takes none: `then` is not called).
 
     `check` is given the input as the graph will get it (the admitted JSON, decoded) after
     JSON's own rules and the size limit, and raises InvalidInput if the graph cannot take it."""
@@ -75,7 +81,9 @@ async def admit(
         check(loads(input_json))
     content = input_hash(workflow, version, input_json)
     if not rerun:
-        return await _admit_once(store, workflow, version, job_id, input_json, content, if_exists)
+        return await _admit_once(
+            store, workflow, version, job_id, input_json, content, if_exists, then
+        )
     async with store.transaction() as tx:
         job = await store.job_runs(tx, job_id, workflow)
         others = [r["run_id"] for r in job if r["input_hash"] != content]
@@ -111,10 +119,11 @@ async def _admit_once(
     input_json: str,
     content: str,
     if_exists: str,
+    then: Callable[[Tx], Awaitable[Row | None]] | None,
 ) -> Admission:
     """The first attempt of a job's input, admitted (or found) in one statement."""
     rid = run_id(job_id, workflow, version, input_json, 1)
-    row, created, refused, others = await store.admit_run(
+    row, created, refused, others, after = await store.admit_run(
         run_id=rid,
         job_id=job_id,
         workflow=workflow,
@@ -124,6 +133,7 @@ async def _admit_once(
         input_json=input_json,
         if_exists=if_exists,
         data=_admitted(workflow, version, job_id, 1),
+        then=then,
     )
     if refused and if_exists == "error":
         raise JobExists(
@@ -138,7 +148,7 @@ async def _admit_once(
         # it: read it now.
         row = await store.get_run(rid)
     assert row is not None
-    return Admission(row, created, others)
+    return Admission(row, created, others, after)
 
 
 def _admitted(workflow: str, version: str, job_id: str, attempt: int) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ from keel.backends import connect
 from keel.core import leases, outbox, retention, runs, versions, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock, database_override
-from keel.core.codec import loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.errors import RunNotFound, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
@@ -29,73 +27,13 @@ from keel.langgraph import traces
 from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input, learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
+from keel.runtime.handoff import Claim, Taker
+from keel.runtime.records import RunDetails as RunDetails
+from keel.runtime.records import Submission as Submission
 
 log = logging.getLogger("keel.runtime")
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
-
-
-class Submission(dict[str, Any]):
-    """The run `submit` admitted or found: its row (still a dict to index), and `created`,
-    whether this call admitted it."""
-
-    def __init__(self, row: Row, *, created: bool, other_runs: list[str] | None = None) -> None:
-        super().__init__(row)
-        self.created = created
-        self.other_runs = list(other_runs or [])
-        """The job's runs of this workflow with other input, newest first (see `if_exists`)."""
-
-    @property
-    def run_id(self) -> str:
-        return str(self["run_id"])
-
-    @property
-    def job_id(self) -> str:
-        return str(self["job_id"])
-
-    @property
-    def status(self) -> str:
-        return str(self["status"])
-
-
-@dataclass
-class RunDetails:
-    """Everything Keel knows about one run."""
-
-    run: Row
-    timeline: list[Row]
-    effects: list[Row]
-    waits: list[Row]
-    artifacts: list[Any]
-    notifications: list[Row] = field(default_factory=list)
-    intents: list[Row] = field(default_factory=list)
-    """Its outbox effects' intents (keel.core.effect_outbox), oldest first."""
-    stranded: bool = False
-    """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
-
-    @property
-    def run_id(self) -> str:
-        return str(self.run["run_id"])
-
-    @property
-    def job_id(self) -> str:
-        return str(self.run["job_id"])
-
-    @property
-    def status(self) -> str:
-        return str(self.run["status"])
-
-    @property
-    def decision(self) -> str:
-        return str(self.run["decision"])
-
-    @property
-    def termination_reason(self) -> str | None:
-        return self.run["termination_reason"]
-
-    @property
-    def output(self) -> Any:
-        return loads(self.run["output"])
 
 
 class Runtime:
@@ -130,6 +68,7 @@ class Runtime:
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._wakers: list[asyncio.Event] = []
+        self._takers: list[Taker] = []
         self._checked: set[str] = set()
 
     # What the core needs, handed down as `services`; read here for callers above the core.
@@ -268,19 +207,29 @@ class Runtime:
         await self.open()
         wf = self.workflows.get(workflow, version)
         self._check(wf)  # refused before admission: a run of it could never execute
-        admitted = await runs.admit(
-            self.store,
-            workflow=wf.name,
-            version=wf.version,
-            job_id=job_id,
-            input=input,
-            rerun=rerun,
-            max_input_bytes=self.max_input_bytes,
-            if_exists=if_exists,
-            check=functools.partial(check_input, wf),
-        )
+        taker, claim = self._taker()
+        try:
+            admitted = await runs.admit(
+                self.store,
+                workflow=wf.name,
+                version=wf.version,
+                job_id=job_id,
+                input=input,
+                rerun=rerun,
+                max_input_bytes=self.max_input_bytes,
+                if_exists=if_exists,
+                check=functools.partial(check_input, wf),
+                then=claim,
+            )
+        except BaseException:
+            if taker is not None:
+                taker.release()
+            raise
         if admitted.created:
             await self._trace(admitted.row)
+        if taker is not None:
+            await taker.adopt(admitted.then)
+        if admitted.created:
             self.wake()
         return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
 
@@ -521,6 +470,24 @@ class Runtime:
         return await outbox.dispatch(self.services, worker_id, limit)
 
     # -- waking workers in this process ------------------------------------------------------
+
+    def add_taker(self, taker: Taker) -> None:
+        self._takers.append(taker)  # a worker of this process, until `remove_taker`
+
+    def remove_taker(self, taker: Taker) -> None:
+        self._takers.remove(taker)
+
+    def _taker(self) -> tuple[Taker | None, Claim | None]:
+        """A worker of this process with a free slot, and its claim, to commit with the next
+        admission (keel.runtime.handoff): on SQLite one database-thread call and one commit,
+        not two. (On PostgreSQL the admission's row is read before the claim: two messages.)"""
+        if self.connector.dialect != "sqlite":
+            return None, None
+        for taker in self._takers:
+            claim = taker.reserve()
+            if claim is not None:
+                return taker, claim
+        return None, None
 
     def waker(self) -> asyncio.Event:
         event = asyncio.Event()

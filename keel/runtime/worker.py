@@ -24,7 +24,6 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from keel.core import effect_dispatch, infra, leases, logs, retention
@@ -32,11 +31,15 @@ from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED
+from keel.core.store.base import Row
 from keel.core.store.intent_queries import OUTBOX_WAKE
 from keel.core.store.store import Lease
 from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.dispatcher import SAFETY_POLL_INTERVAL, deliver_effects
+from keel.runtime.handoff import Handoff
+from keel.runtime.records import WorkerStats as WorkerStats
 from keel.runtime.runtime import Runtime
+from keel.runtime.stranded import report_stranded
 
 log = logging.getLogger("keel.runtime.worker")
 STRANDED_CHECK_INTERVAL = 10.0
@@ -48,25 +51,6 @@ should not make."""
 
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass
-class WorkerStats:
-    """What a worker did with the runs it claimed: each ended its execution in one of these."""
-
-    claimed: int = 0
-    finished: int = 0
-    """Completed, failed or cancelled."""
-    waiting: int = 0
-    """Paused on a wait (an approval, an in-doubt effect), or queued again by a decision."""
-    lost: int = 0
-    """Given back (drained at a step boundary) or taken over by another worker."""
-
-    def __str__(self) -> str:
-        return (
-            f"claimed {self.claimed}: finished {self.finished}, waiting {self.waiting}, "
-            f"given back {self.lost}"
-        )
 
 
 class Worker:
@@ -123,6 +107,10 @@ class Worker:
         self.database_unavailable_since: float | None = None
         """Set (loop time) while the worker cannot reach its database and waits for it."""
         self._outage_attempts = 0
+        self._executor: Executor | None = None
+        self._handoff = Handoff(
+            runtime.services, runtime.workflows, self.worker_id, free=self._room, start=self._start
+        )
 
     # Reconnect attempts while the database is away: quick at first, then every few seconds.
     reconnect_backoff = 0.1
@@ -147,7 +135,7 @@ class Worker:
         rt.check_workflows()  # a graph that cannot compile is refused here, not at every claim
         await self._check_clock()  # ClockSkew: refuse to start
         rt.set_draining(False)  # an earlier worker's stop on this runtime is over
-        executor = rt.executor(self.worker_id)
+        executor = self._executor = rt.executor(self.worker_id)
         wake = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
         effects_wake = asyncio.Event()  # the dispatcher's own: the claim loop clears `wake`
@@ -188,6 +176,7 @@ class Worker:
         next_sweep = 0.0
         loop = asyncio.get_running_loop()
         woken = True
+        rt.add_taker(self._handoff.open(loop))
         try:
             while not self._stopping.is_set():
                 # Cleared before the look, not after it: a wake-up that comes while this pass
@@ -228,6 +217,7 @@ class Worker:
                 if done & {t for _, t in self._tasks.values()}:
                     delay = self.poll_interval
         finally:
+            rt.remove_taker(self._handoff.close())
             await self._drain()
             background = [heartbeat, listener, deliverer, *([pruner] if pruner else [])]
             for task in background:
@@ -239,7 +229,7 @@ class Worker:
     async def _idle_done(self, claimed: int) -> bool:
         """A stop-when-idle worker with nothing left to do anywhere: time to leave."""
         rt = self.runtime
-        if not self.stop_when_idle or claimed or self._tasks:
+        if not self.stop_when_idle or claimed or self._tasks or self._handoff.reserved:
             return False
         # Undelivered intents first: the delivery that queues a run awaiting it commits with
         # it, so a run the check below misses is not left queued.
@@ -274,7 +264,7 @@ class Worker:
             due = await rt.store.next_due(keys, outbox=outbox)
         elif loop.time() >= self._next_stranded_check:
             self._next_stranded_check = loop.time() + QUIET_STRANDED_CHECK_INTERVAL
-            await self._report_stranded()
+            await report_stranded(self.runtime, self._stranded_logged)
         work = due.queued or due.lease_in == 0.0
         if work and (swept or not woken):
             claimed += await self._fill(executor)
@@ -325,10 +315,14 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
+    def _room(self, reserved: int) -> bool:
+        """Whether one more run fits beside those running and `reserved` for a hand-off."""
+        return not self._stopping.is_set() and len(self._tasks) + reserved < self.concurrency
+
     async def _fill(self, executor: Executor) -> int:
         rt = self.runtime
         claimed = 0
-        while len(self._tasks) < self.concurrency and not self._stopping.is_set():
+        while self._room(self._handoff.reserved):
             got = await leases.claim(
                 rt.store,
                 self.worker_id,
@@ -339,15 +333,19 @@ class Worker:
             )
             if got is None:
                 break
-            lease, row = got
             claimed += 1
-            self.stats.claimed += 1  # the claim's timeline event was logged as it committed
-            task = asyncio.create_task(
-                executor.execute(lease, row), name=f"keel-run-{lease.run_id}"
-            )
-            self._tasks[lease.run_id] = (lease, task)
-            task.add_done_callback(functools.partial(self._done, lease.run_id))
+            self._start(*got)
         return claimed
+
+    def _start(self, lease: Lease, row: Row) -> None:
+        """Execute a run this worker claimed (here, or with its admission: `Handoff`)."""
+        assert self._executor is not None
+        self.stats.claimed += 1  # the claim's timeline event was logged as it committed
+        task = asyncio.create_task(
+            self._executor.execute(lease, row), name=f"keel-run-{lease.run_id}"
+        )
+        self._tasks[lease.run_id] = (lease, task)
+        task.add_done_callback(functools.partial(self._done, lease.run_id))
 
     def _done(self, run_id: str, task: asyncio.Task[Outcome]) -> None:
         # A stale execution ending must not forget a newer one of the same run (a re-claim).
@@ -389,33 +387,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         if loop.time() >= self._next_stranded_check:
             self._next_stranded_check = loop.time() + STRANDED_CHECK_INTERVAL
-            await self._report_stranded()
-
-    async def _report_stranded(self) -> None:
-        """Say once per run when a run of one of this worker's workflows waits for a version
-        that no worker serves: it would otherwise look merely queued, forever."""
-        rt = self.runtime
-        keys = rt.workflows.keys()
-        names = sorted({key.rpartition("@")[0] for key in keys})
-        try:
-            stranded = await rt.stranded_runs_of(names)
-        except Exception:
-            log.exception("looking for stranded runs failed; the next pass retries")
-            return
-        for run in stranded:
-            if run["run_id"] in self._stranded_logged:
-                continue
-            self._stranded_logged.add(run["run_id"])
-            log.warning(
-                "run %s (%s) is stranded on %s@%s: no live worker executes that version (this "
-                "one has %s); move it with `keel runs upgrade %s --to VERSION`",
-                run["run_id"],
-                run["status"],
-                run["workflow"],
-                run["workflow_version"],
-                ", ".join(keys),
-                run["run_id"],
-            )
+            await report_stranded(self.runtime, self._stranded_logged)
 
     async def _check_clock(self) -> None:
         """Measure this clock against the database's; warn past a third of the lease TTL (once

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -133,12 +133,7 @@ class LeaseQueries:
         Without limits the claim is its own transaction. With limits, PostgreSQL serializes
         claims (an advisory lock) so that no two count the same running runs; SQLite's write
         lock already does."""
-        params = {
-            "worker_id": worker_id,
-            "workflows": json.dumps(workflows),
-            "ttl": ttl,
-            "limits": json.dumps(limits),
-        }
+        params = self._claim_params(worker_id, workflows, ttl, limits)
         started = time.monotonic()
         if limits:
             with committed():
@@ -147,6 +142,38 @@ class LeaseQueries:
                     row = await tx.one("claim_next", params)
         else:
             row = await self.db.single("claim_next", params)
+        self.log_claim(row, worker_id, started)
+        return row
+
+    def claim_with(
+        self, worker_id: str, workflows: list[str], ttl: float, limits: dict[str, int]
+    ) -> Callable[[Tx], Awaitable[Row | None]]:
+        """`claim_next` as the end of another write transaction (an admission's, for a worker
+        in the submitting process): the same statements, committed with what precedes them.
+        Log its row with `log_claim` once that transaction has committed."""
+        params = self._claim_params(worker_id, workflows, ttl, limits)
+
+        async def claim(tx: Tx) -> Row | None:
+            if limits:
+                await tx.one("claim_lock")
+            return await tx.one("claim_next", params)
+
+        return claim
+
+    @staticmethod
+    def _claim_params(
+        worker_id: str, workflows: list[str], ttl: float, limits: dict[str, int]
+    ) -> dict[str, Any]:
+        return {
+            "worker_id": worker_id,
+            "workflows": json.dumps(workflows),
+            "ttl": ttl,
+            "limits": json.dumps(limits),
+        }
+
+    @staticmethod
+    def log_claim(row: Row | None, worker_id: str, started: float) -> None:
+        """The committed claim's line (none if nothing was claimed); `started`: monotonic."""
         if row is not None:
             takeover = row["previous_status"] == "running"
             data = {"from": row["previous_status"], "to": "running"}
@@ -168,7 +195,6 @@ class LeaseQueries:
                 ids=ids,
                 took=time.monotonic() - started,
             )
-        return row
 
     @staticmethod
     async def renew_lease(tx: Tx, run_id: str, token: int, ttl: float) -> bool:

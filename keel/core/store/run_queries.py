@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -93,25 +93,37 @@ class RunQueries:
         input_json: str,
         if_exists: str,
         data: dict[str, Any],
-    ) -> tuple[Row | None, bool, bool, list[str]]:
+        then: Callable[[Tx], Awaitable[Row | None]] | None = None,
+    ) -> tuple[Row | None, bool, bool, list[str], Row | None]:
         """Admit a run in one statement (see the `admit_run` query): the run's row (None if
         refused, or if a concurrent admission of it is not visible yet), whether this call
-        created it, whether `if_exists` refused it, and the job's runs with other input."""
+        created it, whether `if_exists` refused it, the job's runs with other input, and what
+        `then` returned: a write that commits with the admission, in the same call (a claim
+        by a worker of the submitting process: `LeaseQueries.claim_with`)."""
         started = time.monotonic()
-        row = await self.db.single(
-            "admit_run",
-            {
-                "run_id": run_id,
-                "job_id": job_id,
-                "workflow": workflow,
-                "workflow_version": version,
-                "attempt": attempt,
-                "input_hash": input_hash,
-                "input": input_json,
-                "if_exists": if_exists,
-                "data": dumps(data),
-            },
-        )
+        params = {
+            "run_id": run_id,
+            "job_id": job_id,
+            "workflow": workflow,
+            "workflow_version": version,
+            "attempt": attempt,
+            "input_hash": input_hash,
+            "input": input_json,
+            "if_exists": if_exists,
+            "data": dumps(data),
+        }
+        after: Row | None = None
+        if then is None:
+            row = await self.db.single("admit_run", params)
+        else:
+            follow = then
+
+            async def both(tx: Tx) -> tuple[Row | None, Row | None]:
+                admitted = await tx.one("admit_run", params)
+                created = admitted is not None and bool(admitted.get("created"))
+                return admitted, (await follow(tx) if created else None)
+
+            row, after = await self.db.run_transaction(both)
         assert row is not None
         others = json.loads(row.pop("others"))
         refused, created = bool(row.pop("refused")), bool(row.pop("created"))
@@ -119,7 +131,7 @@ class RunQueries:
         if created:
             took = time.monotonic() - started
             logs.event(run_id, "admitted", data, worker_id=None, token=None, took=took)
-        return (row if row.get("run_id") else None), created, refused, others
+        return (row if row.get("run_id") else None), created, refused, others, after
 
     # -- reading runs ---------------------------------------------------------------------------
 

@@ -11,13 +11,14 @@ connection rather than in every step, as psycopg's own prepared statements would
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import re
 import weakref
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, adapt
 from psycopg.rows import DictRow
 
 from keel.core.store.base import Later, Params, Row, Statement
@@ -57,9 +58,11 @@ def _size(params: Any) -> int:
     return sum(len(v) for v in values if isinstance(v, bytes | bytearray | memoryview | str))
 
 
-def _numbered(sql: str) -> tuple[str, list[str | int]]:
+@functools.lru_cache(maxsize=512)
+def _numbered(sql: str) -> tuple[str, tuple[str | int, ...]]:
     """`sql` with psycopg's placeholders as $1, $2, ... and what each number binds (a name of
-    a mapping's key, or a position); None if it has no placeholder."""
+    a mapping's key, or a position). Memoised: a step binds the same few statements over and
+    over."""
     keys: list[str | int] = []
     numbers: dict[str | int, int] = {}
 
@@ -72,7 +75,7 @@ def _numbered(sql: str) -> tuple[str, list[str | int]]:
             numbers[key] = len(keys)
         return f"${numbers[key]}"
 
-    return _PLACEHOLDER.sub(number, sql), keys
+    return _PLACEHOLDER.sub(number, sql), tuple(keys)
 
 
 class Batch:
@@ -83,29 +86,38 @@ class Batch:
         self.connection = conn
         self._queries = queries
         self._binder = psycopg.AsyncClientCursor(conn)
+        # Each value quoted by psycopg's own adapters, as `mogrify` would, without parsing a
+        # placeholder list per statement; the message is built as bytes, never decoded and
+        # encoded again.
+        self._literal = adapt.Transformer(conn).as_literal
+        self._encoding = conn.info.encoding
         self._known = _prepared.setdefault(conn, {})
         self._preparing: dict[str, str] = {}
         self.prepares = 0
         """Statements this batch PREPAREd (for its caller: a refused one is retried inline)."""
-        self._pending: list[str] = []
+        self._pending: list[bytes] = []
         self._wanted: dict[int, list[Row | None]] = {}
         self._begun = False
 
     def add(self, sql: str, params: Any = None) -> int:
         if params is None:
-            self._pending.append(sql)
+            self._pending.append(sql.encode(self._encoding))
         elif sql in _unpreparable:
-            self._pending.append(self._binder.mogrify(sql, params))
+            self._pending.append(self._binder.mogrify(sql, params).encode(self._encoding))
         else:
             name = self._known.get(sql) or self._preparing.get(sql)
             converted, keys = _numbered(sql)
             if name is None:
                 name = self._preparing[sql] = f"keel_{next(_names)}"
-                self._pending.append(f"PREPARE {name} AS {converted}")
+                self._pending.append(f"PREPARE {name} AS {converted}".encode(self._encoding))
                 self.prepares += 1
-            values = [params[k] for k in keys]
-            bound = self._binder.mogrify(", ".join(["%s"] * len(values)), values)
-            self._pending.append(f"EXECUTE {name}({bound})" if values else f"EXECUTE {name}")
+            run = b"EXECUTE " + name.encode()
+            if keys:
+                literal = self._literal
+                values = [params[k] for k in keys]
+                bound = b", ".join([b"NULL" if v is None else literal(v) for v in values])
+                run += b"(" + bound + b")"
+            self._pending.append(run)
         return len(self._pending) - 1
 
     def refused(self) -> None:
@@ -119,16 +131,16 @@ class Batch:
         self._pending, self._wanted = [], {}
         offset = 0
         if not end and not self._begun:
-            statements.insert(0, "BEGIN")
+            statements.insert(0, b"BEGIN")
             offset, self._begun = 1, True
         elif end and self._begun:
-            statements.append("COMMIT")
+            statements.append(b"COMMIT")
         if not statements:
             return []
         if sum(map(len, statements)) > LARGE:
-            message = await asyncio.to_thread(";\n".join, statements)
+            message = await asyncio.to_thread(b";\n".join, statements)
         else:
-            message = ";\n".join(statements)
+            message = b";\n".join(statements)
         cur = self.connection.cursor()
         try:
             await cur.execute(message)

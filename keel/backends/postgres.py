@@ -57,8 +57,15 @@ CHECK_AFTER_IDLE = 10.0
 _idle_since: weakref.WeakKeyDictionary[AsyncConnection[Any], float] = weakref.WeakKeyDictionary()
 
 
-async def _returned(conn: AsyncConnection[Any]) -> None:
-    _idle_since[conn] = time.monotonic()
+class _Pool(AsyncConnectionPool[AsyncConnection[DictRow]]):
+    """The pool, stamping each connection's return for `_check`. Stamped here rather than by a
+    `reset` callback: with one, psycopg_pool hands every return to a background task, so the
+    connection comes back a loop turn (or more) after its transaction ended and the next step's
+    checkout often finds it still away."""
+
+    async def putconn(self, conn: AsyncConnection[DictRow]) -> None:
+        _idle_since[conn] = time.monotonic()
+        await super().putconn(conn)
 
 
 async def _check(conn: AsyncConnection[Any]) -> None:
@@ -177,7 +184,7 @@ class PostgresConnector:
     async def open(self) -> None:
         if self._pool is not None:
             return
-        pool: AsyncConnectionPool[AsyncConnection[DictRow]] = AsyncConnectionPool(
+        pool = _Pool(
             self.url,
             min_size=self._min_size,
             max_size=self._max_size,
@@ -187,7 +194,6 @@ class PostgresConnector:
             # A connection the server dropped (restart, failover, proxy timeout) is replaced at
             # checkout instead of failing the run whose write drew it; `_check` says when.
             check=_check,
-            reset=_returned,
             configure=_configure,
         )
         try:

@@ -4,12 +4,15 @@ have executed, and Keel replays it inside its own step transaction (keel.langgra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import aiosqlite
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import WRITES_IDX_MAP
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.sqlite_reads import ThreadCursor, ThreadQuery
@@ -112,3 +115,46 @@ class SqliteLock:
 
     def locked(self) -> bool:
         return self.inner.locked()
+
+
+# -- small writes, recorded without upstream's thread -------------------------------------------
+
+SMALL = 1024
+"""Characters or bytes past which a string value is left to upstream's thread to serialize."""
+
+
+def _small(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float):
+        return True
+    return isinstance(value, str | bytes) and len(value) <= SMALL
+
+
+def small_writes(
+    saver: AsyncPostgresSaver,
+    config: RunnableConfig,
+    writes: Sequence[tuple[str, Any]],
+    task_id: str,
+    task_path: str,
+) -> list[Statement] | None:
+    """What upstream's `AsyncPostgresSaver.aput_writes` issues for a task's writes if they are
+    all small (scalars, short strings: a counter, a branch's None), else None. Upstream hops to
+    a thread to serialize them; the step's `aput` waits for these statements, and on a busy
+    event loop that hop, not the microseconds msgpack takes, was nearly all of the wait.
+    tests/conformance/test_upstream_statements.py holds this equal to upstream's own."""
+    if not all(_small(value) for _, value in writes):
+        return None
+    query = (
+        saver.UPSERT_CHECKPOINT_WRITES_SQL
+        if all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        else saver.INSERT_CHECKPOINT_WRITES_SQL
+    )
+    configurable = config["configurable"]
+    params = saver._dump_writes(
+        configurable["thread_id"],
+        configurable["checkpoint_ns"],
+        configurable["checkpoint_id"],
+        task_id,
+        task_path,
+        writes,
+    )
+    return [(query, params, True)]

@@ -50,7 +50,14 @@ from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.store.base import Connector, Row, Statement, Tx
 from keel.core.store.store import Store
-from keel.langgraph.recording import Recorder, SqliteConnection, SqliteLock, recorded, recording
+from keel.langgraph.recording import (
+    Recorder,
+    SqliteConnection,
+    SqliteLock,
+    recorded,
+    recording,
+    small_writes,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("keel.savers")
@@ -199,7 +206,7 @@ class Fencing:
             entry = Buffered(token, _key(token, where, task_id, n), event, staged, recorded)
             buffer.writes.append(entry)
         try:
-            statements = await self._record(super().aput_writes(config, writes, task_id, task_path))  # type: ignore[misc]
+            statements = await self._record_writes(config, writes, task_id, task_path)
         except BaseException as exc:
             recorded.set_exception(exc)
             recorded.exception()  # retrieved: whoever commits the buffer raises it again
@@ -322,6 +329,16 @@ class Fencing:
         if checkpoint is not None:
             self.progressed.add((run_id, token))
         return await fence()
+
+    async def _record_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> list[Statement]:
+        """Upstream's statements for a task's writes, recorded from its own `aput_writes`."""
+        return await self._record(super().aput_writes(config, writes, task_id, task_path))  # type: ignore[misc]
 
     async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:
         recorder: list[Statement] = []
@@ -450,6 +467,21 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
         super().__init__(pool)
+
+    async def _record_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> list[Statement]:
+        # Small writes without upstream's hop to a thread: `aput` waits for these statements.
+        found = small_writes(self, config, writes, task_id, task_path)
+        return (
+            found
+            if found is not None
+            else await super()._record_writes(config, writes, task_id, task_path)
+        )
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 
 from keel.backends.postgres import normalize_postgres_url
 from keel.backends.sqlite import sqlite_path
-from keel.langgraph import savers
+from keel.langgraph import recording, savers
 
 EXPECTED = Path(__file__).with_name("upstream_statements.json")
 Call = list[Any]
@@ -189,3 +189,34 @@ def test_the_special_channels_keel_names_are_langgraphs() -> None:
     assert (savers.INTERRUPT, savers.ERROR) == (constants.INTERRUPT, constants.ERROR)
     assert (savers.TASKS, savers.PUSH) == (constants.TASKS, constants.PUSH)
     assert {constants.INTERRUPT, constants.ERROR, constants.RESUME} <= savers.SPECIAL
+
+
+def test_small_writes_keel_records_itself_are_what_upstreams_aput_writes_issues() -> None:
+    """FencedPostgresSaver records a task's small writes without upstream's hop to a thread
+    (recording.small_writes): the statements must be the ones upstream's own `aput_writes`
+    records, for both of its queries (ordinary writes, and special ones that upsert)."""
+    from psycopg_pool import AsyncConnectionPool
+
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}}
+    cases: list[list[tuple[str, Any]]] = [
+        [("n", 1), ("branch:to:b", None)],
+        [("text", "short"), ("ratio", 0.5), ("flag", True), ("raw", b"\x00\x01")],
+        [(constants.INTERRUPT, "why"), (constants.RESUME, 3)],
+        [(constants.RESUME, "yes"), ("n", 2)],  # a resumed task: its resume beside its own
+        [("long", "x" * (recording.SMALL + 1))],  # upstream's own path: equal by construction
+    ]
+
+    async def both() -> list[tuple[list[Any], list[Any]]]:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool("postgresql://unused", open=False)
+        saver = savers.FencedPostgresSaver(pool)
+        found = []
+        for writes in cases:
+            ours = await saver._record_writes(config, writes, "task-1", "~__pregel_pull, a")
+            upstream = AsyncPostgresSaver.aput_writes(
+                saver, config, writes, "task-1", "~__pregel_pull, a"
+            )
+            found.append((ours, await saver._record(upstream)))
+        return found
+
+    for ours, theirs in asyncio.run(both()):
+        assert ours == theirs

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.parametrize(
 def test_placeholders_become_numbers_once_per_name(backend: str) -> None:
     assert _numbered("SELECT %(a)s, %(b)s, %(a)s, 10 %% 3") == (
         "SELECT $1, $2, $1, 10 % 3",
-        ["a", "b"],
+        ("a", "b"),
     )
-    assert _numbered("INSERT INTO t VALUES (%s, %s)") == ("INSERT INTO t VALUES ($1, $2)", [0, 1])
-    assert _numbered("SELECT 1") == ("SELECT 1", [])
+    assert _numbered("INSERT INTO t VALUES (%s, %s)") == ("INSERT INTO t VALUES ($1, $2)", (0, 1))
+    assert _numbered("SELECT 1") == ("SELECT 1", ())
 
 
 def _events(app: keel.App, run_id: str, kind: str) -> list[dict[str, Any]]:

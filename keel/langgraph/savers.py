@@ -58,18 +58,17 @@ from keel.langgraph.recording import (
     recording,
     small_writes,
 )
+from keel.langgraph.timeline import StepTimeline, checkpoint_id
 
 T = TypeVar("T")
 log = logging.getLogger("keel.savers")
 
-TASKS, PUSH = "__pregel_tasks", "__pregel_push"  # LangGraph's channel of Sends, its push tasks
 ERROR_SOURCE_NODE = "__error_source_node__"  # the loop awaits it before an error handler runs
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"  # input, resume and update_state writes
 INTERRUPT, ERROR = "__interrupt__", "__error__"
 SPECIAL = frozenset(WRITES_IDX_MAP) | {ERROR_SOURCE_NODE}
 """Channels whose writes commit at once: no checkpoint follows an interrupt or an error, and
 the loop reads a resume, a scheduled write or an error's source before the next one."""
-MAX_REMEMBERED = 256
 
 
 @dataclass
@@ -108,7 +107,7 @@ _read_ahead: ContextVar[list[tuple[str, CheckpointTuple]] | None] = ContextVar(
 )
 
 
-class Fencing:
+class Fencing(StepTimeline):
     """The leases this process holds, the buffers of its executions, and the step transaction."""
 
     store: Store
@@ -192,7 +191,7 @@ class Fencing:
             # The task failed or paused: it runs again and stages its rows again, under the
             # same keys. (A resumed task's writes carry the resume beside its own: kept.)
             staged = []
-        where = (str(config["configurable"].get("checkpoint_ns", "")), _checkpoint_id(config))
+        where = (str(config["configurable"].get("checkpoint_ns", "")), checkpoint_id(config))
         recorded = asyncio.get_running_loop().create_future()
         buffer = self._buffer(run_id, token, worker_id) if ctx is not None else None
         if buffer is None:
@@ -409,47 +408,9 @@ class Fencing:
         )
         return history
 
-    # -- the timeline -------------------------------------------------------------------------
-
-    def remember_sends(self, checkpoint: Checkpoint) -> None:
-        pending = checkpoint.get("channel_values", {}).get(TASKS) or []
-        nodes = [str(getattr(send, "node", "")) for send in pending]
-        if nodes:
-            self.sends[checkpoint["id"]] = nodes
-            while len(self.sends) > MAX_REMEMBERED:
-                del self.sends[next(iter(self.sends))]
-
-    def step_event(
-        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str
-    ) -> dict[str, Any]:
-        data = step_event(config, writes, task_path)
-        parts = [p.strip() for p in task_path.lstrip("~").split(",")]
-        if parts[0] == PUSH and len(parts) > 1 and parts[1].isdigit():
-            index = int(parts[1])
-            nodes = self.sends.get(_checkpoint_id(config), [])
-            if index < len(nodes):
-                data.update(node=nodes[index], index=index)
-        return data
-
-
-def _checkpoint_id(config: RunnableConfig) -> str:
-    return str(config["configurable"].get("checkpoint_id"))
-
 
 def _key(token: int, where: tuple[str, str], task_id: str, n: int) -> str:
     return f"{token}/{where[0]}/{where[1]}/{task_id}/{n}"
-
-
-def step_event(config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_path: str) -> dict:
-    parts = [p.strip() for p in task_path.lstrip("~").split(",")]
-    node = parts[1] if len(parts) > 1 and parts[0] == "__pregel_pull" else task_path
-    data: dict[str, Any] = {
-        "node": node,
-        "writes": sorted({c for c, _ in writes if not c.startswith("branch:")}),
-    }
-    if ns := config["configurable"].get("checkpoint_ns"):
-        data["namespace"] = ns.split(":", 1)[0]
-    return data
 
 
 class FencedSqliteSaver(Fencing, AsyncSqliteSaver):

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 
 from keel.backends.postgres import normalize_postgres_url
 from keel.backends.sqlite import sqlite_path
-from keel.langgraph import recording, savers
+from keel.langgraph import recording, savers, timeline
 
 EXPECTED = Path(__file__).with_name("upstream_statements.json")
 Call = list[Any]
@@ -183,11 +183,12 @@ def test_the_official_savers_calls_and_sql_for_a_two_step_graph(db_url: str) -> 
 
 
 def test_the_special_channels_keel_names_are_langgraphs() -> None:
-    """savers.py names LangGraph's private constants itself (what commits at once)."""
+    """savers.py and timeline.py name LangGraph's private constants themselves (what commits
+    at once, where a Send's node is found)."""
     assert savers.ERROR_SOURCE_NODE == constants.ERROR_SOURCE_NODE
     assert savers.NULL_TASK_ID == constants.NULL_TASK_ID
     assert (savers.INTERRUPT, savers.ERROR) == (constants.INTERRUPT, constants.ERROR)
-    assert (savers.TASKS, savers.PUSH) == (constants.TASKS, constants.PUSH)
+    assert (timeline.TASKS, timeline.PUSH) == (constants.TASKS, constants.PUSH)
     assert {constants.INTERRUPT, constants.ERROR, constants.RESUME} <= savers.SPECIAL
 
 

@@ -143,7 +143,9 @@ class Batch:
             message = b";\n".join(statements)
         cur = self.connection.cursor()
         try:
-            await cur.execute(message)
+            # Never one of psycopg's own prepared statements (each message is unique): skip
+            # its bookkeeping of how often it saw this text.
+            await cur.execute(message, prepare=False)
         except BaseException:
             # A PREPARE before the failed statement ran (PREPARE is not transactional), one
             # after it did not: which of them exist is unknown, so none is taken as known.

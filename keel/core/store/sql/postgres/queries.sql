@@ -361,13 +361,8 @@ intent AS (
                              available_at, created_at, updated_at)
     SELECT 'n:' || left(keel_digest(i.run_id, i.wait_id, 'request', '0', n.name), 32),
            i.run_id, i.wait_id, n.name, 'request',
-           jsonb_build_object(
-               'job_id', r.job_id, 'workflow', r.workflow,
-               'wait', jsonb_build_object('wait_id', i.wait_id, 'kind', i.kind, 'name', i.name,
-                                          'payload', i.payload::jsonb,
-                                          'approvers', i.approvers::jsonb,
-                                          'deadline', i.deadline),
-               'details', jsonb_build_object('stage', 0))::text,
+           keel_notification(r.job_id, r.workflow, i.wait_id, i.kind, i.name, i.payload,
+                             i.approvers, i.deadline, '{"stage": 0}'),
            'queued', keel_now(), keel_now(), keel_now()
     FROM inserted AS i, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
     WHERE i.kind <> 'outbox'
@@ -501,13 +496,8 @@ intent AS (
                              available_at, created_at, updated_at)
     SELECT 'n:' || left(keel_digest(d.run_id, d.wait_id, 'decided', '0', n.name), 32),
            d.run_id, d.wait_id, n.name, 'decided',
-           jsonb_build_object(
-               'job_id', r.job_id, 'workflow', r.workflow,
-               'wait', jsonb_build_object('wait_id', d.wait_id, 'kind', d.kind, 'name', d.name,
-                                          'payload', d.payload::jsonb,
-                                          'approvers', d.approvers::jsonb,
-                                          'deadline', d.deadline),
-               'details', %(details)s::jsonb)::text,
+           keel_notification(r.job_id, r.workflow, d.wait_id, d.kind, d.name, d.payload,
+                             d.approvers, d.deadline, %(details)s::text),
            'queued', keel_now(), keel_now(), keel_now()
     FROM decided AS d, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
     ON CONFLICT (intent_id) DO NOTHING),

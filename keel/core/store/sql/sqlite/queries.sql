@@ -309,12 +309,8 @@ INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, st
                          available_at, created_at, updated_at)
 SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'request', '0', n.value), 1, 32),
        :run_id, w.wait_id, n.value, 'request',
-       json_object('job_id', :run_job, 'workflow', :run_workflow,
-                   'wait', json_object('wait_id', w.wait_id, 'kind', w.kind, 'name', w.name,
-                                       'payload', json(w.payload),
-                                       'approvers', json(w.approvers),
-                                       'deadline', w.deadline),
-                   'details', json_object('stage', 0)),
+       keel_notification(:run_job, :run_workflow, w.wait_id, w.kind, w.name, w.payload,
+                         w.approvers, w.deadline, '{"stage": 0}'),
        'queued', keel_now(), keel_now(), keel_now()
 FROM keel_waits AS w, json_each(:notifiers) AS n
 WHERE w.wait_id = :wait_id AND :inserted = 1 AND w.kind <> 'outbox'
@@ -431,12 +427,8 @@ INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, st
                          available_at, created_at, updated_at)
 SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'decided', '0', n.value), 1, 32),
        :run_id, w.wait_id, n.value, 'decided',
-       json_object('job_id', :run_job, 'workflow', :run_workflow,
-                   'wait', json_object('wait_id', w.wait_id, 'kind', w.kind, 'name', w.name,
-                                       'payload', json(w.payload),
-                                       'approvers', json(w.approvers),
-                                       'deadline', w.deadline),
-                   'details', json(:details)),
+       keel_notification(:run_job, :run_workflow, w.wait_id, w.kind, w.name, w.payload,
+                         w.approvers, w.deadline, :details),
        'queued', keel_now(), keel_now(), keel_now()
 FROM keel_waits AS w, json_each(:notifiers) AS n
 WHERE w.wait_id = :target_id AND :recorded = 1

@@ -23,6 +23,7 @@ from keel.backends.locks import TaskReentrantLock
 from keel.core.errors import LeaseLost
 from keel.core.faults import statement_fails
 from keel.core.ids import digest
+from keel.core.notifications import intent_payload
 from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
 
 T = TypeVar("T")
@@ -285,6 +286,8 @@ class SqliteConnector:
             await conn.create_function("keel_fence", 3, self._keel_fence)
             # Ids derived in SQL (a decision's intents) by the one rule, keel.core.ids.digest.
             await conn.create_function("keel_digest", -1, digest, deterministic=True)
+            # A wait's notification payload (a registration's, a decision's intents): the rule.
+            await conn.create_function("keel_notification", 9, intent_payload, deterministic=True)
         except BaseException:
             await conn.close()  # its thread would keep the process alive
             raise

@@ -5,7 +5,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from keel.core.codec import dumps, loads
+
 KINDS = ("request", "remind", "escalate", "decided", "expired")
+
+
+def intent_payload(
+    job_id: str,
+    workflow: str,
+    wait_id: str,
+    kind: str,
+    name: str,
+    payload: str | None,
+    approvers: str | None,
+    deadline: float | None,
+    details: str,
+) -> str:
+    """The payload of a wait's notification intent (JSON text), from the run's and the wait's
+    columns (`payload`, `approvers` and `details` as JSON text): the one rule. The outbox's
+    `record` calls it; SQLite's queries call it as `keel_notification`, registered on each
+    connection; PostgreSQL's `keel_notification` (migration 0020) is its twin in SQL, which a
+    test compares with it."""
+    return dumps(
+        {
+            "job_id": job_id,
+            "workflow": workflow,
+            "wait": {
+                "wait_id": wait_id,
+                "kind": kind,
+                "name": name,
+                "payload": loads(payload),
+                "approvers": loads(approvers),
+                "deadline": deadline,
+            },
+            "details": loads(details),
+        }
+    )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from keel.core.codec import dumps, loads
 from keel.core.errors import TransientError
 from keel.core.ids import digest
-from keel.core.notifications import Notification
+from keel.core.notifications import Notification, intent_payload
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
@@ -55,14 +55,17 @@ async def record(
     details: dict[str, Any] | None = None,
 ) -> None:
     """Insert one intent per notifier that handles `kind` (once: a replay inserts nothing)."""
-    wait_view = {
-        "wait_id": wait["wait_id"],
-        "kind": wait["kind"],
-        "name": wait["name"],
-        "payload": loads(wait["payload"]),
-        "approvers": loads(wait["approvers"]),
-        "deadline": wait["deadline"],
-    }
+    payload = intent_payload(
+        run["job_id"],
+        run["workflow"],
+        wait["wait_id"],
+        wait["kind"],
+        wait["name"],
+        wait["payload"],
+        wait["approvers"],
+        wait["deadline"],
+        dumps({"stage": stage, **(details or {})}),
+    )
     for notifier in services.notifiers.values():
         if kind not in notifier.kinds:
             continue
@@ -73,14 +76,7 @@ async def record(
             wait_id=wait["wait_id"],
             notifier=notifier.name,
             kind=kind,
-            payload=dumps(
-                {
-                    "job_id": run["job_id"],
-                    "workflow": run["workflow"],
-                    "wait": wait_view,
-                    "details": {"stage": stage, **(details or {})},
-                }
-            ),
+            payload=payload,
         )
 
 

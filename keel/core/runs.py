@@ -192,16 +192,20 @@ async def finish(
     target: Status,
     *,
     worker_id: str,
-    termination_reason: str,
+    termination_reason: str | None,
     error: str | None = None,
     output: str | None = None,
 ) -> None:
     """End the running run that `token` holds (completed, failed, cancelled) in one statement,
     its timeline event with it; LeaseLost (RunNotFound, InvalidTransition) and nothing written
-    if the token no longer holds it running."""
+    if the token no longer holds it running. A completed run without `termination_reason` ends
+    for the reason its waits give (its approval verdict, or timed_out), judged in the same
+    statement (the rule is the `finish_run` query's): nothing is read before it."""
     check_transition(Status.RUNNING, target)
     if target not in FINISHED:
         raise InvalidTransition(f"finish() ends a run; {target.value} is not an end")
+    if termination_reason is None and target != Status.COMPLETED:
+        raise InvalidTransition(f"a run that ends {target.value} says why")
     moved = {"from": Status.RUNNING.value, "to": target.value}
     moved.update(_move_data(None, termination_reason, error))
     done = await store.finish_run(

@@ -32,7 +32,7 @@ from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason, c
 from keel.core.services import Services
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, ExpiryDecision, WaitKind, WaitStatus
+from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -207,30 +207,22 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
     return target
 
 
-async def resume_map(store: Store, run_id: str, pending_interrupt_ids: set[str]) -> dict:
-    """Decided waits whose interrupts are still pending, as LangGraph's resume map."""
+def resume_map(answered: Sequence[Row], pending_interrupt_ids: set[str]) -> dict:
+    """Decided waits whose interrupts are still pending, as LangGraph's resume map. `answered`:
+    the run's waits, as its claim returned them (`claimed_answers`) or as read."""
     return {
         w["interrupt_id"]: loads(w["value"])
-        for w in await store.waits(run_id)
+        for w in answered
         if w["status"] != WaitStatus.PENDING and w["interrupt_id"] in pending_interrupt_ids
     }
 
 
-def completed_because(run_decision: str | None, waits: Sequence[Row]) -> TerminationReason:
-    """Why a run whose graph returned ended: its approval verdict, unless nobody gave it.
-
-    A rejection the deadline's policy applied is recorded as the decision (`rejected`, which
-    the graph saw), but the run ended because time ran out: `timed_out`, as a `timeout` policy.
-    """
-    if run_decision in (Decision.APPROVED, Decision.REJECTED):
-        verdicts = [w for w in waits if w["kind"] == WaitKind.APPROVAL]
-        last = max(verdicts, key=lambda w: w["decided_at"] or 0.0, default=None)
-        if last is not None and last["status"] == WaitStatus.EXPIRED:
-            return TerminationReason.TIMED_OUT
-        return TerminationReason(run_decision)
-    if any(w["decision"] == ExpiryDecision.TIMED_OUT for w in waits):
-        return TerminationReason.TIMED_OUT
-    return TerminationReason.COMPLETED
+async def claimed_answers(store: Store, run: Row) -> list[Row]:
+    """The answered waits of a claimed run: its claim returned them (`decided_waits`, one
+    statement with the claim), read here only for a row that did not come from a claim."""
+    if "decided_waits" in run:
+        return list(loads(run["decided_waits"]) or [])
+    return await store.waits(str(run["run_id"]))
 
 
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:

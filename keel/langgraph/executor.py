@@ -385,7 +385,8 @@ class Executor:
         self.saver.read_ahead(run["run_id"], saved)
         pending = _pending_interrupts(saved.pending_writes or ())
         if pending:
-            resume = await waits.resume_map(self.services.store, run["run_id"], pending)
+            answered = await waits.claimed_answers(self.services.store, run)
+            resume = waits.resume_map(answered, pending)
             if resume:
                 _resumed(run, f"with {len(resume)} decided wait(s)", started)
                 return Command(resume=resume)
@@ -400,22 +401,20 @@ class Executor:
             # Its first execution ran to the end: it never waited, so no decision or deadline
             # can be why it ended (a wait would have ended the execution).
             reason = TerminationReason.COMPLETED
-        elif reason is None:
-            store = self.services.store
-            async with store.read() as tx:
-                run = await store.read_run(tx, ctx.run_id)
-                assert run is not None
-                answered = await store.read_waits(tx, ctx.run_id)
-            reason = waits.completed_because(run["decision"], answered)
+        # Else (None) the end's own statement judges it from the run's waits: no read first.
         return await self._end(
-            ctx, Status.COMPLETED, TerminationReason(reason), None, output=_output(values)
+            ctx,
+            Status.COMPLETED,
+            None if reason is None else TerminationReason(reason),
+            None,
+            output=_output(values),
         )
 
     async def _end(
         self,
         ctx: RunContext,
         status: Status,
-        reason: TerminationReason,
+        reason: TerminationReason | None,
         error: str | None,
         output: str | None = None,
     ) -> Outcome:
@@ -427,7 +426,7 @@ class Executor:
                 ctx.token,
                 status,
                 worker_id=ctx.worker_id,
-                termination_reason=reason.value,
+                termination_reason=None if reason is None else reason.value,
                 error=error,
                 output=output,
             )

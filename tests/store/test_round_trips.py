@@ -174,6 +174,61 @@ def test_a_resume_after_a_decision_reads_the_checkpoint_once(
     assert len(provider.deliveries) == 1
 
 
+def test_a_resumed_execution_reads_its_answers_with_its_claim_and_nothing_at_its_end(
+    make_app: AppFactory,
+) -> None:
+    # The claim returns the run's answered waits (the resume map); the end's statement judges
+    # the termination reason from the waits itself: the resumed execution reads its checkpoint,
+    # commits its steps and ends, nothing more (a waits read and two reads at the end were 3).
+    provider = Provider()
+    app = make_app()
+    app.workflow("review")(lambda: review_graph(notify_effect(provider)))
+    run = app.submit("review", job_id="rt-answers", input={"to": "a@x"})["run_id"]
+    assert execute(app, *claim(app, "w-a")) == "waiting"
+    app.approve(run, by="alice")
+    rt = app.aio
+    got, count = _counted(
+        app, lambda: leases.claim(rt.store, "w-b", rt.workflows.keys(), rt.lease_ttl)
+    )
+    _one_trip(count)
+    lease, row = got
+    [answer] = json.loads(row["decided_waits"])
+    [wait] = app.get_run(run).waits
+    assert (answer["interrupt_id"], answer["status"]) == (wait["interrupt_id"], "decided")
+    assert json.loads(answer["value"]) == json.loads(wait["value"])
+    store = rt.store
+    steps: list[int] = []
+    reads: list[int] = []
+    _per_call(store, "step_transaction", Count(), steps)
+    _per_call(store, "reserve_effect", Count(), steps)  # the effect's two statements
+    _per_call(store, "record_effect", Count(), steps)
+    for method in ("waits", "read_waits", "read_run", "get_run"):
+        _per_call(store, method, Count(), reads)
+    with counting() as count:
+        assert execute(app, lease, row) == "completed"
+    assert reads == []
+    if rt.connector.dialect == "postgres":
+        # The checkpoint read, one round trip per step transaction and effect statement, the end.
+        assert count.statements == 1 + len(steps) + 1, count.kinds
+    details = app.get_run(run)
+    assert (details.status, details.decision, details.termination_reason) == (
+        "completed",
+        "approved",
+        "approved",
+    )
+    ended = [e for e in details.timeline if e["kind"] == "status.completed"]
+    assert [e["data"]["termination_reason"] for e in ended] == ["approved"]
+    assert len(provider.deliveries) == 1
+
+
+def test_a_claim_of_a_run_that_never_ran_reads_no_waits(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    app.submit("echo", job_id="rt-no-answers", input={"text": "a"})
+    _, row = claim(app, "w-a")
+    assert (row["first_claim"], row["decided_waits"]) == (1, None)
+
+
 def test_an_admission_is_one_statement_with_its_event(make_app: AppFactory) -> None:
     app = make_app()
     app.workflow("echo")(echo_graph)

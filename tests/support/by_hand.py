@@ -153,7 +153,8 @@ class Node:
     def resume_values(self) -> list[Any]:
         """The decided waits' values, as the executor hands them to the resumed graph."""
         ids = {f"{self.name}-{n}" for n in range(len(self.pauses))}
-        found = on_loop(self.app, waits.resume_map(self.app.aio.store, self.run_id, ids))
+        answered = on_loop(self.app, self.app.aio.store.waits(self.run_id))
+        found = waits.resume_map(answered, ids)
         return [found[i] for i in sorted(found)]
 
 

@@ -252,7 +252,8 @@ class RunQueries:
     ) -> bool:
         """End the running run that `token` holds, with its timeline event `kind`, in one
         statement (only `keel.core.runs.finish` calls this, after checking the transition
-        table); False, writing nothing, if `token` no longer holds a running run."""
+        table); False, writing nothing, if `token` no longer holds a running run. No
+        `termination_reason`: the run completed, and its waits say why (see the query)."""
         started = time.monotonic()
         row = await self.db.single(
             "finish_run",
@@ -271,6 +272,8 @@ class RunQueries:
         if row is None:
             return False
         took = time.monotonic() - started
+        if termination_reason is None:  # the statement judged it, and recorded it in the event
+            data = {**data, "termination_reason": row["finished_reason"]}
         logs.event(run_id, kind, data, worker_id=worker_id, token=token, took=took)
         return True
 

@@ -132,7 +132,9 @@ SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 -- crashed attempt) and write its lease.claimed / lease.takeover event. No row: nothing to claim.
 -- With limits it runs after claim_lock in one transaction: its counts are then taken after
 -- every earlier claim committed (a statement's snapshot starts with the statement).
--- `first_claim`: the run never ran, so it has no checkpoint to read.
+-- `first_claim`: the run never ran, so it has no checkpoint to read. `decided_waits`: for a run
+-- that ran before, its answered waits (interrupt_id, status, value as JSON text), oldest first:
+-- what a resume after a decision would read next (its resume map), read in the claim instead.
 WITH candidate AS (
     SELECT run_id, status, lease_owner, started_at FROM keel_runs AS q
     WHERE q.workflow || '@' || q.workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
@@ -155,7 +157,13 @@ claimed AS (
     FROM candidate AS c
     WHERE r.run_id = c.run_id
     RETURNING r.*, c.status AS previous_status, c.lease_owner AS previous_owner,
-              CASE WHEN c.started_at IS NULL THEN 1 ELSE 0 END AS first_claim),
+              CASE WHEN c.started_at IS NULL THEN 1 ELSE 0 END AS first_claim,
+              CASE WHEN c.started_at IS NOT NULL THEN
+                  (SELECT COALESCE(jsonb_agg(jsonb_build_object('interrupt_id', w.interrupt_id,
+                                                                'status', w.status, 'value', w.value)
+                                             ORDER BY w.created_at, w.wait_id), '[]'::jsonb)::text
+                   FROM keel_waits AS w WHERE w.run_id = r.run_id AND w.status <> 'pending')
+              END AS decided_waits),
 turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM claimed),
 event AS (
     INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
@@ -201,20 +209,37 @@ WHERE run_id = %(run_id)s;
 -- End a running run (completed, failed or cancelled: checked in Python against the transition
 -- table first) and record the move on its timeline, in one statement, only if `lease_token`
 -- still holds it: the UPDATE's row lock is the fence (a takeover's claim skips the row until
--- this commits). No row: the token no longer holds a running run, and nothing was written.
+-- this commits). No `termination_reason`: a graph that returned, ended by its waits (judged
+-- here, on the rows as they are at the end, in the same statement: the rule's one place with
+-- SQLite's twin): its approval verdict (the run's decision), unless the latest decided approval expired (a deadline's
+-- rejection: timed_out); else timed_out if a wait timed out; else completed. It goes into the
+-- event's data. No row: the token no longer holds a running run, and nothing was written.
 WITH finished AS (
-    UPDATE keel_runs
+    UPDATE keel_runs AS r
     SET status = %(status)s,
-        termination_reason = COALESCE(%(termination_reason)s::text, termination_reason),
+        termination_reason = COALESCE(%(termination_reason)s::text, CASE
+            WHEN r.decision IN ('approved', 'rejected') THEN
+                CASE WHEN (SELECT w.status FROM keel_waits AS w
+                           WHERE w.run_id = r.run_id AND w.kind = 'approval'
+                           ORDER BY COALESCE(w.decided_at, 0) DESC, w.created_at, w.wait_id
+                           LIMIT 1) = 'expired'
+                     THEN 'timed_out' ELSE r.decision END
+            WHEN EXISTS (SELECT 1 FROM keel_waits AS w
+                         WHERE w.run_id = r.run_id AND w.decision = 'timed_out') THEN 'timed_out'
+            ELSE 'completed' END),
         error = COALESCE(%(error)s::text, error), output = COALESCE(%(output)s::text, output),
         lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
     WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
-    RETURNING run_id),
+    RETURNING run_id, termination_reason),
 turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM finished),
 event AS (
     INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
-    SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s, %(data)s FROM finished, turn)
-SELECT run_id AS finished_id FROM finished;
+    SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s,
+           CASE WHEN %(termination_reason)s::text IS NULL
+                THEN (%(data)s::text::jsonb || jsonb_build_object('termination_reason', termination_reason))::text
+                ELSE %(data)s::text END
+    FROM finished, turn)
+SELECT run_id AS finished_id, termination_reason AS finished_reason FROM finished;
 
 -- name: insert_event
 -- Append to a run's timeline. One writer of a run's events at a time, until it commits (a
@@ -336,13 +361,8 @@ intent AS (
                              available_at, created_at, updated_at)
     SELECT 'n:' || left(keel_digest(i.run_id, i.wait_id, 'request', '0', n.name), 32),
            i.run_id, i.wait_id, n.name, 'request',
-           jsonb_build_object(
-               'job_id', r.job_id, 'workflow', r.workflow,
-               'wait', jsonb_build_object('wait_id', i.wait_id, 'kind', i.kind, 'name', i.name,
-                                          'payload', i.payload::jsonb,
-                                          'approvers', i.approvers::jsonb,
-                                          'deadline', i.deadline),
-               'details', jsonb_build_object('stage', 0))::text,
+           keel_notification(r.job_id, r.workflow, i.wait_id, i.kind, i.name, i.payload,
+                             i.approvers, i.deadline, '{"stage": 0}'),
            'queued', keel_now(), keel_now(), keel_now()
     FROM inserted AS i, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
     WHERE i.kind <> 'outbox'
@@ -476,13 +496,8 @@ intent AS (
                              available_at, created_at, updated_at)
     SELECT 'n:' || left(keel_digest(d.run_id, d.wait_id, 'decided', '0', n.name), 32),
            d.run_id, d.wait_id, n.name, 'decided',
-           jsonb_build_object(
-               'job_id', r.job_id, 'workflow', r.workflow,
-               'wait', jsonb_build_object('wait_id', d.wait_id, 'kind', d.kind, 'name', d.name,
-                                          'payload', d.payload::jsonb,
-                                          'approvers', d.approvers::jsonb,
-                                          'deadline', d.deadline),
-               'details', %(details)s::jsonb)::text,
+           keel_notification(r.job_id, r.workflow, d.wait_id, d.kind, d.name, d.payload,
+                             d.approvers, d.deadline, %(details)s::text),
            'queued', keel_now(), keel_now(), keel_now()
     FROM decided AS d, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
     ON CONFLICT (intent_id) DO NOTHING),

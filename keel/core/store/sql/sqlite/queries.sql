@@ -119,6 +119,8 @@ SELECT 1 AS locked;
 -- an expired lease), its lease under a new token (a
 -- takeover counts one crashed attempt) and its lease.claimed / lease.takeover event. No row:
 -- nothing to claim. `first_claim`: the run never ran, so it has no checkpoint to read.
+-- `decided_waits`: for a run that ran before, its answered waits (interrupt_id, status, value as
+-- JSON text), oldest first: what a resume after a decision would read next, read in the claim.
 SELECT run_id AS candidate_id, status AS previous_status, lease_owner AS previous_owner,
        CASE WHEN started_at IS NULL THEN 1 ELSE 0 END AS first_claim
 FROM keel_runs AS q
@@ -147,6 +149,13 @@ SELECT run_id, keel_now(),
             THEN json_object('from', :previous_status, 'to', 'running', 'previous_owner', :previous_owner, 'expires_at', lease_expires_at)
             ELSE json_object('from', :previous_status, 'to', 'running', 'expires_at', lease_expires_at) END
 FROM keel_runs WHERE run_id = :candidate_id;
+SELECT CASE WHEN :first_claim = 0 THEN
+           (SELECT json_group_array(json_object('interrupt_id', interrupt_id, 'status', status,
+                                                'value', value))
+            FROM (SELECT interrupt_id, status, value FROM keel_waits
+                  WHERE run_id = :candidate_id AND status <> 'pending'
+                  ORDER BY created_at, wait_id))
+       END AS decided_waits;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.
@@ -180,17 +189,32 @@ WHERE run_id = :run_id;
 -- name: finish_run
 -- End a running run (completed, failed or cancelled: checked in Python against the transition
 -- table first) and record the move on its timeline, in one call, only if `lease_token` still
--- holds it (the write lock is held from the UPDATE on). No row: the token no longer holds a
--- running run, and nothing was written.
+-- holds it (the write lock is held from the UPDATE on). No `termination_reason`: a graph that
+-- returned, ended by its waits (judged here, on the rows as they are at the end, in the same
+-- call: the rule's one place with PostgreSQL's twin): its approval verdict (the run's decision), unless the latest decided approval
+-- expired (a deadline's rejection: timed_out); else timed_out if a wait timed out; else
+-- completed. It goes into the event's data. No row: the token no longer holds a running run,
+-- and nothing was written.
 UPDATE keel_runs
 SET status = :status,
-    termination_reason = COALESCE(:termination_reason, termination_reason),
+    termination_reason = COALESCE(:termination_reason, CASE
+        WHEN decision IN ('approved', 'rejected') THEN
+            CASE WHEN (SELECT w.status FROM keel_waits AS w
+                       WHERE w.run_id = keel_runs.run_id AND w.kind = 'approval'
+                       ORDER BY COALESCE(w.decided_at, 0) DESC, w.created_at, w.wait_id
+                       LIMIT 1) = 'expired'
+                 THEN 'timed_out' ELSE decision END
+        WHEN EXISTS (SELECT 1 FROM keel_waits AS w
+                     WHERE w.run_id = keel_runs.run_id AND w.decision = 'timed_out') THEN 'timed_out'
+        ELSE 'completed' END),
     error = COALESCE(:error, error), output = COALESCE(:output, output),
     lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
-RETURNING run_id AS finished_id;
+RETURNING run_id AS finished_id, termination_reason AS finished_reason;
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
-VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token, :data);
+VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token,
+        CASE WHEN :termination_reason IS NULL
+             THEN json_set(:data, '$.termination_reason', :finished_reason) ELSE :data END);
 
 -- name: insert_event
 -- Append to a run's timeline.
@@ -285,12 +309,8 @@ INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, st
                          available_at, created_at, updated_at)
 SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'request', '0', n.value), 1, 32),
        :run_id, w.wait_id, n.value, 'request',
-       json_object('job_id', :run_job, 'workflow', :run_workflow,
-                   'wait', json_object('wait_id', w.wait_id, 'kind', w.kind, 'name', w.name,
-                                       'payload', json(w.payload),
-                                       'approvers', json(w.approvers),
-                                       'deadline', w.deadline),
-                   'details', json_object('stage', 0)),
+       keel_notification(:run_job, :run_workflow, w.wait_id, w.kind, w.name, w.payload,
+                         w.approvers, w.deadline, '{"stage": 0}'),
        'queued', keel_now(), keel_now(), keel_now()
 FROM keel_waits AS w, json_each(:notifiers) AS n
 WHERE w.wait_id = :wait_id AND :inserted = 1 AND w.kind <> 'outbox'
@@ -407,12 +427,8 @@ INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, st
                          available_at, created_at, updated_at)
 SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'decided', '0', n.value), 1, 32),
        :run_id, w.wait_id, n.value, 'decided',
-       json_object('job_id', :run_job, 'workflow', :run_workflow,
-                   'wait', json_object('wait_id', w.wait_id, 'kind', w.kind, 'name', w.name,
-                                       'payload', json(w.payload),
-                                       'approvers', json(w.approvers),
-                                       'deadline', w.deadline),
-                   'details', json(:details)),
+       keel_notification(:run_job, :run_workflow, w.wait_id, w.kind, w.name, w.payload,
+                         w.approvers, w.deadline, :details),
        'queued', keel_now(), keel_now(), keel_now()
 FROM keel_waits AS w, json_each(:notifiers) AS n
 WHERE w.wait_id = :target_id AND :recorded = 1

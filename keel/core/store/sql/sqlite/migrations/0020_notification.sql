@@ -1,0 +1,3 @@
+-- The payload of a wait's notification intent, by the rule of
+-- keel.core.notifications.intent_payload: SQLite's `keel_notification` is that Python function,
+-- which the connector registers on its connection: no schema needed.

@@ -14,15 +14,13 @@ import time
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.config import get_config
 from langgraph.types import Command, interrupt
 
 from keel.core import leases, logs, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
-from keel.core.errors import InvalidWorkflow, LeaseLost, NotInRun, Released, RunCancelled
+from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
-from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import finish, transition
@@ -32,62 +30,14 @@ from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph import traces
+from keel.langgraph.graphs import compile_graph, locate
 from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
 MAX_OUTPUT_BYTES = 1_000_000
-# LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
-# LangGraph stops sharing one per task attempt.
-SCRATCHPAD = "__pregel_scratchpad"
-# LangGraph's CONFIG_KEY_TASK_ID (private since 1.0): the id its saver writes the task's
-# writes under, which the outbox's staged intents commit with.
-CONFIG_KEY_TASK_ID = "__pregel_task_id"
 
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
-
-
-def locate() -> StepRef:
-    """The calling node's place in its run, from LangGraph's runnable config."""
-    try:
-        config = get_config()
-    except RuntimeError:
-        raise NotInRun("this must be called inside a LangGraph node") from None
-    meta = config.get("metadata", {})
-    path = meta.get("langgraph_path", ())
-    return StepRef(
-        run_id=str(config["configurable"]["thread_id"]),
-        node=str(meta.get("langgraph_node", "")),
-        step=int(meta.get("langgraph_step", -1)),
-        path="/".join(str(p) for p in path),
-        namespace=namespace_without_task_ids(str(meta.get("langgraph_checkpoint_ns", ""))),
-        # LangGraph makes a scratchpad per attempt of a task and shares it with the runnables
-        # the node invokes (tools, chains): what numbers the task's effect calls. Without one
-        # (another LangGraph), the config, which is per attempt too but not shared with them.
-        scope=config.get("configurable", {}).get(SCRATCHPAD) or config,
-        task_id=str(config.get("configurable", {}).get(CONFIG_KEY_TASK_ID, "")),
-    )
-
-
-def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
-    """Build and compile the workflow's graph; InvalidWorkflow, naming it, if that fails."""
-    try:
-        builder = workflow.factory()
-    except Exception as exc:
-        raise InvalidWorkflow(
-            f"workflow {workflow.key}: its factory raised {type(exc).__name__}: {exc}"
-        ) from exc
-    if not callable(getattr(builder, "compile", None)):
-        raise InvalidWorkflow(
-            f"workflow {workflow.key}: the factory must return an uncompiled LangGraph builder "
-            f"(a StateGraph), not {type(builder).__name__}"
-        )
-    try:
-        return builder.compile(checkpointer=checkpointer)
-    except Exception as exc:
-        raise InvalidWorkflow(
-            f"workflow {workflow.key}: its graph does not compile: {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 class Executor:
@@ -487,31 +437,3 @@ def _output(values: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return text if len(text) <= MAX_OUTPUT_BYTES else json.dumps({"truncated": True})
-
-
-async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> list[str]:
-    """Why the run's latest checkpoint cannot go on in `graph` (another version of its
-    workflow, compiled with `saver`); empty when it fits, and for a run never checkpointed (it
-    starts from its admitted input).
-
-    The nodes the run would execute next (the one it is interrupted in among them) are read
-    from the checkpoint itself, by name, not through `graph`: a graph without such a node just
-    computes no task for it, and the run would end there as if finished.
-    """
-    config = cast(RunnableConfig, {"configurable": {"thread_id": run_id}})
-    saved = await saver.aget_tuple(config)
-    if saved is None:
-        return []
-    values = saved.checkpoint.get("channel_values", {})
-    pending = {channel.rsplit(":", 1)[-1] for channel in values if channel.startswith("branch:to:")}
-    pending |= {str(send.node) for send in values.get("__pregel_tasks", []) or []}
-    nodes = set(graph.nodes)
-    problems = [f"node {name!r} is not in that version" for name in sorted(pending - nodes)]
-    if not problems:
-        state = await graph.aget_state(config)
-        if pending - set(state.next):
-            problems.append(
-                f"that version would run {sorted(state.next) or 'nothing'} next, not the "
-                f"{sorted(pending)} the run stopped before"
-            )
-    return problems

@@ -35,7 +35,7 @@ from keel.core.ids import StepRef, validate_run_id
 from keel.core.ledger import SETTLED, changed_arguments, recorded_result
 from keel.core.store.base import Row
 from keel.core.wait_model import WaitKind, WaitStatus
-from keel.langgraph.executor import compile_graph, locate
+from keel.langgraph.graphs import compile_graph, locate
 from keel.runtime.replay_steps import (
     Difference,
     Halt,

@@ -24,7 +24,8 @@ from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph import traces
-from keel.langgraph.executor import Executor, checkpoint_misfits, compile_graph
+from keel.langgraph.executor import Executor
+from keel.langgraph.graphs import checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input, learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
 from keel.runtime.handoff import Claim, Taker

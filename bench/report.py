@@ -352,9 +352,11 @@ def write(
         "a fresh PostgreSQL database `keel_bench_*`, dropped at the end).",
         "- **Keel runs are measured end to end**: from just before `app.submit` to the run's "
         "`finished_at`, executed by a standing in-process worker at concurrency 1 (so "
-        "admission, claim, every fenced step and completion are in; a second App on the same "
-        "database watches for the end, looking every 20 ms: the time is the run's own "
-        "`finished_at`, and a busier look would only take the GIL from the worker). Raw "
+        "admission, claim, every fenced step and completion are in). The end is seen in the "
+        "worker's own count of ended executions, glanced at every 2 ms, and only then is the "
+        "run read, from a second App on the same database: nothing queries the database or "
+        "holds the interpreter beside the run while it executes (as nothing does beside raw "
+        "LangGraph), and the time is the run's own `finished_at`. Raw "
         'LangGraph runs are `ainvoke(..., durability="sync")` with the official async saver, '
         "a new thread each.",
         "- **Traffic is counted, not estimated** (bench/wire.py), in separate untimed "

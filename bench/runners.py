@@ -23,7 +23,8 @@ import keel
 from bench.common import Databases, Loop, Traffic
 from bench.wire import PgCounter, sqlite_counting
 
-POLL = 0.02
+GLANCE = 0.002
+"""Seconds between looks at the worker's counters while a timed run executes."""
 """Seconds between the observer's looks at a run it waits for (see KeelRunner._wait)."""
 
 
@@ -137,8 +138,10 @@ class KeelRunner:
 
     Timed runs go through a standing in-process worker (concurrency 1, started by
     `start_worker`): `one()` submits a run and returns the seconds from just before
-    `app.submit` to the run's `finished_at`. A second App on the same database watches for the
-    end, so the polling neither shares the worker's event loop nor delays its transactions.
+    `app.submit` to the run's `finished_at`. The end is seen in the worker's own counters of
+    executions that ended (a glance at memory, not a query: nothing competes with the run for
+    the database or the interpreter while it executes, as nothing does for raw LangGraph's),
+    and the run is then read once, from a second App on the same database.
     Commit counting uses `batch()`: admit a batch, then drain it with a worker that stops
     when idle.
     """
@@ -198,25 +201,35 @@ class KeelRunner:
         self.app.submit(workflow, job_id=job, input=item)
         return job
 
-    def _wait(self, job: str, status: str, timeout: float = 120) -> dict[str, Any]:
+    def _ended(self) -> int:
+        """Executions the standing worker has ended, however they ended."""
+        stats = self._worker.stats
+        return int(stats.finished + stats.waiting + stats.lost)
+
+    def _wait(self, job: str, status: str, ended: int, timeout: float = 120) -> dict[str, Any]:
+        """The run of `job` once an execution after the `ended`-th has ended and left it in
+        `status` (a BenchError if it ended otherwise)."""
         assert self._observer is not None, "start_worker() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            rows = self._observer.list_runs(job_id=job, limit=1)
-            if rows and rows[0]["status"] == status:
-                return rows[0]
-            if rows and rows[0]["status"] in ("failed", "cancelled"):
-                raise BenchError(f"run of job {job} ended {rows[0]['status']}: {rows[0]['error']}")
-            # The time is the run's own finished_at, not when this loop sees it: polling often
-            # only takes the GIL from the worker being measured, in this same process.
-            time.sleep(POLL)
+            if self._ended() > ended:
+                rows = self._observer.list_runs(job_id=job, limit=1)
+                if rows and rows[0]["status"] == status:
+                    return rows[0]
+                if rows and rows[0]["status"] in ("failed", "cancelled"):
+                    row = rows[0]
+                    raise BenchError(f"run of job {job} ended {row['status']}: {row['error']}")
+                ended = self._ended()  # another execution ended (a retry): wait for the next
+            # The time is the run's own timestamps, not when this loop sees the end.
+            time.sleep(GLANCE)
         raise BenchError(f"run of job {job} did not become {status} in {timeout:.0f} s")
 
     def one(self, workflow: str, item: Any) -> float:
         """Seconds from submitting one run to its `finished_at` (admission included)."""
+        ended = self._ended()
         start = time.time()
         job = self._submit_one(workflow, item)
-        row = self._wait(job, "completed")
+        row = self._wait(job, "completed", ended)
         return float(row["finished_at"]) - start
 
     def one_approval(self) -> float:
@@ -225,14 +238,16 @@ class KeelRunner:
         (submit -> the run is waiting) + (app.approve -> the run is completed), from the
         run's own timestamps.
         """
+        ended = self._ended()
         start = time.time()
         job = self._submit_one("approval", {"n": 0})
-        waiting = self._wait(job, "waiting")
+        waiting = self._wait(job, "waiting", ended)
         to_wait = float(waiting["updated_at"]) - start
+        ended = self._ended()
         decided = time.time()
         if not self.app.approve(waiting["run_id"], by="bench").recorded:
             raise BenchError(f"run {waiting['run_id']}: the approval was not recorded")
-        done = self._wait(job, "completed")
+        done = self._wait(job, "completed", ended)
         if done["decision"] != "approved":
             raise BenchError(f"run {done['run_id']} ended with decision {done['decision']}")
         return to_wait + float(done["finished_at"]) - decided

@@ -124,9 +124,11 @@ class Batch:
         """The server would not PREPARE one of this batch's statements: bind them inline."""
         _unpreparable.update(self._preparing)
 
-    async def flush(self, *, end: bool = False) -> list[list[Row]]:
-        """Send what is pending; each statement's rows, in order. Before the end, the message
-        opens the transaction (BEGIN) for the next one; at the end it commits it."""
+    async def flush(self, *, end: bool = False, rows_of: int | None = None) -> list[Row]:
+        """Send what is pending; the rows of pending statement `rows_of` (the others' rows go
+        to their `send` slots, or nowhere: a step's writes return nothing anyone reads).
+        Before the end, the message opens the transaction (BEGIN) for the next one; at the end
+        it commits it."""
         statements, wanted = self._pending, self._wanted
         self._pending, self._wanted = [], {}
         offset = 0
@@ -137,6 +139,9 @@ class Batch:
             statements.append(b"COMMIT")
         if not statements:
             return []
+        keep = {index + offset for index in wanted}
+        if rows_of is not None:
+            keep.add(rows_of + offset)
         if sum(map(len, statements)) > LARGE:
             message = await asyncio.to_thread(b";\n".join, statements)
         else:
@@ -154,19 +159,24 @@ class Batch:
             raise
         self._known.update(self._preparing)
         self._preparing = {}
-        found: list[list[Row]] = []
+        found: dict[int, list[Row]] = {}
+        position = 0
         while True:
-            found.append([dict(r) for r in await cur.fetchall()] if cur.description else [])
+            if position in keep:
+                result = cur.pgresult
+                tuples = result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+                found[position] = [dict(r) for r in await cur.fetchall()] if tuples else []
             if not cur.nextset():
                 break
+            position += 1
         for index, slot in wanted.items():
-            rows = found[index + offset] if index + offset < len(found) else []
+            rows = found.get(index + offset, [])
             slot.append(rows[0] if rows else None)
-        return found[offset:]
+        return found.get(rows_of + offset, []) if rows_of is not None else []
 
     async def _now(self, name: str, params: Params | None) -> list[Row]:
         index = self.add(self._queries[name], params or {})
-        return (await self.flush())[index]
+        return await self.flush(rows_of=index)
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         rows = await self._now(name, params)

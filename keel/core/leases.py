@@ -17,7 +17,7 @@ from keel.core.errors import LeaseLost
 from keel.core.faults import fault_point
 from keel.core.lifecycle import Status, TerminationReason, check_transition
 from keel.core.runs import transition
-from keel.core.store.base import Row, Tx
+from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Lease, Store
 
 
@@ -65,7 +65,7 @@ def claim_with(
     workflows: Iterable[str],
     ttl: float,
     limits: Mapping[str, int] | None = None,
-) -> Callable[[Tx], Awaitable[Row | None]]:
+) -> Callable[[Tx], Awaitable[Later]]:
     """`claim`'s statement as the end of another write transaction (a worker of the process
     that admits a run takes it in the admission's commit); its row, once committed, goes to
     `Store.log_claim` and `accept`."""

@@ -31,7 +31,7 @@ from keel.core.errors import (
 from keel.core.ids import input_hash, run_id, validate_job_id
 from keel.core.ledger import reopen_expired
 from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
-from keel.core.store.base import Row, Tx
+from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import ExpiryDecision, WaitStatus
 
@@ -61,12 +61,13 @@ async def admit(
     max_input_bytes: int,
     if_exists: str = "new",
     check: Callable[[Any], None] | None = None,
-    then: Callable[[Tx], Awaitable[Row | None]] | None = None,
+    then: Callable[[Tx], Awaitable[Later]] | None = None,
 ) -> Admission:
     """Write the run before anything executes it; the same job+input+version is one run.
 
-    `then`, a write of the same store, commits with a new run's admission (a rerun's
-    admission, several statements, takes none: `then` is not called).
+    `then`, a write of the same store whose row is read after the commit, is sent and
+    committed with a first attempt's admission, whether that created the run or found it (a
+    rerun's admission, several statements, takes none: `then` is not called).
 
     `check` is given the input as the graph will get it (the admitted JSON, decoded) after
     JSON's own rules and the size limit, and raises InvalidInput if the graph cannot take it."""
@@ -119,7 +120,7 @@ async def _admit_once(
     input_json: str,
     content: str,
     if_exists: str,
-    then: Callable[[Tx], Awaitable[Row | None]] | None,
+    then: Callable[[Tx], Awaitable[Later]] | None,
 ) -> Admission:
     """The first attempt of a job's input, admitted (or found) in one statement."""
     rid = run_id(job_id, workflow, version, input_json, 1)

@@ -10,7 +10,7 @@ decision is one conditional UPDATE: the first wins, later ones get the recorded 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,11 +264,16 @@ async def decide(
     channel: str = "api",
     comment: str | None = None,
     principal: str | None = None,
+    then: Callable[[Tx], Awaitable[Later]] | None = None,
+    taken: Callable[[Row | None], Awaitable[None]] | None = None,
 ) -> DecisionResult:
     """Record a decision on a run's wait; the first one wins, atomically.
 
     `by` is who the caller says decided; `principal` is the identity that made the call (an
-    API token's fingerprint, a Slack user, a login), recorded beside it for the audit."""
+    API token's fingerprint, a Slack user, a login), recorded beside it for the audit.
+    `then`, a write, commits with the decision whatever it found (a claim of a worker in this
+    process, which may take the run the decision queued); its row goes to `taken` as soon as
+    it has committed, before anything here can raise."""
     validate_run_id(run_id)
     store = services.store
     started = time.monotonic()
@@ -297,7 +302,7 @@ async def decide(
     }
     # Everything in one call: which wait, whether it takes this answer, the first decision
     # winning, what follows it. What the call found explains, below, a decision not recorded.
-    found = await store.decide(
+    found, followed = await store.decide(
         run_id,
         wait_id=wait_id,
         decision=decision,
@@ -313,7 +318,10 @@ async def decide(
         queued_data=dumps(
             {"from": Status.WAITING.value, "to": Status.QUEUED.value, "decision": decision}
         ),
+        then=then,
     )
+    if taken is not None:
+        await taken(followed)
     if found is None:
         raise RunNotFound(f"no run {run_id!r}")
     wait = _wait_of(found)

@@ -16,11 +16,11 @@ from typing import Protocol
 
 from keel.core import leases
 from keel.core.services import Services
-from keel.core.store.base import Row, Tx
+from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Lease
 from keel.core.workflows import Workflows
 
-Claim = Callable[[Tx], Awaitable[Row | None]]
+Claim = Callable[[Tx], Awaitable[Later]]
 
 
 class Taker(Protocol):
@@ -33,8 +33,24 @@ class Taker(Protocol):
         """Give the slot back: the admission failed."""
 
     async def adopt(self, claimed: Row | None) -> None:
-        """The admission committed, with the claim's row or None (nothing claimable, or the
-        run already existed and nothing was claimed): execute it; the slot is given back."""
+        """The admission committed, with the claim's row or None (nothing was claimable):
+        execute it; the slot is given back."""
+
+
+class Reserved:
+    """A taker's slot held for one write: given back unless the write's claim was adopted."""
+
+    def __init__(self, taker: Taker) -> None:
+        self.taker = taker
+        self.adopted = False
+
+    async def adopt(self, claimed: Row | None) -> None:
+        self.adopted = True
+        await self.taker.adopt(claimed)
+
+    def give_back(self) -> None:
+        if not self.adopted:
+            self.taker.release()
 
 
 class Handoff:

@@ -28,7 +28,7 @@ from keel.langgraph.executor import Executor
 from keel.langgraph.graphs import checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input, learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
-from keel.runtime.handoff import Claim, Taker
+from keel.runtime.handoff import Claim, Reserved, Taker
 from keel.runtime.records import RunDetails as RunDetails
 from keel.runtime.records import Submission as Submission
 
@@ -209,6 +209,7 @@ class Runtime:
         wf = self.workflows.get(workflow, version)
         self._check(wf)  # refused before admission: a run of it could never execute
         taker, claim = self._taker()
+        slot = Reserved(taker) if taker is not None else None
         try:
             admitted = await runs.admit(
                 self.store,
@@ -222,14 +223,13 @@ class Runtime:
                 check=functools.partial(check_input, wf),
                 then=claim,
             )
-        except BaseException:
-            if taker is not None:
-                taker.release()
-            raise
-        if admitted.created:
-            await self._trace(admitted.row)
-        if taker is not None:
-            await taker.adopt(admitted.then)
+            if admitted.created:
+                await self._trace(admitted.row)  # before the worker it goes to can start it
+            if slot is not None:
+                await slot.adopt(admitted.then)
+        finally:
+            if slot is not None:
+                slot.give_back()
         if admitted.created:
             self.wake()
         return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
@@ -384,7 +384,16 @@ class Runtime:
 
     async def decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
         await self.open()
-        return await waits.decide(self.services, run_id, **kwargs)
+        # A worker of this process with a free slot claims in the decision's commit: the run
+        # it queued resumes without waiting for the worker to wake and claim it.
+        taker, claim = self._taker()
+        if taker is None:
+            return await waits.decide(self.services, run_id, **kwargs)
+        slot = Reserved(taker)
+        try:
+            return await waits.decide(self.services, run_id, then=claim, taken=slot.adopt, **kwargs)
+        finally:
+            slot.give_back()
 
     async def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
         """The run's timeline after event id `after` (RunNotFound for an unknown run)."""
@@ -480,10 +489,8 @@ class Runtime:
 
     def _taker(self) -> tuple[Taker | None, Claim | None]:
         """A worker of this process with a free slot, and its claim, to commit with the next
-        admission (keel.runtime.handoff): on SQLite one database-thread call and one commit,
-        not two. (On PostgreSQL the admission's row is read before the claim: two messages.)"""
-        if self.connector.dialect != "sqlite":
-            return None, None
+        admission (keel.runtime.handoff): one commit, not two, and no wait for the worker to
+        wake; on SQLite one database-thread call, on PostgreSQL one message."""
         for taker in self._takers:
             claim = taker.reserve()
             if claim is not None:

@@ -86,6 +86,7 @@ class Worker:
         self._next_stranded_check = 0.0
         self._next_quiet_sweep = 0.0
         self._quiet_backoff = poll_interval
+        self._next_look: float | None = None  # when the last quiet look said to look again
         self.sweep_interval = sweep_interval
         self.safety_poll_interval = safety_poll_interval
         self.sweep_before_exit = sweep_before_exit
@@ -249,6 +250,10 @@ class Worker:
         (or a wake-up says one may be), and say how long to sleep before the next look."""
         rt = self.runtime
         loop = asyncio.get_running_loop()
+        if woken and self._next_look is not None and not self._room(self._handoff.reserved):
+            # Full: what a wake-up announces waits for a slot, and a run of ours ending wakes
+            # this loop again. What falls due is looked at when the last look said.
+            return max(self._next_look - loop.time(), 0.0), 0
         keys, outbox = rt.workflows.keys(), bool(rt.notifiers)
         # A wake-up is most often a run just admitted: it starts first, and the look at what
         # else is due (for how long to sleep) runs beside it rather than before it.
@@ -279,7 +284,9 @@ class Worker:
             sweep_in = max(self._next_quiet_sweep - loop.time(), 0.0)
         waits = [self.safety_poll_interval]
         waits += [t for t in (due.lease_in, sweep_in) if t]
-        return max(min(waits), self._quiet_backoff), claimed
+        delay = max(min(waits), self._quiet_backoff)
+        self._next_look = loop.time() + delay
+        return delay, claimed
 
     async def _guarded(self, step: Any) -> None:
         try:

@@ -1,7 +1,6 @@
 """A run submitted beside an idle worker of the same process is claimed in its admission's
-commit (keel.runtime.handoff): one transaction and one durable commit instead of two, the
-worker's own claim statement, its slots respected. SQLite only: on PostgreSQL each stays its
-own statement."""
+commit (keel.runtime.handoff): one transaction and one durable commit instead of two (on
+PostgreSQL one round trip), the worker's own claim statement, its slots respected."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from tests.runtime.test_step_transaction import traced
 from tests.support.checks import wait_until
 
 AppFactory = Callable[..., keel.App]
-pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
 
 
 class State(TypedDict, total=False):
@@ -49,11 +47,15 @@ def running(app: keel.App, concurrency: int = 1) -> Iterator[Worker]:
         future.result(timeout=30)
 
 
-def submit_traced(app: keel.App, job_id: str) -> tuple[str, list[list[str]]]:
-    async def go() -> tuple[str, list[list[str]]]:
+def submit_traced(app: keel.App, job_id: str) -> tuple[str, list[list[str]], list[int]]:
+    """The run, the statements of each write transaction its submit made, and (PostgreSQL)
+    the round trips of each."""
+
+    async def go() -> tuple[str, list[list[str]], list[int]]:
         async with traced(app) as trace:
             run = await app.aio.submit("chain", job_id=job_id, input={"n": 0})
-        return run.run_id, [t.statements for t in trace.transactions]
+        txs = trace.transactions
+        return run.run_id, [t.statements for t in txs], [t.round_trips for t in txs]
 
     return app.aio.portal.call(go())
 
@@ -74,10 +76,12 @@ def test_a_run_submitted_beside_an_idle_worker_is_claimed_in_its_admission_commi
     app = make_app()
     app.workflow("chain")(chain)
     with running(app) as worker:
-        run_id, transactions = submit_traced(app, "handed-1")
-        # The admission and the claim: one transaction, committed once.
+        run_id, transactions, round_trips = submit_traced(app, "handed-1")
+        # The admission and the claim: one transaction, committed once, sent as one message.
         assert claims(admission(transactions)), transactions
         assert len(transactions) == 1, transactions
+        if app.aio.store.dialect == "postgres":
+            assert round_trips == [1], round_trips
         wait_until(lambda: app.get_run(run_id).status == "completed", 10, "the run to end")
         assert worker.stats.claimed == 1
     kinds = [e["kind"] for e in app.get_run(run_id).timeline]
@@ -107,7 +111,7 @@ def test_a_busy_worker_takes_no_run_with_its_admission(make_app: AppFactory) -> 
     with running(app, concurrency=1) as worker:
         first = app.submit("held", job_id="busy-1", input={"n": 0})["run_id"]
         wait_until(lambda: app.get_run(first).status == "running", 10, "the first run to run")
-        second, transactions = submit_traced(app, "busy-2")
+        second, transactions, _ = submit_traced(app, "busy-2")
         assert not claims(admission(transactions)), transactions
         assert app.get_run(second).status == "queued"
         release.set()
@@ -116,19 +120,37 @@ def test_a_busy_worker_takes_no_run_with_its_admission(make_app: AppFactory) -> 
     assert app.get_run(first).status == "completed"
 
 
-def test_a_duplicate_submit_claims_nothing(make_app: AppFactory) -> None:
-    """The same job and input again is the same run: no claim rides on its admission, and the
-    worker's slot is given back."""
+def test_a_duplicate_submit_claims_only_what_is_claimable(make_app: AppFactory) -> None:
+    """The same job and input again is the same run: the claim that rides on its admission
+    takes what any claim would, here nothing (the run ended), and the worker's slot is given
+    back; the run is not claimed again."""
     app = make_app()
     app.workflow("chain")(chain)
     with running(app) as worker:
-        run_id, _ = submit_traced(app, "dup-1")
+        run_id, _, _ = submit_traced(app, "dup-1")
         wait_until(lambda: app.get_run(run_id).status == "completed", 10, "the run to end")
-        again, transactions = submit_traced(app, "dup-1")
+        again, _, _ = submit_traced(app, "dup-1")
         assert again == run_id
-        assert not any(claims(t) for t in transactions), transactions
         assert worker._handoff.reserved == 0
         assert worker.stats.claimed == 1
+    kinds = [e["kind"] for e in app.get_run(run_id).timeline]
+    assert kinds.count("lease.claimed") == 1, kinds
+
+
+def test_a_duplicate_submit_hands_over_the_oldest_queued_run(make_app: AppFactory) -> None:
+    """A run queued while the worker was away is what the next admission's claim takes, even
+    when that admission created nothing: the worker's slot is not wasted on the duplicate."""
+    app = make_app()
+    app.workflow("chain")(chain)
+    first = app.submit("chain", job_id="dup-old", input={"n": 0})["run_id"]
+    with running(app) as worker:
+        # The claim loop may take the queued run first; either way it runs exactly once.
+        app.submit("chain", job_id="dup-old", input={"n": 0})
+        wait_until(lambda: app.get_run(first).status == "completed", 10, "the queued run")
+        assert worker._handoff.reserved == 0
+        assert worker.stats.claimed == 1
+    kinds = [e["kind"] for e in app.get_run(first).timeline]
+    assert kinds.count("lease.claimed") == 1, kinds
 
 
 def test_a_claim_that_commits_after_its_worker_stopped_gives_the_run_back(
@@ -170,3 +192,61 @@ def test_a_claim_that_commits_after_its_worker_stopped_gives_the_run_back(
     kinds = [e["kind"] for e in run.timeline]
     assert kinds[:2] == ["admitted", "lease.claimed"], kinds
     assert kinds[-1] == "status.queued", kinds
+
+
+def gate() -> StateGraph:
+    def review(state: State) -> dict[str, Any]:
+        keel.approval("lead", payload={}, timeout="1h")
+        return {"n": 1}
+
+    g = StateGraph(State)
+    g.add_node("review", review)
+    g.add_edge(START, "review")
+    g.add_edge("review", END)
+    return g
+
+
+def test_a_decision_beside_an_idle_worker_hands_it_the_run_it_queued(
+    make_app: AppFactory,
+) -> None:
+    """The decision and the claim that resumes its run: one transaction, committed once (on
+    PostgreSQL one round trip); the run resumes without a claim of its own."""
+    app = make_app()
+    app.workflow("gate")(gate)
+    with running(app) as worker:
+        run_id = app.submit("gate", job_id="decided-1", input={"n": 0})["run_id"]
+        wait_until(lambda: app.get_run(run_id).status == "waiting", 10, "the run to wait")
+        wait_until(lambda: not worker._tasks, 10, "the worker's slot to free")
+
+        async def approve() -> list[tuple[list[str], int]]:
+            async with traced(app) as trace:
+                assert (await app.aio.approve(run_id, by="lead")).recorded
+            return [(t.statements, t.round_trips) for t in trace.transactions]
+
+        transactions = app.aio.portal.call(approve())
+        decided = [s for s, _ in transactions if any("keel_waits" in q for q in s)]
+        assert len(decided) == 1 and claims(decided[0]), transactions
+        if app.aio.store.dialect == "postgres":
+            assert [n for s, n in transactions if s is decided[0]] == [1], transactions
+        wait_until(lambda: app.get_run(run_id).status == "completed", 10, "the run to resume")
+        assert worker.stats.claimed == 2
+    kinds = [e["kind"] for e in app.get_run(run_id).timeline]
+    assert kinds.count("lease.claimed") == 2, kinds
+    assert app.get_run(run_id).decision == "approved"
+
+
+def test_a_decision_that_records_nothing_gives_the_slot_back(make_app: AppFactory) -> None:
+    """A second decision on a decided wait: the claim beside it takes nothing (the run is
+    running or done) and the worker's slot is free again."""
+    app = make_app()
+    app.workflow("gate")(gate)
+    with running(app) as worker:
+        run_id = app.submit("gate", job_id="decided-2", input={"n": 0})["run_id"]
+        wait_until(lambda: app.get_run(run_id).status == "waiting", 10, "the run to wait")
+        assert app.approve(run_id, by="lead").recorded
+        wait_until(lambda: app.get_run(run_id).status == "completed", 10, "the run to resume")
+        with pytest.raises(keel.RunFinished):
+            app.reject(run_id, by="late")
+        assert worker._handoff.reserved == 0
+        assert worker.stats.claimed == 2
+    assert app.get_run(run_id).decision == "approved"

@@ -5,6 +5,7 @@ makes at most one round trip a second (counted at the driver: tests/support/roun
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -148,3 +149,74 @@ def test_a_quiet_worker_applies_a_deadline_when_it_falls_due(make_app: AppFactor
     with running(app, safety_poll_interval=NO_POLL):
         wait_until(lambda: status(app, run) == "completed", 20, "the deadline's policy")
     assert app.get_run(run).decision == "rejected"
+
+
+def held_graph(release: threading.Event) -> Callable[[], StateGraph]:
+    def hold(state: GateState) -> dict[str, Any]:
+        release.wait(20)
+        return {"log": ["held"]}
+
+    def build() -> StateGraph:
+        g = StateGraph(GateState)
+        g.add_node("hold", hold)
+        g.add_edge(START, "hold")
+        g.add_edge("hold", END)
+        return g
+
+    return build
+
+
+def test_a_full_quiet_worker_is_not_sent_to_the_database_by_wake_ups(
+    make_app: AppFactory,
+) -> None:
+    """Both slots busy: each admission's NOTIFY wakes the worker, which has no slot to claim
+    into and so asks the database nothing; once its runs end it takes every queued run."""
+    release = threading.Event()
+    app = make_app()
+    app.workflow("held")(held_graph(release))
+    app.workflow("echo")(echo_graph)
+    with running(app, safety_poll_interval=NO_POLL) as worker:
+        wait_until(lambda: app.workers(), 10, "the worker to start")
+        held = [app.submit("held", job_id=f"held-{i}", input={})["run_id"] for i in range(2)]
+        wait_until(lambda: all(status(app, r) == "running" for r in held), 10, "both slots to fill")
+        time.sleep(0.5)  # the looks that followed the claims are over
+        with counting() as count:
+            queued = [
+                app.submit("echo", job_id=f"woke-{i}", input={"text": "hi"})["run_id"]
+                for i in range(5)
+            ]
+            time.sleep(1.0)  # every NOTIFY has reached the worker's listener
+        # The five admissions' own round trips (and at most one heartbeat), nothing else.
+        assert count.statements <= 5 + 1, count.kinds
+        assert all(status(app, r) == "queued" for r in queued)
+        release.set()
+        for r in [*held, *queued]:
+            wait_until(lambda r=r: status(app, r) == "completed", 20, f"run {r} to complete")
+    assert worker.stats.claimed == 7
+
+
+def test_a_full_quiet_worker_still_applies_a_deadline_when_it_falls_due(
+    make_app: AppFactory,
+) -> None:
+    release = threading.Event()
+    app = make_app()
+    app.workflow("gate")(gate_graph)
+    app.workflow("held")(held_graph(release))
+    gate = app.submit("gate", job_id="deadline-full", input={})["run_id"]
+    assert execute(app, *claim(app, "w-a")) == "waiting"  # the deadline is 2 s away
+    try:
+        with running(app, safety_poll_interval=NO_POLL):
+            held = [app.submit("held", job_id=f"hold-{i}", input={})["run_id"] for i in range(2)]
+            wait_until(
+                lambda: all(status(app, r) == "running" for r in held), 10, "both slots to fill"
+            )
+            # Wake-ups while full, and the deadline falls due with no slot free.
+            for i in range(3):
+                app.submit("gate", job_id=f"wake-{i}", input={})
+            wait_until(lambda: status(app, gate) != "waiting", 20, "the deadline's policy")
+            assert all(status(app, r) == "running" for r in held)
+            release.set()
+            wait_until(lambda: status(app, gate) == "completed", 20, "the gate run to resume")
+    finally:
+        release.set()
+    assert app.get_run(gate).decision == "rejected"

@@ -25,6 +25,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import RetryPolicy
 
 import keel
+from keel.backends import pg_batch
 from keel.core.context import current
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
@@ -126,6 +127,10 @@ async def traced(app: keel.App) -> AsyncIterator[Trace]:
                                     prepared_sql[made[1]] = part
                                     continue
                                 run = re.search(r"EXECUTE (keel_\d+)", part)
+                                if run and run[1] not in prepared_sql:
+                                    # PREPAREd on this connection before the trace began.
+                                    known = pg_batch._prepared.get(conn, {})
+                                    prepared_sql.update({v: k for k, v in known.items()})
                                 statements.append(prepared_sql.get(run[1], part) if run else part)
                     tx = Transaction(
                         statements,

@@ -147,16 +147,18 @@ class LeaseQueries:
 
     def claim_with(
         self, worker_id: str, workflows: list[str], ttl: float, limits: dict[str, int]
-    ) -> Callable[[Tx], Awaitable[Row | None]]:
+    ) -> Callable[[Tx], Awaitable[Later]]:
         """`claim_next` as the end of another write transaction (an admission's, for a worker
-        in the submitting process): the same statements, committed with what precedes them.
-        Log its row with `log_claim` once that transaction has committed."""
+        in the submitting process): the same statements, committed with what precedes them and
+        sent with them (nothing is read before the commit: on PostgreSQL the admission and the
+        claim are one message). The claim's row is read once the transaction has committed;
+        log it then with `log_claim`."""
         params = self._claim_params(worker_id, workflows, ttl, limits)
 
-        async def claim(tx: Tx) -> Row | None:
+        async def claim(tx: Tx) -> Later:
             if limits:
-                await tx.one("claim_lock")
-            return await tx.one("claim_next", params)
+                await tx.execute("claim_lock")
+            return await tx.send("claim_next", params)
 
         return claim
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from keel.core import logs
 from keel.core.codec import dumps, loads
-from keel.core.store.base import Connector, Row, Tx
+from keel.core.store.base import Connector, Later, Row, Tx
 
 # Timeline events added by the open transaction, logged only once it has committed.
 _uncommitted: ContextVar[list[tuple[Any, ...]] | None] = ContextVar(
@@ -93,13 +93,14 @@ class RunQueries:
         input_json: str,
         if_exists: str,
         data: dict[str, Any],
-        then: Callable[[Tx], Awaitable[Row | None]] | None = None,
+        then: Callable[[Tx], Awaitable[Later]] | None = None,
     ) -> tuple[Row | None, bool, bool, list[str], Row | None]:
         """Admit a run in one statement (see the `admit_run` query): the run's row (None if
         refused, or if a concurrent admission of it is not visible yet), whether this call
-        created it, whether `if_exists` refused it, the job's runs with other input, and what
-        `then` returned: a write that commits with the admission, in the same call (a claim
-        by a worker of the submitting process: `LeaseQueries.claim_with`)."""
+        created it, whether `if_exists` refused it, the job's runs with other input, and the
+        row of `then`: a write sent and committed with the admission, whether or not it
+        created the run, in one call (on PostgreSQL one message; a claim by a worker of the
+        submitting process: `LeaseQueries.claim_with`)."""
         started = time.monotonic()
         params = {
             "run_id": run_id,
@@ -118,12 +119,12 @@ class RunQueries:
         else:
             follow = then
 
-            async def both(tx: Tx) -> tuple[Row | None, Row | None]:
-                admitted = await tx.one("admit_run", params)
-                created = admitted is not None and bool(admitted.get("created"))
-                return admitted, (await follow(tx) if created else None)
+            async def both(tx: Tx) -> tuple[Later, Later]:
+                # Nothing read before the end: both statements go in one message.
+                return await tx.send("admit_run", params), await follow(tx)
 
-            row, after = await self.db.run_transaction(both)
+            admitted, followed = await self.db.run_transaction(both)
+            row, after = await admitted(), await followed()
         assert row is not None
         others = json.loads(row.pop("others"))
         refused, created = bool(row.pop("refused")), bool(row.pop("created"))

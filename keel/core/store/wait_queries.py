@@ -7,6 +7,7 @@ when several deciders or sweepers race, exactly one gets the row back, the other
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 from keel.core.store.base import Connector, Later, Row, Tx
 
@@ -167,11 +168,15 @@ class WaitQueries:
         details: str,
         recorded_data: str,
         queued_data: str,
-    ) -> Row | None:
+        then: Callable[[Tx], Awaitable[Later]] | None = None,
+    ) -> tuple[Row | None, Row | None]:
         """A decision on the run's wait and all that follows it, in one transaction of one call
-        (the run locked, then the `decide` query: one pipeline on PostgreSQL, one call on
-        SQLite's database thread). None if there is no such run; else what was found and
-        whether this call recorded it (see the query)."""
+        (the run locked, then the `decide` query: one message on PostgreSQL, one call on
+        SQLite's database thread): None if there is no such run, else what was found and
+        whether this call recorded it (see the query); and the row of `then`, a write sent
+        and committed after it whatever the decision found (a claim by a worker of the
+        deciding process, which may take the run the decision queued:
+        `LeaseQueries.claim_with`)."""
         params = {
             "run_id": run_id,
             "wait_id": wait_id,
@@ -188,13 +193,15 @@ class WaitQueries:
             "queued_data": queued_data,
         }
 
-        async def body(tx: Tx) -> Later:
+        async def body(tx: Tx) -> tuple[Later, Later | None]:
             # The run first, as every writer of a run and its waits takes it (a registration's
             # fence among them); the decision's own snapshot starts once it is held.
             await tx.send("lock_run", {"run_id": run_id})
-            return await tx.send("decide", params)
+            found = await tx.send("decide", params)
+            return found, (await then(tx) if then is not None else None)
 
-        return await (await self.db.run_transaction(body))()
+        found, followed = await self.db.run_transaction(body)
+        return await found(), (await followed() if followed is not None else None)
 
     @staticmethod
     async def expire_wait(tx: Tx, wait_id: str, decision: str, value: str) -> Row | None:

@@ -250,3 +250,45 @@ def test_a_decision_that_records_nothing_gives_the_slot_back(make_app: AppFactor
         assert worker._handoff.reserved == 0
         assert worker.stats.claimed == 2
     assert app.get_run(run_id).decision == "approved"
+
+
+def test_a_hand_off_respects_the_workflows_concurrency_limit(make_app: AppFactory) -> None:
+    """The claim that rides on an admission is the worker's claim with its limits: a
+    `max_concurrency=1` workflow with a run already running is not handed a second one, even
+    with a worker slot free; that run waits, queued, until the first ends."""
+    app = make_app()
+    release = threading.Event()
+
+    def hold(state: State) -> dict[str, Any]:
+        release.wait(10)
+        return {"n": 1}
+
+    def held() -> StateGraph:
+        g = StateGraph(State)
+        g.add_node("hold", hold)
+        g.add_edge(START, "hold")
+        g.add_edge("hold", END)
+        return g
+
+    app.workflow("held", max_concurrency=1)(held)
+    try:
+        with running(app, concurrency=2) as worker:
+            first = app.submit("held", job_id="limited-1", input={"n": 0})["run_id"]
+            wait_until(lambda: app.get_run(first).status == "running", 10, "the first run")
+
+            async def submit_second() -> tuple[str, list[list[str]]]:
+                async with traced(app) as trace:
+                    run = await app.aio.submit("held", job_id="limited-2", input={"n": 0})
+                return run.run_id, [t.statements for t in trace.transactions]
+
+            second, transactions = app.aio.portal.call(submit_second())
+            # The claim was sent with the admission (a slot was free), under the claims' lock
+            # that a limit takes, and took nothing.
+            assert any("AS locked" in s for s in admission(transactions)), transactions
+            assert app.get_run(second).status == "queued"
+            assert worker._handoff.reserved == 0
+            release.set()
+            wait_until(lambda: app.get_run(second).status == "completed", 15, "the second run")
+    finally:
+        release.set()
+    assert worker.stats.claimed == 2

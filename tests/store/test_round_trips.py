@@ -57,6 +57,29 @@ def test_a_claim_is_one_statement_and_writes_its_event(make_app: AppFactory) -> 
     assert claimed[0]["data"]["expires_at"] == pytest.approx(row["lease_expires_at"])
 
 
+def test_a_claim_under_a_concurrency_limit_is_one_message(make_app: AppFactory) -> None:
+    """With a workflow's `max_concurrency`, the claims' lock and the claim go together: one
+    round trip on PostgreSQL (one call on SQLite), and the limit holds."""
+    app = make_app()
+    app.workflow("echo", max_concurrency=1)(echo_graph)
+    first = app.submit("echo", job_id="rt-limit-1", input={"text": "a"})["run_id"]
+    second = app.submit("echo", job_id="rt-limit-2", input={"text": "b"})["run_id"]
+    rt = app.aio
+    limits = rt.workflows.limits()
+    assert limits, "the workflow's limit is in force"
+
+    def take() -> Any:
+        return leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl, limits)
+
+    got, count = _counted(app, take)
+    _one_trip(count)
+    assert got is not None and got[0].run_id == first
+    again, count = _counted(app, take)
+    _one_trip(count)
+    assert again is None  # the first runs: the limit leaves the second queued
+    assert app.get_run(second).status == "queued"
+
+
 def test_a_takeover_is_one_statement_with_the_previous_owner(make_app: AppFactory) -> None:
     # The real clock: a test clock costs a round trip per checkout to hand its time over.
     app = make_app()

@@ -131,17 +131,18 @@ class LeaseQueries:
         checkpoint); None if nothing is claimable.
 
         Without limits the claim is its own transaction. With limits, PostgreSQL serializes
-        claims (an advisory lock) so that no two count the same running runs; SQLite's write
-        lock already does."""
-        params = self._claim_params(worker_id, workflows, ttl, limits)
+        claims (an advisory lock) so that no two count the same running runs (SQLite's write
+        lock already does): `claim_with`'s two statements, one message."""
         started = time.monotonic()
         if limits:
-            with committed():
-                async with self.db.transaction() as tx:
-                    await tx.one("claim_lock")
-                    row = await tx.one("claim_next", params)
+            claimed = await self.db.run_transaction(
+                self.claim_with(worker_id, workflows, ttl, limits)
+            )
+            row = await claimed()
         else:
-            row = await self.db.single("claim_next", params)
+            row = await self.db.single(
+                "claim_next", self._claim_params(worker_id, workflows, ttl, limits)
+            )
         self.log_claim(row, worker_id, started)
         return row
 

@@ -34,6 +34,23 @@ def chain() -> StateGraph:
     return g
 
 
+def held_until(release: threading.Event) -> Callable[[], StateGraph]:
+    """A one-node graph whose node runs until `release` is set (at most 10 s)."""
+
+    def hold(state: State) -> dict[str, Any]:
+        release.wait(10)
+        return {"n": 1}
+
+    def held() -> StateGraph:
+        g = StateGraph(State)
+        g.add_node("hold", hold)
+        g.add_edge(START, "hold")
+        g.add_edge("hold", END)
+        return g
+
+    return held
+
+
 @contextmanager
 def running(app: keel.App, concurrency: int = 1) -> Iterator[Worker]:
     worker = Worker(app.aio, concurrency=concurrency, poll_interval=0.05)
@@ -94,18 +111,7 @@ def test_a_busy_worker_takes_no_run_with_its_admission(make_app: AppFactory) -> 
     waits, queued, until the worker's own claim loop takes it."""
     app = make_app()
     release = threading.Event()
-
-    def hold(state: State) -> dict[str, Any]:
-        release.wait(10)
-        return {"n": 1}
-
-    def held() -> StateGraph:
-        g = StateGraph(State)
-        g.add_node("hold", hold)
-        g.add_edge(START, "hold")
-        g.add_edge("hold", END)
-        return g
-
+    held = held_until(release)
     app.workflow("held")(held)
     app.workflow("chain")(chain)
     with running(app, concurrency=1) as worker:
@@ -258,18 +264,7 @@ def test_a_hand_off_respects_the_workflows_concurrency_limit(make_app: AppFactor
     with a worker slot free; that run waits, queued, until the first ends."""
     app = make_app()
     release = threading.Event()
-
-    def hold(state: State) -> dict[str, Any]:
-        release.wait(10)
-        return {"n": 1}
-
-    def held() -> StateGraph:
-        g = StateGraph(State)
-        g.add_node("hold", hold)
-        g.add_edge(START, "hold")
-        g.add_edge("hold", END)
-        return g
-
+    held = held_until(release)
     app.workflow("held", max_concurrency=1)(held)
     try:
         with running(app, concurrency=2) as worker:

@@ -230,7 +230,8 @@ class Runtime:
         finally:
             if slot is not None:
                 slot.give_back()
-        if admitted.created:
+        handed = admitted.then is not None and admitted.then["run_id"] == admitted.row["run_id"]
+        if admitted.created and not handed:  # a worker here took it: nothing to wake for
             self.wake()
         return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
 

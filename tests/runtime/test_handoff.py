@@ -287,3 +287,51 @@ def test_a_hand_off_respects_the_workflows_concurrency_limit(make_app: AppFactor
     finally:
         release.set()
     assert worker.stats.claimed == 2
+
+
+def notified(app: keel.App, act: Callable[[], Any], settle: float = 0.5) -> list[str]:
+    """The `keel_wake` payloads sent while `act` runs, heard on a connection of our own."""
+    import psycopg
+
+    url = app.aio.connector.url  # type: ignore[attr-defined]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("LISTEN keel_wake")
+        act()
+        return [n.payload for n in conn.notifies(timeout=settle, stop_after=None)]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_run_handed_to_a_worker_here_wakes_no_other_worker(make_app: AppFactory) -> None:
+    """Taken in its own admission's message, the run is not announced: a NOTIFY would send
+    every listening worker of the fleet to claim what is already taken. A run the hand-off
+    could not take (the worker busy) is announced as before."""
+    app = make_app()
+    app.workflow("chain")(chain)
+    release = threading.Event()
+    app.workflow("held")(held_until(release))
+    try:
+        with running(app, concurrency=1) as worker:
+            taken: list[str] = []
+            heard = notified(
+                app,
+                lambda: taken.append(
+                    app.submit("chain", job_id="quiet-1", input={"n": 0})["run_id"]
+                ),
+            )
+            assert taken[0] not in heard, heard
+            wait_until(lambda: app.get_run(taken[0]).status == "completed", 10, "the run")
+            wait_until(lambda: not worker._tasks, 10, "the slot to free")
+            first = app.submit("held", job_id="quiet-2", input={"n": 0})["run_id"]
+            wait_until(lambda: app.get_run(first).status == "running", 10, "the held run")
+            queued: list[str] = []
+            heard = notified(
+                app,
+                lambda: queued.append(
+                    app.submit("chain", job_id="quiet-3", input={"n": 0})["run_id"]
+                ),
+            )
+            assert queued[0] in heard, heard
+            release.set()
+            wait_until(lambda: app.get_run(queued[0]).status == "completed", 10, "the queued run")
+    finally:
+        release.set()

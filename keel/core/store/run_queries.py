@@ -112,6 +112,7 @@ class RunQueries:
             "input": input_json,
             "if_exists": if_exists,
             "data": dumps(data),
+            "wake": int(then is None),
         }
         after: Row | None = None
         if then is None:
@@ -120,8 +121,11 @@ class RunQueries:
             follow = then
 
             async def both(tx: Tx) -> tuple[Later, Later]:
-                # Nothing read before the end: both statements go in one message.
-                return await tx.send("admit_run", params), await follow(tx)
+                # Nothing read before the end: all three statements go in one message. Other
+                # workers are woken only if the claim left the run queued.
+                admitted, claimed = await tx.send("admit_run", params), await follow(tx)
+                await tx.execute("wake_if_queued", {"run_id": run_id})
+                return admitted, claimed
 
             admitted, followed = await self.db.run_transaction(both)
             row, after = await admitted(), await followed()

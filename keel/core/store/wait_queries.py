@@ -191,6 +191,7 @@ class WaitQueries:
             "details": details,
             "recorded_data": recorded_data,
             "queued_data": queued_data,
+            "wake": int(then is None),
         }
 
         async def body(tx: Tx) -> tuple[Later, Later | None]:
@@ -198,7 +199,12 @@ class WaitQueries:
             # fence among them); the decision's own snapshot starts once it is held.
             await tx.send("lock_run", {"run_id": run_id})
             found = await tx.send("decide", params)
-            return found, (await then(tx) if then is not None else None)
+            if then is None:
+                return found, None
+            claimed = await then(tx)
+            # Other workers are woken only if the claim left the decided run queued.
+            await tx.execute("wake_if_queued", {"run_id": run_id})
+            return found, claimed
 
         found, followed = await self.db.run_transaction(body)
         return await found(), (await followed() if followed is not None else None)

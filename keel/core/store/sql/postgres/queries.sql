@@ -58,7 +58,8 @@ RETURNING run_id;
 -- the run inserted queued if it is not admitted yet (`created`), with its admitted event and a
 -- wake-up for idle workers (delivered on commit). The run's columns follow: NULL if refused,
 -- or if an admission of the same run committed while this one waited on it (the caller reads
--- it then).
+-- it then). `wake` 0: no wake-up here (a claim follows in the same transaction, then
+-- `wake_if_queued`: idle workers are woken only if the run is still there to take).
 WITH job AS (
     SELECT run_id, input_hash, created_at FROM keel_runs
     WHERE job_id = %(job_id)s AND workflow = %(workflow)s),
@@ -81,7 +82,7 @@ turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM inserted)
 event AS (
     INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
     SELECT run_id, keel_now(), 'admitted', NULL, NULL, %(data)s FROM inserted, turn),
-wake AS (SELECT pg_notify('keel_wake', run_id) FROM inserted)
+wake AS (SELECT pg_notify('keel_wake', run_id) FROM inserted WHERE %(wake)s::int = 1)
 SELECT v.others, v.refused, (SELECT COUNT(*) FROM inserted) AS created,
        (SELECT COUNT(*) FROM wake) AS woken, r.*
 FROM verdict AS v
@@ -501,7 +502,7 @@ intent AS (
            'queued', keel_now(), keel_now(), keel_now()
     FROM decided AS d, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
     ON CONFLICT (intent_id) DO NOTHING),
-wake AS (SELECT pg_notify('keel_wake', run_id) FROM decided)
+wake AS (SELECT pg_notify('keel_wake', run_id) FROM decided WHERE %(wake)s::int = 1)
 SELECT r.run_id AS found_run, r.status AS run_status,
        (SELECT COUNT(*) FROM pending) AS n_pending,
        (SELECT string_agg(wait_id, ', ' ORDER BY created_at, wait_id) FROM pending) AS pending_ids,
@@ -562,6 +563,12 @@ WHERE status IN ('queued', 'running')
 -- name: notify_wake
 -- Wake idle workers at once (delivered on commit).
 SELECT pg_notify('keel_wake', %(run_id)s) IS NULL AS sent;
+
+-- name: wake_if_queued
+-- Wake idle workers for a run only if it is queued at this point of the transaction: after an
+-- admission or a decision whose own claim (a hand-off) may have taken it already.
+SELECT pg_notify('keel_wake', run_id) IS NULL AS sent FROM keel_runs
+WHERE run_id = %(run_id)s AND status = 'queued';
 
 -- name: notify_outbox
 -- Wake idle workers' outbox dispatchers at once (delivered on commit), not their claim loops.

@@ -485,6 +485,10 @@ WHERE status IN ('queued', 'running')
 -- Wake idle workers at once (SQLite has no notifications: workers poll with backoff).
 SELECT :run_id AS sent;
 
+-- name: wake_if_queued
+-- As notify_wake, for a run still queued (SQLite: nothing to send).
+SELECT :run_id AS sent;
+
 -- name: notify_outbox
 -- Wake idle workers' outbox dispatchers at once (SQLite: a no-op, as notify_wake).
 SELECT :run_id AS sent;

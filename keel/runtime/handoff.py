@@ -1,10 +1,11 @@
-"""A run admitted in this process, taken by this process's worker in the same commit.
+"""A run admitted (or decided) in this process, taken by this process's worker in the same commit.
 
 A worker that has a free slot offers it to the runtime (`Runtime.add_taker`); the next `submit`
-commits its admission and the worker's claim in one transaction, then hands the claimed run to
-the worker. The claim is the worker's own statement (the oldest claimable run, which need not
-be the one just admitted), so what it may take and the lease it gets are those of any claim;
-only the commit, and the wait for the worker to wake and claim, are saved.
+or decision commits its own write and the worker's claim in one transaction (on PostgreSQL one
+message), then hands the claimed run to the worker. The claim is the worker's own statement
+(the oldest claimable run, which need not be the one just admitted), so what it may take and
+the lease it gets are those of any claim; only the commit, and the wait for the worker to wake
+and claim, are saved.
 """
 
 from __future__ import annotations

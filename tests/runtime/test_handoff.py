@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypedDict
@@ -58,6 +59,9 @@ def running(app: keel.App, concurrency: int = 1) -> Iterator[Worker]:
     future = asyncio.run_coroutine_threadsafe(worker.run(), loop)
     try:
         wait_until(lambda: bool(app.aio._takers), 10, "the worker to offer its slot")
+        # Its first looks (as it starts, and on PostgreSQL when its LISTEN connects) are over:
+        # a transaction traced from here on is the submit's or the decision's.
+        time.sleep(0.5)
         yield worker
     finally:
         loop.call_soon_threadsafe(worker.stop)

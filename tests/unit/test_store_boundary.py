@@ -15,7 +15,7 @@ from keel.core.store.base import load_queries
 
 PACKAGE = Path(keel.__file__).parent
 STORE = PACKAGE / "core" / "store"
-QUERY_METHODS = {"one", "all", "execute"}
+QUERY_METHODS = {"one", "all", "execute", "send"}
 CONNECTOR_METHODS = {"transaction", "read"}
 
 

@@ -73,7 +73,8 @@ SELECT :run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :i
        'queued', keel_now(), keel_now()
 WHERE :refused = 0
 ON CONFLICT (run_id) DO NOTHING;
-SELECT changes() AS created, 0 AS woken;
+-- SQLite sends no wake-ups (its workers poll): `woken` is 0 whatever `wake` asks.
+SELECT changes() AS created, 0 * :wake AS woken;
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
 SELECT :run_id, keel_now(), 'admitted', NULL, NULL, :data WHERE :created = 1;
 SELECT r.* FROM (SELECT 1) AS one LEFT JOIN keel_runs AS r ON r.run_id = :run_id;
@@ -382,8 +383,9 @@ RETURNING *;
 -- decision, a waiting run queued, the timeline's `decision.recorded` (and `status.queued`),
 -- one `decided` intent per notifier in `notifiers`. The row: what was found (run, pending
 -- waits, target) and `recorded` (1 for the call that decided); none if there is no run.
+-- `wake` (PostgreSQL's NOTIFY, or not) is taken and ignored: SQLite sends no wake-ups.
 SELECT run_id AS found_run, status AS run_status, job_id AS run_job, workflow AS run_workflow
-FROM keel_runs WHERE run_id = :run_id;
+FROM keel_runs WHERE run_id = :run_id AND :wake IS NOT NULL;
 SELECT COUNT(*) AS n_pending, group_concat(wait_id, ', ') AS pending_ids
 FROM (SELECT wait_id FROM keel_waits WHERE run_id = :run_id AND status = 'pending'
       ORDER BY created_at, wait_id);

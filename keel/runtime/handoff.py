@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from keel.core import leases
+from keel.core.faults import fault_point
 from keel.core.services import Services
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Lease
@@ -107,6 +108,9 @@ class Handoff:
         try:
             if claimed is None:
                 return
+            # The run is leased to this process and nothing has started it: a kill here leaves
+            # a lease nobody renews, which the next claim takes over once it lapses.
+            fault_point("handoff.after_commit", str(claimed["workflow"]))
             self.store.log_claim(claimed, self.worker_id, self._since)
             got = await leases.accept(self.store, self.worker_id, claimed, self.max_crashes)
         finally:

@@ -209,6 +209,67 @@ def test_killed_after_decision_recorded(chaos: Chaos) -> None:
     assert_sent_once(chaos, run_id, ledger="sent", killed=[decider], takeover=False)
 
 
+# -- a run handed to this process's worker in the commit that queued it -----------------------
+
+
+def beside_a_worker(action: str) -> str:
+    """A snippet: a worker idle on the App's event loop, then `action` from that loop, which
+    commits with the worker's claim (keel.runtime.handoff) and is killed right after."""
+    return (
+        "import asyncio, time\n"
+        "from keel.runtime.worker import Worker\n"
+        "from tests.support.apps.mailer import app\n"
+        "worker = Worker(app.aio, concurrency=1, poll_interval=0.05)\n"
+        "asyncio.run_coroutine_threadsafe(worker.run(), app.aio.portal.loop)\n"
+        "deadline = time.monotonic() + 20\n"
+        "while not app.aio._takers and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "time.sleep(0.5)  # its first looks are over: it is idle, its slot offered\n"
+        f"{action}\n"
+        "time.sleep(10)\n"
+        "print('survived the fault point')\n"
+    )
+
+
+def assert_held_by(chaos: Chaos, run_id: str, killed: Worker) -> None:
+    """The dead process's claim committed: the run is running under its lease."""
+    details = chaos.details(run_id)
+    assert details.status == "running", chaos.report(run_id)
+    claims = [e for e in details.timeline if e["kind"] == "lease.claimed"]
+    assert killed.owns(claims[-1]["worker_id"]), chaos.report(run_id)
+
+
+def test_killed_after_a_submit_handed_its_run_to_the_process_worker(chaos: Chaos) -> None:
+    submit = (
+        "app.submit('mailer', job_id='ticket-t-1', "
+        "input={'ticket': 'T-1', 'to': 'customer-t-1@example.com'})"
+    )
+    submitter = chaos.python(beside_a_worker(submit), faults="handoff.after_commit")
+    assert submitter.proc.returncode == KILLED, submitter.output()
+    [run] = chaos.app.list_runs()
+    run_id = str(run["run_id"])
+    assert_held_by(chaos, run_id, submitter)
+    assert not chaos.sink.messages
+    chaos.drain()  # waits out the dead lease, takes the run over, runs it to its approval
+    assert chaos.details(run_id).status == "waiting", chaos.report(run_id)
+    approve(chaos, run_id)
+    chaos.drain()
+    assert_sent_once(chaos, run_id, ledger="sent", killed=[submitter])
+
+
+def test_killed_after_a_decision_handed_its_run_to_the_process_worker(chaos: Chaos) -> None:
+    run_id = to_waiting(chaos)
+    approve_it = f"app.approve({run_id!r}, by='alice', channel='cli')"
+    decider = chaos.python(beside_a_worker(approve_it), faults="handoff.after_commit")
+    assert decider.proc.returncode == KILLED, decider.output()
+    assert_held_by(chaos, run_id, decider)
+    details = chaos.details(run_id)
+    assert details.decision == "approved", chaos.report(run_id)
+    assert not chaos.sink.messages
+    chaos.drain()
+    assert_sent_once(chaos, run_id, ledger="sent", killed=[decider])
+
+
 # -- loops and several runs ----------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from keel.runtime.handoff import Handoff
 from keel.runtime.worker import Worker
 from tests.runtime.test_step_transaction import traced
 from tests.support.checks import wait_until
+from tests.support.graphs import held_graph
 
 AppFactory = Callable[..., keel.App]
 
@@ -33,23 +34,6 @@ def chain() -> StateGraph:
     g.add_edge(START, "a")
     g.add_edge("a", END)
     return g
-
-
-def held_until(release: threading.Event) -> Callable[[], StateGraph]:
-    """A one-node graph whose node runs until `release` is set (at most 10 s)."""
-
-    def hold(state: State) -> dict[str, Any]:
-        release.wait(10)
-        return {"n": 1}
-
-    def held() -> StateGraph:
-        g = StateGraph(State)
-        g.add_node("hold", hold)
-        g.add_edge(START, "hold")
-        g.add_edge("hold", END)
-        return g
-
-    return held
 
 
 @contextmanager
@@ -115,7 +99,7 @@ def test_a_busy_worker_takes_no_run_with_its_admission(make_app: AppFactory) -> 
     waits, queued, until the worker's own claim loop takes it."""
     app = make_app()
     release = threading.Event()
-    held = held_until(release)
+    held = held_graph(release)
     app.workflow("held")(held)
     app.workflow("chain")(chain)
     with running(app, concurrency=1) as worker:
@@ -268,7 +252,7 @@ def test_a_hand_off_respects_the_workflows_concurrency_limit(make_app: AppFactor
     with a worker slot free; that run waits, queued, until the first ends."""
     app = make_app()
     release = threading.Event()
-    held = held_until(release)
+    held = held_graph(release)
     app.workflow("held", max_concurrency=1)(held)
     try:
         with running(app, concurrency=2) as worker:
@@ -312,7 +296,7 @@ def test_a_run_handed_to_a_worker_here_wakes_no_other_worker(make_app: AppFactor
     app = make_app()
     app.workflow("chain")(chain)
     release = threading.Event()
-    app.workflow("held")(held_until(release))
+    app.workflow("held")(held_graph(release))
     try:
         with running(app, concurrency=1) as worker:
             taken: list[str] = []

@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 import keel
 from keel.runtime.worker import Worker
 from tests.support.checks import wait_until
-from tests.support.graphs import echo_graph
+from tests.support.graphs import echo_graph, held_graph
 from tests.support.roundtrips import counting
 from tests.support.workers import claim, execute
 
@@ -149,21 +149,6 @@ def test_a_quiet_worker_applies_a_deadline_when_it_falls_due(make_app: AppFactor
     with running(app, safety_poll_interval=NO_POLL):
         wait_until(lambda: status(app, run) == "completed", 20, "the deadline's policy")
     assert app.get_run(run).decision == "rejected"
-
-
-def held_graph(release: threading.Event) -> Callable[[], StateGraph]:
-    def hold(state: GateState) -> dict[str, Any]:
-        release.wait(20)
-        return {"log": ["held"]}
-
-    def build() -> StateGraph:
-        g = StateGraph(GateState)
-        g.add_node("hold", hold)
-        g.add_edge(START, "hold")
-        g.add_edge("hold", END)
-        return g
-
-    return build
 
 
 def test_a_full_quiet_worker_is_not_sent_to_the_database_by_wake_ups(

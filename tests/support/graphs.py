@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypedDict
 
@@ -31,6 +32,30 @@ def echo_graph(node: Callable[[EchoState], dict[str, Any]] | None = None) -> Sta
     g.add_edge(START, "echo")
     g.add_edge("echo", END)
     return g
+
+
+# -- a one-node workflow that keeps a worker's slot busy -------------------------------------
+
+
+class HeldState(TypedDict, total=False):
+    n: int
+
+
+def held_graph(release: threading.Event, timeout: float = 20) -> Callable[[], StateGraph]:
+    """A one-node workflow whose node runs until `release` is set (at most `timeout` s)."""
+
+    def hold(state: HeldState) -> dict[str, Any]:
+        release.wait(timeout)
+        return {"n": 1}
+
+    def build() -> StateGraph:
+        g = StateGraph(HeldState)
+        g.add_node("hold", hold)
+        g.add_edge(START, "hold")
+        g.add_edge("hold", END)
+        return g
+
+    return build
 
 
 # -- approval then (maybe) an effect ---------------------------------------------------------

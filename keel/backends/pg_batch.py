@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, adapt
 from psycopg.rows import DictRow
+from psycopg.types.json import Json, Jsonb
 
 from keel.core.store.base import Later, Params, Row, Statement
 
@@ -53,9 +54,23 @@ def forget_prepared(conn: AsyncConnection[Any]) -> None:
 
 
 def _size(params: Any) -> int:
-    """Bytes of the bytes and strings among a statement's values (upstream's blobs)."""
+    """Bytes of the bytes and strings among a statement's values: upstream's blobs, and the
+    strings inside its JSON values (the official saver keeps a checkpoint's str, int, float and
+    bool channel values inline in its JSONB, so a 1 MB string state is dumped with it)."""
     values = params.values() if isinstance(params, dict) else params or ()
-    return sum(len(v) for v in values if isinstance(v, bytes | bytearray | memoryview | str))
+    return sum(map(_bytes_of, values))
+
+
+def _bytes_of(value: Any) -> int:
+    if isinstance(value, bytes | bytearray | memoryview | str):
+        return len(value)
+    if isinstance(value, Json | Jsonb):
+        value = value.obj
+    if isinstance(value, dict):
+        return sum(map(_bytes_of, value.values()))
+    if isinstance(value, list | tuple):
+        return sum(map(_bytes_of, value))
+    return 0
 
 
 @functools.lru_cache(maxsize=512)

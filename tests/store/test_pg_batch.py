@@ -3,13 +3,15 @@ prepared once per connection, and one the server will not prepare runs bound inl
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from psycopg.types.json import Json, Jsonb
 
 import keel
-from keel.backends.pg_batch import _numbered
+from keel.backends.pg_batch import Batch, _numbered
 from tests.support.graphs import echo_graph
 
 AppFactory = Callable[..., keel.App]
@@ -128,3 +130,44 @@ def test_prepared_statements_dropped_by_psycopg_are_prepared_again(make_app: App
     assert seen[-2:] == [(first, 0, 0), (first, 1, 0)], seen
     probes = [e["n"] for e in _events(app, run, "probe")]
     assert len(probes) == calls and probes[-1] == len(seen) - 1, (probes, seen)
+
+
+def _longest_string(value: Any) -> int:
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, Json | Jsonb):
+        return _longest_string(value.obj)
+    if isinstance(value, dict):
+        return max(map(_longest_string, value.values()), default=0)
+    if isinstance(value, list | tuple):
+        return max(map(_longest_string, value), default=0)
+    return 0
+
+
+def test_a_large_state_is_bound_off_the_event_loop(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large string channel (half a megabyte here) rides inline in the checkpoint's JSONB:
+    dumping and escaping it on the loop stalled every other run there for tens of ms."""
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    big = 500_000
+    bound: list[tuple[int, bool]] = []
+    add = Batch.add
+
+    def watched(self: Batch, sql: Any, params: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        bound.append((_longest_string(params), on_loop))
+        return add(self, sql, params)
+
+    monkeypatch.setattr(Batch, "add", watched)
+    run = app.submit("echo", job_id="large", input={"text": "x" * big})["run_id"]
+    app.run_worker(stop_when_idle=True, handle_signals=False)
+    assert app.get_run(run).status == "completed"
+    large = [on_loop for longest, on_loop in bound if longest >= big]
+    assert large, bound  # the checkpoints carrying the string went through Batch.add
+    assert not any(large), bound

@@ -57,8 +57,22 @@ def _size(params: Any) -> int:
     """Bytes of the bytes and strings among a statement's values: upstream's blobs, and the
     strings inside its JSON values (the official saver keeps a checkpoint's str, int, float and
     bool channel values inline in its JSONB, so a 1 MB string state is dumped with it)."""
-    values = params.values() if isinstance(params, dict) else params or ()
-    return sum(map(_bytes_of, values))
+    return _sum(params.values() if isinstance(params, dict) else params or ())
+
+
+_FLAT = frozenset({int, float, bool, type(None)})
+
+
+def _sum(values: Any) -> int:
+    # Every statement of every step passes here: exact types first, the general case after.
+    total = 0
+    for value in values:
+        kind = type(value)
+        if kind is str or kind is bytes:
+            total += len(value)
+        elif kind not in _FLAT:
+            total += _bytes_of(value)
+    return total
 
 
 def _bytes_of(value: Any) -> int:
@@ -67,9 +81,9 @@ def _bytes_of(value: Any) -> int:
     if isinstance(value, Json | Jsonb):
         value = value.obj
     if isinstance(value, dict):
-        return sum(map(_bytes_of, value.values()))
+        return _sum(value.values())
     if isinstance(value, list | tuple):
-        return sum(map(_bytes_of, value))
+        return _sum(value)
     return 0
 
 
@@ -100,7 +114,6 @@ class Batch:
     def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
         self.connection = conn
         self._queries = queries
-        self._binder = psycopg.AsyncClientCursor(conn)
         # Each value quoted by psycopg's own adapters, as `mogrify` would, without parsing a
         # placeholder list per statement; the message is built as bytes, never decoded and
         # encoded again.
@@ -118,7 +131,9 @@ class Batch:
         if params is None:
             self._pending.append(sql.encode(self._encoding))
         elif sql in _unpreparable:
-            self._pending.append(self._binder.mogrify(sql, params).encode(self._encoding))
+            # Rare (a statement the server would not PREPARE): a cursor only for these.
+            binder = psycopg.AsyncClientCursor(self.connection)
+            self._pending.append(binder.mogrify(sql, params).encode(self._encoding))
         else:
             name = self._known.get(sql) or self._preparing.get(sql)
             converted, keys = _numbered(sql)

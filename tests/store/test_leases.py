@@ -3,16 +3,21 @@ and a workflow's cluster-wide concurrency limit."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from typing import TypedDict
 
+import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
+from keel.backends.pg_batch import _numbered
 from keel.core import leases
+from keel.core.store.base import load_queries
 
 
 class State(TypedDict, total=False):
@@ -224,3 +229,118 @@ def test_infrastructure_interruptions_count_in_a_row_not_over_the_runs_life(
     assert interrupted(True) == 1  # it had committed a step: a new row of interruptions
     assert [interrupted(False) for _ in range(2)] == [2, 3]
     assert app.get_run(run).run["crash_count"] == 0
+
+
+def test_a_claim_takes_the_oldest_of_an_expired_lease_and_a_queued_run(make_app) -> None:
+    clock = keel.ManualClock()
+    app = make_app(clock=clock, lease_ttl=10)
+    app.workflow("chain")(chain)
+    store, keys = app.aio.store, app.aio.workflows.keys()
+    older = app.submit("chain", job_id="older", input={"n": 0})["run_id"]
+    first = _call(app, lambda: leases.claim(store, "w-dead", keys, 10))
+    assert first is not None and first[0].run_id == older
+    clock.advance(1)
+    newer = app.submit("chain", job_id="newer", input={"n": 0})["run_id"]
+    clock.advance(10)  # the older run's lease has run out; the newer run is queued
+    taken = [_call(app, lambda: leases.claim(store, "w-b", keys, 10)) for _ in range(3)]
+    assert [t[0].run_id if t else None for t in taken] == [older, newer, None]  # type: ignore[index]
+    assert app.get_run(older).timeline[-1]["kind"] == "lease.takeover"
+
+
+FINISHED, BACKLOG = 3000, 3000
+
+
+def _history_and_backlog(db_url: str) -> None:
+    """FINISHED completed runs, then BACKLOG queued ones after them: a deployment's history
+    and its queue (planner statistics up to date)."""
+    rows = [
+        (f"done-{i:05d}", f"job-{i}", "completed", float(i), float(i)) for i in range(FINISHED)
+    ] + [
+        (f"todo-{i:05d}", f"job-q-{i}", "queued", float(FINISHED + i), None) for i in range(BACKLOG)
+    ]
+    columns = (
+        "run_id, job_id, status, created_at, finished_at, updated_at,"
+        " workflow, workflow_version, attempt, input_hash, input"
+    )
+    constants = "'chain', '1', 1, 'h', '{}'"
+    values = [(*row, row[3]) for row in rows]
+    if db_url.startswith("sqlite"):
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
+            db.executemany(
+                f"INSERT INTO keel_runs ({columns}) VALUES (?, ?, ?, ?, ?, ?, {constants})", values
+            )
+            db.execute("ANALYZE")
+        return
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO keel_runs ({columns}) VALUES (%s, %s, %s, %s, %s, %s, {constants})",
+                values,
+            )
+        conn.execute("ANALYZE keel_runs")
+
+
+def _claim_params() -> dict[str, object]:
+    return {"workflows": json.dumps(["chain@1"]), "limits": "{}", "worker_id": "w", "ttl": 30.0}
+
+
+def _rows_read_on_postgres(db_url: str, plan_cache_mode: str) -> int:
+    """Rows of keel_runs the claim's plan produced or filtered out, run as Keel runs it (a
+    prepared statement: generic plans after the first few), rolled back."""
+    sql, keys = _numbered(load_queries("postgres")["claim_next"])
+    params = _claim_params()
+    with psycopg.connect(db_url) as conn:
+        literal = psycopg.ClientCursor(conn)
+        args = ", ".join(literal.mogrify("%s", (params[k],)) for k in keys)
+        conn.execute(f"SET plan_cache_mode = {plan_cache_mode}".encode(), prepare=False)
+        conn.execute(f"PREPARE claim AS {sql}".encode(), prepare=False)
+        rows = conn.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({args})".encode(), prepare=False
+        ).fetchone()
+        conn.rollback()
+    assert rows is not None
+    return _read_from_runs(rows[0][0]["Plan"])
+
+
+def _read_from_runs(node: dict[str, object]) -> int:
+    own = 0
+    if node.get("Relation Name") == "keel_runs":
+        own = sum(
+            int(node.get(k, 0))  # type: ignore[call-overload]
+            for k in ("Actual Rows", "Rows Removed by Filter", "Rows Removed by Index Recheck")
+        )
+    children = node.get("Plans", [])
+    assert isinstance(children, list)
+    return own + sum(_read_from_runs(child) for child in children)
+
+
+def _steps_on_sqlite(db_url: str) -> int:
+    """SQLite virtual-machine steps (in hundreds) of the claim's choice of a run."""
+    sql = load_queries("sqlite")["claim_next"].split(";")[0]
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
+        db.create_function("keel_now", 0, time.time)
+        db.set_progress_handler(count, 100)
+        found = db.execute(sql, _claim_params()).fetchall()
+    assert [r[0] for r in found] == ["todo-00000"]
+    return steps
+
+
+def test_a_claim_reads_a_few_runs_however_many_have_finished(db_url: str) -> None:
+    """Thousands of finished runs before a backlog: the claim must not walk them (one query
+    over both claimable statuses, ordered by creation, led PostgreSQL's planner to scan every
+    run ever created from the oldest, and SQLite to sort the whole backlog)."""
+    _history_and_backlog(db_url)
+    if db_url.startswith("sqlite"):
+        steps = _steps_on_sqlite(db_url)
+        assert steps < 50, f"the claim's choice took {steps} hundred steps"
+        return
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        read = _rows_read_on_postgres(db_url, mode)
+        assert read < 20, f"{mode}: the claim read {read} rows of keel_runs"

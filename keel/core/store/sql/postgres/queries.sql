@@ -136,19 +136,37 @@ SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 -- `first_claim`: the run never ran, so it has no checkpoint to read. `decided_waits`: for a run
 -- that ran before, its answered waits (interrupt_id, status, value as JSON text), oldest first:
 -- what a resume after a decision would read next (its resume map), read in the claim instead.
-WITH candidate AS (
-    SELECT run_id, status, lease_owner, started_at FROM keel_runs AS q
-    WHERE q.workflow || '@' || q.workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
-      AND ((q.status = 'queued'
-            AND NOT EXISTS (
-                SELECT 1 FROM jsonb_each_text(%(limits)s::jsonb) AS l
-                WHERE l.key = q.workflow || '@' || q.workflow_version
-                  AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
-                       AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value::int))
-        OR (q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())))
+-- The oldest queued run and the oldest expired one are each read from their own partial index
+-- (migration 0021), in the order of the claim, and the older of the two is taken: a claim
+-- reads a few index entries however many runs have finished. (One query over both statuses,
+-- ordered by creation, let the planner walk every run ever created, oldest first, to find the
+-- queued one.) Both are locked until the claim commits; the one not taken is claimable again
+-- then.
+WITH served AS (SELECT jsonb_array_elements_text(%(workflows)s::jsonb) AS name),
+queued AS (
+    SELECT run_id, status, lease_owner, started_at, created_at FROM keel_runs AS q
+    WHERE q.status = 'queued'
+      AND q.workflow || '@' || q.workflow_version IN (SELECT name FROM served)
+      AND NOT EXISTS (
+          SELECT 1 FROM jsonb_each_text(%(limits)s::jsonb) AS l
+          WHERE l.key = q.workflow || '@' || q.workflow_version
+            AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
+                 AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value::int)
     ORDER BY q.created_at, q.run_id
     LIMIT 1
     FOR UPDATE SKIP LOCKED),
+expired AS (
+    SELECT run_id, status, lease_owner, started_at, created_at FROM keel_runs AS q
+    WHERE q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())
+      AND q.workflow || '@' || q.workflow_version IN (SELECT name FROM served)
+    ORDER BY q.created_at, q.run_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED),
+candidate AS (
+    SELECT run_id, status, lease_owner, started_at
+    FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) AS c
+    ORDER BY created_at, run_id
+    LIMIT 1),
 claimed AS (
     UPDATE keel_runs AS r
     SET crash_count = r.crash_count + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,

@@ -122,18 +122,30 @@ SELECT 1 AS locked;
 -- nothing to claim. `first_claim`: the run never ran, so it has no checkpoint to read.
 -- `decided_waits`: for a run that ran before, its answered waits (interrupt_id, status, value as
 -- JSON text), oldest first: what a resume after a decision would read next, read in the claim.
+-- The oldest queued and the oldest expired run each come from their own partial index
+-- (migration 0021), already in order: a claim reads a few entries however many runs finished.
 SELECT run_id AS candidate_id, status AS previous_status, lease_owner AS previous_owner,
        CASE WHEN started_at IS NULL THEN 1 ELSE 0 END AS first_claim
-FROM keel_runs AS q
-WHERE q.workflow || '@' || q.workflow_version IN (SELECT value FROM json_each(:workflows))
-  AND ((q.status = 'queued'
-        AND NOT EXISTS (
-            SELECT 1 FROM json_each(:limits) AS l
-            WHERE l.key = q.workflow || '@' || q.workflow_version
-              AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
-                   AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value))
-    OR (q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())))
-ORDER BY q.created_at, q.run_id
+FROM (
+    SELECT * FROM (
+        SELECT run_id, status, lease_owner, started_at, created_at FROM keel_runs AS q
+        WHERE q.status = 'queued'
+          AND q.workflow || '@' || q.workflow_version IN (SELECT value FROM json_each(:workflows))
+          AND NOT EXISTS (
+              SELECT 1 FROM json_each(:limits) AS l
+              WHERE l.key = q.workflow || '@' || q.workflow_version
+                AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
+                     AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value)
+        ORDER BY q.created_at, q.run_id
+        LIMIT 1)
+    UNION ALL
+    SELECT * FROM (
+        SELECT run_id, status, lease_owner, started_at, created_at FROM keel_runs AS q
+        WHERE q.status = 'running' AND q.lease_expires_at < (SELECT keel_now())
+          AND q.workflow || '@' || q.workflow_version IN (SELECT value FROM json_each(:workflows))
+        ORDER BY q.created_at, q.run_id
+        LIMIT 1))
+ORDER BY created_at, run_id
 LIMIT 1;
 UPDATE keel_runs
 SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,

@@ -101,6 +101,10 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> Reserved:
     lease that reserved it is known to hold."""
     store: Store = ctx.services.store
     where = call.where
+    if ctx.settle is not None and "|" in where.namespace:
+        # Inside a subgraph the key names the parent task by its id: the checkpoint that gave
+        # it that id must be durable before the effect can happen.
+        await ctx.settle()
     # Read before the statement is sent: the database judges the lease after these moments.
     started, clock = time.monotonic(), ctx.services.clock.now()
     # One fenced statement. A run in flight across the upgrade to 0006 finds its earlier

@@ -8,6 +8,7 @@ checkpoint — then records the outcome (waiting, completed, failed) fenced by t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -30,7 +31,7 @@ from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph import traces
-from keel.langgraph.graphs import compile_graph, locate
+from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 
 log = logging.getLogger("keel.executor")
@@ -132,9 +133,16 @@ class Executor:
             pause=interrupt,
             last_heartbeat=loads(run.get("heartbeat_details")),
             tracer=steps if steps is not None else NO_TRACER,
+            settle=functools.partial(self.saver.settle, lease.run_id, lease.token),
         )
         never_ran = bool(run.get("first_claim"))
-        self.saver.hold(lease.run_id, lease.token, self.worker_id, never_ran=never_ran)
+        self.saver.hold(
+            lease.run_id,
+            lease.token,
+            self.worker_id,
+            never_ran=never_ran,
+            plain_start=plain_start(graph),
+        )
         entered = enter(ctx)
         try:
             graph_input = await self._input(graph, config, run, workflow)
@@ -157,7 +165,7 @@ class Executor:
                     f"{type(exc).__name__}: {exc}",
                 )
             # A clean end: every task write committed with a checkpoint or at once.
-            self.saver.finish(lease.run_id, lease.token)
+            await self.saver.finish(lease.run_id, lease.token)
             interrupts, values = await _outcome(graph, config, output)
             if ctx.staged:
                 # The graph ended, yet a task's intents found no write to commit with.

@@ -1,5 +1,6 @@
 """A workflow's graph: where a node runs in its run (`locate`), building and compiling it
-(`compile_graph`), and whether a run's checkpoint can go on in it (`checkpoint_misfits`)."""
+(`compile_graph`), whether its START step runs any of the user's code (`plain_start`), and
+whether a run's checkpoint can go on in it (`checkpoint_misfits`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
+from langgraph.constants import START
 
 from keel.core.errors import InvalidWorkflow, NotInRun
 from keel.core.ids import StepRef, namespace_without_task_ids
@@ -62,6 +64,18 @@ def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
         raise InvalidWorkflow(
             f"workflow {workflow.key}: its graph does not compile: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def plain_start(graph: Any) -> bool:
+    """Whether the graph's START step only writes the input onto its channels and goes on along
+    plain edges: a StateGraph with no conditional edge out of START (a router there is the
+    user's code, and may choose otherwise when run again). Anything else (the functional API,
+    a Pregel built by hand): False."""
+    builder = getattr(graph, "builder", None)
+    branches = getattr(builder, "branches", None)
+    if builder is None or branches is None or not hasattr(builder, "edges"):
+        return False
+    return START not in branches
 
 
 async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> list[str]:

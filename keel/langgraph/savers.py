@@ -10,6 +10,13 @@ are durable. Writes the loop or a read depends on before any checkpoint comes (a
 error, a resume, a scheduled write, an error handler's source) commit at once, with whatever is
 buffered, before `aput_writes` returns; reads flush the buffer first.
 
+Two checkpoints of a run's first execution wait for the first step's: the input's, and, when
+the graph's START runs none of the user's code (plain edges out of it), the START step's, a
+mapping of that input onto channels. Until they commit, the admission record holds the same
+input durably: a crash before the first step commits restarts the run from it, computing both
+again, as resuming from them would. (What a key may name of them commits first: see
+`Fencing.settle`.)
+
 Upstream's own code still decides every statement: its `aput` / `aput_writes` run against a
 recorder (`_cursor` on PostgreSQL, the connection on SQLite), and Keel replays what they issued
 inside its transaction (`Store.step_transaction`: one call on SQLite's database thread, one
@@ -97,9 +104,10 @@ class Buffer:
     sibling task that finishes later commits its writes at once."""
     counts: dict[str, int] = field(default_factory=dict)
     deferred: list[Statement] = field(default_factory=list)
-    """The input checkpoint of a run's first execution, committed with the next transaction:
-    until then the admission record holds the same input durably, and a crash before it
-    restarts the run from there, as the checkpoint would."""
+    """The input checkpoint of a run's first execution (and, after a plain START, the START
+    step's), committed with the next transaction: until then the admission record holds the
+    same input durably, and a crash before it restarts the run from there, as the checkpoints
+    would."""
 
 
 _read_ahead: ContextVar[list[tuple[str, CheckpointTuple]] | None] = ContextVar(
@@ -122,6 +130,9 @@ class Fencing(StepTimeline):
         self.unwritten: set[tuple[str, int]] = set()
         """(run, token) of executions whose run never ran before (its claim said so): no
         checkpoint exists, so the loop's first read is answered without the database."""
+        self.plain_starts: set[tuple[str, int]] = set()
+        """(run, token) of those whose graph's START step runs none of the user's code: its
+        checkpoint waits for the first step's too (see the module's docstring)."""
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
         only its index, and the timeline should name the node."""
@@ -131,25 +142,43 @@ class Fencing(StepTimeline):
 
     # -- leases and executions ----------------------------------------------------------------
 
-    def hold(self, run_id: str, token: int, worker_id: str, *, never_ran: bool = False) -> None:
+    def hold(
+        self,
+        run_id: str,
+        token: int,
+        worker_id: str,
+        *,
+        never_ran: bool = False,
+        plain_start: bool = False,
+    ) -> None:
         """Fence the run's writes under `token`. `never_ran`: the claim found the run never
         started, so nothing of it was ever checkpointed (only a holder of a lease writes one,
-        and this is the first lease)."""
+        and this is the first lease). `plain_start`: the graph's START step only maps the
+        input onto channels (`graphs.plain_start`)."""
         self.holders[run_id] = (token, worker_id)
         if never_ran:
             self.unwritten.add((run_id, token))
+            if plain_start:
+                self.plain_starts.add((run_id, token))
 
     def drop(self, run_id: str, token: int) -> None:
         """The execution under `token` ended: what it buffered is discarded (its step never
         checkpointed; the run resumes from the last checkpoint, effects from the ledger)."""
         self.buffers.pop((run_id, token), None)
         self.unwritten.discard((run_id, token))
+        self.plain_starts.discard((run_id, token))
         # Only our own hold: this process may already run the same run again under a newer token.
         if self.holders.get(run_id, (None,))[0] == token:
             del self.holders[run_id]
 
-    def finish(self, run_id: str, token: int) -> None:
-        """The graph returned: every write it made must have committed with a checkpoint."""
+    async def finish(self, run_id: str, token: int) -> None:
+        """The graph returned: every write it made must have committed with a checkpoint. The
+        START step's, if it still waits (the graph ended or paused right after it), commits
+        now, with its checkpoint."""
+        self.plain_starts.discard((run_id, token))
+        waiting = self.buffers.get((run_id, token))
+        if waiting is not None and waiting.writes and waiting.deferred:
+            await self._flush(run_id, waiting)
         buffer = self.buffers.pop((run_id, token), None)
         if buffer is not None and buffer.writes:
             raise AssertionError(
@@ -244,6 +273,18 @@ class Fencing(StepTimeline):
             self._buffer(run_id, token, worker_id).deferred = recorder
             return next_config
         buffer = self.buffers.get((run_id, token)) if ctx is not None else None
+        if (
+            buffer is not None
+            and buffer.deferred  # the input's checkpoint: nothing of the run committed yet
+            and (run_id, token) in self.plain_starts
+            and metadata.get("step") == 0
+            and not config["configurable"].get("checkpoint_ns")
+        ):
+            # The START step's checkpoint: the admitted input on channels. It and its writes
+            # commit with the first step's (the module's docstring says why that is safe).
+            self.plain_starts.discard((run_id, token))
+            buffer.deferred.extend(recorder)
+            return next_config
         writes, buffer_writes = (buffer.writes, buffer) if buffer else ([], None)
         if buffer_writes is not None:
             buffer_writes.writes = []
@@ -259,6 +300,15 @@ class Fencing(StepTimeline):
         if self.draining:
             raise Released(f"run {run_id} released at a step boundary")
         return next_config
+
+    async def settle(self, run_id: str, token: int) -> None:
+        """Commit the checkpoints an execution holds back, with their writes, before anything
+        that names them happens: an effect inside a subgraph in the first step has a key that
+        names its parent task by its id, which comes from the START step's checkpoint (see
+        `ids.namespace_without_task_ids`). Nothing to do once they committed."""
+        buffer = self.buffers.get((run_id, token))
+        if buffer is not None and buffer.deferred:
+            await self._flush(run_id, buffer)
 
     async def _flush(self, run_id: str, buffer: Buffer) -> None:
         writes, buffer.writes = buffer.writes, []

@@ -29,6 +29,7 @@ from keel.backends import pg_batch
 from keel.core.context import current
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
+from keel.langgraph.graphs import locate
 from tests.support.providers import Provider
 from tests.support.workers import claim, drain, execute
 
@@ -207,15 +208,15 @@ def test_each_superstep_is_one_durable_commit(make_app: AppFactory) -> None:
     assert sorted(app.get_run(run).output["seen"]) == ["a", "b", "c", "d"]
 
     steps = trace.steps
-    # Checkpoints: the input's (-1) with the one before the fan-out (0) (the admitted input is
-    # durable already: see test_the_input_checkpoint_commits_with_the_first_step), after the
-    # fan-out (1), after d (2).
-    assert [t.writes("checkpoints") for t in steps] == [True] * 3, [t.statements for t in steps]
-    assert [t.checkpoints for t in steps] == [2, 1, 1], [t.statements for t in steps]
+    # Checkpoints: the input's (-1) and START's (0) with the one after the fan-out (1) (the
+    # admitted input is durable already: see test_the_first_checkpoints_commit_with_the_first_
+    # step), after d (2).
+    assert [t.writes("checkpoints") for t in steps] == [True] * 2, [t.statements for t in steps]
+    assert [t.checkpoints for t in steps] == [3, 1], [t.statements for t in steps]
     with_writes = [t for t in steps if t.writes("writes")]
-    assert len(with_writes) == 3, [t.statements for t in steps]  # input's, a-b-c's, d's
+    assert len(with_writes) == 2, [t.statements for t in steps]  # START's + a-b-c's, d's
     if app.aio.store.dialect == "postgres":
-        assert [t.round_trips for t in steps] == [1] * 3
+        assert [t.round_trips for t in steps] == [1] * 2
     events = [e for e in app.get_run(run).timeline if e["kind"] == "step"]
     assert sorted(e["data"]["node"] for e in events if e["data"]["node"] in "abcd") == [
         "a",
@@ -223,6 +224,126 @@ def test_each_superstep_is_one_durable_commit(make_app: AppFactory) -> None:
         "c",
         "d",
     ]
+
+
+# -- a first execution's first checkpoints ----------------------------------------------------
+
+
+class Count(TypedDict, total=False):
+    n: int
+    seen: Annotated[list[str], operator.add]
+
+
+def _bump(state: Count) -> dict[str, Any]:
+    return {"n": state.get("n", 0) + 1}
+
+
+def _two_nodes(routed: bool) -> Callable[[], StateGraph]:
+    def build() -> StateGraph:
+        g = StateGraph(Count)
+        g.add_node("a", _bump)
+        g.add_node("b", _bump)
+        if routed:
+            g.add_conditional_edges(START, lambda state: "a")
+        else:
+            g.add_edge(START, "a")
+        g.add_edge("a", "b")
+        g.add_edge("b", END)
+        return g
+
+    return build
+
+
+def test_the_first_checkpoints_commit_with_the_first_step(make_app: AppFactory) -> None:
+    """A first execution commits nothing before its first node's step: the input's checkpoint
+    and the START step's (that input on channels, with its writes) commit with it. A router out
+    of START is the user's code, which may choose otherwise if run again: its step then
+    commits on its own."""
+    app = make_app()
+    app.workflow("plain")(_two_nodes(routed=False))
+    app.workflow("routed")(_two_nodes(routed=True))
+    for workflow, expected in (("plain", [3, 1]), ("routed", [2, 1, 1])):
+        run = app.submit(workflow, job_id=f"{workflow}-1", input={"n": 0})["run_id"]
+        outcome, trace = run_traced(app)
+        assert outcome == "completed"
+        assert app.get_run(run).output["n"] == 2
+        steps = trace.steps
+        assert [t.checkpoints for t in steps] == expected, (workflow, [t.statements for t in steps])
+        assert all(t.writes("writes") for t in steps)
+
+
+def test_a_graph_that_ends_at_start_commits_its_first_checkpoints_as_it_ends(
+    make_app: AppFactory,
+) -> None:
+    """No node runs (START goes straight to END): the checkpoints that waited for a first step
+    commit, with START's writes, when the graph returns."""
+
+    def build() -> StateGraph:
+        g = StateGraph(Count)
+        g.add_node("unused", _bump)
+        g.add_edge(START, END)
+        return g
+
+    app = make_app()
+    app.workflow("empty")(build)
+    run = app.submit("empty", job_id="empty-1", input={"n": 7})["run_id"]
+    outcome, trace = run_traced(app)
+    assert outcome == "completed"
+    assert app.get_run(run).output["n"] == 7
+    assert [(t.checkpoints, t.writes("writes")) for t in trace.steps] == [(2, True)]
+
+
+def _root_checkpoints(db_url: str, run_id: str) -> int:
+    """The run's root checkpoints committed, read on a connection of its own."""
+    sql = "SELECT COUNT(*) FROM checkpoints WHERE thread_id = {0} AND checkpoint_ns = ''"
+    if db_url.startswith("sqlite"):
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
+            return int(db.execute(sql.format("?"), (run_id,)).fetchone()[0])
+    with psycopg.connect(db_url) as conn:
+        found = conn.execute(sql.format("%s"), (run_id,)).fetchone()
+        assert found is not None
+        return int(found[0])
+
+
+def test_an_effect_in_a_subgraph_of_the_first_step_follows_its_parents_checkpoint(
+    make_app: AppFactory, db_url: str
+) -> None:
+    """Inside a subgraph an effect's key names its parent task by the id the START step's
+    checkpoint gave it: that checkpoint is durable before the effect happens (else a crash
+    there would restart the run, give the task another id, and repeat the effect), even in a
+    subgraph that saves no checkpoints of its own and so never reads one. (LangGraph runs such
+    a subgraph only under durability="async": under "sync" it fails on a checkpoint it never
+    put.)"""
+    seen: list[tuple[str, int]] = []
+
+    @keel.effect("notify")
+    def notify(to: str, *, idempotency_key: str) -> str:
+        seen.append((locate().namespace, _root_checkpoints(db_url, run_id)))
+        return to
+
+    def inner(state: Count) -> dict[str, Any]:
+        return {"seen": [notify("x")]}
+
+    def build() -> StateGraph:
+        sub = StateGraph(Count)
+        sub.add_node("inner", inner)
+        sub.add_edge(START, "inner")
+        sub.add_edge("inner", END)
+        g = StateGraph(Count)
+        g.add_node("outer", sub.compile(checkpointer=False))
+        g.add_edge(START, "outer")
+        g.add_edge("outer", END)
+        return g
+
+    app = make_app()
+    app.workflow("nested", durability="async")(build)
+    run_id = app.submit("nested", job_id="nested-1", input={"n": 0})["run_id"]
+    outcome, _ = run_traced(app)
+    assert outcome == "completed"
+    assert app.get_run(run_id).output["seen"] == ["x"]
+    [(namespace, durable)] = seen
+    assert "|" in namespace, namespace  # the key does name its parent task
+    assert durable == 2, "the START step's checkpoint was not durable when the effect ran"
 
 
 def test_a_staged_write_commits_in_its_tasks_checkpoint_transaction(make_app: AppFactory) -> None:
@@ -351,9 +472,15 @@ def test_an_error_handler_node_runs_after_a_node_that_keeps_raising(
     assert outcome == "completed", done
     assert done.output["seen"] == ["recovered"]
     assert len(attempts) == 2
-    # The error (a special write) committed on its own, before any checkpoint after it.
-    alone = [t for t in trace.steps if t.writes("writes") and not t.writes("checkpoints")]
-    assert len(alone) == 1, [t.statements for t in trace.steps]
+    # The error (a special write) committed at once, before any checkpoint after it: with the
+    # run's input and START checkpoints, which waited for a first step's (none came); then the
+    # handler's writes with the next checkpoint. (Buffered, the error would have waited for
+    # that checkpoint: one transaction of three.)
+    steps = trace.steps
+    assert [t.checkpoints for t in steps] == [2, 1], [t.statements for t in steps]
+    assert all(t.writes("writes") for t in steps)
+    if app.aio.store.dialect == "sqlite":  # (PostgreSQL's trace shows no values)
+        assert "'__error__'" in " ".join(steps[0].statements), steps[0].statements
 
 
 class Chat(TypedDict, total=False):
@@ -509,8 +636,9 @@ def test_a_step_retried_after_its_commit_was_lost_adds_nothing_twice(
     async def commits_then_loses_the_answer(body: Callable[[Tx], Any]) -> Any:
         result = await real(body)
         calls.append(1)
-        # The third: the checkpoint after the fan-out, with a's, b's and c's writes and events.
-        if len(calls) == 3:
+        # The second: the checkpoint after the fan-out, with a's, b's and c's writes and events
+        # (and the run's first checkpoints, which waited for it).
+        if len(calls) == 2:
             lost.append(1)
             if store.dialect == "sqlite":
                 raise sqlite3.OperationalError("disk I/O error")

@@ -595,6 +595,7 @@ def test_a_five_step_run_costs_one_database_thread_call_per_transaction(
 
     outcome, count = _counted(app, run)
     assert outcome == "completed"
-    # Admission, claim, 6 checkpoints (the input's goes with the first step's), end; LangGraph's
-    # first look for a checkpoint is answered without the database.
-    assert count.kinds == ["_group"] * (1 + 1 + 6 + 1), count.kinds
+    # Admission, claim, a transaction per node's step (the input's and START's checkpoints go
+    # with the first one), end; LangGraph's first look for a checkpoint is answered without
+    # the database.
+    assert count.kinds == ["_group"] * (1 + 1 + 5 + 1), count.kinds

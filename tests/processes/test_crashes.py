@@ -153,7 +153,7 @@ def test_killed_after_interrupt_registers_the_wait_on_restart(chaos: Chaos) -> N
     ("phase", "occurrence"),
     [
         ("start", 1),  # the input checkpoint: nothing is checkpointed yet
-        ("start", 5),  # the approval's interrupt
+        ("start", 4),  # the approval's interrupt (START's checkpoint goes with draft's step)
         ("resume", 3),  # the step that sent the email (the ledger has it as sent)
         ("resume", 6),  # the final checkpoint, before the run completes
     ],

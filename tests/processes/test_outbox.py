@@ -86,9 +86,9 @@ def test_a_step_killed_before_its_commit_leaves_no_intent_to_deliver(
     app: keel.App, provider: HttpSink, spawn: Spawn
 ) -> None:
     run_id = app.submit("outbox", job_id="o-1", input={"count": 5}).run_id
-    # The 4th fenced write: the enqueue task's writes (start writes, checkpoint, start's
-    # checkpoint, then these), killed inside their transaction, before it commits.
-    doomed = spawn(faults="checkpoint.before_write@4")
+    # The 3rd fenced write: the START step's writes, the enqueue task's, then their step's
+    # transaction (the input's and START's checkpoints with it), killed before it commits.
+    doomed = spawn(faults="checkpoint.before_write@3")
     assert doomed.wait(timeout=60) == -signal.SIGKILL
     assert app.effect_intents(run_id=run_id) == []  # the step did not commit: nothing recorded
     clean = spawn()

@@ -161,6 +161,11 @@ class Fencing(StepTimeline):
             if plain_start:
                 self.plain_starts.add((run_id, token))
 
+    def alone(self) -> bool:
+        """Whether at most one execution of this process holds a lease: nothing of another
+        run competes with its transactions for the event loop."""
+        return len(self.holders) <= 1
+
     def drop(self, run_id: str, token: int) -> None:
         """The execution under `token` ended: what it buffered is discarded (its step never
         checkpointed; the run resumes from the last checkpoint, effects from the ledger)."""

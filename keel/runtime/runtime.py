@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.backends import connect
+from keel.backends.sqlite import SqliteConnector
 from keel.core import leases, outbox, retention, runs, versions, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock, database_override
@@ -151,8 +152,10 @@ class Runtime:
             if check_schema:
                 await self.store.check_schema()
             saver = make_saver(self.connector, self.store)
-            if self.store.dialect == "sqlite":
+            if isinstance(self.connector, SqliteConnector):
                 await saver.setup()  # idempotent; its lazy setup would commit our transactions
+                # Transactions commit on the loop's own thread while at most one execution runs.
+                self.connector.commit_here_when = saver.alone
             self.saver = saver
             self._opened = True
 

@@ -77,6 +77,11 @@ class Takeover:
         details = self.app.get_run(self.run_id)
         return (details.run, details.timeline, details.effects, details.waits)
 
+    def as_if_several_executions_ran(self) -> None:
+        """SQLite's transactions then take the database thread, where they group (one
+        execution alone commits on the loop's thread, each transaction by itself)."""
+        self.rt.connector.commit_here_when = lambda: False  # type: ignore[attr-defined]
+
 
 @pytest.fixture
 def takeover(make_app: AppFactory) -> Takeover:
@@ -163,6 +168,7 @@ def test_step_transactions_that_arrive_together_commit_once_and_a_stale_one_alon
     the stale one between two current ones writes nothing and raises LeaseLost while both
     others commit."""
     store, run = takeover.rt.store, takeover.run_id
+    takeover.as_if_several_executions_ran()
     tokens = [2, 1, 2, 2]
 
     def step(n: int, token: int) -> Any:
@@ -198,6 +204,7 @@ def test_a_group_whose_transaction_sqlite_gives_up_tells_every_member_it_failed(
     trigger's RAISE(ROLLBACK)), the members whose bodies had run are lost with it: each of them
     raises, none is told it committed, and the connection serves the next transaction."""
     store, run = takeover.rt.store, takeover.run_id
+    takeover.as_if_several_executions_ran()
     conn = takeover.rt.connector.connection  # type: ignore[attr-defined]
     takeover.call(
         conn.execute(
@@ -234,6 +241,7 @@ def test_a_group_whose_leading_caller_is_cancelled_still_answers_the_others(
     """The caller that took a group to the database thread is cancelled while the group is
     there: the group still commits, and the other member returns its result."""
     store, run = takeover.rt.store, takeover.run_id
+    takeover.as_if_several_executions_ran()
     connector = takeover.rt.connector
     gate = threading.Event()
 

@@ -4,6 +4,7 @@ and SQLite database-thread calls. One statement, its own transaction, is one of 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -578,11 +579,13 @@ def test_a_checkpoint_read_is_one_database_thread_call_per_statement(
 
 
 @ON_SQLITE
-def test_a_five_step_run_costs_one_database_thread_call_per_transaction(
+def test_a_five_step_run_alone_costs_one_transaction_each_on_the_loops_thread(
     make_app: AppFactory,
 ) -> None:
-    """Admission, claim, a fenced transaction per step and the end are one call each to the
-    database thread, and there is nothing else (aiosqlite's own calls made it 20)."""
+    """Admission, claim, a fenced transaction per step and the end are one transaction each,
+    and there is nothing else (aiosqlite's own calls made it 20). With no other execution in
+    the process, each runs on the event loop's own thread: no hand-off to the database thread
+    at all."""
     app = make_app()
     app.workflow("chain")(_chain(5))
     rt = app.aio
@@ -598,4 +601,37 @@ def test_a_five_step_run_costs_one_database_thread_call_per_transaction(
     # Admission, claim, a transaction per node's step (the input's and START's checkpoints go
     # with the first one), end; LangGraph's first look for a checkpoint is answered without
     # the database.
-    assert count.kinds == ["_group"] * (1 + 1 + 5 + 1), count.kinds
+    assert count.kinds == ["here"] * (1 + 1 + 5 + 1), count.kinds
+
+
+@ON_SQLITE
+def test_two_executions_at_once_commit_on_the_database_thread(make_app: AppFactory) -> None:
+    """While several executions run, none of their transactions runs on the loop's thread
+    (where one's fsync would stall the others' work); on the database thread they may share
+    a COMMIT, so there are at most as many calls as transactions."""
+    app = make_app()
+    app.workflow("chain")(_chain(5))
+    rt = app.aio
+
+    async def run() -> Any:
+        for job in ("two-a", "two-b"):
+            await rt.submit("chain", job_id=job, input={"text": "a"})
+        claimed = [
+            await leases.claim(rt.store, worker, rt.workflows.keys(), rt.lease_ttl)
+            for worker in ("w-a", "w-b")
+        ]
+        with counting() as count:
+            outcomes = await asyncio.gather(
+                *(rt.executor(got[0].worker_id).execute(*got) for got in claimed if got)
+            )
+        return outcomes, count
+
+    async def go() -> Any:
+        await rt.open()
+        return await run()
+
+    outcomes, count = rt.portal.call(go())
+    assert outcomes == ["completed", "completed"]
+    assert "here" not in count.kinds, count.kinds
+    assert count.kinds and set(count.kinds) == {"_group"}, count.kinds
+    assert len(count.kinds) <= 2 * (5 + 1), count.kinds

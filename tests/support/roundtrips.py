@@ -8,7 +8,8 @@ connection waiting for notifications is not an exchange: neither is counted. The
 checks are counted apart (`checks`), so a test can say what its own statements cost.
 
 SQLite: every hand-off to aiosqlite's database thread (a statement, a fetch, a commit, or one
-whole `Connector.single` chain) goes through `Connection._execute`.
+whole `Connector.single` chain) goes through `Connection._execute`; a transaction the connector
+runs on the event loop's own thread instead (`SqliteConnector._here`) is counted as `here`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import aiosqlite
 import psycopg
 from psycopg.waiting import WAIT_R
+
+from keel.backends.sqlite import SqliteConnector
 
 
 @dataclass
@@ -79,6 +82,7 @@ def counting() -> Iterator[Count]:
     count = Count()
     pg_wait = psycopg.AsyncConnection.wait
     sqlite_execute = aiosqlite.Connection._execute
+    sqlite_here = SqliteConnector._here
 
     async def wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
         name = getattr(gen, "__name__", "")
@@ -98,10 +102,19 @@ def counting() -> Iterator[Count]:
         count.kinds.append(getattr(fn, "__name__", repr(fn)))
         return await sqlite_execute(self, fn, *args, **kwargs)
 
+    def here(self: SqliteConnector, conn: Any) -> bool:
+        began = sqlite_here(self, conn)
+        if began:
+            count.trips += 1
+            count.kinds.append("here")
+        return began
+
     psycopg.AsyncConnection.wait = wait  # type: ignore[method-assign]
     aiosqlite.Connection._execute = execute  # type: ignore[method-assign]
+    SqliteConnector._here = here  # type: ignore[method-assign]
     try:
         yield count
     finally:
         psycopg.AsyncConnection.wait = pg_wait  # type: ignore[method-assign]
         aiosqlite.Connection._execute = sqlite_execute  # type: ignore[method-assign]
+        SqliteConnector._here = sqlite_here  # type: ignore[method-assign]

@@ -18,7 +18,9 @@ import weakref
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, adapt
+from psycopg import AsyncConnection, adapt, errors, generators
+from psycopg.pq import ExecStatus
+from psycopg.pq.abc import PGresult
 from psycopg.rows import DictRow
 from psycopg.types.json import Json, Jsonb
 
@@ -176,11 +178,8 @@ class Batch:
             message = await asyncio.to_thread(b";\n".join, statements)
         else:
             message = b";\n".join(statements)
-        cur = self.connection.cursor()
         try:
-            # Never one of psycopg's own prepared statements (each message is unique): skip
-            # its bookkeeping of how often it saw this text.
-            await cur.execute(message, prepare=False)
+            results = await self._send(message)
         except BaseException:
             # A PREPARE before the failed statement ran (PREPARE is not transactional), one
             # after it did not: which of them exist is unknown, so none is taken as known.
@@ -189,20 +188,36 @@ class Batch:
             raise
         self._known.update(self._preparing)
         self._preparing = {}
-        found: dict[int, list[Row]] = {}
-        position = 0
-        while True:
-            if position in keep:
-                result = cur.pgresult
-                tuples = result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
-                found[position] = [dict(r) for r in await cur.fetchall()] if tuples else []
-            if not cur.nextset():
-                break
-            position += 1
+        found = {i: self._rows(results[i]) for i in keep if i < len(results)}
         for index, slot in wanted.items():
             rows = found.get(index + offset, [])
             slot.append(rows[0] if rows else None)
         return found.get(rows_of + offset, []) if rows_of is not None else []
+
+    async def _send(self, message: bytes) -> list[PGresult]:
+        """The message's results, one per statement, straight from libpq, as psycopg's cursor
+        gets them; errors raised as the cursor raises them. The cursor would then wrap each
+        result in bookkeeping of its own (a current result set per statement, a
+        prepared-statement cache lookup per text) for rows nobody reads: 2-3% of a 5-step run,
+        measured interleaved."""
+        conn = self.connection
+        conn.pgconn.send_query(message)
+        results: list[PGresult] = await conn.wait(generators.execute(conn.pgconn))
+        for result in results:
+            if result.status == ExecStatus.FATAL_ERROR:
+                raise errors.error_from_result(result, encoding=self._encoding)
+        return results
+
+    def _rows(self, result: PGresult) -> list[Row]:
+        if result.status != ExecStatus.TUPLES_OK or not result.ntuples:
+            return []
+        loader = adapt.Transformer(self.connection)
+        loader.set_pgresult(result)
+        names = [(result.fname(i) or b"").decode(self._encoding) for i in range(result.nfields)]
+        rows: list[Row] = loader.load_rows(
+            0, result.ntuples, lambda values: dict(zip(names, values, strict=True))
+        )
+        return rows
 
     async def _now(self, name: str, params: Params | None) -> list[Row]:
         index = self.add(self._queries[name], params or {})

@@ -119,7 +119,8 @@ class Batch:
         # Each value quoted by psycopg's own adapters, as `mogrify` would, without parsing a
         # placeholder list per statement; the message is built as bytes, never decoded and
         # encoded again.
-        self._literal = adapt.Transformer(conn).as_literal
+        self._adapt = adapt.Transformer(conn)
+        self._literal = self._adapt.as_literal
         self._encoding = conn.info.encoding
         self._known = _prepared.setdefault(conn, {})
         self._preparing: dict[str, str] = {}
@@ -211,10 +212,9 @@ class Batch:
     def _rows(self, result: PGresult) -> list[Row]:
         if result.status != ExecStatus.TUPLES_OK or not result.ntuples:
             return []
-        loader = adapt.Transformer(self.connection)
-        loader.set_pgresult(result)
+        self._adapt.set_pgresult(result)  # its loaders; quoting values does not read them
         names = [(result.fname(i) or b"").decode(self._encoding) for i in range(result.nfields)]
-        rows: list[Row] = loader.load_rows(
+        rows: list[Row] = self._adapt.load_rows(
             0, result.ntuples, lambda values: dict(zip(names, values, strict=True))
         )
         return rows

@@ -614,6 +614,7 @@ def test_two_executions_at_once_commit_on_the_database_thread(make_app: AppFacto
     rt = app.aio
 
     async def run() -> Any:
+        await rt.open()
         for job in ("two-a", "two-b"):
             await rt.submit("chain", job_id=job, input={"text": "a"})
         claimed = [
@@ -626,11 +627,7 @@ def test_two_executions_at_once_commit_on_the_database_thread(make_app: AppFacto
             )
         return outcomes, count
 
-    async def go() -> Any:
-        await rt.open()
-        return await run()
-
-    outcomes, count = rt.portal.call(go())
+    outcomes, count = rt.portal.call(run())
     assert outcomes == ["completed", "completed"]
     assert "here" not in count.kinds, count.kinds
     assert count.kinds and set(count.kinds) == {"_group"}, count.kinds

@@ -31,7 +31,7 @@ from keel.core.errors import (
 from keel.core.ids import input_hash, run_id, validate_job_id
 from keel.core.ledger import reopen_expired
 from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
-from keel.core.store.base import Later, Row, Tx
+from keel.core.store.base import EndWith, Later, Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import ExpiryDecision, WaitStatus
 
@@ -196,12 +196,14 @@ async def finish(
     termination_reason: str | None,
     error: str | None = None,
     output: str | None = None,
+    within: EndWith | None = None,
 ) -> None:
     """End the running run that `token` holds (completed, failed, cancelled) in one statement,
     its timeline event with it; LeaseLost (RunNotFound, InvalidTransition) and nothing written
     if the token no longer holds it running. A completed run without `termination_reason` ends
     for the reason its waits give (its approval verdict, or timed_out), judged in the same
-    statement (the rule is the `finish_run` query's): nothing is read before it."""
+    statement (the rule is the `finish_run` query's): nothing is read before it. `within`: the
+    statement commits in that transaction (the saver's, with the run's last checkpoint)."""
     check_transition(Status.RUNNING, target)
     if target not in FINISHED:
         raise InvalidTransition(f"finish() ends a run; {target.value} is not an end")
@@ -219,6 +221,7 @@ async def finish(
         output=output,
         kind=f"status.{target.value}",
         data=moved,
+        within=within,
     )
     if done:
         return

@@ -142,6 +142,7 @@ class Executor:
             self.worker_id,
             never_ran=never_ran,
             plain_start=plain_start(graph),
+            triggers=getattr(graph, "trigger_to_nodes", None),
         )
         entered = enter(ctx)
         try:
@@ -177,6 +178,8 @@ class Executor:
                     workflow.durability,
                 )
             if interrupts:
+                # A pause after the last step (`interrupt_after`): its checkpoint first.
+                await self.saver.settle(lease.run_id, lease.token)
                 fault_point("wait.after_interrupt", workflow.name)
                 return await waits.register(ctx, interrupts)
             return await self._complete(ctx, workflow, values, never_ran=never_ran)
@@ -376,7 +379,8 @@ class Executor:
         error: str | None,
         output: str | None = None,
     ) -> Outcome:
-        """The execution's end, in one fenced statement (its event with it)."""
+        """The execution's end, in one fenced statement (its event with it), committed with the
+        last step's checkpoint when that waits for it (`Fencing.ending`)."""
         try:
             await finish(
                 self.services.store,
@@ -387,6 +391,7 @@ class Executor:
                 termination_reason=None if reason is None else reason.value,
                 error=error,
                 output=output,
+                within=self.saver.ending(ctx.run_id, ctx.token),
             )
         except LeaseLost as exc:
             log.warning(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -55,7 +55,7 @@ from keel.core.context import RunContext, StagedWrite
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
-from keel.core.store.base import Connector, Row, Statement, Tx
+from keel.core.store.base import Connector, EndWith, Later, Row, Statement, Tx
 from keel.core.store.store import Store
 from keel.langgraph.recording import (
     Recorder,
@@ -73,6 +73,7 @@ log = logging.getLogger("keel.savers")
 ERROR_SOURCE_NODE = "__error_source_node__"  # the loop awaits it before an error handler runs
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"  # input, resume and update_state writes
 INTERRUPT, ERROR = "__interrupt__", "__error__"
+TASKS = "__pregel_tasks"  # LangGraph's channel of pending `Send`s (private since 1.0; a seam test)
 SPECIAL = frozenset(WRITES_IDX_MAP) | {ERROR_SOURCE_NODE}
 """Channels whose writes commit at once: no checkpoint follows an interrupt or an error, and
 the loop reads a resume, a scheduled write or an error's source before the next one."""
@@ -108,6 +109,11 @@ class Buffer:
     step's), committed with the next transaction: until then the admission record holds the
     same input durably, and a crash before it restarts the run from there, as the checkpoints
     would."""
+    final: list[Statement] | None = None
+    """The checkpoint of the run's last step (one after which no task runs), held back with
+    its step's writes to commit with the run's end (`Fencing.ending`): no code of the graph
+    runs between them, so a crash between the two costs the last step again, as a crash in it
+    would, and nothing of it is ever seen without the end."""
 
 
 _read_ahead: ContextVar[list[tuple[str, CheckpointTuple]] | None] = ContextVar(
@@ -133,6 +139,9 @@ class Fencing(StepTimeline):
         self.plain_starts: set[tuple[str, int]] = set()
         """(run, token) of those whose graph's START step runs none of the user's code: its
         checkpoint waits for the first step's too (see the module's docstring)."""
+        self.triggers: dict[tuple[str, int], Mapping[str, Sequence[str]]] = {}
+        """(run, token) -> the graph's channels and the nodes each triggers (LangGraph's own
+        `trigger_to_nodes`): how a checkpoint is known to be the run's last."""
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
         only its index, and the timeline should name the node."""
@@ -150,12 +159,16 @@ class Fencing(StepTimeline):
         *,
         never_ran: bool = False,
         plain_start: bool = False,
+        triggers: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Fence the run's writes under `token`. `never_ran`: the claim found the run never
         started, so nothing of it was ever checkpointed (only a holder of a lease writes one,
         and this is the first lease). `plain_start`: the graph's START step only maps the
-        input onto channels (`graphs.plain_start`)."""
+        input onto channels (`graphs.plain_start`). `triggers`: the graph's
+        `trigger_to_nodes`, to hold its last checkpoint back for the run's end."""
         self.holders[run_id] = (token, worker_id)
+        if triggers:
+            self.triggers[(run_id, token)] = triggers
         if never_ran:
             self.unwritten.add((run_id, token))
             if plain_start:
@@ -172,6 +185,7 @@ class Fencing(StepTimeline):
         self.buffers.pop((run_id, token), None)
         self.unwritten.discard((run_id, token))
         self.plain_starts.discard((run_id, token))
+        self.triggers.pop((run_id, token), None)
         # Only our own hold: this process may already run the same run again under a newer token.
         if self.holders.get(run_id, (None,))[0] == token:
             del self.holders[run_id]
@@ -182,6 +196,8 @@ class Fencing(StepTimeline):
         now, with its checkpoint."""
         self.plain_starts.discard((run_id, token))
         waiting = self.buffers.get((run_id, token))
+        if waiting is not None and waiting.final is not None:
+            return  # it, its writes and what waits with it commit with the run's end
         if waiting is not None and waiting.writes and waiting.deferred:
             await self._flush(run_id, waiting)
         buffer = self.buffers.pop((run_id, token), None)
@@ -290,11 +306,17 @@ class Fencing(StepTimeline):
             self.plain_starts.discard((run_id, token))
             buffer.deferred.extend(recorder)
             return next_config
+        if ctx is not None and self._is_last(run_id, token, config, checkpoint, metadata):
+            # Nothing runs after it but the graph's return: it commits with the run's end (a
+            # read before that commits it first, and reads find it in the database).
+            self.unwritten.discard((run_id, token))
+            self._buffer(run_id, token, worker_id).final = recorder
+            return next_config
         writes, buffer_writes = (buffer.writes, buffer) if buffer else ([], None)
         if buffer_writes is not None:
             buffer_writes.writes = []
         try:
-            fence = await self._commit(run_id, token, worker_id, writes, recorder)
+            fence, _ = await self._commit(run_id, token, worker_id, writes, recorder)
         except BaseException:
             if buffer_writes is not None:
                 buffer_writes.writes[:0] = writes  # not committed: still this execution's
@@ -306,24 +328,68 @@ class Fencing(StepTimeline):
             raise Released(f"run {run_id} released at a step boundary")
         return next_config
 
+    def _is_last(
+        self,
+        run_id: str,
+        token: int,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+    ) -> bool:
+        if metadata.get("source") != "loop" or config["configurable"].get("checkpoint_ns"):
+            return False  # a step's checkpoint of the run's own graph only
+        return is_last_step(checkpoint, self.triggers.get((run_id, token)))
+
+    def ending(self, run_id: str, token: int) -> EndWith | None:
+        """The run's end, committed with the last step's checkpoint that waits for it (None if
+        none does): one transaction, the fence first, then the step's events and writes, the
+        checkpoint, the end. A cancel asked meanwhile ends nothing there: the checkpoint
+        commits, and RunCancelled stops the run as at any other step's boundary."""
+        buffer = self.buffers.get((run_id, token))
+        if buffer is None or buffer.final is None:
+            return None
+        held = buffer
+
+        async def within(end: Callable[[Tx], Awaitable[Later]]) -> Row | None:
+            writes, held.writes = held.writes, []
+            final, held.final = held.final, None
+            try:
+                fence, row = await self._commit(
+                    run_id, token, held.worker_id, writes, final, then=end
+                )
+            except BaseException:
+                held.writes[:0] = writes
+                held.final = final
+                raise
+            if row is None and fence["cancel_requested"]:
+                raise RunCancelled(f"run {run_id} was cancelled")
+            return row
+
+        return within
+
     async def settle(self, run_id: str, token: int) -> None:
         """Commit the checkpoints an execution holds back, with their writes, before anything
         that names them happens: an effect inside a subgraph in the first step has a key that
         names its parent task by its id, which comes from the START step's checkpoint (see
         `ids.namespace_without_task_ids`). Nothing to do once they committed."""
         buffer = self.buffers.get((run_id, token))
-        if buffer is not None and buffer.deferred:
+        if buffer is not None and (buffer.deferred or buffer.final is not None):
             await self._flush(run_id, buffer)
 
     async def _flush(self, run_id: str, buffer: Buffer) -> None:
         writes, buffer.writes = buffer.writes, []
-        if not writes and not buffer.deferred:
+        final, buffer.final = buffer.final, None
+        if not writes and not buffer.deferred and final is None:
             return
         try:
-            await self._commit(run_id, buffer.token, buffer.worker_id, writes, None)
+            fence, _ = await self._commit(run_id, buffer.token, buffer.worker_id, writes, final)
         except BaseException:
             buffer.writes[:0] = writes
+            buffer.final = final
             raise
+        if final is not None and fence["cancel_requested"]:
+            # The last step's boundary, reached late (a read, or a pause after it, needed it).
+            raise RunCancelled(f"run {run_id} was cancelled")
 
     async def _commit(
         self,
@@ -332,9 +398,11 @@ class Fencing(StepTimeline):
         worker_id: str,
         writes: list[Buffered],
         checkpoint: list[Statement] | None,
-    ) -> Row:
+        then: Callable[[Tx], Awaitable[Later]] | None = None,
+    ) -> tuple[Row, Row | None]:
         """One fenced transaction: the fence, each task's `step` event, staged rows and writes,
-        then the checkpoint. Nothing commits unless `token` still holds the run."""
+        then the checkpoint, then `then`'s statement (the run's end). Nothing commits unless
+        `token` still holds the run. The fence's row, and `then`'s."""
         # From here on (even if this commit's outcome is unknown) reads go to the database.
         self.unwritten.discard((run_id, token))
         if checkpoint is not None:
@@ -362,11 +430,11 @@ class Fencing(StepTimeline):
                     await tx.replay(statement)
             for statement in checkpoint or ():
                 await tx.replay(statement)
-            return fence
+            return fence, (await then(tx) if then is not None else None)
 
         try:
             try:
-                fence = await self.store.step_transaction(step)
+                fence, ended = await self.store.step_transaction(step)
             except Exception as exc:
                 if not self.store.is_infrastructure(exc):
                     raise
@@ -375,14 +443,14 @@ class Fencing(StepTimeline):
                 # (upstream's upserts and INSERT ... DO NOTHING, step events by key, staged rows
                 # by their deterministic keys), so a step that did commit commits nothing twice.
                 log.warning("run %s: step transaction failed (%r); retrying it once", run_id, exc)
-                fence = await self.store.step_transaction(step)
+                fence, ended = await self.store.step_transaction(step)
         except BaseException:
             if buffer_deferred is not None:
                 buffer_deferred.deferred[:0] = deferred  # not committed: still to be written
             raise
         if checkpoint is not None:
             self.progressed.add((run_id, token))
-        return await fence()
+        return await fence(), (await ended() if ended is not None else None)
 
     async def _record_writes(
         self,
@@ -409,7 +477,7 @@ class Fencing(StepTimeline):
         if str(config.get("configurable", {}).get("thread_id")) != ctx.run_id:
             return
         buffer = self.buffers.get((ctx.run_id, ctx.token))
-        if buffer is not None and (buffer.writes or buffer.deferred):
+        if buffer is not None and (buffer.writes or buffer.deferred or buffer.final is not None):
             await self._flush(ctx.run_id, buffer)
 
     def read_ahead(self, run_id: str, found: CheckpointTuple) -> None:
@@ -462,6 +530,19 @@ class Fencing(StepTimeline):
             config=config, channels=channels
         )
         return history
+
+
+def is_last_step(checkpoint: Checkpoint, triggers: Mapping[str, Sequence[str]] | None) -> bool:
+    """Whether LangGraph's loop will find no task to run after `checkpoint`: the test it makes
+    itself (`prepare_next_tasks` with the channels the step updated and `trigger_to_nodes`), on
+    the same inputs, where that test decides alone: no `Send` pending, channels updated, and
+    the graph's triggers known (else LangGraph looks at every node, and so would this)."""
+    updated = checkpoint.get("updated_channels")
+    if not triggers or not updated:
+        return False
+    if TASKS in updated or checkpoint["channel_values"].get(TASKS):
+        return False  # `Send`s pending (an empty list of them is none)
+    return not any(triggers.get(channel) for channel in updated)
 
 
 def _key(token: int, where: tuple[str, str], task_id: str, n: int) -> str:

@@ -70,6 +70,11 @@ def split_statements(body: str) -> tuple[str, ...]:
 Later = Callable[[], Awaitable["Row | None"]]
 """The row of a statement sent with `Tx.send`, read once the transaction has committed."""
 
+EndWith = Callable[[Callable[["Tx"], Awaitable[Later]]], Awaitable["Row | None"]]
+"""Runs an execution's end statement (the callable given to it adds it to a transaction) in the
+transaction of something held back until the end, its last step's checkpoint: the end's row,
+or None if it wrote nothing."""
+
 Statement = tuple[str, Any, bool]
 """A statement of LangGraph's savers, recorded to run in Keel's transaction: its SQL, its
 parameters and whether it runs once per parameter set (executemany)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from keel.core import logs
 from keel.core.codec import dumps, loads
-from keel.core.store.base import Connector, Later, Row, Tx
+from keel.core.store.base import Connector, EndWith, Later, Row, Tx
 
 # Timeline events added by the open transaction, logged only once it has committed.
 _uncommitted: ContextVar[list[tuple[Any, ...]] | None] = ContextVar(
@@ -254,26 +254,31 @@ class RunQueries:
         output: str | None,
         kind: str,
         data: dict[str, Any],
+        within: EndWith | None = None,
     ) -> bool:
         """End the running run that `token` holds, with its timeline event `kind`, in one
         statement (only `keel.core.runs.finish` calls this, after checking the transition
         table); False, writing nothing, if `token` no longer holds a running run. No
-        `termination_reason`: the run completed, and its waits say why (see the query)."""
+        `termination_reason`: the run completed, and its waits say why (see the query).
+        `within`: the statement goes into that transaction (the run's last step's), and ends
+        nothing if a cancel was asked meanwhile (that step's boundary cancels the run)."""
         started = time.monotonic()
-        row = await self.db.single(
-            "finish_run",
-            {
-                "run_id": run_id,
-                "lease_token": token,
-                "status": status,
-                "worker_id": worker_id,
-                "termination_reason": termination_reason,
-                "error": error,
-                "output": output,
-                "kind": kind,
-                "data": dumps(data),
-            },
-        )
+        params = {
+            "run_id": run_id,
+            "lease_token": token,
+            "status": status,
+            "worker_id": worker_id,
+            "termination_reason": termination_reason,
+            "error": error,
+            "output": output,
+            "kind": kind,
+            "data": dumps(data),
+            "unless_cancelled": int(within is not None and status != "cancelled"),
+        }
+        if within is None:
+            row = await self.db.single("finish_run", params)
+        else:
+            row = await within(lambda tx: tx.send("finish_run", params))
         if row is None:
             return False
         took = time.monotonic() - started

@@ -233,6 +233,8 @@ WHERE run_id = %(run_id)s;
 -- SQLite's twin): its approval verdict (the run's decision), unless the latest decided approval expired (a deadline's
 -- rejection: timed_out); else timed_out if a wait timed out; else completed. It goes into the
 -- event's data. No row: the token no longer holds a running run, and nothing was written.
+-- `unless_cancelled`: nor if a cancel was asked (an end committed with the last step's
+-- checkpoint: that step's boundary cancels the run, as every other step's does).
 WITH finished AS (
     UPDATE keel_runs AS r
     SET status = %(status)s,
@@ -249,6 +251,7 @@ WITH finished AS (
         error = COALESCE(%(error)s::text, error), output = COALESCE(%(output)s::text, output),
         lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
     WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'
+      AND (%(unless_cancelled)s::int = 0 OR r.cancel_requested = 0)
     RETURNING run_id, termination_reason),
 turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM finished),
 event AS (

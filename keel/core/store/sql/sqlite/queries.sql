@@ -207,7 +207,8 @@ WHERE run_id = :run_id;
 -- call: the rule's one place with PostgreSQL's twin): its approval verdict (the run's decision), unless the latest decided approval
 -- expired (a deadline's rejection: timed_out); else timed_out if a wait timed out; else
 -- completed. It goes into the event's data. No row: the token no longer holds a running run,
--- and nothing was written.
+-- and nothing was written. `unless_cancelled`: nor if a cancel was asked (an end committed with
+-- the last step's checkpoint: that step's boundary cancels the run, as every other step's does).
 UPDATE keel_runs
 SET status = :status,
     termination_reason = COALESCE(:termination_reason, CASE
@@ -223,6 +224,7 @@ SET status = :status,
     error = COALESCE(:error, error), output = COALESCE(:output, output),
     lease_owner = NULL, lease_expires_at = NULL, finished_at = keel_now(), updated_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
+  AND (:unless_cancelled = 0 OR cancel_requested = 0)
 RETURNING run_id AS finished_id, termination_reason AS finished_reason;
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
 VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token,

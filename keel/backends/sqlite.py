@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import re
 import sqlite3
 import time
@@ -24,9 +25,19 @@ from keel.core.errors import LeaseLost
 from keel.core.faults import statement_fails
 from keel.core.ids import digest
 from keel.core.notifications import intent_payload
-from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
+from keel.core.store.base import (
+    BULKY,
+    Later,
+    Params,
+    Row,
+    Statement,
+    Tx,
+    load_queries,
+    writing,
+)
 
 T = TypeVar("T")
+log = logging.getLogger("keel.sqlite")
 
 # Primary result codes of a file that is busy, locked, full or failing, not of a bad statement.
 _TRANSIENT_CODES = frozenset(
@@ -201,6 +212,18 @@ class ThreadTx:
             self.connection.execute(sql, params)
 
 
+WAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""Bytes committed (as counted by `SqliteConnector._count_wal`) between two WAL checkpoints:
+SQLite's own default, 1000 pages of 4 KiB."""
+SMALL_TRANSACTION = 16 * 1024
+"""What a transaction of unknown size counts for: a few pages of rows, their indexes and the
+WAL frames' headers."""
+
+
+def _checkpoint(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+
 def _nothing() -> None:
     return None
 
@@ -226,6 +249,8 @@ class _Pending:
         self.body = body
         self.context = context
         self.done: asyncio.Future[None] = loop.create_future()
+        self.size = context.get(writing, 0)
+        self.bulky = self.size > BULKY
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -264,6 +289,8 @@ class SqliteConnector:
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
         self._late: set[asyncio.Future[None]] = set()
+        self._wal_bytes = 0
+        self._folding: asyncio.Future[None] | None = None
         self.commit_here_when: Callable[[], bool] | None = None
         """Set by the runtime: whether a transaction may run on the event loop's own thread,
         without the hand-off to the database thread and back (see `_flush_now`)."""
@@ -288,6 +315,9 @@ class SqliteConnector:
             conn.row_factory = sqlite3.Row
             await self._enable_wal(conn)
             await conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            # Checkpoints run on the database thread (`_fold_wal`): SQLite's own ran inside
+            # the commit that crossed its threshold, on the loop's thread for a lone execution.
+            await conn.execute("PRAGMA wal_autocheckpoint=0")
             await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
             await conn.create_function("keel_now", 0, self._keel_now)
             await conn.create_function("keel_fence", 3, self._keel_fence)
@@ -385,11 +415,13 @@ class SqliteConnector:
     async def _flush_now(self, batch: list[_Pending]) -> None:
         try:
             conn = self.connection
-            if self._here(conn._conn):
+            if not any(entry.bulky for entry in batch) and self._here(conn._conn):
                 # One execution in flight: nothing else wants the loop while its step commits,
                 # and the hand-off to the database thread and back cost ~0.1 ms per transaction
                 # (of a 5-step run's ~8 ms, nearly 10%). Several executions take the thread,
-                # where group commit lets one fsync serve them while their other work goes on.
+                # where group commit lets one fsync serve them while their other work goes on;
+                # so does a bulky transaction (a large state's step: writing its pages held the
+                # loop for tens of ms, and the loop also serves heartbeats, claims, an API).
                 self._group(conn._conn, batch, begun=True)
             else:
                 await conn._execute(self._group, conn._conn, batch)
@@ -407,6 +439,26 @@ class SqliteConnector:
                 raise
         for entry in batch:
             entry.settle()
+        self._count_wal(batch)
+
+    def _count_wal(self, batch: list[_Pending]) -> None:
+        """Count what the batch wrote to the WAL (what its callers said, a small transaction's
+        worth otherwise); past SQLite's own threshold (1000 pages of 4 KiB), fold the WAL into
+        the database, on the database thread."""
+        self._wal_bytes += sum(max(entry.size, SMALL_TRANSACTION) for entry in batch)
+        if self._wal_bytes >= WAL_CHECKPOINT_BYTES and self._folding is None:
+            self._wal_bytes = 0
+            self._folding = asyncio.ensure_future(self._fold_wal())
+
+    async def _fold_wal(self) -> None:
+        try:
+            async with self.lock:  # no transaction on the loop's thread meanwhile
+                conn = self.connection
+                await conn._execute(_checkpoint, conn._conn)
+        except Exception as exc:  # the next threshold tries again; a closed connection folds
+            log.warning("SQLite WAL checkpoint failed: %r", exc)
+        finally:
+            self._folding = None
 
     async def _settle_after(self, batch: list[_Pending]) -> None:
         try:
@@ -478,7 +530,8 @@ class SqliteConnector:
         return exc
 
     async def close(self) -> None:
-        waiting = [f for f in (self._flusher, *self._late) if f is not None and not f.done()]
+        busy = (self._flusher, self._folding, *self._late)
+        waiting = [f for f in busy if f is not None and not f.done()]
         await asyncio.gather(*waiting, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()

@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import time
+import weakref
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -37,6 +38,9 @@ from keel.langgraph.savers import FencedSaver
 log = logging.getLogger("keel.executor")
 MAX_OUTPUT_BYTES = 1_000_000
 
+_compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+"""Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""
+
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
 
@@ -51,7 +55,9 @@ class Executor:
         self.workflows = workflows
         self.saver = saver
         self.worker_id = worker_id
-        self._graphs: dict[str, Any] = {}
+        # Shared by every executor on this saver: a worker started later (a drain, a restart
+        # of the loop's worker) does not compile each graph again on the loop (~5 ms each).
+        self._graphs = _compiled.setdefault(saver, {})
 
     def graph(self, workflow: Workflow) -> Any:
         key = workflow.key
@@ -357,7 +363,15 @@ class Executor:
     async def _complete(
         self, ctx: RunContext, workflow: Workflow, values: Any, *, never_ran: bool
     ) -> Outcome:
-        reason = workflow.termination(values) if workflow.termination else None
+        try:
+            reason = workflow.termination(values) if workflow.termination else None
+            if reason is not None:
+                reason = TerminationReason(reason).value
+        except Exception:
+            # The user's hook failed: the last step is done and stays done (its checkpoint
+            # commits now, as at any boundary); only the end is retried.
+            await self.saver.settle(ctx.run_id, ctx.token)
+            raise
         if reason is None and never_ran:
             # Its first execution ran to the end: it never waited, so no decision or deadline
             # can be why it ended (a wait would have ended the execution).

@@ -30,7 +30,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -51,12 +50,13 @@ from psycopg_pool import AsyncConnectionPool
 from keel.backends.locks import TaskReentrantLock
 from keel.backends.postgres import PostgresConnector
 from keel.backends.sqlite import SqliteConnector
-from keel.core.context import RunContext, StagedWrite
+from keel.core.context import RunContext
 from keel.core.context import _current as _running
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
-from keel.core.store.base import Connector, EndWith, Later, Row, Statement, Tx
+from keel.core.store.base import Connector, EndWith, Later, Row, Statement, Tx, writing
 from keel.core.store.store import Store
+from keel.langgraph.buffers import Buffer, Buffered, is_last_step, values_size, write_key
 from keel.langgraph.recording import (
     Recorder,
     SqliteConnection,
@@ -73,47 +73,9 @@ log = logging.getLogger("keel.savers")
 ERROR_SOURCE_NODE = "__error_source_node__"  # the loop awaits it before an error handler runs
 NULL_TASK_ID = "00000000-0000-0000-0000-000000000000"  # input, resume and update_state writes
 INTERRUPT, ERROR = "__interrupt__", "__error__"
-TASKS = "__pregel_tasks"  # LangGraph's channel of pending `Send`s (private since 1.0; a seam test)
 SPECIAL = frozenset(WRITES_IDX_MAP) | {ERROR_SOURCE_NODE}
 """Channels whose writes commit at once: no checkpoint follows an interrupt or an error, and
 the loop reads a resume, a scheduled write or an error's source before the next one."""
-
-
-@dataclass
-class Buffered:
-    """One task's writes, waiting for the checkpoint of their step."""
-
-    token: int
-    key: str
-    """The `step` event's key: the same on a retry of its transaction, so it is added once."""
-    event: dict[str, Any]
-    staged: list[StagedWrite]
-    recorded: asyncio.Future[list[Statement]]
-    """Upstream's statements for these writes (PostgreSQL serializes them in a thread: the
-    write takes its place in the buffer first, so a checkpoint saved meanwhile waits for it)."""
-
-
-@dataclass
-class Buffer:
-    """What one execution (a run under one lease token) has not committed yet."""
-
-    token: int
-    worker_id: str
-    writes: list[Buffered] = field(default_factory=list)
-    settled: set[tuple[str, str]] = field(default_factory=set)
-    """(namespace, checkpoint id) after an interrupt or error: no checkpoint will follow, so a
-    sibling task that finishes later commits its writes at once."""
-    counts: dict[str, int] = field(default_factory=dict)
-    deferred: list[Statement] = field(default_factory=list)
-    """The input checkpoint of a run's first execution (and, after a plain START, the START
-    step's), committed with the next transaction: until then the admission record holds the
-    same input durably, and a crash before it restarts the run from there, as the checkpoints
-    would."""
-    final: list[Statement] | None = None
-    """The checkpoint of the run's last step (one after which no task runs), held back with
-    its step's writes to commit with the run's end (`Fencing.ending`): no code of the graph
-    runs between them, so a crash between the two costs the last step again, as a crash in it
-    would, and nothing of it is ever seen without the end."""
 
 
 _read_ahead: ContextVar[list[tuple[str, CheckpointTuple]] | None] = ContextVar(
@@ -246,13 +208,13 @@ class Fencing(StepTimeline):
         buffer = self._buffer(run_id, token, worker_id) if ctx is not None else None
         if buffer is None:
             # Outside an execution (tools, tests, the conformance suite): nothing to batch with.
-            entry = Buffered(token, _key(token, where, task_id, 0), event, staged, recorded)
+            entry = Buffered(token, write_key(token, where, task_id, 0), event, staged, recorded)
         else:
             # In the buffer before anything is awaited: LangGraph starts this call before the
             # `aput` of the step's checkpoint, which must take these writes with it.
             n = buffer.counts.get(f"{where}{task_id}", 0)
             buffer.counts[f"{where}{task_id}"] = n + 1
-            entry = Buffered(token, _key(token, where, task_id, n), event, staged, recorded)
+            entry = Buffered(token, write_key(token, where, task_id, n), event, staged, recorded)
             buffer.writes.append(entry)
         try:
             statements = await self._record_writes(config, writes, task_id, task_path)
@@ -432,6 +394,7 @@ class Fencing(StepTimeline):
                 await tx.replay(statement)
             return fence, (await then(tx) if then is not None else None)
 
+        size = writing.set(values_size(deferred, *recorded, checkpoint or ()))
         try:
             try:
                 fence, ended = await self.store.step_transaction(step)
@@ -448,6 +411,8 @@ class Fencing(StepTimeline):
             if buffer_deferred is not None:
                 buffer_deferred.deferred[:0] = deferred  # not committed: still to be written
             raise
+        finally:
+            writing.reset(size)
         if checkpoint is not None:
             self.progressed.add((run_id, token))
         return await fence(), (await ended() if ended is not None else None)
@@ -530,23 +495,6 @@ class Fencing(StepTimeline):
             config=config, channels=channels
         )
         return history
-
-
-def is_last_step(checkpoint: Checkpoint, triggers: Mapping[str, Sequence[str]] | None) -> bool:
-    """Whether LangGraph's loop will find no task to run after `checkpoint`: the test it makes
-    itself (`prepare_next_tasks` with the channels the step updated and `trigger_to_nodes`), on
-    the same inputs, where that test decides alone: no `Send` pending, channels updated, and
-    the graph's triggers known (else LangGraph looks at every node, and so would this)."""
-    updated = checkpoint.get("updated_channels")
-    if not triggers or not updated:
-        return False
-    if TASKS in updated or checkpoint["channel_values"].get(TASKS):
-        return False  # `Send`s pending (an empty list of them is none)
-    return not any(triggers.get(channel) for channel in updated)
-
-
-def _key(token: int, where: tuple[str, str], task_id: str, n: int) -> str:
-    return f"{token}/{where[0]}/{where[1]}/{task_id}/{n}"
 
 
 class FencedSqliteSaver(Fencing, AsyncSqliteSaver):

@@ -19,7 +19,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
 
-from keel.langgraph.savers import TASKS, is_last_step
+from keel.langgraph.buffers import TASKS, is_last_step
 
 
 class S(TypedDict, total=False):

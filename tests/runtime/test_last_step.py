@@ -223,3 +223,31 @@ def test_a_graph_whose_output_is_not_its_state_reads_the_held_checkpoint(
     assert details.status == "completed"
     assert details.output == {"n": 3, "doubled": 3 * 2**nodes}
     assert checkpoint_of(app, run)["doubled"] == 3 * 2**nodes
+
+
+def test_a_termination_hook_that_fails_once_does_not_run_the_last_step_again(
+    make_app: AppFactory,
+) -> None:
+    """The workflow's `termination` hook runs between the last step and the end: if it raises,
+    the step stays done (its checkpoint commits) and only the end is tried again."""
+    from tests.support.workers import drain
+
+    app = make_app(max_attempts=3, retry_backoff=0.01)
+    ran: list[int] = []
+    calls: list[int] = []
+
+    async def last(state: Chain) -> dict[str, Any]:
+        ran.append(1)
+        return {"n": state["n"] * 10}
+
+    def termination(values: Any) -> str | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the hook, once")
+        return None
+
+    app.workflow("chain", termination=termination)(chain(last))
+    run = app.submit("chain", job_id="last-hook", input={"n": 1})["run_id"]
+    drain(app)
+    assert (app.get_run(run).status, len(calls), ran) == ("completed", 2, [1])
+    assert kinds(app, run).count("step:last") == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol, TypeVar
@@ -74,6 +75,13 @@ EndWith = Callable[[Callable[["Tx"], Awaitable[Later]]], Awaitable["Row | None"]
 """Runs an execution's end statement (the callable given to it adds it to a transaction) in the
 transaction of something held back until the end, its last step's checkpoint: the end's row,
 or None if it wrote nothing."""
+
+writing: ContextVar[int] = ContextVar("keel_transaction_bytes", default=0)
+"""Bytes of values the transaction about to run writes, set by a caller that knows them (a
+step's): SQLite commits a bulky one on its database thread, never on the event loop's, and
+counts them towards its next WAL checkpoint (`SqliteConnector`)."""
+BULKY = 64 * 1024
+"""Bytes of values past which a transaction is bulky."""
 
 Statement = tuple[str, Any, bool]
 """A statement of LangGraph's savers, recorded to run in Keel's transaction: its SQL, its

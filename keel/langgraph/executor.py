@@ -364,9 +364,8 @@ class Executor:
         self, ctx: RunContext, workflow: Workflow, values: Any, *, never_ran: bool
     ) -> Outcome:
         try:
-            reason = workflow.termination(values) if workflow.termination else None
-            if reason is not None:
-                reason = TerminationReason(reason).value
+            given = workflow.termination(values) if workflow.termination else None
+            reason = None if given is None else TerminationReason(given)
         except Exception:
             # The user's hook failed: the last step is done and stays done (its checkpoint
             # commits now, as at any boundary); only the end is retried.
@@ -380,7 +379,7 @@ class Executor:
         return await self._end(
             ctx,
             Status.COMPLETED,
-            None if reason is None else TerminationReason(reason),
+            reason,
             None,
             output=_output(values),
         )

@@ -311,23 +311,7 @@ class Fencing(StepTimeline):
         if buffer is None or buffer.final is None:
             return None
         held = buffer
-
-        async def within(end: Callable[[Tx], Awaitable[Later]]) -> Row | None:
-            writes, held.writes = held.writes, []
-            final, held.final = held.final, None
-            try:
-                fence, row = await self._commit(
-                    run_id, token, held.worker_id, writes, final, then=end
-                )
-            except BaseException:
-                held.writes[:0] = writes
-                held.final = final
-                raise
-            if row is None and fence["cancel_requested"]:
-                raise RunCancelled(f"run {run_id} was cancelled")
-            return row
-
-        return within
+        return lambda end: self._flush(run_id, held, end)
 
     async def settle(self, run_id: str, token: int) -> None:
         """Commit the checkpoints an execution holds back, with their writes, before anything
@@ -338,20 +322,28 @@ class Fencing(StepTimeline):
         if buffer is not None and (buffer.deferred or buffer.final is not None):
             await self._flush(run_id, buffer)
 
-    async def _flush(self, run_id: str, buffer: Buffer) -> None:
+    async def _flush(
+        self, run_id: str, buffer: Buffer, end: Callable[[Tx], Awaitable[Later]] | None = None
+    ) -> Row | None:
+        """Commit what the buffer holds (and `end`, the run's end, after it); `end`'s row."""
         writes, buffer.writes = buffer.writes, []
         final, buffer.final = buffer.final, None
-        if not writes and not buffer.deferred and final is None:
-            return
+        if end is None and not writes and not buffer.deferred and final is None:
+            return None
         try:
-            fence, _ = await self._commit(run_id, buffer.token, buffer.worker_id, writes, final)
+            fence, ended = await self._commit(
+                run_id, buffer.token, buffer.worker_id, writes, final, then=end
+            )
         except BaseException:
             buffer.writes[:0] = writes
             buffer.final = final
             raise
-        if final is not None and fence["cancel_requested"]:
-            # The last step's boundary, reached late (a read, or a pause after it, needed it).
+        if final is not None and fence["cancel_requested"] and ended is None:
+            # The last step's boundary, reached at the run's end or late (a read, or a pause
+            # after it, needed it): a cancel asked meanwhile stops the run, unless the end
+            # committed (a cancelled run's own end).
             raise RunCancelled(f"run {run_id} was cancelled")
+        return ended
 
     async def _commit(
         self,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import logging
 import re
 import sqlite3
 import time
@@ -21,6 +20,9 @@ from typing import Any, TypeVar, cast
 import aiosqlite
 
 from keel.backends.locks import TaskReentrantLock
+from keel.backends.sqlite_wal import WAL_CHECKPOINT_BYTES as WAL_CHECKPOINT_BYTES
+from keel.backends.sqlite_wal import WalKeeper, open_wal
+from keel.backends.sqlite_wal import checkpoint as _checkpoint
 from keel.core.errors import LeaseLost
 from keel.core.faults import statement_fails
 from keel.core.ids import digest
@@ -37,7 +39,6 @@ from keel.core.store.base import (
 )
 
 T = TypeVar("T")
-log = logging.getLogger("keel.sqlite")
 
 # Primary result codes of a file that is busy, locked, full or failing, not of a bad statement.
 _TRANSIENT_CODES = frozenset(
@@ -212,16 +213,9 @@ class ThreadTx:
             self.connection.execute(sql, params)
 
 
-WAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
-"""Bytes committed (as counted by `SqliteConnector._count_wal`) between two WAL checkpoints:
-SQLite's own default, 1000 pages of 4 KiB."""
-SMALL_TRANSACTION = 16 * 1024
-"""What a transaction of unknown size counts for: a few pages of rows, their indexes and the
-WAL frames' headers."""
-
-
-def _checkpoint(conn: sqlite3.Connection) -> None:
-    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+def _fold(conn: sqlite3.Connection) -> Any:
+    # `_checkpoint` looked up at each fold: a test may watch it (tests/store/test_sqlite_busy.py).
+    return _checkpoint(conn)
 
 
 def _nothing() -> None:
@@ -289,8 +283,13 @@ class SqliteConnector:
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
         self._late: set[asyncio.Future[None]] = set()
-        self._wal_bytes = 0
-        self._folding: asyncio.Future[None] | None = None
+        self.wal = WalKeeper(
+            lambda: self.connection,
+            self.lock,
+            path=self.path,
+            busy_timeout_ms=busy_timeout_ms,
+            fold=_fold,
+        )
         self.commit_here_when: Callable[[], bool] | None = None
         """Set by the runtime: whether a transaction may run on the event loop's own thread,
         without the hand-off to the database thread and back (see `_flush_now`)."""
@@ -313,11 +312,8 @@ class SqliteConnector:
         )
         try:
             conn.row_factory = sqlite3.Row
-            await self._enable_wal(conn)
+            await open_wal(conn, self._busy_timeout_ms)  # Keel folds it: keel.backends.sqlite_wal
             await conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            # Checkpoints run on the database thread (`_fold_wal`): SQLite's own ran inside
-            # the commit that crossed its threshold, on the loop's thread for a lone execution.
-            await conn.execute("PRAGMA wal_autocheckpoint=0")
             await conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
             await conn.create_function("keel_now", 0, self._keel_now)
             await conn.create_function("keel_fence", 3, self._keel_fence)
@@ -329,20 +325,6 @@ class SqliteConnector:
             await conn.close()  # its thread would keep the process alive
             raise
         self._conn = conn
-
-    async def _enable_wal(self, conn: aiosqlite.Connection) -> None:
-        # Switching a new file to WAL takes an exclusive lock and SQLite answers "database is
-        # locked" at once, without its busy handler, when another connection opens it too
-        # (two `keel migrate` on a fresh file): wait here as the busy timeout would.
-        deadline = time.monotonic() + self._busy_timeout_ms / 1000
-        while True:
-            try:
-                await conn.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.01)
 
     def _keel_now(self) -> float:
         override = self.clock_override
@@ -439,26 +421,7 @@ class SqliteConnector:
                 raise
         for entry in batch:
             entry.settle()
-        self._count_wal(batch)
-
-    def _count_wal(self, batch: list[_Pending]) -> None:
-        """Count what the batch wrote to the WAL (what its callers said, a small transaction's
-        worth otherwise); past SQLite's own threshold (1000 pages of 4 KiB), fold the WAL into
-        the database, on the database thread."""
-        self._wal_bytes += sum(max(entry.size, SMALL_TRANSACTION) for entry in batch)
-        if self._wal_bytes >= WAL_CHECKPOINT_BYTES and self._folding is None:
-            self._wal_bytes = 0
-            self._folding = asyncio.ensure_future(self._fold_wal())
-
-    async def _fold_wal(self) -> None:
-        try:
-            async with self.lock:  # no transaction on the loop's thread meanwhile
-                conn = self.connection
-                await conn._execute(_checkpoint, conn._conn)
-        except Exception as exc:  # the next threshold tries again; a closed connection folds
-            log.warning("SQLite WAL checkpoint failed: %r", exc)
-        finally:
-            self._folding = None
+        self.wal.wrote([entry.size for entry in batch])
 
     async def _settle_after(self, batch: list[_Pending]) -> None:
         try:
@@ -530,9 +493,10 @@ class SqliteConnector:
         return exc
 
     async def close(self) -> None:
-        busy = (self._flusher, self._folding, *self._late)
+        busy = (self._flusher, *self._late)
         waiting = [f for f in busy if f is not None and not f.done()]
         await asyncio.gather(*waiting, return_exceptions=True)
+        await self.wal.close()
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -556,6 +520,7 @@ class SqliteConnector:
                 with contextlib.suppress(Exception):
                     await conn.rollback()
                 raise
+            self.wal.wrote([0])
 
     async def single(self, name: str, params: Params | None = None) -> Row | None:
         # One hand-off to aiosqlite's thread for the whole transaction (its public calls cost

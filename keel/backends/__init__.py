@@ -13,7 +13,9 @@ def redact(url: str) -> str:
     return logs.redact(url)
 
 
-def connect(url: str) -> Connector:
+def connect(url: str, *, lease_ttl: float = 30.0) -> Connector:
+    """The connector for `url`. PostgreSQL bounds its connections and round trips by
+    `lease_ttl` (keel.backends.postgres): a worker on a dead path lets its leases go."""
     if url.startswith("sqlite:"):
         from keel.backends.sqlite import SqliteConnector
 
@@ -21,7 +23,7 @@ def connect(url: str) -> Connector:
     if url.startswith(("postgresql:", "postgres:", "postgresql+psycopg:")):
         from keel.backends.postgres import PostgresConnector
 
-        return PostgresConnector(url)
+        return PostgresConnector(url, lease_ttl=lease_ttl)
     raise UsageError(
         f"unsupported database URL {redact(url)!r}: use sqlite:///path or postgresql://..."
     )

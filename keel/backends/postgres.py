@@ -3,27 +3,42 @@
 Queries read time from `keel_now()` (the server's clock, defined by migration 0005). A test
 clock, when one drives this connector, is handed to it per checkout in the `keel.fake_now`
 setting, which `keel_now()` reads first.
+
+Nothing here waits on the network without a bound (docs/operations.md, "Network partitions and
+half-open connections"): connections carry TCP keepalives, a TCP user timeout and a connect
+timeout tied to the lease TTL, and every checkout of a pooled connection (a transaction, a
+statement, a read, a saver call, the pool's own check) is abandoned past the round-trip bound:
+its socket is shut down under psycopg, the connection is closed and `RoundTripTimeout`, an
+infrastructure fault, is raised. A half-open path (a NAT, load balancer or pooler that lost the
+flow and swallows what is sent) answers nothing and closes nothing: only that bound notices.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import math
+import os
 import select
+import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from keel.backends.pg_batch import PREPARE_REFUSED, PREPARED_LOST, SET_FAKE_NOW, Batch
-from keel.core.errors import LeaseLost, RunNotFound
+from keel.core.errors import LeaseLost, RunNotFound, UsageError
 from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
 
 T = TypeVar("T")
@@ -40,14 +55,173 @@ until its TCP connection dies (keel chaos --fault freeze finds it). The frozen w
 its connection gone: an infrastructure fault, not a run failure."""
 
 
-async def _configure(conn: AsyncConnection[DictRow]) -> None:
+ROUND_TRIP_SETTING = "KEEL_DB_ROUND_TRIP_TIMEOUT"
+"""Seconds a checkout of a pooled connection may take before it is abandoned (`0` or `off`:
+unbounded). Default: a third of the lease TTL, at least `MIN_ROUND_TRIP`."""
+MIN_ROUND_TRIP = 2.0
+
+
+def round_trip_bound(lease_ttl: float, setting: str | None = None) -> float | None:
+    """The round-trip bound for a lease TTL, unless `setting` (KEEL_DB_ROUND_TRIP_TIMEOUT's
+    value) says otherwise: a third of the TTL, so a worker on a dead path notices while its
+    leases still hold, and at least a few seconds, so a busy server is not taken for a dead
+    one."""
+    if setting is not None and setting.strip():
+        text = setting.strip().lower()
+        if text in ("0", "off", "none"):
+            return None
+        try:
+            value = float(text.removesuffix("s"))
+        except ValueError:
+            raise UsageError(
+                f"{ROUND_TRIP_SETTING} must be seconds (or 0/off), not {setting!r}"
+            ) from None
+        return value if value > 0 else None
+    return max(lease_ttl / 3, MIN_ROUND_TRIP)
+
+
+def connection_options(url: str, lease_ttl: float, bound: float | None) -> dict[str, Any]:
+    """libpq options that bound what TCP itself waits for, unless `url` sets them: keepalives
+    on an idle connection (first probe after a third of the lease TTL), a TCP user timeout
+    (unacknowledged data or probes for two thirds of it end the connection) and a connect
+    timeout (the round-trip bound). Ignored on a Unix socket. Behind a proxy whose own kernel
+    acknowledges what it swallows, TCP never notices: the round-trip bound does."""
+    given = conninfo_to_dict(url)
+    wanted: dict[str, Any] = {
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(lease_ttl / 3)),
+        "keepalives_interval": max(1, round(lease_ttl / 10)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": max(1000, int(lease_ttl * 2000 / 3)),
+        "connect_timeout": max(2, math.ceil(bound if bound is not None else lease_ttl / 3)),
+    }
+    if "PGCONNECT_TIMEOUT" in os.environ:
+        del wanted["connect_timeout"]
+    return {name: value for name, value in wanted.items() if name not in given}
+
+
+class RoundTripTimeout(psycopg.OperationalError):
+    """A round trip to PostgreSQL got no answer within the bound: its connection was abandoned
+    (closed, never returned to the pool). An infrastructure fault, as a lost connection is."""
+
+
+class _Watch:
+    """Armed for one checkout: past `bound`, shut the connection's socket down under psycopg.
+
+    Not `asyncio.timeout`: cancelling a coroutine inside psycopg makes it send a cancel request
+    on a new connection and wait for the server to answer it (up to 5 s each), over the same
+    dead path. A socket shut down wakes whatever waits on it at once (end of file, or a broken
+    pipe), libpq calls the connection lost, and psycopg raises OperationalError: no request,
+    no wait, nothing that can hang."""
+
+    __slots__ = ("bound", "conn", "fired", "handle", "what")
+
+    def __init__(self, conn: AsyncConnection[Any], bound: float, what: str) -> None:
+        self.conn, self.bound, self.what, self.fired = conn, bound, what, False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> _Watch:
+        self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self.handle is not None
+        self.handle.cancel()
+        if (
+            self.fired
+            and isinstance(exc, psycopg.Error | OSError)
+            and not isinstance(exc, RoundTripTimeout)
+        ):
+            raise RoundTripTimeout(
+                f"no answer from PostgreSQL within {self.bound:g} s ({self.what}): connection "
+                f"abandoned ({ROUND_TRIP_SETTING})"
+            ) from exc
+
+    def _fire(self) -> None:
+        if self.conn in _unbounded:  # a migration's DDL or lock wait: look again later
+            self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
+            return
+        self.fired = True
+        _warn_timeout(self.conn, self.bound, self.what)
+        try:
+            fd = self.conn.pgconn.socket
+        except psycopg.Error:
+            return  # closed meanwhile
+        sock = socket.socket(fileno=fd)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # the descriptor stays libpq's: closed with the connection
+
+
+_unbounded: set[AsyncConnection[Any]] = set()
+"""Connections running what the round-trip bound must not cut short (see `_exempt`)."""
+
+UNBOUNDED_QUERIES = frozenset({"migration_lock"})
+"""Queries that wait for another process on purpose (a migration in progress elsewhere)."""
+
+
+@contextlib.contextmanager
+def _exempt(conn: AsyncConnection[Any]) -> Iterator[None]:
+    """Not bounded: schema migrations (DDL may rewrite a large table) and the wait for the
+    migration lock. They run from `keel migrate`, not in a worker's steps; TCP keepalives and
+    the user timeout still end them on a dead path."""
+    _unbounded.add(conn)
+    try:
+        yield
+    finally:
+        _unbounded.discard(conn)
+
+
+WARN_EVERY = 30.0
+"""Seconds between two warnings of timed-out round trips (one outage times out many)."""
+_warned = {"at": -math.inf, "since": 0}
+
+
+def _warn_timeout(conn: AsyncConnection[Any], bound: float, what: str) -> None:
+    now = time.monotonic()
+    if now - _warned["at"] < WARN_EVERY:
+        _warned["since"] += 1
+        log.info("PostgreSQL round trip (%s) timed out after %g s", what, bound)
+        return
+    more = _warned["since"]
+    _warned["at"], _warned["since"] = now, 0
+    try:
+        where = f"{conn.info.host}:{conn.info.port}"
+    except psycopg.Error:
+        where = "the server"
+    log.warning(
+        "PostgreSQL round trip (%s) got no answer from %s within %g s (%s): connection "
+        "abandoned; the network path may be down or half-open%s",
+        what,
+        where,
+        bound,
+        ROUND_TRIP_SETTING,
+        f" ({more} more timed out since the last warning)" if more else "",
+        extra={"event": "database.round_trip_timeout"},
+    )
+
+
+def _watched(conn: AsyncConnection[Any], bound: float | None, what: str) -> Any:
+    return _Watch(conn, bound, what) if bound is not None else contextlib.nullcontext()
+
+
+async def _configure(conn: AsyncConnection[DictRow], *, bound: float | None = None) -> None:
     # Only where nothing bounds it yet (0, the server's default): a database or role setting
     # the deployment chose is kept.
-    await conn.execute(
-        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
-        " WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
-        (IDLE_IN_TRANSACTION_TIMEOUT,),
-    )
+    with _watched(conn, bound, "a new connection's setup"):
+        await conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
+            " WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
+            (IDLE_IN_TRANSACTION_TIMEOUT,),
+        )
     _idle_since[conn] = time.monotonic()
 
 
@@ -61,7 +235,38 @@ class _Pool(AsyncConnectionPool[AsyncConnection[DictRow]]):
     """The pool, stamping each connection's return for `_check` and handing out the connection
     returned last. Stamped here rather than by a `reset` callback: with one, psycopg_pool hands
     every return to a background task, so the connection comes back a loop turn (or more) after
-    its transaction ended and the next step's checkout often finds it still away."""
+    its transaction ended and the next step's checkout often finds it still away.
+
+    Each checkout is bounded by `bound` (see `_Watch`); a connection that timed out, or comes
+    back inside a transaction or a query, is closed rather than rolled back by the pool (a
+    round trip more on a path that may not answer)."""
+
+    bound: float | None = None
+
+    @asynccontextmanager
+    async def connection(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 (psycopg_pool's signature)
+        *,
+        what: str = "a checkpoint saver call",
+    ) -> AsyncIterator[AsyncConnection[DictRow]]:
+        # psycopg_pool's own, without its `async with conn` (a commit or rollback that finds
+        # no transaction on these autocommit connections) and with the watch.
+        conn = await self.getconn(timeout)
+        watch: _Watch | None = None
+        try:
+            if self.bound is None:
+                yield conn
+            else:
+                with _Watch(conn, self.bound, what) as watch:
+                    yield conn
+        finally:
+            if (watch is not None and watch.fired) or conn.pgconn.transaction_status not in (
+                TransactionStatus.IDLE,
+                TransactionStatus.UNKNOWN,
+            ):
+                await conn.close()
+            await self.putconn(conn)
 
     async def putconn(self, conn: AsyncConnection[DictRow]) -> None:
         _idle_since[conn] = time.monotonic()
@@ -81,14 +286,16 @@ class _Pool(AsyncConnectionPool[AsyncConnection[DictRow]]):
         return await super()._get_ready_connection(timeout)
 
 
-async def _check(conn: AsyncConnection[Any]) -> None:
+async def _check(conn: AsyncConnection[Any], *, bound: float | None = None) -> None:
     """Check a connection at checkout only if it may be broken: the server said something
     while it sat in the pool (a terminated backend, a shutdown: its socket is readable) or it
     idled long enough for a proxy or firewall to drop it. A check at every checkout would cost
-    a round trip per transaction."""
+    a round trip per transaction. Bounded: a check that hangs fails, and the pool takes (or
+    opens) another connection."""
     idle = time.monotonic() - _idle_since.get(conn, 0.0)
     if idle > CHECK_AFTER_IDLE or _readable(conn):
-        await AsyncConnectionPool.check_connection(conn)
+        with _watched(conn, bound, "a pooled connection's check"):
+            await AsyncConnectionPool.check_connection(conn)
 
 
 def _readable(conn: AsyncConnection[Any]) -> bool:
@@ -138,7 +345,11 @@ class PostgresTx:
         self._queries = queries
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
-        cur = await self.connection.execute(self._queries[name], params or {})
+        if name in UNBOUNDED_QUERIES:
+            with _exempt(self.connection):
+                cur = await self.connection.execute(self._queries[name], params or {})
+        else:
+            cur = await self.connection.execute(self._queries[name], params or {})
         if cur.description is None:
             return None
         row = await cur.fetchone()
@@ -153,7 +364,8 @@ class PostgresTx:
         return cur.rowcount
 
     async def script(self, sql: str) -> None:
-        await self.connection.execute(sql.encode())
+        with _exempt(self.connection):  # a migration's DDL
+            await self.connection.execute(sql.encode())
 
     async def send(self, name: str, params: Params | None = None) -> Later:
         cur = self.connection.cursor()
@@ -181,15 +393,33 @@ class PostgresConnector:
 
     is_transient = staticmethod(is_transient)
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        lease_ttl: float = 30.0,
+        round_trip_timeout: float | None = None,
+    ) -> None:
+        """`round_trip_timeout`: seconds a transaction, statement or read may take before its
+        connection is abandoned (RoundTripTimeout); None: KEEL_DB_ROUND_TRIP_TIMEOUT if set,
+        else a third of `lease_ttl` (at least 2 s); 0: unbounded."""
         self.url = normalize_postgres_url(url)
         self._queries = load_queries(self.dialect)
-        self._pool: AsyncConnectionPool[AsyncConnection[DictRow]] | None = None
+        self._pool: _Pool | None = None
         self._min_size, self._max_size = min_size, max_size
         self.clock_override: Callable[[], float] | None = None
+        self.lease_ttl = lease_ttl
+        self.round_trip_timeout = (
+            round_trip_bound(lease_ttl, os.environ.get(ROUND_TRIP_SETTING))
+            if round_trip_timeout is None
+            else round_trip_timeout or None
+        )
+        self.connect_options = connection_options(self.url, lease_ttl, self.round_trip_timeout)
 
     @property
-    def pool(self) -> AsyncConnectionPool[AsyncConnection[DictRow]]:
+    def pool(self) -> _Pool:
         if self._pool is None:
             raise RuntimeError("the PostgreSQL connector is not open")
         return self._pool
@@ -197,18 +427,26 @@ class PostgresConnector:
     async def open(self) -> None:
         if self._pool is not None:
             return
+        bound = self.round_trip_timeout
         pool = _Pool(
             self.url,
             min_size=self._min_size,
             max_size=self._max_size,
             open=False,
             # The LangGraph saver needs autocommit and dict rows; Keel opens its own transactions.
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row, **self.connect_options},
             # A connection the server dropped (restart, failover, proxy timeout) is replaced at
             # checkout instead of failing the run whose write drew it; `_check` says when.
-            check=_check,
-            configure=_configure,
+            check=functools.partial(_check, bound=bound),
+            configure=functools.partial(_configure, bound=bound),
+            # Waiting for a connection is bounded as a round trip is (psycopg_pool: 30 s).
+            timeout=bound if bound is not None else 30.0,
+            # psycopg_pool retries a connection it cannot make with a delay that doubles, for
+            # 5 minutes: once the path heals, a worker could wait that long for its next try.
+            # Given up after a lease TTL instead, a connection is made anew when one is wanted.
+            reconnect_timeout=max(self.lease_ttl, 5.0),
         )
+        pool.bound = bound
         try:
             await pool.open(wait=True, timeout=15)
         except BaseException:
@@ -224,7 +462,7 @@ class PostgresConnector:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTx]:
-        async with self.pool.connection() as conn:
+        async with self.pool.connection(what="a transaction") as conn:
             await self._set_clock(conn)
             async with conn.transaction():
                 yield PostgresTx(conn, self._queries)
@@ -232,7 +470,7 @@ class PostgresConnector:
     async def single(self, name: str, params: Params | None = None) -> Row | None:
         # The pool's connections are autocommit: the statement is its own transaction, with no
         # BEGIN or COMMIT round trip.
-        async with self.pool.connection() as conn:
+        async with self.pool.connection(what=name) as conn:
             await self._set_clock(conn)
             cur = await conn.execute(self._queries[name], params or {})
             row = await cur.fetchone() if cur.description is not None else None
@@ -251,7 +489,7 @@ class PostgresConnector:
         sends what it has (with BEGIN) to get it; the transaction then waits between messages
         as any other, under `idle_in_transaction_session_timeout`. Repeated statements are
         prepared once per connection (keel.backends.pg_batch)."""
-        async with self.pool.connection() as conn:
+        async with self.pool.connection(what="a step transaction") as conn:
             try:
                 return await self._batched(conn, body)
             except psycopg.Error as exc:
@@ -293,7 +531,7 @@ class PostgresConnector:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PostgresTx]:
-        async with self.pool.connection() as conn:
+        async with self.pool.connection(what="a read") as conn:
             await self._set_clock(conn)
             yield PostgresTx(conn, self._queries)
 
@@ -306,15 +544,27 @@ class PostgresConnector:
 
     async def listen(self, channel: str, on_notify: Callable[[str | None], None]) -> None:
         """Call `on_notify` with the payload of every NOTIFY on `channel` until cancelled;
-        reconnect on errors (and call `on_notify(None)`: what was sent meanwhile is lost)."""
+        reconnect on errors (and call `on_notify(None)`: what was sent meanwhile is lost).
+
+        The wait for notifications is not bounded by the round-trip bound (a quiet system sends
+        none for hours), but every half lease TTL without one the connection is checked, within
+        the bound: a dead or half-open path is noticed, and the connection made again."""
+        bound = self.round_trip_timeout
+        every = max(self.lease_ttl / 2, 0.5)
         while True:
             try:
-                conn = await AsyncConnection.connect(self.url, autocommit=True)
+                conn = await AsyncConnection.connect(
+                    self.url, autocommit=True, **self.connect_options
+                )
                 async with conn:
-                    await conn.execute(f"LISTEN {channel}")
+                    with _watched(conn, bound, f"LISTEN {channel}"):
+                        await conn.execute(f"LISTEN {channel}")
                     on_notify(None)  # anything sent while we were not listening
-                    async for notify in conn.notifies():
-                        on_notify(notify.payload)
+                    while True:
+                        async for notify in conn.notifies(timeout=every):
+                            on_notify(notify.payload)
+                        with _watched(conn, bound, f"the LISTEN {channel} connection's check"):
+                            await AsyncConnectionPool.check_connection(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -47,6 +47,7 @@ def spawn_worker(
     lease_ttl: float | None = None,
     artifacts_dir: StrPath | None = None,
     clock_offset: float | str | None = None,
+    effect_timeout: float | None = None,
     env: Mapping[str, str] | None = None,
     cwd: StrPath | None = None,
     log: StrPath | None = None,
@@ -71,7 +72,10 @@ def spawn_worker(
     - `artifacts_dir`: KEEL_ARTIFACTS_DIR;
     - `clock_offset`: KEEL_CLOCK_OFFSET, seconds (or `"2h"`, `"-90s"`) the worker's own clock
       is off by, to show that leases and deadlines follow the database's clock; past 300 s the
-      worker refuses to start unless `"--max-clock-skew", "0"` is among `args`.
+      worker refuses to start unless `"--max-clock-skew", "0"` is among `args`;
+    - `effect_timeout`: KEEL_EFFECT_TIMEOUT in seconds, the timeout of effects that declare
+      none; keep it short when a worker is killed mid-call, since the run's next owner waits
+      for that call's deadline before it reconciles the key.
 
     PYTHONUNBUFFERED is set, so the output of a worker killed mid-run is complete up to its
     death. That output goes to `log` if given (appended, stdout and stderr together), else to
@@ -92,6 +96,7 @@ def spawn_worker(
         "KEEL_LEASE_TTL": None if lease_ttl is None else f"{lease_ttl:g}",
         "KEEL_ARTIFACTS_DIR": None if artifacts_dir is None else os.fspath(artifacts_dir),
         "KEEL_CLOCK_OFFSET": None if clock_offset is None else str(clock_offset),
+        "KEEL_EFFECT_TIMEOUT": None if effect_timeout is None else f"{effect_timeout:g}",
     }
     full.update({name: value for name, value in settings.items() if value is not None})
     full.setdefault("PYTHONUNBUFFERED", "1")

@@ -3,10 +3,13 @@
 - `chaos`: the crash tests' harness on the mailer app (tests/support/crash.py).
 - `spawn`: `keel worker` processes of the fleet app (tests/support/apps/fleet.py), killed at
   the end of the test if still running; `sink` is the SMTP server they send to.
+- `cluster`: a PostgreSQL cluster of the module's own (`ThrowawayCluster`), for tests that stop,
+  restart or partition the server: the shared one is never touched.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,12 +17,26 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel.testing import SmtpSink, spawn_worker
+from keel.testing import SmtpSink, pgcluster, spawn_worker
+from keel.testing.pgcluster import ThrowawayCluster
 from tests.support import REPO
 from tests.support.apps import mailer
 from tests.support.crash import Chaos
 
 FLEET_APP = "tests.support.apps.fleet:app"
+EFFECT_TIMEOUT = 2.0
+"""The fleet's effect timeout: a killed worker's key waits this (and a 1 s margin) for its call."""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ThrowawayCluster]:
+    why = pgcluster.available()
+    if why:
+        if os.environ.get("KEEL_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"a throwaway PostgreSQL cluster is required: {why}")
+        pytest.skip(why)
+    with ThrowawayCluster() as pg:
+        yield pg
 
 
 @pytest.fixture
@@ -63,6 +80,7 @@ def spawn(
             database_url=db_url,
             lease_ttl=lease_ttl,
             clock_offset=clock_offset,
+            effect_timeout=EFFECT_TIMEOUT,
             artifacts_dir=tmp_path / "artifacts",
             env={
                 "FLEET_SMTP_URL": sink.url,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel.testing import SmtpSink, pgcluster, spawn_worker
+from keel.testing import SmtpSink, spawn_worker
 from keel.testing.pgcluster import ThrowawayCluster
 from tests.support import REPO
 from tests.support.apps import fleet
@@ -28,17 +28,6 @@ from tests.support.checks import wait_until
 
 APP = "tests.support.apps.fleet:app"
 STEPS = ["analyze", "work", "send", "close", "archive"]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[ThrowawayCluster]:
-    why = pgcluster.available()
-    if why:
-        if os.environ.get("KEEL_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"a throwaway PostgreSQL cluster is required: {why}")
-        pytest.skip(why)
-    with ThrowawayCluster() as pg:
-        yield pg
 
 
 def _up(cluster: ThrowawayCluster) -> None:

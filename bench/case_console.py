@@ -24,7 +24,7 @@ from keel.service import create_app
 
 RUNS = 10_000
 EVENTS_PER_RUN = 12
-TOKEN = "bench-token"
+TOKEN = "bench-tFAmGPyagx8zZI9oyaGtB2kMEP7rPL-2-52Plzggjk0"  # secrets.token_urlsafe(32)
 STATUSES = ("completed", "completed", "completed", "failed", "waiting", "queued", "running")
 WORKFLOWS = ("support-ticket", "newsletter", "refund", "triage")
 TARGET_MS = 200.0

@@ -26,7 +26,7 @@ from keel.core.wait_model import EffectAnswer
 from keel.core.waits import DecisionResult, check_answer
 from keel.runtime.summary import to_dict
 from keel.service import models as m
-from keel.service.auth import Authenticator, Principal, load_tokens
+from keel.service.auth import Authenticator, FailureLimit, Principal, load_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
 from keel.service.effects_api import effects_router
@@ -48,6 +48,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": m.Problem, "description": "The token lacks the endpoint's scope."},
     413: {"model": m.Problem, "description": "The request body is over the size limit."},
     422: {"model": m.Problem, "description": "The body or a parameter is invalid."},
+    429: {
+        "model": m.Problem,
+        "description": "Too many failed authentications from this address "
+        "(`too_many_failures`): retry after `Retry-After` seconds.",
+    },
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     400: {"model": m.Problem, "description": "A malformed id."},
@@ -69,17 +74,20 @@ def create_app(
     tokens: Mapping[str, Iterable[str]] | None = None,
     max_body_bytes: int = 65536,
     slack_signing_secret: str | None = None,
+    failure_limit: FailureLimit | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `keel_app` (see docs/http.md).
 
     `tokens` maps bearer tokens to scopes (runs:read, runs:write, approvals:read,
-    approvals:write, or * for all); None reads $KEEL_API_TOKENS. A Slack signing secret (or
-    $KEEL_SLACK_SIGNING_SECRET) adds `POST /slack/actions`.
+    approvals:write, or * for all); None reads $KEEL_API_TOKENS. A token under 128 bits is
+    refused. `failure_limit` bounds failed authentications per client (default: 10 in 60 s,
+    then 429 for 60 s). A Slack signing secret (or $KEEL_SLACK_SIGNING_SECRET) adds
+    `POST /slack/actions`.
     """
     known = load_tokens(tokens)
     if not known:
         log.warning("no API tokens configured: every request but /healthz and /readyz gets 401")
-    auth = Authenticator(known)
+    auth = Authenticator(known, limit=failure_limit)
     api = FastAPI(
         title="Keel",
         version=_version(),

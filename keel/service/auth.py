@@ -1,15 +1,30 @@
-"""Bearer tokens and their scopes.
+"""Bearer tokens, their scopes, their labels, and the limit on failed attempts.
 
 Tokens come from `create_app(tokens=...)` or $KEEL_API_TOKENS
 (`tok1=runs:read,approvals:write;tok2=*`). With no tokens configured every authenticated
-endpoint answers 401: a service started without configuration is closed, not open.
+endpoint answers 401: a service started without configuration is closed, not open. A token
+too weak to survive an offline guess (under 128 bits by `weak_token_reason`) is refused at
+start.
+
+A token is never stored or shown: a request is labelled `token:<fingerprint>`, 12 hex digits of
+an HMAC-SHA256 of the token keyed by a server secret ($KEEL_TOKEN_SECRET, else a random one per
+process), so a label cannot be reversed by hashing guesses.
+
+Failed attempts are counted per client address (`FailureLimit`): after too many, that client
+gets 429 with `Retry-After` until its block passes, whatever token it sends.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import os
+import secrets
+import string
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated
@@ -17,19 +32,35 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from keel.core import logs
 from keel.core.errors import UsageError
 
 SCOPES = ("runs:read", "runs:write", "approvals:read", "approvals:write")
 ALL = "*"
 ENV = "KEEL_API_TOKENS"
+SECRET_ENV = "KEEL_TOKEN_SECRET"
+MIN_BITS = 128
+MIN_DISTINCT = 8
+MAKE_ONE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
 class AuthError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response headers this refusal needs (`WWW-Authenticate`, `Retry-After`)."""
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        return headers
 
 
 @dataclass(frozen=True)
@@ -42,6 +73,60 @@ class Principal:
     @property
     def label(self) -> str:
         return f"token:{self.fingerprint}"
+
+
+# -- token strength -------------------------------------------------------------------------
+
+_LOWER, _UPPER, _DIGITS = string.ascii_lowercase, string.ascii_uppercase, string.digits
+# The smallest of these that holds every character of a token is taken as the alphabet it was
+# drawn from: an estimate in the token's favour only where a generator would use that alphabet.
+_ALPHABETS: tuple[frozenset[str], ...] = tuple(
+    frozenset(chars)
+    for chars in (
+        _DIGITS,
+        _DIGITS + "abcdef",
+        _DIGITS + "ABCDEF",
+        _DIGITS + _LOWER,
+        _DIGITS + _UPPER,
+        _DIGITS + _LOWER + _UPPER,
+        _DIGITS + _LOWER + _UPPER + "-_",  # secrets.token_urlsafe
+        _DIGITS + _LOWER + _UPPER + "+/=-_",  # base64, either flavour, with padding
+    )
+)
+_PRINTABLE = 95  # any other character counts as one of printable ASCII's
+
+
+def token_bits(token: str) -> float:
+    """A conservative estimate of `token`'s entropy in bits: its length times log2 of the
+    smallest usual alphabet (digits, hex, alphanumerics, base64...) holding all its characters."""
+    used = set(token)
+    size = next((len(a) for a in _ALPHABETS if used <= a), _PRINTABLE)
+    return len(token) * math.log2(size)
+
+
+def weak_token_reason(token: str) -> str | None:
+    """Why `token` is too weak to use as an API token (or a token secret), or None if it is not.
+
+    Weak means under 128 bits by `token_bits`, or fewer than 8 distinct characters (`aaaa...`).
+    A heuristic: it refuses short and repetitive tokens; it cannot prove one random, so make
+    tokens with `secrets.token_urlsafe(32)` (43 characters, always accepted). The shortest
+    generated tokens sit at the edge: a rare `token_urlsafe(16)` without any upper- or
+    lowercase letter (about 1 in 250 000) is refused. The reason never quotes the token.
+    """
+    bits = token_bits(token)
+    if bits < MIN_BITS:
+        return f"its {len(token)} characters give about {bits:.0f} bits, fewer than {MIN_BITS}"
+    distinct = len(set(token))
+    if distinct < MIN_DISTINCT:
+        return f"it uses only {distinct} distinct characters, fewer than {MIN_DISTINCT}"
+    return None
+
+
+def _refuse_weak(what: str, reason: str) -> UsageError:
+    return UsageError(f"{what} is too weak: {reason}; make one with: {MAKE_ONE}")
+
+
+# -- loading --------------------------------------------------------------------------------
 
 
 def parse_tokens(text: str) -> dict[str, frozenset[str]]:
@@ -59,9 +144,11 @@ def parse_tokens(text: str) -> dict[str, frozenset[str]]:
 
 
 def load_tokens(tokens: Mapping[str, Iterable[str]] | None) -> dict[str, frozenset[str]]:
+    """The configured tokens and their scopes, checked: known scopes, strong tokens."""
+    source = f"${ENV}" if tokens is None else "tokens="
     found = parse_tokens(os.environ.get(ENV, "")) if tokens is None else dict(tokens)
     checked: dict[str, frozenset[str]] = {}
-    for token, scopes in found.items():
+    for number, (token, scopes) in enumerate(found.items(), start=1):
         if isinstance(scopes, str):
             raise UsageError(f"the scopes of a token must be a list of strings, not {scopes!r}")
         wanted = frozenset(scopes)
@@ -72,32 +159,171 @@ def load_tokens(tokens: Mapping[str, Iterable[str]] | None) -> dict[str, frozens
             )
         if not token or token != token.strip():
             raise UsageError("a token must be non-empty and have no surrounding spaces")
+        reason = weak_token_reason(token)
+        if reason is not None:
+            shown = ",".join(sorted(wanted)) or "no scopes"
+            raise _refuse_weak(f"{source}: token {number} of {len(found)} ({shown})", reason)
+        logs.secret(token)
         checked[token] = frozenset(SCOPES) if ALL in wanted else wanted
     return checked
 
 
-def fingerprint(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()[:12]
+# -- fingerprints ---------------------------------------------------------------------------
 
+_process_secret = secrets.token_bytes(32)
+
+
+def token_secret() -> bytes:
+    """The key of token fingerprints: $KEEL_TOKEN_SECRET, else this process's random secret
+    (then labels differ between processes and restarts)."""
+    configured = os.environ.get(SECRET_ENV, "")
+    if not configured:
+        return _process_secret
+    reason = weak_token_reason(configured)
+    if reason is not None:
+        raise _refuse_weak(f"${SECRET_ENV}", reason)
+    logs.secret(configured)
+    return configured.encode()
+
+
+def _digest(token: str, secret: bytes) -> bytes:
+    return hmac.new(secret, token.encode(), hashlib.sha256).digest()
+
+
+def fingerprint(token: str, secret: bytes | None = None) -> str:
+    """12 hex digits of HMAC-SHA256(secret, token): a label that names a token without
+    revealing it, even to someone who can hash guesses; `secret` defaults to `token_secret()`."""
+    return _digest(token, token_secret() if secret is None else secret).hex()[:12]
+
+
+# -- failed attempts ------------------------------------------------------------------------
+
+
+@dataclass
+class _Record:
+    started: float  # the first failure of the current window
+    failures: int
+    blocked_until: float = 0.0
+
+
+class FailureLimit:
+    """Failed authentications per client: `failures` within `window` seconds block the client
+    for `window` seconds, whatever it sends then (a right token included, so a block cannot be
+    used to tell a right guess from a wrong one).
+
+    In-process: behind a load balancer each server counts on its own. At most `max_clients`
+    clients are remembered; past that the one whose failure is oldest is forgotten. `clock` is
+    a monotonic clock in seconds (a test passes its own).
+    """
+
+    def __init__(
+        self,
+        failures: int = 10,
+        window: float = 60.0,
+        *,
+        max_clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if failures < 1 or window <= 0 or max_clients < 1:
+            raise UsageError("FailureLimit needs failures >= 1, window > 0 and max_clients >= 1")
+        self.failures = failures
+        self.window = window
+        self.max_clients = max_clients
+        self.clock = clock
+        self._records: OrderedDict[str, _Record] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many clients are remembered."""
+        return len(self._records)
+
+    def blocked_for(self, client: str) -> float:
+        """Seconds until `client` may try again; 0 when it may now."""
+        now = self.clock()
+        with self._lock:
+            record = self._records.get(client)
+            if record is None:
+                return 0.0
+            if record.blocked_until > now:
+                return record.blocked_until - now
+            if record.blocked_until or now - record.started >= self.window:
+                del self._records[client]  # its block or its window is over
+            return 0.0
+
+    def failed(self, client: str) -> None:
+        """Count one failed attempt of `client`."""
+        now = self.clock()
+        with self._lock:
+            record = self._records.get(client)
+            if record is None or record.blocked_until or now - record.started >= self.window:
+                record = _Record(started=now, failures=0)
+            record.failures += 1
+            if record.failures >= self.failures:
+                record.blocked_until = now + self.window
+            self._records[client] = record
+            self._records.move_to_end(client)
+            while len(self._records) > self.max_clients:
+                self._records.popitem(last=False)
+
+    def check(self, client: str) -> None:
+        """Raise a 429 `AuthError` if `client` is blocked."""
+        left = self.blocked_for(client)
+        if left > 0:
+            raise AuthError(
+                429,
+                "too_many_failures",
+                f"too many failed authentications from this address: retry in {math.ceil(left)} s",
+                retry_after=math.ceil(left),
+            )
+
+
+def client_of(request: Request) -> str:
+    """The address a request came from (the proxy's, behind a proxy)."""
+    return request.client.host if request.client else "unknown"
+
+
+# -- requests -------------------------------------------------------------------------------
 
 _bearer = HTTPBearer(auto_error=False, description="A token from KEEL_API_TOKENS.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 class Authenticator:
-    def __init__(self, tokens: Mapping[str, frozenset[str]]) -> None:
+    def __init__(
+        self,
+        tokens: Mapping[str, frozenset[str]],
+        *,
+        secret: bytes | None = None,
+        limit: FailureLimit | None = None,
+    ) -> None:
+        self._secret = token_secret() if secret is None else secret
+        self.limit = FailureLimit() if limit is None else limit
         # Compared as digests so every candidate costs the same, whatever its length.
-        self._tokens = [
-            (hashlib.sha256(t.encode()).digest(), fingerprint(t), s) for t, s in tokens.items()
-        ]
+        self._tokens: list[tuple[bytes, str, frozenset[str]]] = []
+        for token, scopes in tokens.items():
+            digest = _digest(token, self._secret)
+            self._tokens.append((digest, digest.hex()[:12], scopes))
+
+    def fingerprint(self, token: str) -> str:
+        return _digest(token, self._secret).hex()[:12]
 
     def identify(self, token: str) -> Principal | None:
-        presented = hashlib.sha256(token.encode()).digest()
+        """The principal of `token`, or None; no counting (see `authenticate`)."""
+        presented = _digest(token, self._secret)
         found: Principal | None = None
         for digest, print_, scopes in self._tokens:
             if hmac.compare_digest(presented, digest):
                 found = Principal(print_, scopes)
         return found
+
+    def authenticate(self, client: str, token: str) -> Principal | None:
+        """`identify`, under the failure limit: a 429 `AuthError` while `client` is blocked,
+        and an unknown token counts as one failure of `client`."""
+        self.limit.check(client)
+        principal = self.identify(token)
+        if principal is None:
+            self.limit.failed(client)
+        return principal
 
     def require(self, scope: str) -> Callable[..., Principal]:
         """A FastAPI dependency: the request's principal, if its token carries `scope`."""
@@ -105,9 +331,11 @@ class Authenticator:
             raise UsageError(f"unknown scope {scope!r}")
 
         def dependency(request: Request, credentials: Credentials) -> Principal:
+            client = client_of(request)
+            self.limit.check(client)
             if credentials is None or credentials.scheme.lower() != "bearer":
                 raise AuthError(401, "unauthenticated", "send `Authorization: Bearer <token>`")
-            principal = self.identify(credentials.credentials)
+            principal = self.authenticate(client, credentials.credentials)
             if principal is None:
                 raise AuthError(401, "unauthenticated", "unknown token")
             if scope not in principal.scopes:

@@ -134,8 +134,7 @@ def install(api: FastAPI) -> None:
 
     async def on_auth(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AuthError)
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return problem(exc.status, exc.code, exc.message, headers=headers)
+        return problem(exc.status, exc.code, exc.message, headers=exc.headers or None)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

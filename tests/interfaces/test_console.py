@@ -46,7 +46,9 @@ ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-ADMIN, READER, RUNNER = "admin-secret", "reader-secret", "runner-secret"
+ADMIN = "admin-2dNf_RkAC6DaZVNINIy0Pxi0V6wEIZUuLbWeH0kNAs4"  # secrets.token_urlsafe(32)
+READER = "reader-9bctThjwFTNyheih3JUEKtn5RnPWqpYRXSjdXJc8qjk"
+RUNNER = "runner-6vF-YHYgLownQk0q0Pge_CVHL_3p2B93EYQdNbM4JbM"
 TOKENS = {
     ADMIN: ["*"],
     READER: ["runs:read", "approvals:read"],

@@ -13,7 +13,7 @@ from keel.service import create_app
 from keel.testing.http import HttpSink
 from tests.support.apps.service import LiveServer
 from tests.support.outbox_flows import drain, enqueue, graph, serving, wait
-from tests.support.service_client import ADMIN, TOKENS, bearer
+from tests.support.service_client import ADMIN, READER, TOKENS, bearer
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def test_dead_letters_are_listed_retried_and_resolved_over_http(
         assert http.get("/effects", params={"state": "lost"}).status_code == 422
         reader = httpx.post(
             f"{server.url}/effects/{dead[0]['intent_id']}/retry",
-            headers=bearer("reader-secret"),
+            headers=bearer(READER),
             timeout=30,
         )
         assert reader.status_code == 403

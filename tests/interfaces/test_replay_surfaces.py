@@ -19,7 +19,7 @@ from keel.service import create_app
 from keel.testing.http import HttpSink
 from tests.support.apps.replayed import WORKFLOW, graph
 from tests.support.apps.service import LiveServer
-from tests.support.service_client import TOKENS, bearer
+from tests.support.service_client import READER, RUNS_WRITER, TOKENS, bearer
 from tests.support.workers import drain
 
 APP = "tests.support.apps.replayed:fresh_app"
@@ -96,18 +96,16 @@ def test_post_replay_returns_the_report_and_needs_the_write_scope(
     app, run_id = charged(make_app)
     with LiveServer(create_app(app, tokens=TOKENS)) as server:
         url = f"{server.url}/runs/{run_id}/replay"
-        refused = httpx.post(url, headers=bearer("reader-secret"), timeout=30)
+        refused = httpx.post(url, headers=bearer(READER), timeout=30)
         assert refused.status_code == 403
-        answer = httpx.post(url, headers=bearer("runs-writer-secret"), timeout=30)
+        answer = httpx.post(url, headers=bearer(RUNS_WRITER), timeout=30)
         assert answer.status_code == 200, answer.text
         report = answer.json()
         assert (report["diverged"], report["effects_served"]) == (False, 1)
-        from_two = httpx.post(url, params={"from": 2}, headers=bearer("runs-writer-secret"))
+        from_two = httpx.post(url, params={"from": 2}, headers=bearer(RUNS_WRITER))
         assert (from_two.status_code, from_two.json()["from_step"]) == (200, 2)
-        bad = httpx.post(url, params={"from": 9}, headers=bearer("runs-writer-secret"))
+        bad = httpx.post(url, params={"from": 9}, headers=bearer(RUNS_WRITER))
         assert bad.status_code == 400 and "has no step 9" in bad.text
-        missing = httpx.post(
-            f"{server.url}/runs/nope-0000/replay", headers=bearer("runs-writer-secret")
-        )
+        missing = httpx.post(f"{server.url}/runs/nope-0000/replay", headers=bearer(RUNS_WRITER))
         assert missing.status_code == 404
     assert len(sink.requests) == 1

@@ -29,6 +29,8 @@ from tests.support.in_doubt import in_doubt
 from tests.support.providers import Provider
 from tests.support.service_client import (
     ADMIN,
+    APPROVER,
+    READER,
     TOKENS,
     Service,
     bearer,
@@ -164,27 +166,29 @@ def test_every_endpoint_but_health_needs_a_token_with_its_scope(svc: Service) ->
     assert details["waits"][0]["status"] == "pending"
     assert svc.http.get("/runs", params={"job_id": "x"}).json()["runs"] == []
     # A token with the scope gets through.
-    reader = svc.as_("reader-secret")
+    reader = svc.as_(READER)
     assert reader.get(f"/runs/{run_id}").status_code == 200
-    approver = svc.as_("approver-secret")
+    approver = svc.as_(APPROVER)
     decided = approver.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
     assert decided.status_code == 200, decided.text
     # Without `by`, the token's fingerprint decides, never the token itself.
     assert decided.json()["decided_by"].startswith("token:")
-    assert "approver-secret" not in decided.text
+    assert APPROVER not in decided.text
 
 
 def test_tokens_come_from_the_environment(
     make_app: Callable[..., keel.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("KEEL_API_TOKENS", "env-reader=runs:read ; env-admin=*")
+    env_reader = "reader-xh1svJ4YrT8fnHBQdDGhN2ZH42HRNOI6F9mzWBdaMp8"
+    env_admin = "admin-ziVIOMbzp3hePVUZGRd-zegxOQ2TgLviuIUDStfeM6g"
+    monkeypatch.setenv("KEEL_API_TOKENS", f"{env_reader}=runs:read ; {env_admin}=*")
     app = register(make_app())
     with LiveServer(create_app(app)) as server:
-        assert httpx.get(f"{server.url}/runs", headers=bearer("env-reader")).status_code == 200
+        assert httpx.get(f"{server.url}/runs", headers=bearer(env_reader)).status_code == 200
         body = {"workflow": WORKFLOW, "job_id": "env-1", "input": {"topic": "t"}}
-        refused = httpx.post(f"{server.url}/runs", json=body, headers=bearer("env-reader"))
+        refused = httpx.post(f"{server.url}/runs", json=body, headers=bearer(env_reader))
         assert refused.status_code == 403
-        admitted = httpx.post(f"{server.url}/runs", json=body, headers=bearer("env-admin"))
+        admitted = httpx.post(f"{server.url}/runs", json=body, headers=bearer(env_admin))
         assert admitted.status_code == 201
         assert httpx.get(f"{server.url}/runs", headers=bearer(ADMIN)).status_code == 401
     monkeypatch.setenv("KEEL_API_TOKENS", "tok=runs:reed")
@@ -739,7 +743,7 @@ def test_a_stranded_run_is_shown_and_upgraded_with_write_scope(make_app: Any) ->
     drain(new)  # a worker of the new deployment announces itself: version 1 is served no more
     with LiveServer(create_app(new, tokens=TOKENS)) as server:
         admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
-        reader = httpx.Client(base_url=server.url, headers=bearer("reader-secret"), timeout=30)
+        reader = httpx.Client(base_url=server.url, headers=bearer(READER), timeout=30)
         with admin, reader:
             [listed] = admin.get("/runs").json()["runs"]
             assert (listed["status"], listed["stranded"]) == ("waiting", True)

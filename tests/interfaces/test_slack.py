@@ -34,6 +34,8 @@ from tests.support.slack_fake import (
     uvicorn_server,
 )
 
+API_TOKEN = "slack-uDeR5dRA6xRND-i2YDAU9oqX9TiuMYR_llVUKXGVjNA"  # secrets.token_urlsafe(32)
+
 
 class State(TypedDict, total=False):
     decision: str
@@ -213,8 +215,8 @@ def test_a_dispatcher_that_died_after_posting_or_updating_is_not_repeated(
     # The HTTP run page shows each intent's stored columns as they are (no claim, no payload).
     from keel.service import create_app
 
-    with uvicorn_server(create_app(app, tokens={"t0k3n": ["*"]})) as url:
-        page = httpx.get(f"{url}/runs/{run_id}", headers={"Authorization": "Bearer t0k3n"})
+    with uvicorn_server(create_app(app, tokens={API_TOKEN: ["*"]})) as url:
+        page = httpx.get(f"{url}/runs/{run_id}", headers={"Authorization": f"Bearer {API_TOKEN}"})
     assert page.status_code == 200, page.text
     shown = page.json()["notifications"]
     assert shown and all(set(n) == NOTIFICATION_FIELDS for n in shown)
@@ -443,10 +445,10 @@ def test_the_service_serves_slack_actions_when_a_signing_secret_is_configured(
     run_id, wait_id = waiting_run(app)
     now = int(time.time())  # the service verifies against the real clock
     body = action_body(wait_id, user="U0BOSS")
-    with uvicorn_server(create_app(app, tokens={"t0k3n": ["*"]})) as url:
+    with uvicorn_server(create_app(app, tokens={API_TOKEN: ["*"]})) as url:
         unwired = click(url, body, now)
         assert unwired.status_code == 404, "no signing secret, no Slack endpoint"
-    api = create_app(app, tokens={"t0k3n": ["*"]}, slack_signing_secret=SECRET)
+    api = create_app(app, tokens={API_TOKEN: ["*"]}, slack_signing_secret=SECRET)
     with uvicorn_server(api) as url:
         assert click(url, body, now - 400).status_code == 401
         answer = click(url, body, now)  # no bearer token: Slack signs instead

@@ -25,12 +25,16 @@ from keel.testing.postgres import drop_database
 from tests.support import REPO
 from tests.support.apps.service import WORKFLOW
 
-ADMIN = "admin-secret"
+# Strong enough for keel.service.auth (at least 128 bits): made with secrets.token_urlsafe(32).
+ADMIN = "admin-E253T2dXVUV4gbNBGwWhvYiJqGeIM-Rntoq4CieKW8U"
+READER = "reader-La4sjL2sSEt5pVO6wi548jpSZ_OaMqHIvHTben9GTMY"
+RUNS_WRITER = "writer-zyZ7LiC-oVu0ibza0-qh72unTurM59cR0MHXTVZURvQ"
+APPROVER = "approver-IKFmN7p8GIcP-PBL5-p0sIGk5DItZtFjMEoo9kkQego"
 TOKENS = {
     ADMIN: ["*"],
-    "reader-secret": ["runs:read", "approvals:read"],
-    "runs-writer-secret": ["runs:write"],
-    "approver-secret": ["approvals:read", "approvals:write"],
+    READER: ["runs:read", "approvals:read"],
+    RUNS_WRITER: ["runs:write"],
+    APPROVER: ["approvals:read", "approvals:write"],
 }
 
 

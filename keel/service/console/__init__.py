@@ -22,7 +22,7 @@ from keel.service.auth import Authenticator
 from keel.service.console.actions import actions_router
 from keel.service.console.pages import pages_router
 from keel.service.console.render import page
-from keel.service.console.session import ConsoleRefusal, Sessions
+from keel.service.console.session import COOKIE, PATH, ConsoleRefusal, Sessions
 from keel.service.errors import Refused, keel_status, validation_message
 
 Handler = Callable[[Request, Any], Any]
@@ -43,8 +43,15 @@ def install_console(api: FastAPI, keel_app: App, auth: Authenticator) -> None:
         assert isinstance(exc, ConsoleRefusal)
         if exc.status == 401 and request.method == "GET":
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            return RedirectResponse(f"/ui/login?next={quote(target)}", status_code=303)
-        return _error_page(request, sessions, exc.status, exc.message)
+            redirect = RedirectResponse(f"/ui/login?next={quote(target)}", status_code=303)
+            if COOKIE in request.cookies:
+                # An unknown token (a rotated one): sent again, it would count as a failure.
+                redirect.delete_cookie(COOKIE, path=PATH)
+            return redirect
+        answer = _error_page(request, sessions, exc.status, exc.message)
+        if exc.retry_after is not None:
+            answer.headers["Retry-After"] = str(exc.retry_after)
+        return answer
 
     api.add_exception_handler(ConsoleRefusal, on_refusal)
     for kind in (KeelError, Refused, RequestValidationError):

@@ -56,7 +56,7 @@ def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
         expected = request.cookies.get(LOGIN_COOKIE, "")
         if not expected or not hmac.compare_digest(csrf, expected):
             raise ConsoleRefusal(403, "the login form expired: reload the page and try again")
-        principal = sessions.auth.identify(token.strip()) if token.strip() else None
+        principal = sessions.login(request, token.strip()) if token.strip() else None
         if principal is None:
             nonce = new_login_nonce()
             response = page(

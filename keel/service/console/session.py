@@ -2,9 +2,10 @@
 
 A person logs in by pasting a token from KEEL_API_TOKENS; the console keeps it in an http-only,
 SameSite=Strict cookie scoped to /ui (JavaScript cannot read it, other sites cannot send it) and
-judges every request with the HTTP API's own `Authenticator`: the same tokens, the same scopes.
-Nothing is stored on the server, so a token removed from the configuration ends its sessions
-at the next request.
+judges every request with the HTTP API's own `Authenticator`: the same tokens, the same scopes,
+the same limit on failed attempts per client (a wrong token pasted in the form or sent in the
+cookie counts). Nothing is stored on the server, so a token removed from the configuration ends
+its sessions at the next request.
 
 Every form carries a CSRF token derived from the session's token (an HMAC keyed by it), so it
 is stable across restarts and workers, and cannot be made without the session's secret. The
@@ -20,20 +21,22 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from keel.service.auth import Authenticator, Principal
+from keel.service.auth import Authenticator, AuthError, Principal, client_of
 
 COOKIE = "keel_session"
 LOGIN_COOKIE = "keel_login_csrf"
 PATH = "/ui"
+_UNJUDGED = object()
 
 
 class ConsoleRefusal(Exception):
     """A console request refused: 401 sends a person to the login form, 403 says why."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,34 @@ class Sessions:
         self.auth = auth
 
     def current(self, request: Request) -> Session | None:
-        token = request.cookies.get(COOKIE)
-        if not token:
+        """The request's session; None without one, or while its client is blocked."""
+        try:
+            return self._session(request)
+        except ConsoleRefusal:
             return None
-        principal = self.auth.identify(token)
-        return Session(token, principal) if principal else None
+
+    def _session(self, request: Request) -> Session | None:
+        # Judged once per request: an error page asking again counts no second failure.
+        known = getattr(request.state, "keel_session", _UNJUDGED)
+        if known is not _UNJUDGED:
+            assert known is None or isinstance(known, Session)
+            return known
+        token = request.cookies.get(COOKIE)
+        principal = self.login(request, token) if token else None
+        session = Session(token, principal) if token and principal else None
+        request.state.keel_session = session
+        return session
+
+    def login(self, request: Request, token: str) -> Principal | None:
+        """`token`'s principal, under the failure limit of the request's client: a wrong token
+        counts; a blocked client gets `ConsoleRefusal(429)`, whatever token it sends."""
+        try:
+            return self.auth.authenticate(client_of(request), token)
+        except AuthError as exc:
+            raise ConsoleRefusal(exc.status, exc.message, retry_after=exc.retry_after) from exc
 
     def require(self, request: Request, scope: str) -> Session:
-        session = self.current(request)
+        session = self._session(request)
         if session is None:
             raise ConsoleRefusal(401, "log in with a token to see this page")
         if not session.can(scope):

@@ -17,7 +17,7 @@ import keel
 WORKFLOW = "observed"
 # Known secret strings: none of them may appear in any output of a Keel process.
 DB_PASSWORD = "pw-Zq81-s3cret"
-API_TOKEN = "tok-Kx77-s3cret"
+API_TOKEN = "observed-lX1IijRUN5xgPNeH9P8LI7ZFeAdmBYeQOD6bvWf6rdA"
 SLACK_SECRET = "slk-Wm42-s3cret"
 SECRET_URL = f"postgresql://keel:{DB_PASSWORD}@db.internal:5432/keel"
 log = logging.getLogger("observed.nodes")

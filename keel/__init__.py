@@ -6,6 +6,7 @@ from keel.core.clock import ManualClock, SystemClock
 from keel.core.effect_outbox import await_effect, effect, enqueue
 from keel.core.errors import (
     ClockSkew,
+    EffectConflict,
     EffectFailed,
     InputTooLarge,
     IntentNotFound,
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncApp",
     "ClockSkew",
     "Decision",
+    "EffectConflict",
     "EffectFailed",
     "InputTooLarge",
     "IntentNotFound",

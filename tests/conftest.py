@@ -23,6 +23,10 @@ import pytest
 import keel
 from keel.testing.postgres import drop_database
 
+# Effects that declare no timeout get this one in the tests' apps (60 s by default): a key left
+# pending by a test's crash is reconciled once its call's deadline has passed, seconds later.
+os.environ.setdefault("KEEL_EFFECT_TIMEOUT", "2")
+
 PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
 REQUIRE_PG = os.environ.get("KEEL_REQUIRE_POSTGRES") == "1"
 _pg_problem: list[str] = []

@@ -144,6 +144,9 @@ def find_announcement(
     outbox=True,
     reconcile=find_announcement,
     retry=keel.Retry(max_attempts=4, initial=0.2, maximum=5.0),
+    # One call's bound, as its client's own: a new owner of the run waits this long (and a
+    # margin) from the call's start before it reconciles a key a crash left pending.
+    timeout="10s",
     rate="30/m",
 )
 def announce(

@@ -61,6 +61,9 @@ class ChaosConfig:
     restart; without it they run on a throwaway cluster of their own."""
     cell_timeout: float = 90.0
     lease_ttl: float = 1.0
+    effect_timeout: float = 5.0
+    """The timeout of the app's effects that declare none (the app's default is 60 s): a cell
+    that kills a worker mid-call waits for that call's deadline before its key is reconciled."""
     workdir: Path | None = None
     cwd: Path = field(default_factory=Path.cwd)
 
@@ -206,6 +209,7 @@ class Harness:
             KEEL_DATABASE_URL=url,
             KEEL_ARTIFACTS_DIR=str(app.aio.artifacts_root),
             KEEL_LEASE_TTL=str(self.config.lease_ttl),
+            KEEL_EFFECT_TIMEOUT=str(self.config.effect_timeout),
             KEEL_CHAOS_SMTP_URL=values["smtp_url"],
             KEEL_CHAOS_SMTP_SPOOL=values["smtp_spool"],
             KEEL_CHAOS_HTTP_URL=values["http_url"],

@@ -23,6 +23,19 @@ DEFAULT_MAX_SKEW = 300.0
 """Five minutes, Kerberos's tolerance: beyond it a host's time sync is broken, not drifting."""
 
 
+LIVENESS_MARGIN = 0.5
+"""The share of a lease's (or a claim's) seconds left within which an answer "still yours" may be
+acted upon, counted from before the question was sent; the rest is slack for clock rates and
+scheduling. A later answer says nothing: a partition that held it may have let the lease lapse
+and another owner act (DESIGN promise 14)."""
+
+
+def live_within(left: float, asked_at: float) -> bool:
+    """Whether an answer "held, `left` seconds to go" may still be acted upon: the monotonic time
+    since `asked_at` (read before the question was sent) is within the margin of `left`."""
+    return time.monotonic() - asked_at < left * LIVENESS_MARGIN
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""

@@ -18,19 +18,22 @@ dispatcher that finds the bucket empty leaves that effect alone until a token is
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import logging
+import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from keel.core.codec import dumps, loads
+from keel.core.effect_ledger import hold
 from keel.core.effect_outbox import EFFECTS, IntentState, OutboxEffect, answer_waits
-from keel.core.errors import IntentNotFound
+from keel.core.errors import EffectConflict, IntentNotFound, UsageError
 from keel.core.errors import IntentState as WrongState
 from keel.core.faults import fault_point
+from keel.core.ledger import in_own_thread
 from keel.core.runs import wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
@@ -39,16 +42,39 @@ from keel.core.store.store import Store
 log = logging.getLogger("keel.core.effect_dispatch")
 
 
-class Pacing:
-    """One dispatcher's view of which effects it may claim now (rate buckets found empty)."""
+DEFAULT_CONCURRENCY = 8
+"""Deliveries one dispatcher makes at once (`KEEL_OUTBOX_CONCURRENCY`)."""
 
-    def __init__(self, effects: dict[str, OutboxEffect[Any, Any]] | None = None) -> None:
+
+class Pacing:
+    """One dispatcher's view of which effects it may claim now: rate buckets found empty, and
+    its lanes. It delivers up to `concurrency` intents at once and at most `per_effect` of one
+    effect (default: half of them), so one slow effect cannot hold every lane."""
+
+    def __init__(
+        self,
+        effects: dict[str, OutboxEffect[Any, Any]] | None = None,
+        *,
+        concurrency: int | None = None,
+        per_effect: int | None = None,
+    ) -> None:
         self.effects = EFFECTS if effects is None else effects
+        if concurrency is None:
+            concurrency = int(os.environ.get("KEEL_OUTBOX_CONCURRENCY") or DEFAULT_CONCURRENCY)
+        if concurrency < 1 or (per_effect is not None and per_effect < 1):
+            raise UsageError("an outbox dispatcher needs at least one lane (concurrency >= 1)")
+        self.concurrency = concurrency
+        self.per_effect = per_effect or max(1, concurrency // 2)
         self._until: dict[str, float] = {}
+        self._busy: Counter[str] = Counter()
 
     def ready(self) -> list[str]:
         now = time.monotonic()
-        return [name for name in self.effects if self._until.get(name, 0.0) <= now]
+        return [
+            name
+            for name in self.effects
+            if self._until.get(name, 0.0) <= now and self._busy[name] < self.per_effect
+        ]
 
     def hold(self, name: str, seconds: float) -> None:
         self._until[name] = time.monotonic() + seconds
@@ -59,22 +85,61 @@ class Pacing:
         return max(0.0, min((t - now for t in self._until.values()), default=0.0))
 
 
+IN_FLIGHT_LOOK = 0.25
+"""While deliveries are under way and nothing else was due, how often a dispatcher looks again
+for new intents (a slow delivery holds its lane, not the others)."""
+
+
 async def dispatch(services: Services, worker_id: str, pacing: Pacing, limit: int = 50) -> int:
-    """Claim and settle up to `limit` due intents; return how many were handled."""
+    """Claim and settle up to `limit` due intents, up to `pacing.concurrency` at once; return
+    how many were handled (every delivery started here has ended when it returns)."""
     handled = 0
-    while handled < limit:
-        ready = pacing.ready()
-        if not ready:
-            break
-        claimed = await _claim(services, worker_id, pacing, ready)
-        if claimed is None:
-            break
-        if claimed is _HELD:
-            continue
-        row, in_doubt = claimed
-        await _deliver(services, worker_id, pacing.effects[row["effect"]], row, in_doubt)
-        handled += 1
-    return handled
+    running: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            claimed = None
+            if handled < limit and len(running) < pacing.concurrency:
+                ready = pacing.ready()
+                claimed = await _claim(services, worker_id, pacing, ready) if ready else None
+                if claimed is _HELD:
+                    continue
+            if claimed is not None:
+                row, in_doubt = claimed
+                running.add(_start(services, worker_id, pacing, row, in_doubt))
+                handled += 1
+                continue
+            if not running:
+                return handled
+            # Full, or nothing due now: wait for a lane to free up, looking again now and
+            # then for intents that fell due meanwhile.
+            done, _ = await asyncio.wait(
+                running, timeout=IN_FLIGHT_LOOK, return_when=asyncio.FIRST_COMPLETED
+            )
+            running -= done
+            for task in done:
+                task.result()  # a delivery's own failures are settled inside it
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+def _start(
+    services: Services, worker_id: str, pacing: Pacing, row: Row, in_doubt: bool
+) -> asyncio.Task[None]:
+    name = str(row["effect"])
+    pacing._busy[name] += 1
+
+    def free(_: asyncio.Task[None]) -> None:
+        pacing._busy[name] -= 1
+
+    task = asyncio.create_task(
+        _deliver(services, worker_id, pacing.effects[name], row, in_doubt),
+        name=f"keel-deliver-{row['intent_id']}",
+    )
+    task.add_done_callback(free)
+    return task
 
 
 _HELD: Any = object()
@@ -121,6 +186,11 @@ async def _deliver(
                 found = await _call(
                     effect.reconcile, token, *args, idempotency_key=intent_id, **kwargs
                 )
+            except EffectConflict as conflict:
+                await _settle(
+                    services, worker_id, row, IntentState.IN_DOUBT, error=_conflict(conflict)
+                )
+                return
             except Exception as exc:
                 # Can't tell yet: the claim expires and the next dispatcher asks again.
                 log.warning("reconciler of %s failed for %s: %r", effect.name, intent_id, exc)
@@ -150,16 +220,34 @@ async def _deliver(
             )
             return
     fault_point("outbox.before_call", effect.name)
-    if not await services.store.effect_claim_held(intent_id, token):
+    call_timeout = effect.timeout_for(services)
+    asked_at = await services.store.arm_effect_intent(intent_id, token, hold(call_timeout))
+    if asked_at is None:
         log.warning(
-            "intent %s: claim %d lost before the call; not delivered here", intent_id, token
+            "intent %s: claim %d lost (or its answer came too late) before the call; "
+            "not delivered here",
+            intent_id,
+            token,
         )
         return
     attempts = int(row["attempts"])
     started = time.monotonic()
     try:
         async with _claim_renewed(services, intent_id, token):
-            result = await _call(effect.fn, token, *args, idempotency_key=intent_id, **kwargs)
+            # The call's deadline counts from before the look that armed it: never later than
+            # the one the database holds, before which nobody reconciles or resends it.
+            async with asyncio.timeout(call_timeout - (time.monotonic() - asked_at)) as within:
+                try:
+                    result = await _call(
+                        effect.fn, token, *args, idempotency_key=intent_id, **kwargs
+                    )
+                except asyncio.CancelledError:
+                    if not within.expired():
+                        raise
+                    result = _TIMED_OUT
+    except EffectConflict as conflict:
+        await _settle(services, worker_id, row, IntentState.IN_DOUBT, error=_conflict(conflict))
+        return
     except Exception as exc:
         took = round(time.monotonic() - started, 6)
         error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -187,6 +275,22 @@ async def _deliver(
             extra={"event": "outbox.dead", "duration": took},
         )
         await _settle(services, worker_id, row, IntentState.DEAD, error=f"{why}: {error}")
+        return
+    if result is _TIMED_OUT:
+        # Unknown: it may reach the provider yet. The claim ends; past the call's deadline a
+        # dispatcher reconciles it as it would a dead one's, never resending on a guess.
+        log.warning(
+            "outbox.timed_out %s %s: no answer within %.1fs; its outcome is unknown, and it "
+            "is reconciled once its deadline has passed",
+            effect.name,
+            intent_id,
+            call_timeout,
+            extra={"event": "outbox.timed_out", "duration": round(time.monotonic() - started, 6)},
+        )
+        try:
+            await services.store.release_effect_claim(intent_id, token)
+        except Exception as exc:  # the claim lapses on its own: later, never wrongly
+            log.warning("intent %s: claim %d not released: %r", intent_id, token, exc)
         return
     fault_point("outbox.after_call", effect.name)
     await _settle(services, worker_id, row, IntentState.DELIVERED, result=result)
@@ -225,6 +329,16 @@ async def _claim_renewed(services: Services, intent_id: str, token: int) -> Asyn
             await renewing
 
 
+_TIMED_OUT: Any = object()
+"""A delivery's call outlived its effect's timeout: its outcome is unknown."""
+
+
+def _conflict(conflict: EffectConflict) -> str:
+    """An in-doubt intent's error: what the provider reported, with its records."""
+    records = f"; records: {_encoded(conflict.records)}" if conflict.records else ""
+    return f"the provider reports conflicting outcomes for this id: {conflict}{records}"[:4000]
+
+
 async def _call(fn: Callable[..., Any], token: int, *args: Any, **kwargs: Any) -> Any:
     params = inspect.signature(fn).parameters
     for name in ("fencing_token", "lease_token"):
@@ -233,8 +347,9 @@ async def _call(fn: Callable[..., Any], token: int, *args: Any, **kwargs: Any) -
             break
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    ctx = contextvars.copy_context()
-    return await asyncio.to_thread(ctx.run, fn, *args, **kwargs)
+    # A thread of its own, not the loop's pool: a call abandoned at its deadline runs on
+    # until its provider answers, and must not hold a thread other work needs.
+    return await in_own_thread(fn, *args, **kwargs)
 
 
 def _encoded(result: Any) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from keel.core.clock import LIVENESS_MARGIN
 from keel.core.codec import dumps
 from keel.core.context import RunContext
 from keel.core.effect_keys import Identity
@@ -53,9 +54,25 @@ class Call:
     kwargs: dict[str, Any]
 
 
-LEASE_MARGIN = 0.5
+LEASE_MARGIN = LIVENESS_MARGIN
 """The share of the lease left at a reservation within which its provider call goes ahead
 without a second look at the lease (the rest is slack for clock rates and scheduling)."""
+
+DEFAULT_TIMEOUT = 60.0
+"""An effect's timeout when it declares none and its app sets none (`App(effect_timeout=)`,
+$KEEL_EFFECT_TIMEOUT): its call is abandoned after this long, and a new owner of the run waits
+this long (and a margin) from the call's start before it reconciles or resends the key."""
+
+
+def deadline_margin(timeout: float) -> float:
+    """Slack past an effect's timeout before anyone else acts on its key: for its caller's
+    abandonment to take effect and for clocks that run at slightly different rates."""
+    return min(30.0, max(1.0, timeout * 0.1))
+
+
+def hold(timeout: float) -> float:
+    """Seconds from a call's start, by the database's clock, before nobody may act on its key."""
+    return timeout + deadline_margin(timeout)
 
 
 @dataclass(frozen=True)
@@ -74,9 +91,16 @@ class LeaseBound:
     monotonic: float
     clock: float
 
+    def elapsed(self, ctx: RunContext) -> float:
+        return max(time.monotonic() - self.monotonic, ctx.services.clock.now() - self.clock)
+
     def holds(self, ctx: RunContext) -> bool:
-        elapsed = max(time.monotonic() - self.monotonic, ctx.services.clock.now() - self.clock)
-        return elapsed < self.left * LEASE_MARGIN
+        return self.elapsed(ctx) < self.left * LEASE_MARGIN
+
+    def remaining(self, ctx: RunContext, timeout: float) -> float:
+        """What is left of a call's `timeout` counted from this bound's question: the call's
+        deadline is never later than the one the database recorded with it."""
+        return timeout - self.elapsed(ctx)
 
 
 class Reserved(NamedTuple):
@@ -86,6 +110,9 @@ class Reserved(NamedTuple):
     lease: LeaseBound | None
     """For a new reservation: the bound within which its first provider call needs no lease
     check (None for a key found in the ledger: what happens before its call takes time)."""
+    deadline_in: float
+    """For a key found pending: seconds until its last call's deadline passes, by the
+    database's clock (0: passed). Until then that call may be under way: nobody acts on it."""
 
 
 async def check_lease(ctx: RunContext) -> None:
@@ -96,9 +123,10 @@ async def check_lease(ctx: RunContext) -> None:
         raise RunCancelled(f"run {ctx.run_id} was cancelled")
 
 
-async def reserve(ctx: RunContext, call: Call, name: str) -> Reserved:
-    """The call's ledger row, whether this reserved it (pending) just now, and for how long the
-    lease that reserved it is known to hold."""
+async def reserve(ctx: RunContext, call: Call, name: str, call_timeout: float) -> Reserved:
+    """The call's ledger row, whether this reserved it (pending, its call's deadline
+    `call_timeout` and a margin from now) just now, and for how long the lease that reserved it
+    is known to hold."""
     store: Store = ctx.services.store
     where = call.where
     if ctx.settle is not None and "|" in where.namespace:
@@ -122,6 +150,7 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> Reserved:
         arg_hashes=dumps(call.identity.hashes),
         call_index=call.index,
         token=ctx.token,
+        hold=hold(call_timeout),
     )
     if found is None:
         await store.check_token(ctx.run_id, ctx.token)  # LeaseLost, RunNotFound
@@ -130,6 +159,7 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> Reserved:
         # A cancelled run starts no new side effect, whatever its checkpoint cadence.
         raise RunCancelled(f"run {ctx.run_id} was cancelled")
     left = float(found.pop("lease_left") or 0.0)
+    deadline_in = float(found.pop("deadline_in") or 0.0)
     legacy, reserved = found.pop("legacy"), bool(found.pop("reserved"))
     existing = found if found.get("idempotency_key") is not None else None
     if existing is None:
@@ -137,7 +167,7 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> Reserved:
         # (takeable by the next claim), so nothing new may start under it.
         raise LeaseLost(f"run {ctx.run_id}: the lease of token {ctx.token} has expired")
     if legacy:
-        return Reserved(existing, False, None)
+        return Reserved(existing, False, None, 0.0)
     log.info(
         "effect.reserve %s key=%s status=%s%s",
         name,
@@ -150,7 +180,33 @@ async def reserve(ctx: RunContext, call: Call, name: str) -> Reserved:
             "duration": round(time.monotonic() - started, 6),
         },
     )
-    return Reserved(existing, reserved, LeaseBound(left, started, clock) if reserved else None)
+    bound = LeaseBound(left, started, clock) if reserved else None
+    return Reserved(existing, reserved, bound, 0.0 if reserved else deadline_in)
+
+
+async def arm(ctx: RunContext, key: str, call_timeout: float) -> LeaseBound:
+    """Before a new provider call of a pending key (its first was not this execution's, or
+    failed, or was abandoned): move the key's deadline to `call_timeout` and a margin from now, in
+    one fenced statement, and return the bound its answer proves. LeaseLost unless the lease
+    is live and the answer came back soon enough to act on; RunCancelled if a cancel was asked."""
+    store: Store = ctx.services.store
+    started, clock = time.monotonic(), ctx.services.clock.now()
+    row = await store.arm_effect(key, run_id=ctx.run_id, token=ctx.token, hold=hold(call_timeout))
+    if row is None:
+        await store.check_token(ctx.run_id, ctx.token)  # LeaseLost, RunNotFound
+        raise LeaseLost(f"run {ctx.run_id}: lease token {ctx.token} could not arm {key}")
+    if row["cancelled"]:
+        raise RunCancelled(f"run {ctx.run_id} was cancelled")
+    bound = LeaseBound(float(row["lease_left"] or 0.0), started, clock)
+    if not row["armed"]:
+        why = "has expired" if bound.left <= 0 else f"finds {key} no longer pending"
+        raise LeaseLost(f"run {ctx.run_id}: the lease of token {ctx.token} {why}")
+    if not bound.holds(ctx):
+        raise LeaseLost(
+            f"run {ctx.run_id}: the lease of token {ctx.token} had {bound.left:.1f}s left, but "
+            f"the answer took {bound.elapsed(ctx):.1f}s to arrive: too late to call {key}"
+        )
+    return bound
 
 
 async def record(

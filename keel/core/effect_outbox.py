@@ -30,7 +30,8 @@ from keel.core.codec import dumps, loads
 from keel.core.context import current
 from keel.core.effect_keys import Arguments, Identity, KeySpec
 from keel.core.errors import EffectFailed, NondeterminismError, NotInRun, UsageError
-from keel.core.ledger import Effect, Retry
+from keel.core.ledger import Duration, Effect, Retry, effect_timeout
+from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import WaitKind, WaitStatus
@@ -92,6 +93,7 @@ class OutboxEffect(Generic[P, R]):
         rate: str | None = None,
         max_attempts: int | None = None,
         key: KeySpec = None,
+        timeout: Duration | None = None,
     ) -> None:
         if "idempotency_key" not in inspect.signature(fn).parameters:
             raise UsageError(f"effect {name!r}: the function must accept `idempotency_key`")
@@ -99,6 +101,9 @@ class OutboxEffect(Generic[P, R]):
         self.reconcile = reconcile
         self.provider_idempotent = provider_idempotent
         self.retry = retry or Retry()
+        self.timeout_declared = timeout is not None
+        self.timeout = effect_timeout(name, timeout)
+        """Seconds one delivery's provider call may take before it is abandoned (unknown)."""
         self.rate = Rate.parse(rate) if rate is not None else None
         self.max_attempts = max_attempts if max_attempts is not None else self.retry.max_attempts
         if self.max_attempts < 1:
@@ -110,6 +115,10 @@ class OutboxEffect(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
         return stage(self, args, kwargs)
 
+    def timeout_for(self, services: Services) -> float:
+        """This effect's timeout: declared, or the app's default for effects."""
+        return self.timeout if self.timeout_declared else services.effect_timeout
+
 
 @overload
 def effect(
@@ -120,6 +129,7 @@ def effect(
     provider_idempotent: bool = False,
     retry: Retry | None = None,
     key: KeySpec = None,
+    timeout: Duration | None = None,
 ) -> Callable[[Callable[P, R]], Effect[P, R]]: ...
 
 
@@ -134,6 +144,7 @@ def effect(
     key: KeySpec = None,
     rate: str | None = None,
     max_attempts: int | None = None,
+    timeout: Duration | None = None,
 ) -> Callable[[Callable[P, R]], OutboxEffect[P, R]]: ...
 
 
@@ -147,16 +158,24 @@ def effect(
     key: KeySpec = None,
     rate: str | None = None,
     max_attempts: int | None = None,
+    timeout: Duration | None = None,
 ) -> Callable[[Callable[P, R]], Any]:
     """`keel.effect`: a ledger effect (keel.core.ledger.effect), or with ``outbox=True`` an
     outbox effect: a call inside a node records an intent with the step and returns its id at
     once; a dispatcher delivers it (``rate="20/s"`` shared by all dispatchers, up to
-    ``max_attempts``, retried per ``retry``; see docs/outbox.md)."""
+    ``max_attempts``, retried per ``retry``; see docs/outbox.md). ``timeout`` bounds one provider
+    call (default: the app's ``effect_timeout``, 60 s): nobody reconciles or resends the key
+    before that deadline and a margin have passed (docs/effects.md)."""
     if not outbox:
         if rate is not None or max_attempts is not None:
             raise UsageError("rate= and max_attempts= apply to outbox effects (outbox=True)")
         return ledger.effect(
-            name, reconcile=reconcile, provider_idempotent=provider_idempotent, retry=retry, key=key
+            name,
+            reconcile=reconcile,
+            provider_idempotent=provider_idempotent,
+            retry=retry,
+            key=key,
+            timeout=timeout,
         )
 
     def wrap(fn: Callable[P, R]) -> OutboxEffect[P, R]:
@@ -169,6 +188,7 @@ def effect(
             rate=rate,
             max_attempts=max_attempts,
             key=key,
+            timeout=timeout,
         )
 
     return wrap
@@ -201,6 +221,7 @@ def as_outbox(effect: Effect[Any, Any] | OutboxEffect[Any, Any]) -> OutboxEffect
         provider_idempotent=effect.provider_idempotent,
         retry=effect.retry,
         key=effect.arguments.key,
+        timeout=effect.timeout if effect.timeout_declared else None,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class KeelError(Exception):
     """Keel error."""
@@ -137,3 +139,15 @@ class NondeterminismError(KeelError):
         self.effect = effect
         self.key = key
         self.changed = changed
+
+
+class EffectConflict(KeelError):
+    """The provider holds more than one outcome for one idempotency key (two charges, two
+    messages), or reports an outcome that conflicts with the call: never marked sent on a guess.
+
+    Raise it from a reconciler (or from the effect itself) with what the provider holds; Keel
+    marks the key in doubt with those records and waits for a person."""
+
+    def __init__(self, message: str | None = None, *, records: list[Any] | None = None) -> None:
+        super().__init__(message or "the provider holds more than one outcome for this key")
+        self.records = list(records or [])

@@ -14,7 +14,7 @@ from typing import Any
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext
 from keel.core.effect_ledger import EffectStatus, event, record, took
-from keel.core.errors import EffectFailed
+from keel.core.errors import EffectConflict, EffectFailed
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
@@ -38,11 +38,14 @@ async def resolve(
     provider), retry under the key, or ask a person. The effect's result if it is known to
     have happened, else PERFORM."""
     answered = answered_waits(row)
+    conflict: EffectConflict | None = None
     if row["status"] == EffectStatus.PENDING:
         if reconcile is not None:
             started = time.monotonic()
             try:
                 found = await reconcile()
+            except EffectConflict as exc:
+                conflict = exc
             except Exception as exc:
                 log.warning("reconciler of %s failed for %s: %r", name, key, exc)
             else:
@@ -61,8 +64,11 @@ async def resolve(
                 return found
         elif provider_idempotent:
             return PERFORM
-        kept = {"answered": answered} if answered else None
-        await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]), result=kept)
+        if conflict is not None:
+            await conflicting(ctx, name, key, int(row["attempts"]), conflict, answered)
+        else:
+            kept = {"answered": answered} if answered else None
+            await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]), result=kept)
     # Plain strings: the spec goes into the checkpoint, read back by any later version.
     spec = {
         "keel_wait": {
@@ -94,6 +100,37 @@ async def resolve(
             ctx, key, EffectStatus.PENDING, int(row["attempts"]), result={"answered": answered}
         )
     return PERFORM
+
+
+async def conflicting(
+    ctx: RunContext,
+    name: str,
+    key: str,
+    attempts: int,
+    conflict: EffectConflict,
+    answered: list[str] | None = None,
+) -> None:
+    """The provider holds more than one outcome for `key` (or reports one that conflicts with
+    the call): the key is in doubt with what the provider said, never marked sent, and the run
+    waits for a person."""
+    records = conflict.records
+    log.error(
+        "effect %s: the provider reports conflicting outcomes for %s (%d records): %s",
+        name,
+        key,
+        len(records),
+        conflict,
+        extra={"event": "effect.conflict", "effect": name},
+    )
+    await event(
+        ctx,
+        "effect.conflict",
+        {"key": key, "effect": name, "error": str(conflict), "n": len(records)},
+    )
+    kept: dict[str, Any] = {"conflict": str(conflict), "records": records}
+    if answered:
+        kept["answered"] = answered
+    await record(ctx, key, EffectStatus.IN_DOUBT, attempts, result=kept, error=str(conflict))
 
 
 async def reopen_expired(store: Store, tx: Tx, run_id: str) -> list[str]:

@@ -11,25 +11,32 @@ in the thread that makes it. A key found `pending` at reserve time was left by a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 from keel.core import heartbeat, in_doubt
+from keel.core.clock import parse_duration
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
 from keel.core.effect_keys import Arguments, Identity, KeySpec, effect_key, legacy_key
 from keel.core.effect_ledger import (
+    DEFAULT_TIMEOUT,
     SETTLED,
     Call,
     EffectStatus,
     LeaseBound,
+    arm,
     check_lease,
     event,
     record,
@@ -37,6 +44,7 @@ from keel.core.effect_ledger import (
     took,
 )
 from keel.core.errors import (
+    EffectConflict,
     EffectFailed,
     LeaseLost,
     NondeterminismError,
@@ -45,13 +53,14 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.faults import fault_point
-from keel.core.ids import StepRef
 from keel.core.in_doubt import reopen_expired
 from keel.core.portal import Host
+from keel.core.services import Services
 from keel.core.tracing import Mark
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Duration = float | int | str | timedelta
 log = logging.getLogger("keel.core.ledger")
 
 
@@ -120,6 +129,7 @@ class Effect(Generic[P, R]):
         provider_idempotent: bool,
         retry: Retry,
         key: KeySpec = None,
+        timeout: Duration | None = None,
     ) -> None:
         if "idempotency_key" not in inspect.signature(fn).parameters:
             raise UsageError(f"effect {name!r}: the function must accept `idempotency_key`")
@@ -127,6 +137,9 @@ class Effect(Generic[P, R]):
         self.reconcile = reconcile
         self.provider_idempotent = provider_idempotent
         self.retry = retry
+        self.timeout_declared = timeout is not None
+        self.timeout = effect_timeout(name, timeout)
+        """Seconds one provider call may take before it is abandoned (outcome unknown)."""
         self.arguments = Arguments(fn, name, key)
         self.is_async = inspect.iscoroutinefunction(fn)
         self._token = _token_keyword(fn)
@@ -170,18 +183,42 @@ class Effect(Generic[P, R]):
         with ctx.tracer.effect(call.where, self.name) as span:
             return await self._settled(ctx, call, host, span)
 
+    def timeout_for(self, services: Services) -> float:
+        """This effect's timeout: declared, or the app's default for effects."""
+        return self.timeout if self.timeout_declared else services.effect_timeout
+
     async def _settled(self, ctx: RunContext, call: Call, host: Host | None, span: Mark) -> Any:
         fault_point("effect.before_reserve", self.name, call.where.node, call.where.path)
-        row, new, lease = await reserve(ctx, call, self.name)
+        timeout = self.timeout_for(ctx.services)
+        row, new, lease, deadline_in = await reserve(ctx, call, self.name, timeout)
         key = str(row["idempotency_key"])
         span.note(key=key, ledger=str(row["status"]), new=new)
         if not new:
             await self._same_arguments(ctx, call, row)
-        if row["status"] in SETTLED:
-            span.note(outcome="served from the ledger")
-            return recorded_result(row)
-        attempts = int(row["attempts"])
-        if not new:
+        abandoned = 0
+        if new:
+            try:
+                result = await self._perform(ctx, call, key, int(row["attempts"]), host, lease)
+            except _Abandoned:
+                abandoned += 1
+                row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
+            else:
+                span.note(outcome="performed")
+                return result
+        # A key left pending: by a crash, by a worker cut off from the database while its call
+        # was under way, or by this execution's own call, abandoned at its deadline.
+        while True:
+            if row["status"] == EffectStatus.PENDING and deadline_in > 0:
+                await self._await_deadline(ctx, key, deadline_in)
+                row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
+                continue
+            if row["status"] in SETTLED:
+                span.note(outcome="served from the ledger")
+                return recorded_result(row)
+            if row["status"] == EffectStatus.PENDING and abandoned >= self.retry.max_attempts:
+                # Every call of ours timed out: what the provider did is for a person to say.
+                await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
+                row = {**row, "status": EffectStatus.IN_DOUBT}
             outcome = await in_doubt.resolve(
                 ctx,
                 self.name,
@@ -193,11 +230,36 @@ class Effect(Generic[P, R]):
             if outcome is not in_doubt.PERFORM:
                 span.note(outcome="resolved (reconciled or answered)")
                 return outcome
-        result = await self._perform(
-            ctx, call.where, key, attempts, call.args, call.kwargs, host, lease
+            try:
+                result = await self._perform(ctx, call, key, int(row["attempts"]), host, None)
+            except _Abandoned:
+                abandoned += 1
+                row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
+                continue
+            span.note(outcome="performed")
+            return result
+
+    async def _await_deadline(self, ctx: RunContext, key: str, seconds: float) -> None:
+        """Hold off a key whose last call may still be under way (its caller cut off, or slow)
+        until that call's deadline passes by the database's clock: reconciling now could find
+        nothing yet and send it again. The run keeps its lease meanwhile."""
+        data = {"key": key, "effect": self.name, "seconds": round(seconds, 3)}
+        await event(ctx, "effect.awaiting_deadline", data)
+        log.info(
+            "effect %s: waiting %.1fs for the deadline of its last call under %s before "
+            "reconciling (that call may still be under way)",
+            self.name,
+            seconds,
+            key,
+            extra={"event": "effect.awaiting_deadline", "effect": self.name},
         )
-        span.note(outcome="performed")
-        return result
+        # In slices, each renewing the lease: the wait may be longer than the lease, and
+        # holding it must not depend on the heartbeat's cadence.
+        while seconds > 0:
+            pause = min(seconds, ctx.services.lease_ttl / 3)
+            await ctx.services.clock.sleep(pause)
+            seconds -= pause
+            await heartbeat.renew(ctx)
 
     def _reconciler(
         self, ctx: RunContext, key: str, call: Call, host: Host | None
@@ -227,24 +289,41 @@ class Effect(Generic[P, R]):
     async def _perform(
         self,
         ctx: RunContext,
-        where: StepRef,
+        call: Call,
         key: str,
         attempts: int,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
         host: Host | None,
         lease: LeaseBound | None,
     ) -> Any:
         """Call the provider under `key` until it succeeds or fails for good. Only the first
-        attempt of a key reserved just now may go on the reservation's `lease` bound."""
+        attempt of a key reserved just now may go on the reservation's `lease` bound; every
+        other attempt arms the key's deadline first. _Abandoned: an attempt outlived the
+        effect's timeout, its outcome unknown (the key stays pending)."""
+        where = call.where
         extra = {"idempotency_key": key, **({self._token: ctx.token} if self._token else {})}
+        timeout = self.timeout_for(ctx.services)
         while True:
             attempts += 1
             started = time.monotonic()
             try:
-                result = await self._attempt(ctx, host, lease, args, {**kwargs, **extra})
+                result = await self._attempt(
+                    ctx, host, lease, key, timeout, call.args, {**call.kwargs, **extra}
+                )
             except (LeaseLost, RunCancelled):
                 raise  # nothing was performed: the key stays as it was, for the next owner
+            except _Abandoned:
+                took("effect.perform", started, key, self.name, attempts, error="timed out")
+                await event(
+                    ctx,
+                    "effect.timed_out",
+                    {"key": key, "effect": self.name, "attempt": attempts, "timeout": timeout},
+                )
+                raise
+            except EffectConflict as conflict:
+                # The provider says this key has more than one outcome: a person decides.
+                took("effect.perform", started, key, self.name, attempts, error=repr(conflict))
+                await in_doubt.conflicting(ctx, self.name, key, attempts, conflict)
+                raise _Abandoned from conflict
             except _LeaseUnchecked as unchecked:
                 # The lease could not be read (the database is unreachable): nothing was
                 # performed, so this is no failure of the effect. The store's own error goes
@@ -279,21 +358,32 @@ class Effect(Generic[P, R]):
         ctx: RunContext,
         host: Host | None,
         lease: LeaseBound | None,
+        key: str,
+        call_timeout: float,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """One provider call, where the lease is known to hold: within the reservation's bound,
-        or after a last check of it where the call is made."""
+        """One provider call, where the lease is known to hold (within the reservation's bound,
+        or after arming the key where the call is made) and abandoned at its deadline, which is
+        never later than the one the database holds for it."""
         if self.is_async:
             fault_point("effect.before_call", self.name)
-            if lease is None or not lease.holds(ctx):
+            bound = (
+                lease
+                if lease is not None and lease.holds(ctx)
+                else await _armed(ctx, key, call_timeout)
+            )
+            deadline = bound.remaining(ctx, call_timeout)
+            if deadline <= 0:
+                raise _Abandoned
+            async with asyncio.timeout(deadline) as within:
                 try:
-                    await check_lease(ctx)
-                except (LeaseLost, RunCancelled):
+                    return await self.fn(*args, **kwargs)
+                except asyncio.CancelledError:
+                    if within.expired():
+                        raise _Abandoned from None
                     raise
-                except Exception as exc:
-                    raise _LeaseUnchecked from exc
-            return await self.fn(*args, **kwargs)
+            raise AssertionError("unreachable")  # pragma: no cover
 
         def checked() -> Any:
             fault_point("effect.before_call", self.name)
@@ -301,14 +391,11 @@ class Effect(Generic[P, R]):
             # on (or froze) past the reservation's bound asks the database and finds a takeover
             # here, not after paying. What remains is a freeze between this line and the next;
             # docs/effects.md says what closes it.
-            if lease is None or not lease.holds(ctx):
-                try:
-                    ctx.services.portal.call(check_lease(ctx))
-                except (LeaseLost, RunCancelled):
-                    raise
-                except Exception as exc:
-                    raise _LeaseUnchecked from exc
-            return self.fn(*args, **kwargs)
+            if lease is not None and lease.holds(ctx):
+                bound = lease
+            else:
+                bound = ctx.services.portal.call(_armed(ctx, key, call_timeout))
+            return _call_within(self.fn, args, kwargs, bound.remaining(ctx, call_timeout))
 
         return await _call(checked, host)
 
@@ -335,6 +422,105 @@ class _LeaseUnchecked(Exception):
     """The last lease check before a provider call could not be made; nothing was called."""
 
 
+class _Abandoned(Exception):
+    """A provider call outlived its effect's timeout: the caller stopped waiting, and what the
+    provider did is unknown (the key stays pending until its deadline passes)."""
+
+
+async def _armed(ctx: RunContext, key: str, seconds: float) -> LeaseBound:
+    """The key armed for a new call (its deadline from now), or LeaseLost/RunCancelled; a
+    store that cannot be reached is no failure of the effect (_LeaseUnchecked)."""
+    try:
+        return await arm(ctx, key, seconds)
+    except (LeaseLost, RunCancelled):
+        raise
+    except Exception as exc:
+        raise _LeaseUnchecked from exc
+
+
+def _spawn(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    deliver: Callable[[bool, Any], None],
+) -> None:
+    """Run `fn` in a daemon thread of its own (in a copy of this context) and hand its outcome
+    to `deliver(ok, value)`: a sync provider call cannot be interrupted, but its caller can stop
+    waiting at its deadline; the thread runs on, its outcome discarded, until the provider
+    answers, holding no thread that other work needs."""
+    context = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
+        except BaseException as exc:  # handed back to the waiting caller
+            outcome = (False, exc)
+        deliver(*outcome)
+
+    name = f"keel-effect-{getattr(fn, '__name__', 'call')}"
+    threading.Thread(target=run, name=name, daemon=True).start()
+
+
+def _call_within(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float
+) -> Any:
+    """`fn(*args, **kwargs)`, waited for at most `seconds` by this (blocking) thread, else
+    _Abandoned: the key's deadline decides what happened."""
+    if seconds <= 0:
+        raise _Abandoned
+    done = threading.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def deliver(ok: bool, value: Any) -> None:
+        outcome.append((ok, value))
+        done.set()
+
+    _spawn(fn, args, kwargs, deliver)
+    if not done.wait(seconds):
+        raise _Abandoned
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+async def in_own_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a thread of its own, awaited: a caller that stops awaiting (a
+    timeout) leaves the thread to finish on its own."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():
+            return  # abandoned meanwhile
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def deliver(ok: bool, value: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed while the provider took
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    _spawn(fn, args, kwargs, deliver)
+    return await future
+
+
+def effect_timeout(name: str, timeout: Duration | None) -> float:
+    """An effect's declared timeout in seconds (DEFAULT_TIMEOUT when it declares none)."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = (
+            timeout.total_seconds() if isinstance(timeout, timedelta) else parse_duration(timeout)
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"effect {name!r}: timeout {timeout!r}: {exc}") from None
+    if seconds <= 0:
+        raise UsageError(f"effect {name!r}: timeout must be more than zero, not {timeout!r}")
+    return seconds
+
+
 def effect(
     name: str | None = None,
     *,
@@ -342,6 +528,7 @@ def effect(
     provider_idempotent: bool = False,
     retry: Retry | None = None,
     key: KeySpec = None,
+    timeout: Duration | None = None,
 ) -> Callable[[Callable[P, R]], Effect[P, R]]:
     """Make a function an effect: once per key, whatever the retries and crashes around it.
 
@@ -351,6 +538,11 @@ def effect(
     ``reconcile`` has the same signature and returns the effect's result if the provider has
     it, ``None`` if it never happened. ``key`` names the arguments that identify the effect
     (or is a function of the bound arguments): a replay may change the others.
+
+    ``timeout`` (seconds, ``"30s"``, a timedelta; default: the app's ``effect_timeout``, 60 s)
+    bounds one provider call: the caller stops waiting then and the outcome counts as unknown.
+    It is recorded with the key, and a new owner of the run neither reconciles nor resends the
+    key before that deadline (and a margin) has passed by the database's clock.
     """
 
     def wrap(fn: Callable[P, R]) -> Effect[P, R]:
@@ -361,6 +553,7 @@ def effect(
             provider_idempotent=provider_idempotent,
             retry=retry or Retry(),
             key=key,
+            timeout=timeout,
         )
 
     return wrap

@@ -30,3 +30,5 @@ class Services:
     """Wake this process's workers (a run was queued, a decision recorded)."""
     attempts: Attempts = field(default_factory=Attempts)
     """How many crashed or interrupted executions a run gets before it ends failed."""
+    effect_timeout: float = 60.0
+    """Seconds one provider call of an effect that declares no `timeout=` may take."""

@@ -428,8 +428,10 @@ class Demo:
             f"Ticket {tid}: crash before the ledger knew",
             "Same path, harder crash: this worker dies after the SMTP server accepted the email "
             "but before the ledger recorded it, so the key stays `pending`. Did the email "
-            "leave? Keel does not guess. It asks the effect's reconciler, lookup_sent_email, "
-            "which looks the Message-ID (derived from the key) up at the provider.",
+            "leave? Keel does not guess. A call may still be on the wire, so the next owner "
+            "first waits out the call's deadline (send_email's 10 s timeout and a margin); "
+            "then it asks the effect's reconciler, lookup_sent_email, which looks the "
+            "Message-ID (derived from the key) up at the provider.",
         )
         self.say(escape(f"ticket {tid} from {ticket['customer']}: {ticket['subject']!r}"))
         run_id = self.to_approval(ticket, verbose=False)
@@ -441,6 +443,12 @@ class Demo:
         self.check(
             "the timeline shows the key confirmed by the reconciler, not sent again",
             "effect.confirmed" in kinds and kinds.count("effect.sent") == 0,
+        )
+        self.check(
+            "the new owner waited for the dead call's deadline before asking the provider",
+            kinds.index("effect.awaiting_deadline") < kinds.index("effect.confirmed")
+            if "effect.awaiting_deadline" in kinds
+            else False,
         )
 
     def summary(self) -> bool:

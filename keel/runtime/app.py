@@ -47,12 +47,15 @@ class App:
         max_attempts: int = 5,
         max_infra_retries: int = 20,
         retry_backoff: float = 1.0,
+        effect_timeout: float | None = None,
     ) -> None:
         """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`.
 
         `max_attempts`: executions of one run that may crash outside its graph's nodes (with a
         backoff from `retry_backoff` seconds, doubling, capped at a minute) before it ends
         failed; `max_infra_retries`: executions an infrastructure fault may interrupt.
+        `effect_timeout`: seconds one provider call of an effect that declares no `timeout=`
+        may take (default $KEEL_EFFECT_TIMEOUT, else 60; docs/effects.md).
         """
         self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
@@ -67,6 +70,7 @@ class App:
                 backoff=retry_backoff,
                 max_backoff=max(60.0, retry_backoff),
             ),
+            effect_timeout=effect_timeout,
         )
         self._portal = self.aio.portal
         # A script that never calls close() would otherwise end with its pool's tasks destroyed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from keel.backends import connect
 from keel.backends.sqlite import SqliteConnector
 from keel.core import leases, outbox, retention, runs, versions, waits
 from keel.core.artifacts import RunArtifacts
-from keel.core.clock import Clock, SystemClock, database_override
+from keel.core.clock import Clock, SystemClock, database_override, parse_duration
 from keel.core.deadlines import sweep_deadlines
-from keel.core.errors import RunNotFound, WaitNotFound, WorkflowVersionMismatch
+from keel.core.effect_ledger import DEFAULT_TIMEOUT
+from keel.core.errors import RunNotFound, UsageError, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
@@ -36,6 +38,7 @@ from keel.runtime.records import Submission as Submission
 log = logging.getLogger("keel.runtime")
 
 DEFAULT_URL = "sqlite:///.keel/keel.db"
+EFFECT_TIMEOUT_ENV = "KEEL_EFFECT_TIMEOUT"
 
 
 class Runtime:
@@ -50,12 +53,13 @@ class Runtime:
         max_input_bytes: int = 1_000_000,
         portal: Portal | None = None,
         attempts: Attempts | None = None,
+        effect_timeout: float | None = None,
     ) -> None:
         self.url = url
         self.heartbeat_interval = heartbeat_interval or lease_ttl / 3
         self.max_input_bytes = max_input_bytes
         self.workflows = Workflows()
-        self.connector = connect(url)
+        self.connector = connect(url, lease_ttl=lease_ttl)
         self.services = Services(
             store=Store(self.connector),
             clock=clock or SystemClock(),
@@ -64,6 +68,7 @@ class Runtime:
             artifacts_root=Path(artifacts_root),
             wake=self.wake,
             attempts=attempts or Attempts(),
+            effect_timeout=_effect_timeout(effect_timeout),
         )
         self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None
@@ -509,3 +514,13 @@ class Runtime:
     def wake(self) -> None:
         for event in self._wakers:
             event.set()
+
+
+def _effect_timeout(seconds: float | None) -> float:
+    """The default timeout of effects that declare none: `seconds`, else $KEEL_EFFECT_TIMEOUT,
+    else 60 s."""
+    if seconds is None:
+        seconds = parse_duration(os.environ.get(EFFECT_TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    if seconds <= 0:
+        raise UsageError(f"effect_timeout must be more than zero, not {seconds!r}")
+    return float(seconds)

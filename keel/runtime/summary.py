@@ -381,12 +381,33 @@ def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]
         return f"waiting for {wait['name']}", f"{article} {wait['kind']} is pending{escalated}"
     if status == "running":
         owner = run["lease_owner"] or "a worker"
-        return "running", f"held by {owner} with lease token {run['lease_token']}"
+        held = f"held by {owner} with lease token {run['lease_token']}"
+        holding = _awaiting_deadline(details.timeline)
+        if holding is not None:
+            return (
+                f"waiting for effect {holding.get('effect')}'s deadline",
+                f"{held}; its last call may still be under way, so it is reconciled only "
+                f"after its deadline ({holding.get('seconds')} s from the event)",
+            )
+        return "running", held
     if status == "queued":
         if last is not None and run["decision"] != "not_decided":
             return "queued", _decision_sentence(last) + "; a worker will resume it"
         return "queued", "admitted; waiting for a worker to claim it"
     return status, ""
+
+
+def _awaiting_deadline(timeline: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The data of an `effect.awaiting_deadline` the run has not gone past (no effect event,
+    step or claim since): what its owner is waiting for right now."""
+    for event in reversed(timeline):
+        kind = str(event["kind"])
+        if kind == "effect.awaiting_deadline":
+            data = event.get("data")
+            return data if isinstance(data, dict) else {}
+        if kind.startswith(("effect.", "step", "lease.", "status.")):
+            return None
+    return None
 
 
 def _decision_sentence(wait: dict[str, Any]) -> str:

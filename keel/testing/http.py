@@ -6,7 +6,9 @@ it has already seen gets the first response again and is not counted a second ti
 
 It can also misbehave as providers do: `refuse(503, seconds=10)` answers every change with that
 status (not counted, not remembered) for a while, `refuse(500)` until `accept()`; `hold = 2.0`
-counts a change and then holds its response that long (a caller killed meanwhile never hears).
+counts a change and then holds its response that long (a caller killed meanwhile never hears);
+`commit_after = 6.0` takes that long before it counts a change at all (a slow provider that
+commits at the end of the call, whether or not its caller still waits).
 
 A GET (or HEAD) is a *lookup*, never a delivery: it is how a reconciler asks the provider "did
 you receive this?". `GET <path>?field=value&...` answers 200 with
@@ -69,6 +71,11 @@ class HttpSink:
         """How many changes were answered with the refusal's status."""
         self.hold = 0.0
         """Seconds to hold the response to a counted change (it is counted before)."""
+        self.commit_after = 0.0
+        """Seconds a change takes before it is counted and answered: a slow provider that
+        commits at the end of the call, whether or not its caller is still waiting."""
+        self.arrived = 0
+        """Changes received so far, counted on arrival (before `commit_after`)."""
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -87,6 +94,11 @@ class HttpSink:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if request.method in CHANGES:
+                    with sink._lock:
+                        sink.arrived += 1
+                    if sink.commit_after:
+                        time.sleep(sink.commit_after)
                 answer = sink._record(request)
                 if sink.hold and request.method in CHANGES:
                     time.sleep(sink.hold)

@@ -46,7 +46,9 @@ def app(db_url: str) -> Iterator[keel.App]:
 def spawn(db_url: str, provider: HttpSink, tmp_path: Path) -> Iterator[Spawn]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*args: str, faults: str | None = None, **env: str) -> subprocess.Popen[bytes]:
+    def start(
+        *args: str, faults: str | None = None, effect_timeout: float = 2.0, **env: str
+    ) -> subprocess.Popen[bytes]:
         proc = spawn_worker(
             APP,
             "--stop-when-idle",
@@ -54,6 +56,8 @@ def spawn(db_url: str, provider: HttpSink, tmp_path: Path) -> Iterator[Spawn]:
             database_url=db_url,
             faults=faults,
             lease_ttl=1,
+            # A killed dispatcher's intent is reconciled once its call's deadline has passed.
+            effect_timeout=effect_timeout,
             env={"OUTBOX_URL": provider.url, "KEEL_LOG_LEVEL": "warning", **env},
             log=tmp_path / f"worker-{len(procs)}.log",
         )
@@ -145,10 +149,10 @@ def test_a_provider_slower_than_the_claim_is_not_taken_for_a_dead_dispatcher(
     the claim's TTL, leaves the delivery alone (reconciling it, with a provider that cannot
     tell a retry, would have left it in doubt for a person)."""
     run_id = app.submit("outbox", job_id="o-slow", input={"count": 1, "effect": "blind"}).run_id
-    provider.hold = 4.0  # four claim TTLs (lease_ttl=1)
-    first = spawn()
+    provider.hold = 4.0  # four claim TTLs (lease_ttl=1), within the effect's timeout
+    first = spawn(effect_timeout=10)
     wait_until(lambda: provider.deliveries, timeout=60, what="the delivery to start")
-    second = spawn()  # stays while the intent is undelivered, claiming what falls due
+    second = spawn(effect_timeout=10)  # stays while the intent is undelivered
     assert first.wait(timeout=60) == 0
     assert second.wait(timeout=60) == 0
     details = app.get_run(run_id)

@@ -371,10 +371,10 @@ def test_stale_token_cannot_reserve_or_record_an_effect(takeover: Takeover) -> N
     call = ledger.Call(where, 0, key, legacy_key(where, "email", (), {}), Identity({}), (), {})
     stale, live = takeover.ctx(takeover.a), takeover.ctx(takeover.b)
     with pytest.raises(LeaseLost):
-        takeover.call(ledger.reserve(stale, call, "email"))
+        takeover.call(ledger.reserve(stale, call, "email", 5.0))
     assert takeover.app.get_run(takeover.run_id).effects == []
 
-    row, new, _ = takeover.call(ledger.reserve(live, call, "email"))
+    row, new, _, _ = takeover.call(ledger.reserve(live, call, "email", 5.0))
     assert new and (row["status"], row["lease_token"]) == ("pending", 2)
     before = takeover.snapshot()
     with pytest.raises(LeaseLost):

@@ -29,6 +29,9 @@ from tests.support.apps.mailer import message_id_for
 APP_SPEC = "tests.support.apps.mailer:app"
 KILLED = -signal.SIGKILL
 LEASE_TTL = 1.0
+EFFECT_TIMEOUT = 2.0
+"""The timeout of the crash apps' effects: a worker killed mid-call leaves its key for the next
+owner to reconcile once that call's deadline (this and a 1 s margin) has passed."""
 WORKER_TIMEOUT = 40.0
 
 
@@ -98,6 +101,7 @@ class Chaos:
             database_url=self.db_url,
             faults=faults,
             lease_ttl=LEASE_TTL,
+            effect_timeout=EFFECT_TIMEOUT,
             artifacts_dir=self.tmp_path / "artifacts",
             env=self.env(),
             cwd=REPO,

@@ -158,3 +158,20 @@ def test_an_attempt_says_it_followed_a_release_or_a_resume_of_a_failed_run() -> 
         "took over from w3: its lease expired (it stopped)",
     ]
     assert s.takeovers == 1 and s.totals.lost == 260 - 201
+
+
+def test_a_run_holding_off_a_pending_key_says_whose_deadline_it_waits_for() -> None:
+    timeline = [
+        event(1, 100, "admitted"),
+        event(2, 101, "lease.claimed", "w1", 1),
+        # w1 was cut off mid-call; w2 took over and holds off until that call's deadline
+        event(3, 120, "lease.takeover", "w2", 2),
+        event(4, 120.5, "effect.awaiting_deadline", "w2", 2, effect="charge", seconds=6.5),
+    ]
+    running = run_row(status="running", lease_owner="w2", finished_at=None)
+    summary = summarize(RunDetails(running, timeline, [{"status": "pending"}], [], []), 121.0)
+    assert summary.outcome == "waiting for effect charge's deadline"
+    assert "held by w2" in summary.why and "may still be under way" in summary.why
+    timeline.append(event(5, 127, "effect.confirmed", "w2", 2))
+    summary = summarize(RunDetails(running, timeline, [{"status": "confirmed"}], [], []), 128.0)
+    assert summary.outcome == "running"

@@ -29,9 +29,11 @@ class EffectQueries:
         arg_hashes: str,
         call_index: int,
         token: int,
+        hold: float,
     ) -> Row | None:
-        """Reserve an idempotency key (pending) in one fenced statement (see the
-        `reserve_effect` query); None, writing nothing, if `token` does not hold the run."""
+        """Reserve an idempotency key (pending, its call's deadline `hold` seconds from now) in
+        one fenced statement (see the `reserve_effect` query); None, writing nothing, if `token`
+        does not hold the run."""
         return await self.db.single(
             "reserve_effect",
             {
@@ -46,7 +48,16 @@ class EffectQueries:
                 "arg_hashes": arg_hashes,
                 "call_index": call_index,
                 "lease_token": token,
+                "hold": hold,
             },
+        )
+
+    async def arm_effect(self, key: str, *, run_id: str, token: int, hold: float) -> Row | None:
+        """Move a pending key's call deadline to `hold` seconds from now, before a new provider
+        call of it, in one statement fenced like a reservation (see the `arm_effect` query);
+        None, writing nothing, if `token` does not hold the run."""
+        return await self.db.single(
+            "arm_effect", {"key": key, "run_id": run_id, "lease_token": token, "hold": hold}
         )
 
     async def record_effect(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from keel.core.clock import live_within
 from keel.core.codec import dumps
 from keel.core.store.base import Connector, Row, Tx
 
@@ -56,12 +59,27 @@ class IntentQueries:
         assert row is not None
         return row
 
-    async def effect_claim_held(self, intent_id: str, claim_token: int) -> bool:
-        """Whether `claim_token` still holds the intent, unexpired by the database's clock."""
-        async with self.db.read() as tx:
-            found = await tx.one(
-                "outbox_claim_held", {"intent_id": intent_id, "claim_token": claim_token}
-            )
+    async def arm_effect_intent(
+        self, intent_id: str, claim_token: int, hold: float
+    ) -> float | None:
+        """The look before a delivery's provider call: if `claim_token` still holds the intent
+        (unexpired by the database's clock), its call's deadline moves to `hold` seconds from
+        now and the monotonic time read before the statement was sent is returned (the call's
+        own deadline counts from it). None if the claim is lost, or if the answer came back too
+        late to act on (`live_within`): nothing may be called then."""
+        asked_at = time.monotonic()
+        found = await self.db.single(
+            "outbox_arm", {"intent_id": intent_id, "claim_token": claim_token, "hold": hold}
+        )
+        if found is None or not live_within(float(found["claim_left"]), asked_at):
+            return None
+        return asked_at
+
+    async def release_effect_claim(self, intent_id: str, claim_token: int) -> bool:
+        """End a held claim now (its call was abandoned); False if it was not held."""
+        found = await self.db.single(
+            "outbox_release_claim", {"intent_id": intent_id, "claim_token": claim_token}
+        )
         return found is not None
 
     async def renew_effect_claim(self, intent_id: str, claim_token: int, ttl: float) -> bool:

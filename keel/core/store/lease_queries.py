@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keel.core import logs
+from keel.core.clock import live_within
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Connector, Later, Row, Tx
 from keel.core.store.run_queries import committed
@@ -73,18 +74,26 @@ class LeaseQueries:
             return _held_by(await tx.one("lease_held", {"run_id": run_id}), run_id, token)
 
     async def check_lease_held(self, run_id: str, token: int) -> Row:
-        """Raise LeaseLost unless `token` holds the run and its lease has not expired (by the
-        database's clock).
+        """Raise LeaseLost unless `token` holds the run, its lease has not expired (by the
+        database's clock), and the answer came back soon enough to act on (`live_within`: a
+        reply a partition held past the lease's remainder says nothing about now).
 
         A read outside any write transaction: the last look before something that no
         transaction can fence (a provider call, a rename), so it narrows the window a frozen
         worker has, rather than closing it.
         """
+        asked_at = time.monotonic()
         async with self.db.read() as tx:
             row = _held_by(await tx.one("lease_held", {"run_id": run_id}), run_id, token)
         if not row["live"]:
             # Not taken over yet, but takeable: a call now could race the next owner's.
             raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
+        left = float(row["lease_left"])
+        if not live_within(left, asked_at):
+            raise LeaseLost(
+                f"run {run_id}: the lease of token {token} was live with {left:.1f}s left, but "
+                f"the answer took {time.monotonic() - asked_at:.1f}s to arrive: too late to act on"
+            )
         return row
 
     # -- failed attempts ------------------------------------------------------------------------
@@ -116,6 +125,12 @@ class LeaseQueries:
         await tx.execute(
             "hold_lease_until", {"run_id": run_id, "lease_token": token, "delay": delay}
         )
+
+    @staticmethod
+    async def loop_blocks(tx: Tx, run_id: str) -> list[Row]:
+        """The run's latest `loop.blocked` and `loop.unblocked` events (kind, lease_token,
+        worker_id, at, data as JSON), newest first, each with the database's `now`."""
+        return await tx.all("loop_blocks", {"run_id": run_id})
 
     # -- claims ---------------------------------------------------------------------------------
 

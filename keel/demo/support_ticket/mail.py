@@ -143,6 +143,9 @@ def lookup_sent_email(
     "send_email",
     reconcile=lookup_sent_email,
     retry=keel.Retry(max_attempts=4, initial=0.2, maximum=5.0),
+    # One call's bound, as its client's own: a new owner of the run waits this long (and a
+    # margin) from the call's start before it reconciles a key a crash left pending.
+    timeout="10s",
 )
 def send_email(
     to: str, subject: str, body: str, *, ticket_id: str, idempotency_key: str = keel.KEY

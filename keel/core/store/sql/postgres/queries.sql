@@ -37,11 +37,34 @@ FOR SHARE;
 SELECT keel_fence(%(run_id)s, %(lease_token)s) AS cancel_requested;
 
 -- name: lease_held
--- Whether a lease token still holds its run, unexpired, right now (the last check before a
--- provider call or an artifact's rename; a plain read, it holds no lock).
+-- Whether a lease token still holds its run, unexpired, right now, and for how many seconds
+-- more by the database's clock (the last check before a provider call or an artifact's rename;
+-- a plain read, it holds no lock).
 SELECT run_id, status, lease_token, lease_owner, cancel_requested,
-       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live
+       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live,
+       GREATEST(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
 FROM keel_runs WHERE run_id = %(run_id)s;
+
+-- name: arm_effect
+-- A pending key's next provider call is about to start (after a reconciler said it never
+-- happened, a person said so, or a retry): its deadline moves to `hold` seconds from now, in one
+-- statement fenced like a reservation (only under a live lease of `lease_token`, no cancel
+-- asked). `lease_left`: the lease's seconds left by the database's clock; `armed`: 1 if the key
+-- was armed. No row: the token does not hold the run, nothing was written.
+WITH fence AS (
+    SELECT run_id, cancel_requested,
+           GREATEST(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
+    FROM keel_runs
+    WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s
+    FOR SHARE),
+armed AS (
+    UPDATE keel_effects
+    SET deadline_at = keel_now() + %(hold)s, lease_token = %(lease_token)s, updated_at = keel_now()
+    WHERE idempotency_key = %(key)s AND status = 'pending'
+      AND EXISTS (SELECT 1 FROM fence WHERE cancel_requested = 0 AND lease_left > 0)
+    RETURNING idempotency_key)
+SELECT f.cancel_requested AS cancelled, f.lease_left, (SELECT COUNT(*) FROM armed) AS armed
+FROM fence AS f;
 
 -- name: insert_run
 -- Admit a run unless it already exists (admission is idempotent).
@@ -283,6 +306,15 @@ ON CONFLICT (run_id, step_key) DO NOTHING;
 -- A run's timeline in order.
 SELECT * FROM keel_events WHERE run_id = %(run_id)s ORDER BY event_id;
 
+-- name: loop_blocks
+-- What a run's timeline says of blocked event loops (`loop.blocked`: written while the block
+-- lasted, by the blocked worker, fenced by its token; `loop.unblocked`: the block ended while
+-- that token still held the run), newest first, with the database's time: read when a run is
+-- given up on, to say why its leases lapsed.
+SELECT kind, lease_token, worker_id, at, data, keel_now() AS now FROM keel_events
+WHERE run_id = %(run_id)s AND kind IN ('loop.blocked', 'loop.unblocked')
+ORDER BY event_id DESC LIMIT 50;
+
 -- name: get_effect
 -- One ledger row.
 SELECT * FROM keel_effects WHERE idempotency_key = %(key)s;
@@ -301,7 +333,9 @@ RETURNING *;
 -- and unless the key is in the ledger already, or the call's pre-0006 key is (`legacy`: that
 -- row is served). A key is reserved only under a live lease: `lease_left` is how many seconds
 -- of it remain by the database's clock (0: expired), the bound within which the provider call
--- that follows needs no second look at the lease. The effect's row follows, and whether this
+-- that follows needs no second look at the lease. A new key's `deadline_at` is `hold` seconds
+-- from now (its effect's timeout and margin); `deadline_in` is how long an existing key's call
+-- may still be under way (nobody acts on it before). The effect's row follows, and whether this
 -- call reserved it (`reserved`). No row: the token does not hold the run, nothing was written.
 WITH fence AS (
     SELECT run_id, cancel_requested,
@@ -313,14 +347,17 @@ legacy AS (
     SELECT * FROM keel_effects WHERE idempotency_key = %(legacy_key)s AND arg_hashes IS NULL),
 inserted AS (
     INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at,
+                          deadline_at)
     SELECT %(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
-           %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now()
+           %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now(),
+           keel_now() + %(hold)s
     FROM fence WHERE cancel_requested = 0 AND lease_left > 0 AND NOT EXISTS (SELECT 1 FROM legacy)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING *)
 SELECT f.cancel_requested AS cancelled, f.lease_left, (SELECT COUNT(*) FROM legacy) AS legacy,
-       (SELECT COUNT(*) FROM inserted) AS reserved, e.*
+       (SELECT COUNT(*) FROM inserted) AS reserved,
+       GREATEST(COALESCE(e.deadline_at, 0) - keel_now(), 0) AS deadline_in, e.*
 FROM fence AS f
 LEFT JOIN (SELECT * FROM legacy
            UNION ALL
@@ -894,11 +931,13 @@ RETURNING intent_id;
 
 -- name: outbox_next_due
 -- Seconds until the dispatcher has something to do, by the database's clock (negative: now):
--- an intent becoming deliverable, or a sender's claim expiring. NULL: nothing is pending.
+-- an intent becoming deliverable, or a sender's claim expiring past its call's deadline. NULL:
+-- nothing is pending.
 SELECT (SELECT MIN(t) FROM (
             SELECT MIN(available_at) AS t FROM keel_intents WHERE status = 'pending'
             UNION ALL
-            SELECT MIN(claim_expires_at) FROM keel_intents WHERE status = 'sending'
+            SELECT MIN(GREATEST(claim_expires_at, COALESCE(deadline_at, 0)))
+            FROM keel_intents WHERE status = 'sending'
         ) AS due) - keel_now() AS seconds;
 
 -- name: outbox_get
@@ -912,11 +951,13 @@ FOR UPDATE;
 
 -- name: outbox_candidate
 -- The oldest due intent of the effects this dispatcher may deliver now, or one whose claim
--- expired while it was `sending` (its dispatcher died: it is reconciled, never blindly resent).
+-- expired while it was `sending` (its dispatcher died or was cut off: it is reconciled, never
+-- blindly resent), once its call's deadline passed (until then that call may be under way).
 SELECT * FROM keel_intents
 WHERE effect IN (SELECT jsonb_array_elements_text(CAST(%(effects)s AS jsonb)))
   AND ((status = 'pending' AND available_at <= (SELECT keel_now()))
-       OR (status = 'sending' AND claim_expires_at < (SELECT keel_now())))
+       OR (status = 'sending' AND claim_expires_at < (SELECT keel_now())
+           AND COALESCE(deadline_at, 0) < (SELECT keel_now())))
 ORDER BY available_at, intent_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
@@ -929,11 +970,23 @@ SET status = 'sending', claimed_by = %(worker_id)s, claim_token = claim_token + 
 WHERE intent_id = %(intent_id)s
 RETURNING *;
 
--- name: outbox_claim_held
--- Whether a dispatcher's claim still holds, by the database's clock: the look before the call.
-SELECT intent_id FROM keel_intents
+-- name: outbox_arm
+-- The look before a delivery's provider call: only while the dispatcher's claim still holds, by
+-- the database's clock, its call's deadline moves to `hold` seconds from now (the effect's
+-- timeout and margin: nobody reconciles or resends it before). `claim_left`: the claim's
+-- seconds left. No row: the claim lapsed or another dispatcher holds it.
+UPDATE keel_intents SET deadline_at = keel_now() + %(hold)s
 WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
-  AND claim_expires_at > (SELECT keel_now());
+  AND claim_expires_at > keel_now()
+RETURNING claim_expires_at - keel_now() AS claim_left;
+
+-- name: outbox_release_claim
+-- A dispatcher stops waiting for a delivery's call (past the effect's timeout): its claim ends
+-- now, under that claim only, so the intent is reconciled as soon as the call's deadline has
+-- passed rather than when the claim would have lapsed.
+UPDATE keel_intents SET claim_expires_at = keel_now()
+WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
+RETURNING intent_id;
 
 -- name: outbox_renew_claim
 -- Extend a claim while its provider call is under way, only under that claim and before it lapsed.

@@ -40,8 +40,24 @@ FROM keel_runs WHERE run_id = :run_id;
 -- Whether a lease token still holds its run, unexpired, right now (the last check before a
 -- provider call or an artifact's rename; a plain read, it holds no lock).
 SELECT run_id, status, lease_token, lease_owner, cancel_requested,
-       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live
+       CASE WHEN lease_expires_at > keel_now() THEN 1 ELSE 0 END AS live,
+       MAX(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
 FROM keel_runs WHERE run_id = :run_id;
+
+-- name: arm_effect
+-- A pending key's next provider call is about to start (after a reconciler said it never
+-- happened, a person said so, or a retry): its deadline moves to `hold` seconds from now, in one
+-- call (a chain) fenced like a reservation (only under a live lease of `lease_token`, no cancel
+-- asked). `lease_left`: the lease's seconds left by the database's clock; `armed`: 1 if the key
+-- was armed. No row: the token does not hold the run, nothing was written.
+SELECT cancel_requested AS cancelled,
+       MAX(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
+FROM keel_runs
+WHERE run_id = :run_id AND lease_token = :lease_token;
+UPDATE keel_effects
+SET deadline_at = keel_now() + :hold, lease_token = :lease_token, updated_at = keel_now()
+WHERE idempotency_key = :key AND status = 'pending' AND :cancelled = 0 AND :lease_left > 0;
+SELECT changes() AS armed;
 
 -- name: insert_run
 -- Admit a run unless it already exists (admission is idempotent).
@@ -246,6 +262,15 @@ ON CONFLICT (run_id, step_key) DO NOTHING;
 -- A run's timeline in order.
 SELECT * FROM keel_events WHERE run_id = :run_id ORDER BY event_id;
 
+-- name: loop_blocks
+-- What a run's timeline says of blocked event loops (`loop.blocked`: written while the block
+-- lasted, by the blocked worker, fenced by its token; `loop.unblocked`: the block ended while
+-- that token still held the run), newest first, with the database's time: read when a run is
+-- given up on, to say why its leases lapsed.
+SELECT kind, lease_token, worker_id, at, data, keel_now() AS now FROM keel_events
+WHERE run_id = :run_id AND kind IN ('loop.blocked', 'loop.unblocked')
+ORDER BY event_id DESC LIMIT 50;
+
 -- name: get_effect
 -- One ledger row.
 SELECT * FROM keel_effects WHERE idempotency_key = :key;
@@ -264,8 +289,10 @@ RETURNING *;
 -- is in the ledger already, or the call's pre-0006 key is (`legacy`: that row is served). A key
 -- is reserved only under a live lease: `lease_left` is how many seconds of it remain by the
 -- database's clock (0: expired), the bound within which the provider call that follows needs
--- no second look at the lease. The effect's row follows, and whether this call reserved it
--- (`reserved`). No row: the token does not hold the run, and nothing was written.
+-- no second look at the lease. A new key's `deadline_at` is `hold` seconds from now (its
+-- effect's timeout and margin); `deadline_in` is how long an existing key's call may still be
+-- under way (nobody acts on it before). The effect's row follows, and whether this call
+-- reserved it (`reserved`). No row: the token does not hold the run, and nothing was written.
 SELECT cancel_requested AS cancelled,
        MAX(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
 FROM keel_runs
@@ -273,13 +300,16 @@ WHERE run_id = :run_id AND lease_token = :lease_token;
 SELECT COUNT(*) AS legacy FROM keel_effects
 WHERE idempotency_key = :legacy_key AND arg_hashes IS NULL;
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
-                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at)
+                          arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at,
+                          deadline_at)
 SELECT :key, :run_id, :name, :node, :step, :task_path, :args_hash,
-       :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now()
+       :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now(),
+       keel_now() + :hold
 WHERE :cancelled = 0 AND :lease_left > 0 AND :legacy = 0
 ON CONFLICT (idempotency_key) DO NOTHING;
 SELECT changes() AS reserved;
-SELECT e.* FROM (SELECT 1) AS one
+SELECT MAX(COALESCE(e.deadline_at, 0) - keel_now(), 0) AS deadline_in, e.*
+FROM (SELECT 1) AS one
 LEFT JOIN keel_effects AS e
   ON :cancelled = 0
  AND e.idempotency_key = CASE WHEN :legacy > 0 THEN :legacy_key ELSE :key END;
@@ -805,11 +835,13 @@ RETURNING intent_id;
 
 -- name: outbox_next_due
 -- Seconds until the dispatcher has something to do, by the database's clock (negative: now):
--- an intent becoming deliverable, or a sender's claim expiring. NULL: nothing is pending.
+-- an intent becoming deliverable, or a sender's claim expiring past its call's deadline. NULL:
+-- nothing is pending.
 SELECT (SELECT MIN(t) FROM (
             SELECT MIN(available_at) AS t FROM keel_intents WHERE status = 'pending'
             UNION ALL
-            SELECT MIN(claim_expires_at) FROM keel_intents WHERE status = 'sending'
+            SELECT MIN(MAX(claim_expires_at, COALESCE(deadline_at, 0)))
+            FROM keel_intents WHERE status = 'sending'
         )) - keel_now() AS seconds;
 
 -- name: outbox_get
@@ -822,11 +854,13 @@ SELECT * FROM keel_intents WHERE intent_id = :intent_id;
 
 -- name: outbox_candidate
 -- The oldest due intent of the effects this dispatcher may deliver now, or one whose claim
--- expired while it was `sending` (its dispatcher died: it is reconciled, never blindly resent).
+-- expired while it was `sending` (its dispatcher died or was cut off: it is reconciled, never
+-- blindly resent), once its call's deadline passed (until then that call may be under way).
 SELECT * FROM keel_intents
 WHERE effect IN (SELECT value FROM json_each(:effects))
   AND ((status = 'pending' AND available_at <= (SELECT keel_now()))
-       OR (status = 'sending' AND claim_expires_at < (SELECT keel_now())))
+       OR (status = 'sending' AND claim_expires_at < (SELECT keel_now())
+           AND COALESCE(deadline_at, 0) < (SELECT keel_now())))
 ORDER BY available_at, intent_id
 LIMIT 1;
 
@@ -838,11 +872,23 @@ SET status = 'sending', claimed_by = :worker_id, claim_token = claim_token + 1,
 WHERE intent_id = :intent_id
 RETURNING *;
 
--- name: outbox_claim_held
--- Whether a dispatcher's claim still holds, by the database's clock: the look before the call.
-SELECT intent_id FROM keel_intents
+-- name: outbox_arm
+-- The look before a delivery's provider call: only while the dispatcher's claim still holds, by
+-- the database's clock, its call's deadline moves to `hold` seconds from now (the effect's
+-- timeout and margin: nobody reconciles or resends it before). `claim_left`: the claim's
+-- seconds left. No row: the claim lapsed or another dispatcher holds it.
+UPDATE keel_intents SET deadline_at = keel_now() + :hold
 WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
-  AND claim_expires_at > (SELECT keel_now());
+  AND claim_expires_at > keel_now()
+RETURNING claim_expires_at - keel_now() AS claim_left;
+
+-- name: outbox_release_claim
+-- A dispatcher stops waiting for a delivery's call (past the effect's timeout): its claim ends
+-- now, under that claim only, so the intent is reconciled as soon as the call's deadline has
+-- passed rather than when the claim would have lapsed.
+UPDATE keel_intents SET claim_expires_at = keel_now()
+WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
+RETURNING intent_id;
 
 -- name: outbox_renew_claim
 -- Extend a claim while its provider call is under way, only under that claim and before it lapsed.

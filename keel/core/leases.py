@@ -11,8 +11,10 @@ picked up by whoever claims next.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 
+from keel.core.codec import loads
 from keel.core.errors import LeaseLost
 from keel.core.faults import fault_point
 from keel.core.lifecycle import Status, TerminationReason, check_transition
@@ -102,13 +104,21 @@ async def _give_up(
     store: Store, tx: Tx, row: Row, worker_id: str, crashes: int, limit: int
 ) -> None:
     """End a run whose executions keep dying (a node that kills its process: OOM, a segfault,
-    os._exit) failed, instead of handing it to the next worker to kill."""
-    error = (
-        f"the run's worker died {crashes} times while running it (its process exited or was "
-        f"killed: out of memory, a signal, a crash in native code); the limit is {limit}"
-    )
+    os._exit) failed, instead of handing it to the next worker to kill. If the lease that just
+    lapsed lapsed while its worker's event loop was blocked (an async node calling blocking
+    code: the worker was alive, its heartbeat could not run), the error says so instead."""
     token = int(row["lease_token"])
-    data = {"cause": "worker died", "attempt": crashes, "limit": limit, "error": error}
+    blocked = blocked_loop(await store.loop_blocks(tx, row["run_id"]), lapsed=token - 1)
+    if blocked is None:
+        cause = "worker died"
+        error = (
+            f"the run's worker died {crashes} times while running it (its process exited or "
+            f"was killed: out of memory, a signal, a crash in native code); the limit is {limit}"
+        )
+    else:
+        cause = "blocked loop"
+        error = f"{blocked.describe(crashes)}; the limit is {limit}. {BLOCKING_ADVICE}"
+    data = {"cause": cause, "attempt": crashes, "limit": limit, "error": error}
     await store.add_event(
         tx, row["run_id"], "attempt.failed", data, worker_id=worker_id, token=token
     )
@@ -121,7 +131,71 @@ async def _give_up(
         token=token,
         termination_reason=TerminationReason.EXECUTION_ERROR.value,
         error=error,
-        event={"cause": "worker died", "attempts": crashes},
+        event={"cause": cause, "attempts": crashes},
+    )
+
+
+NOT_BLOCKING = (
+    "use `await asyncio.sleep`, `asyncio.to_thread`, or a plain `def` node (run in a thread)"
+)
+"""What to do instead of blocking code in an async node (the worker's warnings say it too)."""
+BLOCKING_ADVICE = f"An async node must not call blocking code: {NOT_BLOCKING}"
+
+
+@dataclass(frozen=True)
+class BlockedLoop:
+    """What a run's timeline says of the blocked event loop its last lease lapsed in."""
+
+    node: str | None
+    """The node that blocked the loop (None: not known, or not inside a node)."""
+    by_run: str | None
+    """The run of that node, if another run of the same worker (this run was a bystander)."""
+    lasted: float
+    """Seconds from the block's start until the run was given up on (past the lease's lapse)."""
+    lease_ttl: float | None
+    times: int
+    """How many of the run's lapsed leases lapsed in a blocked loop."""
+
+    def describe(self, crashes: int) -> str:
+        lease = f", longer than its {self.lease_ttl:g} s lease" if self.lease_ttl else ""
+        node = f"node {self.node!r}" if self.node else "code outside any node"
+        if self.by_run:
+            what = f"the run's worker's event loop was blocked by {node} of run {self.by_run}"
+        else:
+            what = f"the run's {node} blocked its worker's event loop"
+        return (
+            f"{what} for {self.lasted:.1f} s and more{lease}: the heartbeat could not renew "
+            f"the lease, and another worker took the run over (not a dead worker); "
+            f"{self.times} of its {crashes} takeovers followed a blocked loop"
+        )
+
+
+def blocked_loop(rows: list[Row], lapsed: int) -> BlockedLoop | None:
+    """The block that lease token `lapsed` lapsed in, from `Store.loop_blocks` rows (newest
+    first); None unless that token's worker recorded a block that had not ended while it still
+    held the run (the watchdog records `loop.unblocked` when a block ends in time)."""
+    ended = {int(r["lease_token"]) for r in rows if r["kind"] == "loop.unblocked"}
+    blocks: dict[int, Row] = {}
+    for r in rows:
+        token = int(r["lease_token"])
+        if r["kind"] == "loop.blocked" and token not in ended:
+            blocks.setdefault(token, r)  # the newest of that token's blocks
+    last = blocks.get(lapsed)
+    if last is None:
+        return None
+    data = loads(last["data"]) or {}
+    # The watchdog wrote the event `blocked_for` seconds into the block (by its own clock): the
+    # block began that long before the event's time (the database's). It had not ended when the
+    # lease lapsed (no `loop.unblocked`), and nothing of that worker has been heard since: as far
+    # as the database knows, it lasts until now, this claim.
+    started = float(last["at"]) - float(data.get("blocked_for") or 0.0)
+    ttl = data.get("lease_ttl")
+    return BlockedLoop(
+        node=data.get("node"),
+        by_run=data.get("by_run"),
+        lasted=max(float(last["now"]) - started, 0.0),
+        lease_ttl=float(ttl) if ttl else None,
+        times=len(blocks),
     )
 
 

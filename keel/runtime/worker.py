@@ -40,6 +40,7 @@ from keel.runtime.handoff import Handoff
 from keel.runtime.records import WorkerStats as WorkerStats
 from keel.runtime.runtime import Runtime
 from keel.runtime.stranded import report_stranded
+from keel.runtime.watchdog import BlockRecorder, LoopWatchdog, default_threshold
 
 log = logging.getLogger("keel.runtime.worker")
 STRANDED_CHECK_INTERVAL = 10.0
@@ -71,10 +72,20 @@ class Worker:
         prune_interval: str | float = 3600.0,
         max_clock_skew: float | None = None,
         clock_check_interval: float = 60.0,
+        loop_block_threshold: float | None = None,
     ) -> None:
         """`max_clock_skew` (default `$KEEL_MAX_CLOCK_SKEW`, else 300 s; 0: no limit): how far
-        this host's clock may be from the database's for the worker to start."""
+        this host's clock may be from the database's for the worker to start.
+        `loop_block_threshold`: seconds the event loop may be blocked (an async node calling
+        blocking code) before the worker says so and records it on the timelines of the runs it
+        holds (default: max(1 s, lease TTL / 6), at most a third of the TTL; 0: never)."""
         self.runtime = runtime
+        self.loop_block_threshold = (
+            default_threshold(runtime.lease_ttl)
+            if loop_block_threshold is None
+            else loop_block_threshold
+        )
+        self.watchdog: LoopWatchdog | None = None
         if max_clock_skew is None:
             max_clock_skew = float(os.environ.get(MAX_SKEW_ENV) or DEFAULT_MAX_SKEW)
         self.max_clock_skew = max_clock_skew
@@ -178,6 +189,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         woken = True
         rt.add_taker(self._handoff.open(loop))
+        self._watch_loop()
         try:
             while not self._stopping.is_set():
                 # Cleared before the look, not after it: a wake-up that comes while this pass
@@ -224,8 +236,33 @@ class Worker:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if self.watchdog is not None:
+                self.watchdog.stop()
             await self._goodbye()
         return self.stats
+
+    def _watch_loop(self) -> None:
+        """Start the loop-lag watchdog (keel.runtime.watchdog): a blocked loop is logged, with
+        the node blocking it, and recorded on the timelines of the runs held meanwhile, so that
+        a run whose leases lapsed that way fails saying so rather than "the worker died"."""
+        if self.loop_block_threshold <= 0:
+            return
+        rt = self.runtime
+        record = None
+        if getattr(rt.connector, "path", None) != ":memory:":  # another connection: another DB
+            record = BlockRecorder(
+                rt.connector.url, self.worker_id, rt.lease_ttl, rt.connector.clock_override
+            )
+        tasks = self._tasks
+        self.watchdog = LoopWatchdog(
+            threshold=self.loop_block_threshold,
+            # Read from the watchdog's thread while the loop is blocked: one C-level copy.
+            held=lambda: [lease for lease, _ in list(tasks.values())],
+            record=record,
+            lease_ttl=rt.lease_ttl,
+            worker_id=self.worker_id,
+        )
+        self.watchdog.start()
 
     async def _idle_done(self, claimed: int) -> bool:
         """A stop-when-idle worker with nothing left to do anywhere: time to leave."""

@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
+from keel.chaos.audit import workflow_findings
 from keel.chaos.harness import ChaosConfig
 from keel.chaos.kinds import NAMES, make_kinds
 from keel.chaos.matrix import run_matrix
 from keel.chaos.report import output_console, render, write_json, write_junit
 from keel.core.errors import UsageError
 from keel.core.faults import POINTS
+from keel.runtime.loading import load_app
 
 
 def chaos(
@@ -126,8 +129,24 @@ def chaos(
             ),
         )
     render(report, console)
+    _reconcile_only(app, console)
     if json_report:
         write_json(report, json_report)
     if junit:
         write_junit(report, junit)
     raise typer.Exit(0 if report.ok else 1)
+
+
+RELIES_ON_RECONCILE = ("effect.reconcile-only", "effect.in-doubt-on-crash")
+
+
+def _reconcile_only(spec: str, console: Console) -> None:
+    """Say which effects the matrix passed only because their reconciler (or a person) settles
+    a call cut off mid-way: a provider that commits after its client gave up can still make
+    them happen twice, which no crash cell can show (docs/effects.md, "What remains")."""
+    findings = [f for f in workflow_findings(load_app(spec)) if f.code in RELIES_ON_RECONCILE]
+    if not findings:
+        return
+    console.print("effects that rely on reconcile alone (keel audit says more):", markup=False)
+    for finding in findings:
+        console.print(f"  {finding.subject}: {finding.message} Fix: {finding.fix}", markup=False)

@@ -19,6 +19,7 @@ import typer
 
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import observe, render
+from keel.cli.audit import audit_command
 from keel.cli.effects import dispatcher, effects_cli
 from keel.cli.guard import (
     APP_HINT,
@@ -179,14 +180,14 @@ def serve(
     come from $KEEL_API_TOKENS, the Slack signing secret from $KEEL_SLACK_SIGNING_SECRET.
     """
     from keel.service.auth import ENV as TOKENS_ENV
-    from keel.service.auth import load_tokens
+    from keel.service.auth import MAKE_ONE, load_tokens
     from keel.service.server import serve as serve_http
 
     check_database(load_app(app), hint=APP_HINT)
     if not load_tokens(None):
         warn(
             f"no API tokens: ${TOKENS_ENV} is empty, so every request but /healthz and /readyz "
-            f"gets 401 (e.g. {TOKENS_ENV}='ops-token=*'; see docs/http.md)"
+            f'gets 401 (e.g. {TOKENS_ENV}="$({MAKE_ONE})=*"; see docs/http.md)'
         )
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
     serve_http(
@@ -370,6 +371,8 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
 # The crash harness with its own options, plus --log-level/--log-format: what its workers and
 # the harness itself log (a worker inherits $KEEL_LOG_* unless --env sets them).
 cli.command("chaos")(bad_spec_is_usage(observe.logged(chaos_command)))
+# Before a deploy: effects, waits, versions, lease and tokens (docs/chaos.md).
+cli.command("audit")(guarded(audit_command))
 
 
 @cli.command()

@@ -149,4 +149,4 @@ def _reconcile_only(spec: str, console: Console) -> None:
         return
     console.print("effects that rely on reconcile alone (keel audit says more):", markup=False)
     for finding in findings:
-        console.print(f"  {finding.subject}: {finding.message} Fix: {finding.fix}", markup=False)
+        console.print(f"  {finding.subject}: {finding.message}; fix: {finding.fix}", markup=False)

@@ -368,11 +368,11 @@ class Effect(Generic[P, R]):
         never later than the one the database holds for it."""
         if self.is_async:
             fault_point("effect.before_call", self.name)
-            bound = (
-                lease
-                if lease is not None and lease.holds(ctx)
-                else await _armed(ctx, key, call_timeout)
-            )
+            bound = lease if lease is not None and lease.holds(ctx) else None
+            if bound is None or bound.remaining(ctx, call_timeout) <= 0:
+                # Nothing was called yet: a deadline spent before the call (a stall after the
+                # reservation) is armed afresh, not taken for an unknown outcome.
+                bound = await _armed(ctx, key, call_timeout)
             deadline = bound.remaining(ctx, call_timeout)
             if deadline <= 0:
                 raise _Abandoned
@@ -391,9 +391,8 @@ class Effect(Generic[P, R]):
             # on (or froze) past the reservation's bound asks the database and finds a takeover
             # here, not after paying. What remains is a freeze between this line and the next;
             # docs/effects.md says what closes it.
-            if lease is not None and lease.holds(ctx):
-                bound = lease
-            else:
+            bound = lease if lease is not None and lease.holds(ctx) else None
+            if bound is None or bound.remaining(ctx, call_timeout) <= 0:
                 bound = ctx.services.portal.call(_armed(ctx, key, call_timeout))
             return _call_within(self.fn, args, kwargs, bound.remaining(ctx, call_timeout))
 

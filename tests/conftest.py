@@ -31,7 +31,7 @@ PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.
 REQUIRE_PG = os.environ.get("KEEL_REQUIRE_POSTGRES") == "1"
 _pg_problem: list[str] = []
 
-TIERS = ("unit", "store", "runtime", "interfaces", "examples", "tools", "processes")
+TIERS = ("unit", "store", "conformance", "runtime", "interfaces", "examples", "tools", "processes")
 """The folders of tests/, cheapest first: the order they run in (any other folder runs last)."""
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 _seconds: Counter[str] = Counter()

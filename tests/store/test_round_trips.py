@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from keel.core import leases, outbox, runs, waits
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.lifecycle import Status
 from tests.support import by_hand
-from tests.support.graphs import echo_graph, notify_effect, review_graph
+from tests.support.graphs import echo_graph, held_graph, notify_effect, review_graph
 from tests.support.notifiers import Recorder
 from tests.support.providers import Provider
 from tests.support.roundtrips import Count, counting
@@ -609,23 +610,39 @@ def test_a_five_step_run_alone_costs_one_transaction_each_on_the_loops_thread(
 def test_two_executions_at_once_commit_on_the_database_thread(make_app: AppFactory) -> None:
     """While several executions run, none of their transactions runs on the loop's thread
     (where one's fsync would stall the others' work); on the database thread they may share
-    a COMMIT, so there are at most as many calls as transactions."""
+    a COMMIT, so there are at most as many calls as transactions.
+
+    A third execution, held in its node until the two are done, keeps the process from ever
+    being down to one (the one that finished second would otherwise commit its last steps on
+    the loop's thread, alone, as it should)."""
     app = make_app()
     app.workflow("chain")(_chain(5))
+    release = threading.Event()
+    app.workflow("hold")(held_graph(release))
     rt = app.aio
 
     async def run() -> Any:
         await rt.open()
+        await rt.submit("hold", job_id="held", input={"n": 0})
+        holding = await leases.claim(rt.store, "w-hold", ["hold@1"], rt.lease_ttl)
+        assert holding is not None
+        held = asyncio.ensure_future(rt.executor("w-hold").execute(*holding))
+        for _ in range(1000):  # until the held execution holds its lease in the saver
+            if rt.fencing().holders:
+                break
+            await asyncio.sleep(0.01)
         for job in ("two-a", "two-b"):
             await rt.submit("chain", job_id=job, input={"text": "a"})
         claimed = [
-            await leases.claim(rt.store, worker, rt.workflows.keys(), rt.lease_ttl)
+            await leases.claim(rt.store, worker, ["chain@1"], rt.lease_ttl)
             for worker in ("w-a", "w-b")
         ]
         with counting() as count:
             outcomes = await asyncio.gather(
                 *(rt.executor(got[0].worker_id).execute(*got) for got in claimed if got)
             )
+        release.set()
+        assert await held == "completed"
         return outcomes, count
 
     outcomes, count = rt.portal.call(run())

@@ -18,22 +18,27 @@ dispatcher that finds the bucket empty leaves that effect alone until a token is
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from keel.core.codec import dumps, loads
+from keel.core.effect_calls import (
+    NOT_CALLED,
+    STILL_RUNNING,
+    TIMED_OUT,
+    call_by_deadline,
+    call_with_token,
+)
 from keel.core.effect_ledger import hold
 from keel.core.effect_outbox import EFFECTS, IntentState, OutboxEffect, answer_waits
 from keel.core.errors import EffectConflict, IntentNotFound, UsageError
 from keel.core.errors import IntentState as WrongState
 from keel.core.faults import fault_point
-from keel.core.ledger import in_own_thread
 from keel.core.runs import wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
@@ -85,22 +90,37 @@ class Pacing:
         return max(0.0, min((t - now for t in self._until.values()), default=0.0))
 
 
-IN_FLIGHT_LOOK = 0.25
+IN_FLIGHT_LOOK = 1.0
 """While deliveries are under way and nothing else was due, how often a dispatcher looks again
 for new intents (a slow delivery holds its lane, not the others)."""
 
 
-async def dispatch(services: Services, worker_id: str, pacing: Pacing, limit: int = 50) -> int:
+async def dispatch(
+    services: Services,
+    worker_id: str,
+    pacing: Pacing,
+    limit: int = 50,
+    stopping: asyncio.Event | None = None,
+) -> int:
     """Claim and settle up to `limit` due intents, up to `pacing.concurrency` at once; return
-    how many were handled (every delivery started here has ended when it returns)."""
+    how many were handled. Every delivery started here has ended when it returns: one that
+    fails is logged and left to its claim's expiry, never cancelling the others; a claim that
+    fails (the database went away) is raised once the deliveries under way have ended. Once
+    `stopping` is set (the worker drains) nothing more is claimed."""
     handled = 0
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
             claimed = None
-            if handled < limit and len(running) < pacing.concurrency:
+            stopped = stopping is not None and stopping.is_set()
+            if not stopped and handled < limit and len(running) < pacing.concurrency:
                 ready = pacing.ready()
-                claimed = await _claim(services, worker_id, pacing, ready) if ready else None
+                try:
+                    claimed = await _claim(services, worker_id, pacing, ready) if ready else None
+                except Exception:
+                    if running:
+                        await asyncio.wait(running)
+                    raise
                 if claimed is _HELD:
                     continue
             if claimed is not None:
@@ -116,9 +136,8 @@ async def dispatch(services: Services, worker_id: str, pacing: Pacing, limit: in
                 running, timeout=IN_FLIGHT_LOOK, return_when=asyncio.FIRST_COMPLETED
             )
             running -= done
-            for task in done:
-                task.result()  # a delivery's own failures are settled inside it
     finally:
+        # Only a cancel (the worker stops now) gets here with deliveries under way.
         for task in running:
             task.cancel()
         if running:
@@ -135,11 +154,25 @@ def _start(
         pacing._busy[name] -= 1
 
     task = asyncio.create_task(
-        _deliver(services, worker_id, pacing.effects[name], row, in_doubt),
+        _delivered(services, worker_id, pacing.effects[name], row, in_doubt),
         name=f"keel-deliver-{row['intent_id']}",
     )
     task.add_done_callback(free)
     return task
+
+
+async def _delivered(
+    services: Services, worker_id: str, effect: OutboxEffect[Any, Any], row: Row, in_doubt: bool
+) -> None:
+    """One delivery in its lane: a failure of its own (the database went away while it
+    recorded its outcome) is logged; its claim lapses and the intent is reconciled later."""
+    try:
+        await _deliver(services, worker_id, effect, row, in_doubt)
+    except Exception as exc:
+        if services.store.is_infrastructure(exc):
+            log.warning("intent %s: delivery interrupted: %r", row["intent_id"], exc)
+        else:
+            log.exception("intent %s: delivery failed", row["intent_id"])
 
 
 _HELD: Any = object()
@@ -183,7 +216,7 @@ async def _deliver(
     if in_doubt:
         if effect.reconcile is not None:
             try:
-                found = await _call(
+                found = await call_with_token(
                     effect.reconcile, token, *args, idempotency_key=intent_id, **kwargs
                 )
             except EffectConflict as conflict:
@@ -219,9 +252,18 @@ async def _deliver(
                 "it reached the provider",
             )
             return
+    # An in-doubt reclaim counts its call here (its claim did not): calls that keep timing out
+    # end dead, never in an endless deliver-timeout-reconcile round.
+    attempts = int(row["attempts"]) + int(in_doubt)
+    if attempts > int(row["max_attempts"]):
+        why = f"gave up after {attempts - 1} attempts (the last ones went unanswered)"
+        await _settle(services, worker_id, row, IntentState.DEAD, error=why)
+        return
     fault_point("outbox.before_call", effect.name)
     call_timeout = effect.timeout_for(services)
-    asked_at = await services.store.arm_effect_intent(intent_id, token, hold(call_timeout))
+    asked_at = await services.store.arm_effect_intent(
+        intent_id, token, hold(call_timeout), count=int(in_doubt)
+    )
     if asked_at is None:
         log.warning(
             "intent %s: claim %d lost (or its answer came too late) before the call; "
@@ -230,21 +272,18 @@ async def _deliver(
             token,
         )
         return
-    attempts = int(row["attempts"])
     started = time.monotonic()
     try:
         async with _claim_renewed(services, intent_id, token):
-            # The call's deadline counts from before the look that armed it: never later than
-            # the one the database holds, before which nobody reconciles or resends it.
-            async with asyncio.timeout(call_timeout - (time.monotonic() - asked_at)) as within:
-                try:
-                    result = await _call(
-                        effect.fn, token, *args, idempotency_key=intent_id, **kwargs
-                    )
-                except asyncio.CancelledError:
-                    if not within.expired():
-                        raise
-                    result = _TIMED_OUT
+            result = await call_by_deadline(
+                effect.fn,
+                token,
+                args,
+                {**kwargs, "idempotency_key": intent_id},
+                declared_timeout=effect.timeout if effect.timeout_declared else None,
+                asked_at=asked_at,
+                grace=hold(call_timeout),
+            )
     except EffectConflict as conflict:
         await _settle(services, worker_id, row, IntentState.IN_DOUBT, error=_conflict(conflict))
         return
@@ -276,15 +315,30 @@ async def _deliver(
         )
         await _settle(services, worker_id, row, IntentState.DEAD, error=f"{why}: {error}")
         return
-    if result is _TIMED_OUT:
-        # Unknown: it may reach the provider yet. The claim ends; past the call's deadline a
-        # dispatcher reconciles it as it would a dead one's, never resending on a guess.
+    if result is STILL_RUNNING:
+        # Its thread still waits on the provider well past its timeout: no dispatcher may ask
+        # or resend while it can still land, so a person decides.
+        log.warning("intent %s: its call is still under way past its deadline", intent_id)
+        await _settle(
+            services,
+            worker_id,
+            row,
+            IntentState.IN_DOUBT,
+            error=f"its call was still under way {call_timeout + hold(call_timeout):g}s after "
+            "it started; a person must say whether it reached the provider",
+        )
+        return
+    if result is TIMED_OUT or result is NOT_CALLED:
+        # Unknown (or never called: its deadline was spent before the call). The claim ends;
+        # past the call's deadline a dispatcher reconciles it as it would a dead one's, never
+        # resending on a guess.
         log.warning(
-            "outbox.timed_out %s %s: no answer within %.1fs; its outcome is unknown, and it "
-            "is reconciled once its deadline has passed",
+            "outbox.timed_out %s %s: %s; it is reconciled once its deadline has passed",
             effect.name,
             intent_id,
-            call_timeout,
+            "not called, its deadline was spent"
+            if result is NOT_CALLED
+            else f"no answer within {call_timeout:g}s, its outcome is unknown",
             extra={"event": "outbox.timed_out", "duration": round(time.monotonic() - started, 6)},
         )
         try:
@@ -329,27 +383,10 @@ async def _claim_renewed(services: Services, intent_id: str, token: int) -> Asyn
             await renewing
 
 
-_TIMED_OUT: Any = object()
-"""A delivery's call outlived its effect's timeout: its outcome is unknown."""
-
-
 def _conflict(conflict: EffectConflict) -> str:
     """An in-doubt intent's error: what the provider reported, with its records."""
     records = f"; records: {_encoded(conflict.records)}" if conflict.records else ""
     return f"the provider reports conflicting outcomes for this id: {conflict}{records}"[:4000]
-
-
-async def _call(fn: Callable[..., Any], token: int, *args: Any, **kwargs: Any) -> Any:
-    params = inspect.signature(fn).parameters
-    for name in ("fencing_token", "lease_token"):
-        if name in params:
-            kwargs[name] = token  # the claim's token: a provider may refuse a stale dispatcher
-            break
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args, **kwargs)
-    # A thread of its own, not the loop's pool: a call abandoned at its deadline runs on
-    # until its provider answers, and must not hold a thread other work needs.
-    return await in_own_thread(fn, *args, **kwargs)
 
 
 def _encoded(result: Any) -> str:

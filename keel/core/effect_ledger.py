@@ -17,7 +17,7 @@ from keel.core.clock import LIVENESS_MARGIN
 from keel.core.codec import dumps
 from keel.core.context import RunContext
 from keel.core.effect_keys import Identity
-from keel.core.errors import LeaseLost, RunCancelled
+from keel.core.errors import LeaseLost, RunCancelled, SlowDatabase
 from keel.core.ids import StepRef
 from keel.core.store.store import Store
 
@@ -202,7 +202,9 @@ async def arm(ctx: RunContext, key: str, call_timeout: float) -> LeaseBound:
         why = "has expired" if bound.left <= 0 else f"finds {key} no longer pending"
         raise LeaseLost(f"run {ctx.run_id}: the lease of token {ctx.token} {why}")
     if not bound.holds(ctx):
-        raise LeaseLost(
+        # Not lost, unknown: the run is given back (an infrastructure fault), and its next
+        # owner waits out the deadline this statement armed before it asks the provider.
+        raise SlowDatabase(
             f"run {ctx.run_id}: the lease of token {ctx.token} had {bound.left:.1f}s left, but "
             f"the answer took {bound.elapsed(ctx):.1f}s to arrive: too late to call {key}"
         )

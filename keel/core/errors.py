@@ -151,3 +151,8 @@ class EffectConflict(KeelError):
     def __init__(self, message: str | None = None, *, records: list[Any] | None = None) -> None:
         super().__init__(message or "the provider holds more than one outcome for this key")
         self.records = list(records or [])
+
+
+class SlowDatabase(KeelError):
+    """The database's answer came too late to act on: a lease (or claim) it said was live may
+    have lapsed since. Nothing was performed; an infrastructure fault, not the run's failure."""

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
+from keel.core.errors import SlowDatabase
+
 Predicate = Callable[[BaseException], bool]
 
 # Whoever hits them, a full disk or a failing device is the machine's fault, not the graph's.
@@ -52,7 +54,7 @@ def is_infrastructure(exc: BaseException, backend: Predicate) -> bool:
     for cause in causes(exc):
         if isinstance(cause, OSError) and cause.errno in _OS_ERRNOS:
             return True
-        if backend(cause):
+        if isinstance(cause, SlowDatabase) or backend(cause):
             return True
     return False
 
@@ -60,7 +62,10 @@ def is_infrastructure(exc: BaseException, backend: Predicate) -> bool:
 def is_keel_fault(exc: BaseException, backend: Predicate) -> bool:
     """True if something in `exc`'s chain is an infrastructure fault of a call Keel made."""
     return any(
-        ((isinstance(c, OSError) and c.errno in _OS_ERRNOS) or backend(c)) and raised_by_keel(c)
+        isinstance(c, SlowDatabase)  # only Keel's own look at its lease raises it
+        or (
+            ((isinstance(c, OSError) and c.errno in _OS_ERRNOS) or backend(c)) and raised_by_keel(c)
+        )
         for c in causes(exc)
     )
 

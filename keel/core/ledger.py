@@ -12,13 +12,11 @@ in the thread that makes it. A key found `pending` at reserve time was left by a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import random
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from keel.core import heartbeat, in_doubt
 from keel.core.clock import parse_duration
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
+from keel.core.effect_calls import Abandoned, Pending, call_within
 from keel.core.effect_keys import Arguments, Identity, KeySpec, effect_key, legacy_key
 from keel.core.effect_ledger import (
     DEFAULT_TIMEOUT,
@@ -39,6 +38,7 @@ from keel.core.effect_ledger import (
     arm,
     check_lease,
     event,
+    hold,
     record,
     reserve,
     took,
@@ -196,11 +196,12 @@ class Effect(Generic[P, R]):
         if not new:
             await self._same_arguments(ctx, call, row)
         abandoned = 0
+        running: Pending | None = None
         if new:
             try:
                 result = await self._perform(ctx, call, key, int(row["attempts"]), host, lease)
-            except _Abandoned:
-                abandoned += 1
+            except Abandoned as gave_up:
+                abandoned, running = 1, gave_up.running
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
             else:
                 span.note(outcome="performed")
@@ -208,6 +209,23 @@ class Effect(Generic[P, R]):
         # A key left pending: by a crash, by a worker cut off from the database while its call
         # was under way, or by this execution's own call, abandoned at its deadline.
         while True:
+            if running is not None:
+                # Our own abandoned call still has its thread: nothing may be asked or sent
+                # while it can still reach the provider. Its answer, if it comes, settles it.
+                answered = await self._await_own_call(ctx, key, running, hold(timeout))
+                running = None
+                if answered is not None:
+                    ok, value = answered
+                    if ok:
+                        await record(
+                            ctx, key, EffectStatus.SENT, int(row["attempts"]) + 1, result=value
+                        )
+                        span.note(outcome="performed (answered late)")
+                        return value
+                elif row["status"] == EffectStatus.PENDING:
+                    await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
+                row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
+                continue
             if row["status"] == EffectStatus.PENDING and deadline_in > 0:
                 await self._await_deadline(ctx, key, deadline_in)
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
@@ -215,10 +233,6 @@ class Effect(Generic[P, R]):
             if row["status"] in SETTLED:
                 span.note(outcome="served from the ledger")
                 return recorded_result(row)
-            if row["status"] == EffectStatus.PENDING and abandoned >= self.retry.max_attempts:
-                # Every call of ours timed out: what the provider did is for a person to say.
-                await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
-                row = {**row, "status": EffectStatus.IN_DOUBT}
             outcome = await in_doubt.resolve(
                 ctx,
                 self.name,
@@ -230,14 +244,35 @@ class Effect(Generic[P, R]):
             if outcome is not in_doubt.PERFORM:
                 span.note(outcome="resolved (reconciled or answered)")
                 return outcome
+            if abandoned >= self.retry.max_attempts:
+                # Every call of ours timed out and the provider has none: calling again is
+                # for a person to decide.
+                await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
+                row = {**row, "status": EffectStatus.IN_DOUBT}
+                continue
             try:
                 result = await self._perform(ctx, call, key, int(row["attempts"]), host, None)
-            except _Abandoned:
-                abandoned += 1
+            except Abandoned as gave_up:
+                abandoned, running = abandoned + 1, gave_up.running
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
                 continue
             span.note(outcome="performed")
             return result
+
+    async def _await_own_call(
+        self, ctx: RunContext, key: str, running: Pending, seconds: float
+    ) -> tuple[bool, Any] | None:
+        """Wait (holding the lease) up to `seconds` for this execution's abandoned call to end;
+        its outcome, or None if it is still under way (then only a person can say)."""
+        await event(ctx, "effect.awaiting_call", {"key": key, "effect": self.name})
+        until = time.monotonic() + seconds
+        renewed = time.monotonic()
+        while not running.done.is_set() and time.monotonic() < until:
+            await asyncio.sleep(min(0.05, max(0.0, until - time.monotonic())))
+            if time.monotonic() - renewed >= ctx.services.lease_ttl / 3:
+                await _keep(ctx)
+                renewed = time.monotonic()
+        return running.outcome()
 
     async def _await_deadline(self, ctx: RunContext, key: str, seconds: float) -> None:
         """Hold off a key whose last call may still be under way (its caller cut off, or slow)
@@ -253,13 +288,13 @@ class Effect(Generic[P, R]):
             key,
             extra={"event": "effect.awaiting_deadline", "effect": self.name},
         )
-        # In slices, each renewing the lease: the wait may be longer than the lease, and
+        # In slices, each keeping the lease: the wait may be longer than the lease, and
         # holding it must not depend on the heartbeat's cadence.
         while seconds > 0:
             pause = min(seconds, ctx.services.lease_ttl / 3)
             await ctx.services.clock.sleep(pause)
             seconds -= pause
-            await heartbeat.renew(ctx)
+            await _keep(ctx)
 
     def _reconciler(
         self, ctx: RunContext, key: str, call: Call, host: Host | None
@@ -297,7 +332,7 @@ class Effect(Generic[P, R]):
     ) -> Any:
         """Call the provider under `key` until it succeeds or fails for good. Only the first
         attempt of a key reserved just now may go on the reservation's `lease` bound; every
-        other attempt arms the key's deadline first. _Abandoned: an attempt outlived the
+        other attempt arms the key's deadline first. Abandoned: an attempt outlived the
         effect's timeout, its outcome unknown (the key stays pending)."""
         where = call.where
         extra = {"idempotency_key": key, **({self._token: ctx.token} if self._token else {})}
@@ -311,7 +346,7 @@ class Effect(Generic[P, R]):
                 )
             except (LeaseLost, RunCancelled):
                 raise  # nothing was performed: the key stays as it was, for the next owner
-            except _Abandoned:
+            except Abandoned:
                 took("effect.perform", started, key, self.name, attempts, error="timed out")
                 await event(
                     ctx,
@@ -323,7 +358,7 @@ class Effect(Generic[P, R]):
                 # The provider says this key has more than one outcome: a person decides.
                 took("effect.perform", started, key, self.name, attempts, error=repr(conflict))
                 await in_doubt.conflicting(ctx, self.name, key, attempts, conflict)
-                raise _Abandoned from conflict
+                raise Abandoned from conflict
             except _LeaseUnchecked as unchecked:
                 # The lease could not be read (the database is unreachable): nothing was
                 # performed, so this is no failure of the effect. The store's own error goes
@@ -373,15 +408,19 @@ class Effect(Generic[P, R]):
                 # Nothing was called yet: a deadline spent before the call (a stall after the
                 # reservation) is armed afresh, not taken for an unknown outcome.
                 bound = await _armed(ctx, key, call_timeout)
+            if not self.timeout_declared:
+                return await self.fn(*args, **kwargs)  # never abandoned: see `timeout=`
             deadline = bound.remaining(ctx, call_timeout)
             if deadline <= 0:
-                raise _Abandoned
+                raise Abandoned
             async with asyncio.timeout(deadline) as within:
                 try:
                     return await self.fn(*args, **kwargs)
                 except asyncio.CancelledError:
-                    if within.expired():
-                        raise _Abandoned from None
+                    task = asyncio.current_task()
+                    # The deadline's own cancel, not another one (a worker told to stop now).
+                    if within.expired() and (task is None or task.cancelling() <= 1):
+                        raise Abandoned from None
                     raise
             raise AssertionError("unreachable")  # pragma: no cover
 
@@ -394,7 +433,11 @@ class Effect(Generic[P, R]):
             bound = lease if lease is not None and lease.holds(ctx) else None
             if bound is None or bound.remaining(ctx, call_timeout) <= 0:
                 bound = ctx.services.portal.call(_armed(ctx, key, call_timeout))
-            return _call_within(self.fn, args, kwargs, bound.remaining(ctx, call_timeout))
+            if not self.timeout_declared:
+                # In the node's own thread, as always, never abandoned: the app's default
+                # timeout only sets the deadline other owners wait for (docs/effects.md).
+                return self.fn(*args, **kwargs)
+            return call_within(self.fn, args, kwargs, bound.remaining(ctx, call_timeout))
 
         return await _call(checked, host)
 
@@ -417,13 +460,15 @@ async def _ready(value: Any) -> Any:
     return value
 
 
+async def _keep(ctx: RunContext) -> None:
+    """Renew the run's lease during a wait and stop it if the run was cancelled meanwhile
+    (LeaseLost, RunCancelled)."""
+    await heartbeat.renew(ctx)
+    await check_lease(ctx)
+
+
 class _LeaseUnchecked(Exception):
     """The last lease check before a provider call could not be made; nothing was called."""
-
-
-class _Abandoned(Exception):
-    """A provider call outlived its effect's timeout: the caller stopped waiting, and what the
-    provider did is unknown (the key stays pending until its deadline passes)."""
 
 
 async def _armed(ctx: RunContext, key: str, seconds: float) -> LeaseBound:
@@ -435,74 +480,6 @@ async def _armed(ctx: RunContext, key: str, seconds: float) -> LeaseBound:
         raise
     except Exception as exc:
         raise _LeaseUnchecked from exc
-
-
-def _spawn(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    deliver: Callable[[bool, Any], None],
-) -> None:
-    """Run `fn` in a daemon thread of its own (in a copy of this context) and hand its outcome
-    to `deliver(ok, value)`: a sync provider call cannot be interrupted, but its caller can stop
-    waiting at its deadline; the thread runs on, its outcome discarded, until the provider
-    answers, holding no thread that other work needs."""
-    context = contextvars.copy_context()
-
-    def run() -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
-        except BaseException as exc:  # handed back to the waiting caller
-            outcome = (False, exc)
-        deliver(*outcome)
-
-    name = f"keel-effect-{getattr(fn, '__name__', 'call')}"
-    threading.Thread(target=run, name=name, daemon=True).start()
-
-
-def _call_within(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], seconds: float
-) -> Any:
-    """`fn(*args, **kwargs)`, waited for at most `seconds` by this (blocking) thread, else
-    _Abandoned: the key's deadline decides what happened."""
-    if seconds <= 0:
-        raise _Abandoned
-    done = threading.Event()
-    outcome: list[tuple[bool, Any]] = []
-
-    def deliver(ok: bool, value: Any) -> None:
-        outcome.append((ok, value))
-        done.set()
-
-    _spawn(fn, args, kwargs, deliver)
-    if not done.wait(seconds):
-        raise _Abandoned
-    ok, value = outcome[0]
-    if ok:
-        return value
-    raise value
-
-
-async def in_own_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` in a thread of its own, awaited: a caller that stops awaiting (a
-    timeout) leaves the thread to finish on its own."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if future.done():
-            return  # abandoned meanwhile
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def deliver(ok: bool, value: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed while the provider took
-            loop.call_soon_threadsafe(settle, ok, value)
-
-    _spawn(fn, args, kwargs, deliver)
-    return await future
 
 
 def effect_timeout(name: str, timeout: Duration | None) -> float:

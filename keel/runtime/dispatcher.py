@@ -35,7 +35,9 @@ async def deliver_effects(
     failures = 0
     while not stopping.is_set():
         try:
-            handled = await effect_dispatch.dispatch(runtime.services, worker_id, pacing)
+            handled = await effect_dispatch.dispatch(
+                runtime.services, worker_id, pacing, stopping=stopping
+            )
             failures = 0
         except Exception as exc:
             failures += 1

@@ -8,6 +8,7 @@ provider received, while the slow call is still blocked.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,10 +68,18 @@ def _find(to: str, *, idempotency_key: str = keel.KEY) -> Any:
 
 
 @keel.effect("lane_hung", outbox=True, reconcile=_find, timeout=0.5)
-def lane_hung(to: str, *, idempotency_key: str = keel.KEY) -> Any:
-    # The provider commits, then never answers this caller in time.
+async def lane_hung(to: str, *, idempotency_key: str = keel.KEY) -> Any:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10) as client:  # the provider commits, then
+        await client.post(_url() + "/hung", json={"to": to, "ref": idempotency_key})
+    await asyncio.sleep(5)  # ... its answer never reaches this caller in time
+
+
+@keel.effect("lane_late", outbox=True, reconcile=_find, timeout=0.5)
+def lane_late(to: str, *, idempotency_key: str = keel.KEY) -> Any:
     answer = _deliver(_url(), "/hung", to, idempotency_key)
-    time.sleep(2.0)
+    time.sleep(1.0)  # answers past its timeout, within its deadline
     return answer
 
 
@@ -136,3 +145,16 @@ def test_a_call_past_its_timeout_is_abandoned_then_reconciled_not_resent(
     assert len(provider.lookup("/hung")) == 1, "the provider was called twice"
     kinds = [e["kind"] for e in app.get_run(run_id).timeline]
     assert "outbox.reconciled" in kinds
+
+
+def test_a_sync_call_answering_past_its_timeout_is_recorded_not_reconciled(
+    make_app: AppFactory, provider: HttpSink
+) -> None:
+    app = make_app()
+    app.workflow("late", version="1")(graph(("send", _sender(lane_late, "l@example.com"))))
+    run_id = app.submit("late", job_id="l-1", input={"to": "x"}).run_id
+    drain(app)
+    (intent,) = app.effect_intents(run_id=run_id)
+    assert intent["status"] == "delivered" and intent["attempts"] == 1, intent
+    assert len(provider.lookup("/hung")) == 1
+    assert [r.method for r in provider.requests] == ["POST"], "asked while the call ran"

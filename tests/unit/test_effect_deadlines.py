@@ -122,10 +122,39 @@ class SlowProvider(Provider):
         return self.deliver(key, to)
 
 
-def test_a_sync_call_past_its_timeout_is_abandoned_and_settled_by_its_reconciler(
+def test_a_sync_call_past_its_timeout_that_answers_late_is_recorded_not_resent(
     real_app: keel.App,
 ) -> None:
+    """The caller stops waiting at the timeout, but its thread still waits on the provider:
+    nothing is asked or sent while it can still land, and its late answer settles the key."""
     provider = SlowProvider(delay=0.6)
+    asked: list[str] = []
+
+    def send(to: str, *, idempotency_key: str) -> Any:
+        provider.calls.append(idempotency_key)
+        return provider.slow_deliver(idempotency_key, to)
+
+    def lookup(to: str, *, idempotency_key: str) -> Any:
+        asked.append(idempotency_key)
+        return provider.lookup(idempotency_key)
+
+    effect = keel.effect("send", reconcile=lookup, timeout=0.2)(send)
+    node = start(real_app)
+    result = node.call(effect, "a@example.com")
+    assert result == provider.lookup(provider.calls[0])
+    assert len(provider.calls) == 1 and len(provider.deliveries) == 1
+    assert asked == [], "the reconciler was asked while the call was under way"
+    assert ledger(node) == [("sent", 1)]
+    assert [e["timeout"] for e in timeline(node, "effect.timed_out")] == [0.2]
+    assert len(timeline(node, "effect.awaiting_call")) == 1
+
+
+def test_a_sync_call_still_under_way_past_its_deadline_is_left_to_a_person(
+    real_app: keel.App,
+) -> None:
+    """A reconcile-only provider that commits late: the key goes in doubt while the thread
+    still waits, never reconciled ("not found") and called again."""
+    provider = SlowProvider(delay=3.0)
 
     def send(to: str, *, idempotency_key: str) -> Any:
         provider.calls.append(idempotency_key)
@@ -136,12 +165,10 @@ def test_a_sync_call_past_its_timeout_is_abandoned_and_settled_by_its_reconciler
 
     effect = keel.effect("send", reconcile=lookup, timeout=0.2)(send)
     node = start(real_app)
-    result = node.call(effect, "a@example.com")
-    assert result == provider.lookup(provider.calls[0])
-    assert len(provider.calls) == 1 and len(provider.deliveries) == 1
-    assert ledger(node) == [("confirmed", 1)]
-    assert [e["timeout"] for e in timeline(node, "effect.timed_out")] == [0.2]
-    assert len(timeline(node, "effect.awaiting_deadline")) == 1
+    with pytest.raises(Paused):
+        node.call(effect, "a@example.com")
+    assert len(provider.calls) == 1
+    assert ledger(node) == [("in_doubt", 0)]
 
 
 def test_an_async_call_past_its_timeout_is_cancelled_and_never_resent_on_a_guess(
@@ -175,6 +202,34 @@ def test_an_async_call_past_its_timeout_is_cancelled_and_never_resent_on_a_guess
     assert cancelled.is_set()
     assert len(provider.calls) == 1 and provider.deliveries == []
     assert ledger(node) == [("in_doubt", 0)]
+
+
+def test_a_retry_policy_of_one_attempt_still_asks_the_reconciler_after_a_timeout(
+    real_app: keel.App,
+) -> None:
+    provider = Provider()
+    asked: list[str] = []
+
+    async def send(to: str, *, idempotency_key: str) -> Any:
+        provider.calls.append(idempotency_key)
+        provider.deliver(idempotency_key, to)  # committed, then the answer never comes
+        await asyncio.sleep(5)
+
+    async def lookup(to: str, *, idempotency_key: str) -> Any:
+        asked.append(idempotency_key)
+        return provider.lookup(idempotency_key)
+
+    effect: Effect[..., Any] = keel.effect(
+        "send", reconcile=lookup, timeout=0.2, retry=keel.Retry(max_attempts=1)
+    )(send)
+    node = start(real_app)
+
+    async def in_async_node() -> Any:
+        return await effect("a@example.com")
+
+    result = node.execute(lambda: real_app.aio.portal.call(in_async_node()))
+    assert result == provider.lookup(provider.calls[0]) and len(asked) == 1
+    assert len(provider.deliveries) == 1 and ledger(node) == [("confirmed", 1)]
 
 
 def test_a_reconciler_that_finds_two_outcomes_puts_the_key_in_doubt_with_both(

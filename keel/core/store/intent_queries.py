@@ -60,16 +60,18 @@ class IntentQueries:
         return row
 
     async def arm_effect_intent(
-        self, intent_id: str, claim_token: int, hold: float
+        self, intent_id: str, claim_token: int, hold: float, *, count: int = 0
     ) -> float | None:
         """The look before a delivery's provider call: if `claim_token` still holds the intent
         (unexpired by the database's clock), its call's deadline moves to `hold` seconds from
-        now and the monotonic time read before the statement was sent is returned (the call's
+        now (its attempts up by `count`: a reclaim's call counts here) and the monotonic time
+        read before the statement was sent is returned (the call's
         own deadline counts from it). None if the claim is lost, or if the answer came back too
         late to act on (`live_within`): nothing may be called then."""
         asked_at = time.monotonic()
         found = await self.db.single(
-            "outbox_arm", {"intent_id": intent_id, "claim_token": claim_token, "hold": hold}
+            "outbox_arm",
+            {"intent_id": intent_id, "claim_token": claim_token, "hold": hold, "count": count},
         )
         if found is None or not live_within(float(found["claim_left"]), asked_at):
             return None

@@ -18,7 +18,7 @@ from typing import Any
 
 from keel.core import logs
 from keel.core.clock import live_within
-from keel.core.errors import LeaseLost, RunNotFound
+from keel.core.errors import LeaseLost, RunNotFound, SlowDatabase
 from keel.core.store.base import Connector, Later, Row, Tx
 from keel.core.store.run_queries import committed
 
@@ -90,7 +90,7 @@ class LeaseQueries:
             raise LeaseLost(f"run {run_id}: the lease of token {token} has expired")
         left = float(row["lease_left"])
         if not live_within(left, asked_at):
-            raise LeaseLost(
+            raise SlowDatabase(
                 f"run {run_id}: the lease of token {token} was live with {left:.1f}s left, but "
                 f"the answer took {time.monotonic() - asked_at:.1f}s to arrive: too late to act on"
             )

@@ -875,9 +875,11 @@ RETURNING *;
 -- name: outbox_arm
 -- The look before a delivery's provider call: only while the dispatcher's claim still holds, by
 -- the database's clock, its call's deadline moves to `hold` seconds from now (the effect's
--- timeout and margin: nobody reconciles or resends it before). `claim_left`: the claim's
--- seconds left. No row: the claim lapsed or another dispatcher holds it.
-UPDATE keel_intents SET deadline_at = keel_now() + :hold
+-- timeout and margin: nobody reconciles or resends it before); a reclaim's call counts as an
+-- attempt here (`count`). `claim_left`: the claim's seconds left. No row: the claim lapsed or
+-- another dispatcher holds it.
+UPDATE keel_intents
+SET deadline_at = keel_now() + :hold, attempts = attempts + :count
 WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
   AND claim_expires_at > keel_now()
 RETURNING claim_expires_at - keel_now() AS claim_left;

@@ -6,7 +6,6 @@ Each check turns what it looked at into findings: one line each, with its fix an
 
 from __future__ import annotations
 
-import inspect
 import sqlite3
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -16,6 +15,7 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 
 from keel.chaos.audit_code import AnyEffect, Reader, registered_without_version
+from keel.core.effect_calls import token_keyword
 from keel.core.effect_outbox import OutboxEffect
 from keel.core.errors import KeelError
 from keel.core.waits import DEFAULT_WAIT_TIMEOUT
@@ -34,7 +34,6 @@ class Level(StrEnum):
 
 LEVELS = (Level.ERROR, Level.WARNING, Level.INFO)
 
-TOKEN_KEYWORDS = ("fencing_token", "lease_token")
 IN_FLIGHT = ("queued", "running", "waiting")
 RECENT_RUNS = 20
 """Most recent runs per workflow version whose checkpoints are compared with its graph."""
@@ -197,7 +196,7 @@ def effect_findings(
     kind = "outbox effect" if isinstance(effect, OutboxEffect) else "effect"
     idempotent = effect.provider_idempotent
     findings: list[Finding] = []
-    if effect.reconcile is not None and not idempotent and not _takes_token(effect.fn):
+    if effect.reconcile is not None and not idempotent and token_keyword(effect.fn) is None:
         findings.append(
             Finding(
                 Level.WARNING,
@@ -251,14 +250,6 @@ def effect_findings(
             )
         )
     return findings
-
-
-def _takes_token(fn: Any) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return any(k in params for k in TOKEN_KEYWORDS)
 
 
 # -- graphs changed under the same version (a database) ---------------------------------------

@@ -125,14 +125,25 @@ async def within(pending: Pending) -> Any:
     return await future
 
 
+TOKEN_KEYWORDS = ("fencing_token", "lease_token")
+"""The keywords under which an effect (or its reconciler) takes the run's or claim's token."""
+
+
+def token_keyword(fn: Callable[..., Any] | None) -> str | None:
+    """The keyword under which `fn` takes the fencing token, if it takes it."""
+    try:
+        params = inspect.signature(fn).parameters if fn is not None else {}
+    except (TypeError, ValueError):  # a callable Python cannot describe takes none
+        return None
+    return next((k for k in TOKEN_KEYWORDS if k in params), None)
+
+
 async def call_with_token(fn: Callable[..., Any], token: int, *args: Any, **kwargs: Any) -> Any:
     """`fn(*args, **kwargs)`, given the claim's `token` if it takes `fencing_token` (or
     `lease_token`); a sync `fn` in a thread of its own."""
-    params = inspect.signature(fn).parameters
-    for name in ("fencing_token", "lease_token"):
-        if name in params:
-            kwargs[name] = token  # the claim's token: a provider may refuse a stale dispatcher
-            break
+    name = token_keyword(fn)
+    if name is not None:
+        kwargs[name] = token  # the claim's token: a provider may refuse a stale dispatcher
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
     # A thread of its own, not the loop's pool: a call abandoned at its deadline runs on
@@ -207,6 +218,5 @@ async def _ended_within(running: Pending, seconds: float) -> bool:
 
 def _with_token(fn: Callable[..., Any], token: int) -> Callable[..., Any]:
     """`fn` with the claim's token passed as its `fencing_token`/`lease_token`, if it takes one."""
-    params = inspect.signature(fn).parameters
-    name = next((n for n in ("fencing_token", "lease_token") if n in params), None)
+    name = token_keyword(fn)
     return fn if name is None else functools.partial(fn, **{name: token})

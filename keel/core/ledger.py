@@ -27,7 +27,7 @@ from keel.core import heartbeat, in_doubt
 from keel.core.clock import parse_duration
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
-from keel.core.effect_calls import Abandoned, Pending, call_within
+from keel.core.effect_calls import Abandoned, Pending, call_within, token_keyword
 from keel.core.effect_keys import Arguments, Identity, KeySpec, effect_key, legacy_key
 from keel.core.effect_ledger import (
     DEFAULT_TIMEOUT,
@@ -111,12 +111,6 @@ async def _call(fn: Callable[..., Any], host: Host | None, *args: Any, **kwargs:
     )
 
 
-def _token_keyword(fn: Callable[..., Any] | None) -> str | None:
-    """The keyword under which `fn` takes the lease's fencing token, if it takes it."""
-    params = inspect.signature(fn).parameters if fn is not None else {}
-    return next((k for k in ("fencing_token", "lease_token") if k in params), None)
-
-
 class Effect(Generic[P, R]):
     """A function whose every call inside a run goes through the ledger."""
 
@@ -142,8 +136,8 @@ class Effect(Generic[P, R]):
         """Seconds one provider call may take before it is abandoned (outcome unknown)."""
         self.arguments = Arguments(fn, name, key)
         self.is_async = inspect.iscoroutinefunction(fn)
-        self._token = _token_keyword(fn)
-        self._reconcile_token = _token_keyword(reconcile)
+        self._token = token_keyword(fn)
+        self._reconcile_token = token_keyword(reconcile)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -77,9 +77,15 @@ class Pacing:
         now = time.monotonic()
         return [
             name
-            for name in self.effects
-            if self._until.get(name, 0.0) <= now and self._busy[name] < self.per_effect
+            for name, effect in self.effects.items()
+            if self._until.get(name, 0.0) <= now and self._busy[name] < self.lanes(effect)
         ]
+
+    def lanes(self, effect: OutboxEffect[Any, Any]) -> int:
+        """How many of `effect`'s deliveries may run at once here. A rate-limited effect gets
+        one: its token is taken at the claim, and calls started side by side would reach the
+        provider bunched past the rate it promised."""
+        return 1 if effect.rate is not None else self.per_effect
 
     def hold(self, name: str, seconds: float) -> None:
         self._until[name] = time.monotonic() + seconds

@@ -3,7 +3,8 @@ owned by one fenced worker at a time, with side effects that happen once."""
 
 from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
-from keel.core.effect_outbox import await_effect, effect, enqueue
+from keel.core.effects.ledger import KEY, Retry
+from keel.core.effects.outbox import await_effect, effect, enqueue
 from keel.core.errors import (
     ClockSkew,
     EffectConflict,
@@ -31,7 +32,6 @@ from keel.core.errors import (
 )
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
-from keel.core.ledger import KEY, Retry
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
 from keel.runtime.aio import AsyncApp

@@ -15,8 +15,8 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 
 from keel.chaos.audit_code import AnyEffect, Reader, registered_without_version
-from keel.core.effect_calls import token_keyword
-from keel.core.effect_outbox import OutboxEffect
+from keel.core.effects.calls import token_keyword
+from keel.core.effects.outbox import OutboxEffect
 from keel.core.errors import KeelError
 from keel.core.waits import DEFAULT_WAIT_TIMEOUT
 from keel.core.workflows import Workflow

@@ -27,8 +27,8 @@ from typing import Any, cast
 
 from langgraph.types import interrupt
 
-from keel.core.effect_outbox import OutboxEffect
-from keel.core.ledger import Effect
+from keel.core.effects.ledger import Effect
+from keel.core.effects.outbox import OutboxEffect
 from keel.core.waits import approval as keel_approval
 from keel.core.workflows import Workflow
 

@@ -18,7 +18,7 @@ from keel.cli.options import (
     open_app,
     performed_result,
 )
-from keel.core.effect_outbox import IntentState
+from keel.core.effects.outbox import IntentState
 from keel.runtime.loading import load_app
 
 effects_cli = typer.Typer(

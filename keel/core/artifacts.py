@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from keel.core.context import RunContext, current
+from keel.core.effects.ledger import check_lease
 from keel.core.errors import InvalidId, UsageError
 from keel.core.faults import fault_point
 from keel.core.ids import safe_name
-from keel.core.ledger import check_lease
 
 MAX_NAME = 200
 

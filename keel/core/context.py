@@ -8,9 +8,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from keel.core.effect_keys import CallOrder, Identity
 from keel.core.errors import NotInRun
-from keel.core.ids import StepRef
+from keel.core.ids import CallOrder, Identity, StepRef
 from keel.core.services import Services
 from keel.core.store.base import Tx
 from keel.core.store.store import Store

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keel.core import outbox
+from keel.core import notification_outbox
 from keel.core.codec import dumps, loads
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.runs import transition, wake_after_wait
@@ -75,7 +75,7 @@ async def _advance(services: Services, tx: Tx, wait: Row) -> bool:
     )
     run = await store.read_run(tx, wait["run_id"])
     assert run is not None
-    await outbox.record(
+    await notification_outbox.record(
         services,
         tx,
         run,
@@ -112,7 +112,7 @@ async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
                 {"wait_id": wait["wait_id"], "level": stages + 1},
             )
             assert run is not None
-            await outbox.record(services, tx, run, row, "escalate", stage=stages + 1)
+            await notification_outbox.record(services, tx, run, row, "escalate", stage=stages + 1)
         return row is not None
     decision = DECISION_ON_TIMEOUT.get(policy, ExpiryDecision.TIMED_OUT)
     value: dict[str, Any] = {
@@ -135,7 +135,7 @@ async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
     )
     if run is None or Status(run["status"]).finished:
         return True
-    await outbox.record(services, tx, run, row, "expired", details={"policy": policy})
+    await notification_outbox.record(services, tx, run, row, "expired", details={"policy": policy})
     if policy in ("cancel", "fail") and run["status"] == Status.WAITING:
         target = Status.CANCELLED if policy == "cancel" else Status.FAILED
         reason = TerminationReason.CANCELLED if policy == "cancel" else TerminationReason.TIMED_OUT

@@ -10,7 +10,9 @@ import dataclasses
 import datetime as dt
 import hashlib
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from keel.core.codec import canonical_json
@@ -138,3 +140,53 @@ def safe_name(value: str, what: str = "name") -> str:
     if cleaned.strip(".") == "" or cleaned.startswith("."):
         raise InvalidId(f"{what} {value!r} cannot be used as a file or folder name")
     return cleaned
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The arguments of one call that identify it, hashed."""
+
+    hashes: dict[str, str]
+    """Per compared argument name, a hash of its canonical JSON."""
+
+    @property
+    def digest(self) -> str:
+        return digest(canonical_json(self.hashes))[:32]
+
+    def changed(self, recorded: Mapping[str, str] | None) -> list[str]:
+        """The names whose hash differs from `recorded` (added and removed names included)."""
+        if recorded is None:
+            return []
+        names = sorted(set(recorded) | set(self.hashes))
+        return [n for n in names if recorded.get(n) != self.hashes.get(n)]
+
+
+class CallOrder:
+    """Counts a run's effect calls per task execution, to number repeated calls of an effect.
+
+    A task execution is named by `StepRef.scope`, an object LangGraph makes once per attempt
+    of a task (a retried node starts counting from 0 again, as it starts from its first line).
+    Counters of earlier steps of the same namespace are dropped: those tasks have finished.
+    """
+
+    def __init__(self) -> None:
+        # task -> (scope, step, namespace, counts); a scope object is held so its id stays
+        # unique while it is counted.
+        self._tasks: dict[object, tuple[object, int, str, Counter[str]]] = {}
+
+    def next(self, where: StepRef, name: str) -> int:
+        # Without a scope (a node played by hand) the place itself names the task.
+        task: object = where if where.scope is None else id(where.scope)
+        entry = self._tasks.get(task)
+        if entry is None or (where.scope is not None and entry[0] is not where.scope):
+            self._tasks = {
+                t: e
+                for t, e in self._tasks.items()
+                if not (e[2] == where.namespace and e[1] < where.step)
+            }
+            entry = (where.scope, where.step, where.namespace, Counter())
+            self._tasks[task] = entry
+        counts = entry[3]
+        call = counts[name]
+        counts[name] += 1
+        return call

@@ -29,7 +29,6 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.ids import input_hash, run_id, validate_job_id
-from keel.core.ledger import reopen_expired
 from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
 from keel.core.store.base import EndWith, Later, Row, Tx
 from keel.core.store.store import Store
@@ -305,38 +304,6 @@ async def cancel(store: Store, run_id: str, *, by: str | None) -> Row:
                 termination_reason=TerminationReason.CANCELLED,
                 event={"by": by},
             )
-        row = await store.read_run(tx, run_id)
-    assert row is not None
-    return row
-
-
-async def resume(store: Store, run_id: str, *, by: str | None) -> Row:
-    """Queue a failed run again: the same run id continues from its last checkpoint with its
-    ledger, so an effect recorded sent is not performed again (unlike `rerun`, a new run).
-
-    An in-doubt effect whose wait ran out (what failed the run) asks a person again, on a new
-    wait: its expired answer is counted as acted upon, never taken for one."""
-    async with store.transaction() as tx:
-        run = await store.lock_run(tx, run_id)
-        if run is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        if run["status"] != Status.FAILED:
-            raise InvalidTransition(
-                f"run {run_id} is {run['status']}: only a failed run can be resumed"
-                + (
-                    " (a cancelled run stays cancelled; submit it with rerun)"
-                    if run["status"] == Status.CANCELLED
-                    else ""
-                )
-            )
-        previous = {"termination_reason": run["termination_reason"], "error": run["error"]}
-        event: dict[str, Any] = {"reason": "resumed", "by": by, "previous": previous}
-        reopened = await reopen_expired(store, tx, run_id)
-        if reopened:
-            event["reopened_waits"] = reopened
-        await transition(store, tx, run, Status.QUEUED, event=event)
-        await store.clear_failure(tx, run_id)
-        await store.notify_wake(tx, run_id)
         row = await store.read_run(tx, run_id)
     assert row is not None
     return row

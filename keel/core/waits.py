@@ -14,10 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core import effect_outbox, logs
+from keel.core import logs
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, current
+from keel.core.effects import outbox as effect_outbox
 from keel.core.errors import (
     InvalidTransition,
     NoPendingWait,

@@ -1,6 +1,6 @@
 """Wait notifications by email: approval requests, reminders and escalations, sent with smtplib.
 
-`EmailNotifier` is a Keel notifier (see keel.core.outbox): the outbox hands it each
+`EmailNotifier` is a Keel notifier (see keel.core.notification_outbox): the outbox hands it each
 notification once,
 with the intent id as idempotency key. The key names the message (`Message-ID:
 <{intent hex}@keel.invalid>`, plus an `X-Keel-Intent-Id` header), so a mail provider can be asked
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from keel.core import notifications, outbox
+from keel.core import notification_outbox, notifications
 from keel.core.errors import TransientError, UsageError
 from keel.core.ids import digest
 from keel.core.notifications import Notification
@@ -154,7 +154,7 @@ class EmailNotifier:
         if note.kind != "request":
             # Mail clients thread the reminder under the request it is about.
             first = message_id_for(
-                outbox.intent_id(note.run_id, wait["wait_id"], "request", 0, self.name)
+                notification_outbox.intent_id(note.run_id, wait["wait_id"], "request", 0, self.name)
             )
             msg["In-Reply-To"] = first
             msg["References"] = first

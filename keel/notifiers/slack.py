@@ -1,6 +1,6 @@
 """Slack for approvals, outbound: a notifier that posts and updates approval messages.
 
-`SlackNotifier` is a Keel notifier (see keel.core.outbox): the outbox hands it each
+`SlackNotifier` is a Keel notifier (see keel.core.notification_outbox): the outbox hands it each
 notification once.
 A request becomes a message with the wait's payload and Approve/Reject buttons (their value is
 the wait id); reminders and escalations are replies in its thread; a decision or an expired
@@ -24,7 +24,7 @@ from typing import Any
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 
-from keel.core import notifications, outbox
+from keel.core import notification_outbox, notifications
 from keel.core.deadlines import DECISION_ON_TIMEOUT
 from keel.core.errors import TransientError, UsageError
 from keel.core.lifecycle import Decision
@@ -291,7 +291,9 @@ class SlackNotifier:
 
     def _anchor(self, note: Notification, *, read: bool) -> dict[str, Any] | None:
         """The wait's request message and its metadata (as Slack has it now if `read`)."""
-        request_id = outbox.intent_id(note.run_id, note.wait["wait_id"], "request", 0, self.name)
+        request_id = notification_outbox.intent_id(
+            note.run_id, note.wait["wait_id"], "request", 0, self.name
+        )
         known = _posted(note.earlier.get("request"))
         if known is not None and not read:
             meta = {"intent_id": known.get("intent_id") or request_id}

@@ -11,8 +11,8 @@ import signal
 import threading
 from typing import Any
 
-from keel.core import effect_dispatch
-from keel.core.effect_outbox import IntentState, public
+from keel.core.effects import dispatch as effect_dispatch
+from keel.core.effects.outbox import IntentState, public
 from keel.core.errors import UsageError
 from keel.runtime import replay
 from keel.runtime.dispatcher import deliver_effects
@@ -23,7 +23,7 @@ from keel.runtime.worker import Worker, WorkerStats, new_worker_id
 
 
 class AsyncApp(Runtime):
-    # -- the outbox of user effects (keel.core.effect_outbox, docs/outbox.md) -----------------
+    # -- the outbox of user effects (keel.core.effects.outbox, docs/outbox.md) -----------------
 
     async def effect_intents(
         self, *, state: str | None = None, run_id: str | None = None, limit: int = 100

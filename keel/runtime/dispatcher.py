@@ -1,12 +1,13 @@
 """The outbox dispatcher every worker runs beside its claim loop (and `keel dispatcher APP`
-runs alone): it delivers user effect intents (keel.core.effect_dispatch) until told to stop."""
+runs alone): it delivers user effect intents (keel.core.effects.dispatch) until told to stop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from keel.core import effect_dispatch, infra
+from keel.core import infra
+from keel.core.effects import dispatch as effect_dispatch
 from keel.runtime.runtime import Runtime
 
 log = logging.getLogger("keel.runtime.worker")  # the worker's lines, as they were

@@ -43,7 +43,7 @@ class RunDetails:
     artifacts: list[Any]
     notifications: list[Row] = field(default_factory=list)
     intents: list[Row] = field(default_factory=list)
-    """Its outbox effects' intents (keel.core.effect_outbox), oldest first."""
+    """Its outbox effects' intents (keel.core.effects.outbox), oldest first."""
     stranded: bool = False
     """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
 

@@ -29,10 +29,10 @@ from langgraph.types import Command
 
 from keel.core.codec import loads
 from keel.core.context import RunContext, enter, leave
-from keel.core.effect_keys import Identity, effect_key
+from keel.core.effects.keys import Identity, effect_key
+from keel.core.effects.ledger import SETTLED, changed_arguments, recorded_result
 from keel.core.errors import KeelError, RunNotFound, UsageError
 from keel.core.ids import StepRef, validate_run_id
-from keel.core.ledger import SETTLED, changed_arguments, recorded_result
 from keel.core.store.base import Row
 from keel.core.wait_model import WaitKind, WaitStatus
 from keel.langgraph.graphs import compile_graph, locate

@@ -12,11 +12,11 @@ from typing import Any
 
 from keel.backends import connect
 from keel.backends.sqlite import SqliteConnector
-from keel.core import leases, outbox, retention, runs, versions, waits
+from keel.core import failed_runs, leases, notification_outbox, retention, runs, versions, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.clock import Clock, SystemClock, database_override, parse_duration
 from keel.core.deadlines import sweep_deadlines
-from keel.core.effect_ledger import DEFAULT_TIMEOUT
+from keel.core.effects.rows import DEFAULT_TIMEOUT
 from keel.core.errors import RunNotFound, UsageError, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
 from keel.core.infra import Attempts
@@ -387,7 +387,7 @@ class Runtime:
         """Queue a failed run again, to continue from its last checkpoint with its ledger."""
         await self.open()
         validate_run_id(run_id)
-        row = await runs.resume(self.store, run_id, by=by)
+        row = await failed_runs.resume(self.store, run_id, by=by)
         self.wake()
         return row
 
@@ -486,7 +486,7 @@ class Runtime:
     async def dispatch(self, worker_id: str, limit: int = 20) -> int:
         """Deliver up to `limit` due notifications; return how many were settled."""
         await self.open()
-        return await outbox.dispatch(self.services, worker_id, limit)
+        return await notification_outbox.dispatch(self.services, worker_id, limit)
 
     # -- waking workers in this process ------------------------------------------------------
 

@@ -142,7 +142,7 @@ class RunSummary:
         return parts[1] if len(parts) == 4 else None
 
     intents: dict[str, int] = field(default_factory=dict)
-    """The run's outbox intents per state (keel.core.effect_outbox)."""
+    """The run's outbox intents per state (keel.core.effects.outbox)."""
 
     @property
     def undelivered(self) -> int:

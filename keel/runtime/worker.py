@@ -26,8 +26,9 @@ import socket
 import uuid
 from typing import Any
 
-from keel.core import effect_dispatch, infra, leases, logs, retention
+from keel.core import infra, leases, logs, retention
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
+from keel.core.effects import dispatch as effect_dispatch
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query
 from pydantic import BaseModel, Field
 
 import keel
-from keel.core.effect_outbox import IntentState
+from keel.core.effects.outbox import IntentState
 from keel.service.auth import Authenticator, Principal
 from keel.service.models import Intent, Problem
 

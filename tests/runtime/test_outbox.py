@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 import keel
 from keel.cli.commands import cli
-from keel.core import effect_outbox
-from keel.core.effect_dispatch import retry as retry_intent
+from keel.core.effects import outbox as effect_outbox
+from keel.core.effects.dispatch import retry as retry_intent
 from keel.testing.http import HttpSink
 from tests.support.outbox_flows import State, drain, enqueue, graph, mail, serving, wait
 

@@ -10,8 +10,8 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
+from keel.core.effects.ledger import Effect
 from keel.core.errors import InvalidTransition, RunNotFound
-from keel.core.ledger import Effect
 from tests.support.graphs import charge_effect
 from tests.support.providers import Provider
 from tests.support.workers import drain

@@ -23,9 +23,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Interrupt
 
 import keel
-from keel.core import leases, ledger, waits
+from keel.core import leases, waits
 from keel.core.context import RunContext, current, enter, leave
-from keel.core.effect_keys import Identity, effect_key, legacy_key
+from keel.core.effects import ledger
+from keel.core.effects.keys import Identity, effect_key, legacy_key
 from keel.core.errors import LeaseLost
 from keel.core.ids import StepRef
 from keel.core.store.store import Lease

@@ -15,7 +15,7 @@ import pytest
 
 import keel
 from keel.core import runs
-from keel.core.effect_keys import legacy_key
+from keel.core.effects.keys import legacy_key
 from keel.core.errors import SchemaMismatch
 from keel.core.ids import StepRef
 from keel.core.store.base import load_migrations

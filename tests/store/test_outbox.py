@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.core import outbox
+from keel.core import notification_outbox
 from tests.support.notifiers import Recorder
 
 
@@ -118,7 +118,9 @@ def test_a_notification_whose_sender_died_is_not_sent_twice(make_app) -> None:
     app.approve(run_id, by="ed")  # records one `decided` intent per notifier, undelivered
     # A dispatcher claims both intents and dies before settling them (no send recorded here).
     for _ in range(2):
-        assert _on_loop(app, lambda: outbox._claim(app.aio.store, "dead", 30)) is not None
+        assert (
+            _on_loop(app, lambda: notification_outbox._claim(app.aio.store, "dead", 30)) is not None
+        )
     clock.advance(31)
     _on_loop(app, lambda: app.aio.dispatch("alive"))
     assert [n.kind for n in plain.sent] == [n.kind for n in reconciling.sent] == ["request"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import keel
-from keel.core import leases, outbox, runs, waits
+from keel.core import leases, notification_outbox, runs, waits
 from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.lifecycle import Status
 from tests.support import by_hand
@@ -449,7 +449,10 @@ def test_a_decisions_notifications_are_in_its_one_round_trip_under_the_outbox_ru
     ]
     # One per notifier of `decided`, under the id the outbox's own rule gives it.
     assert [(i["intent_id"], i["notifier"]) for i in decided] == [
-        (outbox.intent_id(node.run_id, wait["wait_id"], "decided", 0, "slackish"), "slackish")
+        (
+            notification_outbox.intent_id(node.run_id, wait["wait_id"], "decided", 0, "slackish"),
+            "slackish",
+        )
     ]
     payload = json.loads(decided[0]["payload"])
     assert payload == {
@@ -495,7 +498,8 @@ def test_a_wait_registration_is_one_round_trip_with_all_that_follows_it(
     requests = app.aio.portal.call(app.aio.store.intents(node.run_id))
     # Under the outbox's own id rule (a notifier threads its later messages by it).
     assert sorted(i["intent_id"] for i in requests) == sorted(
-        outbox.intent_id(node.run_id, w["wait_id"], "request", 0, "slackish") for w in details.waits
+        notification_outbox.intent_id(node.run_id, w["wait_id"], "request", 0, "slackish")
+        for w in details.waits
     )
     payload = json.loads(requests[0]["payload"])
     [wait] = [w for w in details.waits if w["wait_id"] == requests[0]["wait_id"]]

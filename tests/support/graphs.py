@@ -11,7 +11,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
 import keel
-from keel.core.ledger import Effect
+from keel.core.effects.ledger import Effect
 from tests.support.providers import Provider
 
 # -- a one-node workflow (admission, artifacts, worker) --------------------------------------

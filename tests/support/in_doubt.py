@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keel
-from keel.core.ledger import Effect
+from keel.core.effects.ledger import Effect
 from tests.support.graphs import charge_effect, pay_graph
 from tests.support.providers import Provider
 from tests.support.workers import drain, execute_once, steal_lease

@@ -27,7 +27,7 @@ import uvicorn
 from slack_sdk import WebClient
 
 import keel
-from keel.core import outbox
+from keel.core import notification_outbox
 from keel.runtime.worker import Worker
 
 TOKEN = "xoxb-keel-test"
@@ -319,9 +319,9 @@ def claim_and_die(app: keel.App, *notifiers: Any) -> tuple[Any, Any]:
 
     async def go() -> Any:
         rt = app.aio
-        claimed = await outbox._claim(rt.store, "doomed-dispatcher", rt.lease_ttl)
+        claimed = await notification_outbox._claim(rt.store, "doomed-dispatcher", rt.lease_ttl)
         assert claimed is not None, "nothing to claim"
-        return await outbox._notification(rt, claimed[0])
+        return await notification_outbox._notification(rt, claimed[0])
 
     note = on_app_loop(app, go)
     owner = _owner(app, note)

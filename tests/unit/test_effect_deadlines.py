@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import keel
-from keel.core.effect_ledger import deadline_margin
-from keel.core.ledger import DEFAULT_TIMEOUT, Effect
+from keel.core.effects.ledger import DEFAULT_TIMEOUT, Effect
+from keel.core.effects.rows import deadline_margin
 from tests.support.by_hand import Died, Node, Paused, memory_app, start, take_over
 from tests.support.providers import Provider
 

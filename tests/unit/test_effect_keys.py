@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from keel.core.effect_keys import Arguments, CallOrder, effect_key, legacy_key
+from keel.core.effects.keys import Arguments, effect_key, legacy_key
 from keel.core.errors import UsageError
-from keel.core.ids import StepRef
+from keel.core.ids import CallOrder, StepRef
 
 
 def send(to: str, body: str, *, idempotency_key: str) -> None: ...

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 import keel
-from keel.core.effect_outbox import Rate
+from keel.core.effects.outbox import Rate
 from tests.support.by_hand import memory_app, on_loop
 
 

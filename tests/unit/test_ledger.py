@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import keel
+from keel.core.effects.ledger import Effect
 from keel.core.errors import EffectFailed, LeaseLost, RunCancelled
-from keel.core.ledger import Effect
 from tests.support.by_hand import Died, Node, Paused, claim, start, take_over
 from tests.support.providers import Provider
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from keel.core.codec import loads
-from keel.core.effect_outbox import public
+from keel.core.effects.outbox import public
 from keel.core.errors import KeelError
 from keel.core.lifecycle import Status
 from keel.runtime.app import App

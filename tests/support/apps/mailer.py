@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.core.ledger import Effect
+from keel.core.effects.ledger import Effect
 from keel.notifiers.email import spooled
 
 SENDER = "keel-mailer@example.com"

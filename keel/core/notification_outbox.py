@@ -26,7 +26,7 @@ from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
 
-log = logging.getLogger("keel.core.outbox")
+log = logging.getLogger("keel.core.notification_outbox")
 
 
 class IntentStatus(StrEnum):

@@ -1,12 +1,12 @@
 """The effect ledger: every side effect runs once under a deterministic idempotency key.
 
-The key is the call's place in the run (keel.core.effect_keys); the arguments' hashes are kept
+The key is the call's place in the run (keel.core.effects.keys); the arguments' hashes are kept
 beside it, and a replay that brings other arguments to the same place is refused. reserve
 (pending) -> perform -> record (sent): two fenced statements around the provider call. The
 reservation proves the lease live for a while (`LeaseBound`); a call made within that bound needs
 no other look at it, one made later (a frozen thread, a retry, a reconciler first) looks again
 in the thread that makes it. A key found `pending` at reserve time was left by a crash:
-`keel.core.in_doubt` decides what it becomes. The rows themselves: `keel.core.effect_ledger`.
+`keel.core.effects.in_doubt` decides what it becomes. The rows themselves: `keel.core.effects.rows`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
-from keel.core import heartbeat, in_doubt
+from keel.core import heartbeat
 from keel.core.clock import parse_duration
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
-from keel.core.effect_calls import Abandoned, Pending, call_within, token_keyword
-from keel.core.effect_keys import Arguments, Identity, KeySpec, effect_key, legacy_key
-from keel.core.effect_ledger import (
+from keel.core.effects import in_doubt
+from keel.core.effects.calls import Abandoned, Pending, call_within, token_keyword
+from keel.core.effects.in_doubt import reopen_expired
+from keel.core.effects.keys import Arguments, Identity, KeySpec, effect_key, legacy_key
+from keel.core.effects.rows import (
     DEFAULT_TIMEOUT,
     SETTLED,
     Call,
@@ -53,7 +55,6 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.faults import fault_point
-from keel.core.in_doubt import reopen_expired
 from keel.core.portal import Host
 from keel.core.services import Services
 from keel.core.tracing import Mark
@@ -61,7 +62,7 @@ from keel.core.tracing import Mark
 P = ParamSpec("P")
 R = TypeVar("R")
 Duration = float | int | str | timedelta
-log = logging.getLogger("keel.core.ledger")
+log = logging.getLogger("keel.core.effects.ledger")
 
 
 # The module-level names came first; code outside the core still uses them.

@@ -4,7 +4,7 @@ An async call is cancelled at its deadline. A sync call cannot be interrupted, s
 effect that declares a timeout runs in a daemon thread of its own and its caller stops waiting
 (`Abandoned`); the thread runs on until the provider answers, and its `Pending` tells whoever
 must decide about the key whether it is still under way, and how it ended. Nothing here talks
-to the ledger: keel.core.ledger and keel.core.effect_dispatch decide what an abandoned call
+to the ledger: keel.core.effects.ledger and keel.core.effects.dispatch decide what an abandoned call
 means for a key or an intent.
 """
 

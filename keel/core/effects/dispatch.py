@@ -27,15 +27,15 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from keel.core.codec import dumps, loads
-from keel.core.effect_calls import (
+from keel.core.effects.calls import (
     NOT_CALLED,
     STILL_RUNNING,
     TIMED_OUT,
     call_by_deadline,
     call_with_token,
 )
-from keel.core.effect_ledger import hold
-from keel.core.effect_outbox import EFFECTS, IntentState, OutboxEffect, answer_waits
+from keel.core.effects.outbox import EFFECTS, IntentState, OutboxEffect, answer_waits
+from keel.core.effects.rows import hold
 from keel.core.errors import EffectConflict, IntentNotFound, UsageError
 from keel.core.errors import IntentState as WrongState
 from keel.core.faults import fault_point
@@ -44,7 +44,7 @@ from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Store
 
-log = logging.getLogger("keel.core.effect_dispatch")
+log = logging.getLogger("keel.core.effects.dispatch")
 
 
 DEFAULT_CONCURRENCY = 8

@@ -13,13 +13,13 @@ from typing import Any
 
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext
-from keel.core.effect_ledger import EffectStatus, event, record, took
+from keel.core.effects.rows import EffectStatus, event, record, took
 from keel.core.errors import EffectConflict, EffectFailed
 from keel.core.store.base import Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
 
-log = logging.getLogger("keel.core.ledger")
+log = logging.getLogger("keel.core.effects.ledger")
 
 PERFORM = object()
 """What `resolve` returns when the key is to be performed (again) under its own key."""

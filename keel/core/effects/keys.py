@@ -10,14 +10,12 @@ as a new effect. `key=` narrows what is compared to the arguments that identify 
 from __future__ import annotations
 
 import inspect
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from keel.core.codec import canonical_json
 from keel.core.errors import UsageError
-from keel.core.ids import StepRef, args_hash, digest
+from keel.core.ids import Identity, StepRef, args_hash, digest
 
 KeySpec = str | tuple[str, ...] | Callable[[dict[str, Any]], Any] | None
 """`@keel.effect(key=...)`: argument name(s), a function of the bound arguments (by name,
@@ -35,25 +33,6 @@ def effect_key(where: StepRef, name: str, call: int) -> str:
 def legacy_key(where: StepRef, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
     """The key Keel gave the same call before version 0006 (arguments hashed into it)."""
     return where.key("effect", name, args_hash(args, kwargs))
-
-
-@dataclass(frozen=True)
-class Identity:
-    """The arguments of one call that identify it, hashed."""
-
-    hashes: dict[str, str]
-    """Per compared argument name, a hash of its canonical JSON."""
-
-    @property
-    def digest(self) -> str:
-        return digest(canonical_json(self.hashes))[:32]
-
-    def changed(self, recorded: Mapping[str, str] | None) -> list[str]:
-        """The names whose hash differs from `recorded` (added and removed names included)."""
-        if recorded is None:
-            return []
-        names = sorted(set(recorded) | set(self.hashes))
-        return [n for n in names if recorded.get(n) != self.hashes.get(n)]
 
 
 class Arguments:
@@ -118,34 +97,3 @@ class Arguments:
             elif pname not in SUPPLIED:
                 named[pname] = list(value) if kind is inspect.Parameter.VAR_POSITIONAL else value
         return named
-
-
-class CallOrder:
-    """Counts a run's effect calls per task execution, to number repeated calls of an effect.
-
-    A task execution is named by `StepRef.scope`, an object LangGraph makes once per attempt
-    of a task (a retried node starts counting from 0 again, as it starts from its first line).
-    Counters of earlier steps of the same namespace are dropped: those tasks have finished.
-    """
-
-    def __init__(self) -> None:
-        # task -> (scope, step, namespace, counts); a scope object is held so its id stays
-        # unique while it is counted.
-        self._tasks: dict[object, tuple[object, int, str, Counter[str]]] = {}
-
-    def next(self, where: StepRef, name: str) -> int:
-        # Without a scope (a node played by hand) the place itself names the task.
-        task: object = where if where.scope is None else id(where.scope)
-        entry = self._tasks.get(task)
-        if entry is None or (where.scope is not None and entry[0] is not where.scope):
-            self._tasks = {
-                t: e
-                for t, e in self._tasks.items()
-                if not (e[2] == where.namespace and e[1] < where.step)
-            }
-            entry = (where.scope, where.step, where.namespace, Counter())
-            self._tasks[task] = entry
-        counts = entry[3]
-        call = counts[name]
-        counts[name] += 1
-        return call

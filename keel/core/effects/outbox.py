@@ -4,7 +4,7 @@
 call the provider. It stages an intent with the calling task's writes (`RunContext.stage`): the
 saver inserts it in the fenced transaction that commits them, so an intent exists if and only if
 the step that made it committed. The call returns the intent's id at once; every dispatcher
-(keel.core.effect_dispatch) delivers it under that id as idempotency key, rate-limited,
+(keel.core.effects.dispatch) delivers it under that id as idempotency key, rate-limited,
 retried, reconciled after a crash, or dead-lettered for a person.
 
 Identity follows the ledger's rules: the id is the call's place in the run and its order among
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
-from keel.core import ledger
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import current
-from keel.core.effect_keys import Arguments, Identity, KeySpec
+from keel.core.effects import ledger
+from keel.core.effects.keys import Arguments, Identity, KeySpec
+from keel.core.effects.ledger import Duration, Effect, Retry, effect_timeout
 from keel.core.errors import EffectFailed, NondeterminismError, NotInRun, UsageError
-from keel.core.ledger import Duration, Effect, Retry, effect_timeout
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
@@ -38,7 +38,7 @@ from keel.core.wait_model import WaitKind, WaitStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
-log = logging.getLogger("keel.core.effect_outbox")
+log = logging.getLogger("keel.core.effects.outbox")
 PREFIX = "outbox:"
 
 
@@ -160,7 +160,7 @@ def effect(
     max_attempts: int | None = None,
     timeout: Duration | None = None,
 ) -> Callable[[Callable[P, R]], Any]:
-    """`keel.effect`: a ledger effect (keel.core.ledger.effect), or with ``outbox=True`` an
+    """`keel.effect`: a ledger effect (keel.core.effects.ledger.effect), or with ``outbox=True`` an
     outbox effect: a call inside a node records an intent with the step and returns its id at
     once; a dispatcher delivers it (``rate="20/s"`` shared by all dispatchers, up to
     ``max_attempts``, retried per ``retry``; see docs/outbox.md). ``timeout`` bounds one provider

@@ -1,8 +1,8 @@
 """The ledger's rows: an effect call's key reserved (pending) and its outcome recorded, each in
 one fenced statement, and the lease bound a reservation hands to the provider call after it.
 
-`keel.core.ledger` decides when these happen (the `@keel.effect` call path) and
-`keel.core.in_doubt` what a key left pending by a crash becomes; both write through here.
+`keel.core.effects.ledger` decides when these happen (the `@keel.effect` call path) and
+`keel.core.effects.in_doubt` what a key left pending by a crash becomes; both write through here.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any, NamedTuple
 from keel.core.clock import LIVENESS_MARGIN
 from keel.core.codec import dumps
 from keel.core.context import RunContext
-from keel.core.effect_keys import Identity
+from keel.core.effects.keys import Identity
 from keel.core.errors import LeaseLost, RunCancelled, SlowDatabase
 from keel.core.ids import StepRef
 from keel.core.store.store import Store
 
-log = logging.getLogger("keel.core.ledger")
+log = logging.getLogger("keel.core.effects.ledger")
 
 
 class EffectStatus(StrEnum):

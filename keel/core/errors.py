@@ -97,6 +97,16 @@ class UsageError(KeelError, RuntimeError):
     """Keel was used in a way it does not support."""
 
 
+class WrongWaitKind(UsageError):
+    """An answer a wait of this kind does not take (approve an in-doubt effect, resolve an
+    approval, decide an outbox delivery's wait). Nothing is recorded."""
+
+    def __init__(self, message: str, *, wait_id: str, wait_kind: str) -> None:
+        super().__init__(message)
+        self.wait_id = wait_id
+        self.wait_kind = wait_kind
+
+
 class IntentNotFound(KeelError, LookupError):
     """No outbox intent has this id."""
 

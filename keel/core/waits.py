@@ -26,6 +26,7 @@ from keel.core.errors import (
     RunNotFound,
     UsageError,
     WaitNotFound,
+    WrongWaitKind,
 )
 from keel.core.faults import fault_point
 from keel.core.ids import digest, validate_run_id
@@ -227,19 +228,25 @@ async def claimed_answers(store: Store, run: Row) -> list[Row]:
 
 
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
-    """Raise UsageError unless `decision` is an answer a wait of `wait_kind` takes.
+    """Raise WrongWaitKind unless `decision` is an answer a wait of `wait_kind` takes.
 
     An in-doubt effect takes only performed/not_performed, every other wait anything else:
     approving an in-doubt effect would resume it without `performed`, that is a second send.
     """
     if wait_kind == WaitKind.OUTBOX:
-        raise UsageError(
+        raise WrongWaitKind(
             f"wait {wait_id} waits for an outbox intent's delivery: it ends when the intent is "
-            "delivered (see `keel effects list`, `keel effects retry/resolve`)"
+            "delivered (see `keel effects list`, `keel effects retry/resolve`)",
+            wait_id=wait_id,
+            wait_kind=wait_kind,
         )
     if (wait_kind == WaitKind.EFFECT) != is_effect_answer(decision):
         how = "resolve_effect()" if wait_kind == WaitKind.EFFECT else "approve() or reject()"
-        raise UsageError(f"wait {wait_id} is a {wait_kind} wait: answer it with {how}")
+        raise WrongWaitKind(
+            f"wait {wait_id} is a {wait_kind} wait: answer it with {how}",
+            wait_id=wait_id,
+            wait_kind=wait_kind,
+        )
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@ owned by one fenced worker at a time, with side effects that happen once."""
 
 from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
-from keel.core.effects.ledger import KEY, Retry
-from keel.core.effects.outbox import await_effect, effect, enqueue
+from keel.core.effects.declare import effect
+from keel.core.effects.options import KEY, Retry
+from keel.core.effects.outbox import await_effect, enqueue
 from keel.core.errors import (
     ClockSkew,
     EffectConflict,
@@ -36,7 +37,7 @@ from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.waits import ApprovalDecision, approval
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
-from keel.runtime.runtime import RunDetails, Submission
+from keel.runtime.records import RunDetails, Submission
 
 __all__ = [
     "KEY",

@@ -27,7 +27,6 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
@@ -124,12 +123,7 @@ class _Watch:
         self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
         assert self.handle is not None
         self.handle.cancel()
         if (
@@ -390,6 +384,7 @@ class PostgresTx:
 class PostgresConnector:
     dialect = "postgres"
     notifies = True
+    shared = True
 
     is_transient = staticmethod(is_transient)
 
@@ -423,6 +418,11 @@ class PostgresConnector:
         if self._pool is None:
             raise RuntimeError("the PostgreSQL connector is not open")
         return self._pool
+
+    async def attach_saver(
+        self, setup: Callable[[], Awaitable[None]], alone: Callable[[], bool]
+    ) -> None:
+        """Nothing to do: the saver sets itself up in `migrate`, on its own connections."""
 
     async def open(self) -> None:
         if self._pool is not None:

@@ -26,7 +26,7 @@ from keel.backends.sqlite_wal import checkpoint as _checkpoint
 from keel.core.errors import LeaseLost
 from keel.core.faults import statement_fails
 from keel.core.ids import digest
-from keel.core.notifications import intent_payload
+from keel.core.notifications import notification_payload
 from keel.core.store.base import (
     BULKY,
     Later,
@@ -270,6 +270,7 @@ class SqliteConnector:
     def __init__(self, url: str, *, busy_timeout_ms: int = 10_000, synchronous: str = "FULL"):
         self.url = url
         self.path = sqlite_path(url)
+        self.shared = self.path != ":memory:"
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._queries = load_queries(self.dialect)
@@ -293,6 +294,13 @@ class SqliteConnector:
         self.commit_here_when: Callable[[], bool] | None = None
         """Set by the runtime: whether a transaction may run on the event loop's own thread,
         without the hand-off to the database thread and back (see `_flush_now`)."""
+
+    async def attach_saver(
+        self, setup: Callable[[], Awaitable[None]], alone: Callable[[], bool]
+    ) -> None:
+        await setup()  # idempotent; its lazy setup would commit our transactions
+        # Transactions commit on the loop's own thread while at most one execution runs.
+        self.commit_here_when = alone
 
     @property
     def connection(self) -> aiosqlite.Connection:
@@ -320,7 +328,9 @@ class SqliteConnector:
             # Ids derived in SQL (a decision's intents) by the one rule, keel.core.ids.digest.
             await conn.create_function("keel_digest", -1, digest, deterministic=True)
             # A wait's notification payload (a registration's, a decision's intents): the rule.
-            await conn.create_function("keel_notification", 9, intent_payload, deterministic=True)
+            await conn.create_function(
+                "keel_notification", 9, notification_payload, deterministic=True
+            )
         except BaseException:
             await conn.close()  # its thread would keep the process alive
             raise

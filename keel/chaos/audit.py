@@ -62,11 +62,11 @@ def audit(
     """Audit `app` (loaded from `spec`); `db` (default: the App's own URL) is read, never
     written, for the checks that need recorded runs; `environ` holds $KEEL_API_TOKENS."""
     env = os.environ if environ is None else environ
-    workflows = app.aio.workflows.all()
+    workflows = app.aio.runtime.workflows.all()
     url = db or app.url
     report = AuditReport(spec, preflight.redact(url), [w.key for w in workflows])
-    lease_ttl = float(app.aio.lease_ttl)
-    default_timeout = app.aio.services.effect_timeout
+    lease_ttl = float(app.aio.runtime.lease_ttl)
+    default_timeout = app.aio.runtime.services.effect_timeout
     for workflow in workflows:
         report.findings.extend(_workflow_findings(workflow, lease_ttl, default_timeout))
     report.findings.extend(drift_findings(app, workflows, url, report.skipped))
@@ -78,10 +78,13 @@ def audit(
 def workflow_findings(app: App) -> list[Finding]:
     """What the app's workflows alone show (no database, no environment): `keel chaos` prints
     the effects among them that rely on reconcile alone."""
-    lease_ttl, default_timeout = float(app.aio.lease_ttl), app.aio.services.effect_timeout
+    lease_ttl, default_timeout = (
+        float(app.aio.runtime.lease_ttl),
+        app.aio.runtime.services.effect_timeout,
+    )
     found = [
         finding
-        for workflow in app.aio.workflows.all()
+        for workflow in app.aio.runtime.workflows.all()
         for finding in _workflow_findings(workflow, lease_ttl, default_timeout)
     ]
     return _unique(found)

@@ -194,9 +194,9 @@ def effect_findings(
     """An effect's protection against a second call, and its timeout against the lease TTL."""
     name = str(effect.name)
     kind = "outbox effect" if isinstance(effect, OutboxEffect) else "effect"
-    idempotent = effect.provider_idempotent
+    idempotent, reconcile = effect.options.provider_idempotent, effect.options.reconcile
     findings: list[Finding] = []
-    if effect.reconcile is not None and not idempotent and token_keyword(effect.fn) is None:
+    if reconcile is not None and not idempotent and token_keyword(effect.fn) is None:
         findings.append(
             Finding(
                 Level.WARNING,
@@ -210,7 +210,7 @@ def effect_findings(
                 "writers",
             )
         )
-    elif effect.reconcile is None and not idempotent:
+    elif reconcile is None and not idempotent:
         findings.append(
             Finding(
                 Level.INFO,
@@ -223,7 +223,7 @@ def effect_findings(
                 "provider_idempotent=True if the provider dedupes by idempotency_key",
             )
         )
-    if not effect.timeout_declared:
+    if effect.options.timeout is None:
         findings.append(
             Finding(
                 Level.WARNING,
@@ -274,7 +274,7 @@ def drift_findings(
         if not state.ready:
             skipped.append(Skipped(GRAPH_CHANGED, f"{state.database}: {state.reason}"))
             return []
-        runtime = target.aio
+        runtime = target.aio.runtime
         return runtime.portal.call(_drift_of(runtime, workflows))
     except Exception as exc:
         if not _unavailable(exc):

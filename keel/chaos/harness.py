@@ -189,7 +189,7 @@ class Harness:
         """An App on the cell's database with the user's workflows (the user's module is
         imported once; its own App points at its own database)."""
         app = keel.App(url, artifacts_dir=self.root / "artifacts" / url.rsplit("/", 1)[-1])
-        app.aio.adopt(self.user_app.aio.workflows)
+        app.aio.runtime.adopt(self.user_app.aio.runtime.workflows)
         return app
 
     @contextmanager
@@ -207,7 +207,7 @@ class Harness:
         env.update({k: v.format(**values) for k, v in self.config.env.items()})
         env.update(
             KEEL_DATABASE_URL=url,
-            KEEL_ARTIFACTS_DIR=str(app.aio.artifacts_root),
+            KEEL_ARTIFACTS_DIR=str(app.aio.runtime.artifacts_root),
             KEEL_LEASE_TTL=str(self.config.lease_ttl),
             KEEL_EFFECT_TIMEOUT=str(self.config.effect_timeout),
             KEEL_CHAOS_SMTP_URL=values["smtp_url"],
@@ -322,7 +322,7 @@ class Harness:
             if wait["kind"] == "effect":
                 decision = "performed" if unaccounted(app, world) else "not_performed"
             elif self.config.decide == "timeout":
-                app.aio.portal.call(_expire_now(app, wait["wait_id"]))
+                app.aio.runtime.portal.call(_expire_now(app, wait["wait_id"]))
                 continue
             else:
                 decision = "approved" if self.config.decide == "approve" else "rejected"
@@ -478,5 +478,5 @@ def unaccounted(app: keel.App, world: World) -> bool:
 
 async def _expire_now(app: keel.App, wait_id: str) -> None:
     await app.aio.open()
-    async with app.aio.store.transaction() as tx:
-        await app.aio.store.expire_deadline_now(tx, wait_id)
+    async with app.aio.runtime.store.transaction() as tx:
+        await app.aio.runtime.store.expire_deadline_now(tx, wait_id)

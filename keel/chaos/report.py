@@ -102,25 +102,18 @@ def render(report: Report, console: Console) -> None:
     )
 
 
+_NAMES = (
+    "name kind phase point occurrence verdict where node task_path effect after_deliveries "
+    "problems world extra_deliveries cause"
+)
+CELL_FIELDS = tuple(_NAMES.split())
+"""What the JSON and JUnit reports say of a cell, in this order, and then its seconds."""
+
+
 def cell_fields(cell: Cell) -> dict[str, Any]:
-    return {
-        "name": cell.name,
-        "kind": cell.kind,
-        "phase": cell.phase,
-        "point": cell.point,
-        "occurrence": cell.occurrence,
-        "verdict": cell.verdict,
-        "where": cell.where,
-        "node": cell.node,
-        "task_path": cell.task_path,
-        "effect": cell.effect,
-        "after_deliveries": cell.after_deliveries,
-        "problems": cell.problems,
-        "world": cell.world,
-        "extra_deliveries": cell.extra,
-        "cause": cell.cause,
-        "seconds": round(cell.seconds, 2),
-    }
+    fields = {n: getattr(cell, "extra" if n == "extra_deliveries" else n) for n in CELL_FIELDS}
+    fields["seconds"] = round(cell.seconds, 2)
+    return fields
 
 
 def as_json(report: Report) -> dict[str, Any]:

@@ -9,6 +9,7 @@ Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from keel.cli.guard import (
     IfExists,
     bad_spec_is_usage,
     check_database,
-    check_kind,
+    effect_wait,
     fail,
     guarded,
     login,
@@ -49,6 +50,7 @@ from keel.cli.options import (
 )
 from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
+from keel.core.waits import DecisionResult
 from keel.runtime.loading import load_app
 
 cli = typer.Typer(
@@ -264,25 +266,24 @@ def _decide(
     want = "effect" if decision in ("performed", "not_performed") else "approval"
     by = by or login()
     with open_app(app, db) as loaded:
-        details = loaded.get_run(run_id)
-        wait_id = check_kind(details, wait_id, decision)
-        common: dict[str, Any] = {
-            "by": by,
-            "comment": comment,
-            "wait_id": wait_id,
-            "action_id": action_id,
-            "channel": "cli",
-            # `--by` is what the caller typed; the login is who ran the command.
-            "principal": f"login:{login()}",
-        }
+        record: Callable[..., DecisionResult]
         if want == "effect":
-            outcome = loaded.resolve_effect(
-                run_id, performed=decision == "performed", result=result, **common
+            wait_id = effect_wait(loaded.get_run(run_id), wait_id)
+            record = functools.partial(
+                loaded.resolve_effect, performed=decision == "performed", result=result
             )
-        elif decision == "approved":
-            outcome = loaded.approve(run_id, **common)
         else:
-            outcome = loaded.reject(run_id, **common)
+            record = loaded.approve if decision == "approved" else loaded.reject
+        outcome = record(
+            run_id,
+            by=by,
+            comment=comment,
+            wait_id=wait_id,
+            action_id=action_id,
+            channel="cli",
+            # `--by` is what the caller typed; the login is who ran the command.
+            principal=f"login:{login()}",
+        )
     wait = outcome.wait
     if outcome.recorded:
         label = decision.replace("_", " ")

@@ -18,7 +18,7 @@ from keel.cli.options import (
     open_app,
     performed_result,
 )
-from keel.core.effects.outbox import IntentState
+from keel.core.effects.outbox import IntentStatus
 from keel.runtime.loading import load_app
 
 effects_cli = typer.Typer(
@@ -46,7 +46,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 @guarded
 def effects_list(
     state: Annotated[
-        IntentState | None,
+        IntentStatus | None,
         typer.Option("--state", help="Only intents in this state.", show_default=False),
     ] = None,
     run_id: Annotated[

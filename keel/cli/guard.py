@@ -1,7 +1,6 @@
 """How a `keel` command ends and what it reads: Keel's errors (and unreachable databases) become
 one red line on stderr and an exit code, 2 for bad usage or input and 1 for everything else;
-the user's input and login name are read here, and the checks made before touching a database
-or deciding a wait.
+the user's input and login name are read here, and the checks made before touching a database.
 """
 
 from __future__ import annotations
@@ -21,9 +20,15 @@ from rich.console import Console
 from rich.text import Text
 
 from keel.cli.render import out, redact
-from keel.core.errors import InvalidId, InvalidInput, KeelError, UnknownWorkflow, UsageError
-from keel.core.wait_model import EffectAnswer, WaitKind
-from keel.core.waits import check_answer
+from keel.core.errors import (
+    InvalidId,
+    InvalidInput,
+    KeelError,
+    UnknownWorkflow,
+    UsageError,
+    WrongWaitKind,
+)
+from keel.core.wait_model import WaitKind
 from keel.runtime import preflight
 from keel.runtime.app import App
 from keel.runtime.loading import BadAppSpec
@@ -42,7 +47,34 @@ class IfExists(StrEnum):
 
 
 BAD_USAGE = 2
-USAGE_ERRORS = (InvalidId, InvalidInput, UnknownWorkflow, UsageError)
+
+
+def _wrong_kind(exc: KeelError) -> str:
+    """An answer the wait does not take, with the command that gives the one it does."""
+    assert isinstance(exc, WrongWaitKind)
+    if exc.wait_kind == WaitKind.EFFECT:
+        return (
+            f"wait {exc.wait_id} is an in-doubt effect, not an approval: use "
+            "`keel resolve-effect RUN --performed` or `--not-performed`"
+        )
+    if exc.wait_kind == WaitKind.APPROVAL:
+        return (
+            f"wait {exc.wait_id} is an approval, not an in-doubt effect: use "
+            "`keel approve RUN` or `keel reject RUN`"
+        )
+    return str(exc)  # another kind: the core's own words
+
+
+# Keel's errors at the terminal, most specific first: the exit code, and the message (None:
+# the exception's own sentence). Bad usage or input is 2, everything else 1.
+KEEL_ERRORS: tuple[tuple[type[KeelError], int, Callable[[KeelError], str] | None], ...] = (
+    (WrongWaitKind, BAD_USAGE, _wrong_kind),
+    (InvalidId, BAD_USAGE, None),
+    (InvalidInput, BAD_USAGE, None),
+    (UnknownWorkflow, BAD_USAGE, None),
+    (UsageError, BAD_USAGE, None),
+    (KeelError, 1, None),
+)
 
 
 def say(message: str) -> None:
@@ -93,7 +125,8 @@ def guarded(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return spec_checked(*args, **kwargs)
         except KeelError as exc:
-            fail(str(exc), BAD_USAGE if isinstance(exc, USAGE_ERRORS) else 1)
+            code, words = next((c, w) for cls, c, w in KEEL_ERRORS if isinstance(exc, cls))
+            fail(words(exc) if words else str(exc), code)
         except Exception as exc:
             if not database_error(exc):
                 raise
@@ -135,44 +168,17 @@ def read_input(input_json: str | None, input_file: str | None) -> Any:
         fail(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", 2)
 
 
-def check_kind(details: RunDetails, wait_id: str | None, decision: str) -> str | None:
-    """Refuse to answer an approval with an effect resolution or the other way round, in words
-    that name the command to use instead.
-
-    Returns the wait to decide (None: let the core pick the run's single pending wait).
-    """
-    rid = details.run["run_id"]
-    if wait_id is not None:
-        targets = [w for w in details.waits if w["wait_id"] == wait_id]
-    else:
-        targets = [w for w in details.waits if w["status"] == "pending"]
-        if decision in list(EffectAnswer) and not targets:
-            # Nothing pending: answer with the effect wait decided last, if there is one.
-            decided = [w for w in details.waits if w["kind"] == WaitKind.EFFECT]
-            if not decided:
-                fail(f"run {rid} ({details.status}) has no in-doubt effect to resolve")
-            return str(decided[-1]["wait_id"])
-    if len(targets) != 1:
+def effect_wait(details: RunDetails, wait_id: str | None) -> str | None:
+    """The wait `keel resolve-effect` answers: the one named, else the run's pending one (None:
+    the core picks it), else, nothing pending, the in-doubt effect resolved last, so that a
+    repeat is told what was recorded. Whether the wait takes the answer is the core's say."""
+    if wait_id is not None or any(w["status"] == "pending" for w in details.waits):
         return wait_id
-    target = targets[0]
-    try:
-        check_answer(target["kind"], decision, wait_id=target["wait_id"])
-    except UsageError:
-        if target["kind"] == WaitKind.EFFECT:
-            fail(
-                f"wait {target['wait_id']} of run {rid} is an in-doubt effect "
-                f"({target['name']}), not an approval: use `keel resolve-effect {rid} "
-                "--performed` or `--not-performed`",
-                BAD_USAGE,
-            )
-        if target["kind"] == WaitKind.APPROVAL:
-            fail(
-                f"wait {target['wait_id']} of run {rid} is an approval ({target['name']}), not "
-                f"an in-doubt effect: use `keel approve {rid}` or `keel reject {rid}`",
-                BAD_USAGE,
-            )
-        raise  # another kind: the core's own words
-    return wait_id
+    decided = [w for w in details.waits if w["kind"] == WaitKind.EFFECT]
+    if not decided:
+        rid = details.run["run_id"]
+        fail(f"run {rid} ({details.status}) has no in-doubt effect to resolve")
+    return str(decided[-1]["wait_id"])
 
 
 def login() -> str:

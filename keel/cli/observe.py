@@ -19,25 +19,20 @@ from keel.runtime.follow import Cursor, event_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-LogLevel = Annotated[
-    str | None,
-    typer.Option(
-        "--log-level",
-        envvar=logs.LEVEL_ENV,
-        show_default=False,
-        help="debug, info, warning or error (env: KEEL_LOG_LEVEL; default: info).",
-    ),
-]
-LogFormat = Annotated[
-    str | None,
-    typer.Option(
-        "--log-format",
-        envvar=logs.FORMAT_ENV,
-        show_default=False,
-        help="text (one readable line per event) or json (one object per line) "
-        "(env: KEEL_LOG_FORMAT; default: text).",
-    ),
-]
+
+def _log_option(flag: str, env: str, choices: str, default: str) -> Any:
+    """A `--log-*` option (the parameter's annotation): not given, read from `env`."""
+    help = f"{choices} (env: {env}; default: {default})."
+    return Annotated[str | None, typer.Option(flag, envvar=env, show_default=False, help=help)]
+
+
+LogLevel = _log_option("--log-level", logs.LEVEL_ENV, "debug, info, warning or error", "info")
+LogFormat = _log_option(
+    "--log-format",
+    logs.FORMAT_ENV,
+    "text (one readable line per event) or json (one object per line)",
+    "text",
+)
 
 
 def logged(fn: F) -> F:

@@ -24,6 +24,7 @@ from keel.core.store.base import Row
 # Re-exported: output that shows a database URL hides its password the preflight's way.
 from keel.runtime.preflight import redact as redact
 from keel.runtime.runtime import RunDetails, Submission
+from keel.runtime.summary import seconds_text
 
 # Columns that hold JSON text in Keel's tables; scripts get them decoded.
 JSON_COLUMNS = (
@@ -174,25 +175,12 @@ def runs_table(rows: Iterable[Row], now: float | None = None) -> Table:
             status_text(row["status"], stranded=bool(row.get("stranded"))),
             row["decision"] or "-",
             row["termination_reason"] or "-",
-            "-" if took is None else seconds(took),
+            "-" if took is None else seconds_text(took),
             str(row.get("attempts", row.get("lease_token") or 0)),
             short_when(row["created_at"], now),
             short_when(row["updated_at"], now),
         )
     return table
-
-
-def seconds(value: float) -> str:
-    """12ms, 3.2s, 4m10s, 2h03m, 1d04h: short, and exact enough to compare."""
-    if value < 1:
-        return f"{value * 1000:.0f}ms"
-    if value < 60:
-        return f"{value:.1f}s"
-    if value < 3600:
-        return f"{int(value // 60)}m{int(value % 60):02d}s"
-    if value < 86400:
-        return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
-    return f"{int(value // 86400)}d{int(value % 86400 // 3600):02d}h"
 
 
 def run_summary(run: Row, now: float | None = None) -> Table:
@@ -247,42 +235,52 @@ def timeline_table(events: Iterable[Row]) -> Table:
 
 
 def effects_table(effects: Iterable[Row]) -> Table:
-    table = Table(title="effects", title_justify="left")
-    for column in ("key", "name", "node", "step", "status", "attempts", "result/error"):
-        table.add_column(
-            column, overflow="fold", justify="right" if column == "attempts" else "left"
-        )
-    for e in effects:
-        outcome = Text(e["error"], style="red") if e.get("error") else compact(e.get("result"), 80)
-        table.add_row(
+    columns = ("key", "name", "node", "step", "status", "attempts", "result/error")
+    rows = [
+        (
             e["idempotency_key"],
             e["name"],
             e["node"],
             str(e["step"]),
             status_text(e["status"]),
             str(e["attempts"]),
-            outcome,
+            _outcome(e),
         )
-    return table
+        for e in effects
+    ]
+    return _attempts_table("effects", columns, rows)
 
 
 def intents_table(intents: Iterable[Row]) -> Table:
     """A run's outbox effects (docs/outbox.md): delivered, or still to go, dead, in doubt."""
-    table = Table(title="outbox", title_justify="left")
-    for column in ("intent", "effect", "node", "status", "attempts", "result/error"):
-        table.add_column(
-            column, overflow="fold", justify="right" if column == "attempts" else "left"
-        )
-    for i in intents:
-        outcome = Text(i["error"], style="red") if i.get("error") else compact(i.get("result"), 80)
-        table.add_row(
+    columns = ("intent", "effect", "node", "status", "attempts", "result/error")
+    rows = [
+        (
             i["intent_id"],
             i["effect"],
             i["node"],
             status_text(i["status"]),
             f"{i['attempts']}/{i['max_attempts']}",
-            outcome,
+            _outcome(i),
         )
+        for i in intents
+    ]
+    return _attempts_table("outbox", columns, rows)
+
+
+def _outcome(row: Row) -> Text | str:
+    return Text(row["error"], style="red") if row.get("error") else compact(row.get("result"), 80)
+
+
+def _attempts_table(title: str, columns: Iterable[str], rows: Iterable[tuple[Any, ...]]) -> Table:
+    """Rows of a ledger (effects, intents): cells fold, the attempts column aligns right."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(
+            column, overflow="fold", justify="right" if column == "attempts" else "left"
+        )
+    for row in rows:
+        table.add_row(*row)
     return table
 
 

@@ -8,9 +8,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from keel.cli.render import clock_time, seconds, size, status_text
+from keel.cli.render import clock_time, size, status_text
 from keel.runtime.story import NodeTime
-from keel.runtime.summary import RunSummary
+from keel.runtime.summary import RunSummary, seconds_text
 
 
 def summary_view(s: RunSummary) -> Group:
@@ -20,9 +20,9 @@ def summary_view(s: RunSummary) -> Group:
     t = s.totals
     facts = [
         f"run {s.run_id} · job {s.job_id} · {s.workflow}@{s.version} · ",
-        f"{seconds(t.total)} since admission: queued {seconds(t.queued)}, running "
-        f"{seconds(t.running)}, waiting for a person {seconds(t.waiting)}, lost to crashes "
-        f"{seconds(t.lost)} · ",
+        f"{seconds_text(t.total)} since admission: queued {seconds_text(t.queued)}, "
+        f"running {seconds_text(t.running)}, waiting for a person {seconds_text(t.waiting)}, "
+        f"lost to crashes {seconds_text(t.lost)} · ",
         f"{len(s.attempts)} attempt(s), {s.takeovers} takeover(s)",
     ]
     if s.trace_id:
@@ -59,11 +59,11 @@ def _nodes(nodes: list[NodeTime]) -> Table:
     for n in nodes:
         table.add_row(
             n.node,
-            seconds(n.queued),
-            seconds(n.running),
-            seconds(n.waiting),
-            seconds(n.lost),
-            seconds(n.total),
+            seconds_text(n.queued),
+            seconds_text(n.running),
+            seconds_text(n.waiting),
+            seconds_text(n.lost),
+            seconds_text(n.total),
             str(n.executions),
         )
     return table
@@ -83,7 +83,7 @@ def _attempts(s: RunSummary) -> Table:
             f"{a.how}{start}: {a.why}",
             a.ended_by or "(still holding it)",
             str(a.steps),
-            seconds(took) if took is not None else "-",
+            seconds_text(took) if took is not None else "-",
         )
     return table
 
@@ -109,7 +109,7 @@ def _waits(s: RunSummary) -> Table:
         if w.channel:
             by += f" via {w.channel}"
         status = w.status + (f" (escalated {w.escalation_level})" if w.escalation_level else "")
-        took = seconds(w.seconds) + ("" if w.decided_at is not None else " so far")
+        took = seconds_text(w.seconds) + ("" if w.decided_at is not None else " so far")
         table.add_row(
             f"{w.kind} {w.name}", status, w.decision or "-", by, took, (w.comment or "-")[:80]
         )

@@ -1,4 +1,11 @@
-"""Run lifecycle: status, decision and termination reason are separate; one transition table."""
+"""Run lifecycle: status, decision and termination reason are separate; one transition table.
+
+The table is the rule; the statements that write `keel_runs.status` (in the store's
+queries.sql) are its commands: each declares the moves it makes in a `-- moves:` header, and
+tests hold them to the table (tests/unit/test_state_machine.py: every declared move allowed,
+every allowed move made by some statement; tests/store/conftest.py: every move a store test
+recorded on a timeline allowed).
+"""
 
 from __future__ import annotations
 
@@ -21,12 +28,18 @@ class Status(StrEnum):
 
 
 class Decision(StrEnum):
+    """A run's verdict, taken from its approval waits (an in-doubt effect's answer is not one)."""
+
     APPROVED = "approved"
     REJECTED = "rejected"
+    """By a person, or by a deadline whose policy is `reject`."""
     NOT_DECIDED = "not_decided"
 
 
 class TerminationReason(StrEnum):
+    """Why a finished run ended, beside its status: a completed run ended by its approval's
+    verdict says so, one whose wait ran out says timed_out."""
+
     COMPLETED = "completed"
     APPROVED = "approved"
     REJECTED = "rejected"
@@ -37,6 +50,10 @@ class TerminationReason(StrEnum):
 
 
 FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+ADMITTED = Status.QUEUED
+"""The status a run is admitted with."""
+NEW = "new"
+"""The `from` of an admission's move (`new>queued` in a query's `-- moves:` header)."""
 
 # from -> allowed targets. running -> running is a takeover (a new lease on the same run);
 # running -> queued is a lease given back (graceful shutdown, an infrastructure fault) or a
@@ -59,6 +76,13 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.FAILED: frozenset({Status.QUEUED}),
     Status.CANCELLED: frozenset(),
 }
+
+
+def allowed(src: str, dst: str) -> bool:
+    """Whether the table lets a run go from `src` to `dst` (`new`: an admission)."""
+    if src == NEW:
+        return dst == ADMITTED
+    return src in TRANSITIONS and dst in TRANSITIONS[Status(src)]
 
 
 def check_transition(current: str, target: str) -> Status:

@@ -1,13 +1,15 @@
-"""The outbox: notifications recorded as intents, delivered later, each at most once.
+"""The notification outbox: notifications about waits, recorded now, delivered later, each at
+most once. (User effects have an outbox of their own, of intents: keel.core.effects.outbox.)
 
-An intent is inserted in the same transaction as the change it announces (a wait registered,
-a reminder or escalation due, a decision recorded, a deadline applied), so it exists if and
-only if the change committed. Every worker runs a dispatcher that claims due intents and hands
-them to the App's notifiers (Slack, email, ...), with the intent id as idempotency key.
+A notification is inserted in the same transaction as the change it announces (a wait
+registered, a reminder or escalation due, a decision recorded, a deadline applied), so it
+exists if and only if the change committed. Every worker runs a dispatcher that claims due
+notifications and hands them to the App's notifiers (Slack, email, ...), with the
+notification's id as idempotency key. Its rows are table `keel_outbox`.
 
-Delivery follows the ledger's rule: an intent found `sending` under an expired claim may or
-may not have been delivered by a sender that died. Keel asks the notifier's `reconcile` if it
-has one, and otherwise marks it `in_doubt` rather than sending it twice.
+Delivery follows the ledger's rule: a notification found `sending` under an expired claim may
+or may not have been delivered by a sender that died. Keel asks the notifier's `reconcile` if
+it has one, and otherwise marks it `in_doubt` rather than sending it twice.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 from keel.core.codec import dumps, loads
 from keel.core.errors import TransientError
 from keel.core.ids import digest
-from keel.core.notifications import Notification, intent_payload
+from keel.core.notifications import Notification, notification_payload
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
@@ -29,8 +31,8 @@ from keel.core.store.store import Store
 log = logging.getLogger("keel.core.notification_outbox")
 
 
-class IntentStatus(StrEnum):
-    """Where an intent is: queued -> sending -> delivered, or failed, or in_doubt."""
+class NotificationStatus(StrEnum):
+    """Where a notification is: queued -> sending -> delivered, or failed, or in_doubt."""
 
     QUEUED = "queued"
     SENDING = "sending"
@@ -40,7 +42,8 @@ class IntentStatus(StrEnum):
     """Its sender died mid-delivery and the notifier cannot say whether it went out."""
 
 
-def intent_id(run_id: str, wait_id: str, kind: str, stage: int, notifier: str) -> str:
+def notification_id(run_id: str, wait_id: str, kind: str, stage: int, notifier: str) -> str:
+    """A notification's id: the same on every replay of the change it announces."""
     return "n:" + digest(run_id, wait_id, kind, str(stage), notifier)[:32]
 
 
@@ -54,8 +57,8 @@ async def record(
     stage: int = 0,
     details: dict[str, Any] | None = None,
 ) -> None:
-    """Insert one intent per notifier that handles `kind` (once: a replay inserts nothing)."""
-    payload = intent_payload(
+    """Insert one notification per notifier that handles `kind` (once: a replay inserts none)."""
+    payload = notification_payload(
         run["job_id"],
         run["workflow"],
         wait["wait_id"],
@@ -69,19 +72,23 @@ async def record(
     for notifier in services.notifiers.values():
         if kind not in notifier.kinds:
             continue
-        await services.store.insert_intent(
+        await services.store.insert_notification(
             tx,
-            intent_id(run["run_id"], wait["wait_id"], kind, stage, notifier.name),
-            run_id=run["run_id"],
-            wait_id=wait["wait_id"],
-            notifier=notifier.name,
-            kind=kind,
-            payload=payload,
+            {
+                "intent_id": notification_id(
+                    run["run_id"], wait["wait_id"], kind, stage, notifier.name
+                ),
+                "run_id": run["run_id"],
+                "wait_id": wait["wait_id"],
+                "notifier": notifier.name,
+                "kind": kind,
+                "payload": payload,
+            },
         )
 
 
 async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
-    """Deliver up to `limit` due intents; return how many were settled."""
+    """Deliver up to `limit` due notifications; return how many were settled."""
     settled = 0
     for _ in range(limit):
         claimed = await _claim(services.store, worker_id, services.lease_ttl)
@@ -94,14 +101,14 @@ async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
 
 async def _claim(store: Store, worker_id: str, ttl: float) -> tuple[Row, bool] | None:
     async with store.transaction() as tx:
-        candidate = await store.claim_intent_candidate(tx)
+        candidate = await store.notification_candidate(tx)
         if candidate is None:
             return None
-        in_doubt = candidate["status"] == IntentStatus.SENDING
-        row = await store.claim_intent(
+        in_doubt = candidate["status"] == NotificationStatus.SENDING
+        row = await store.claim_notification(
             tx,
             candidate["intent_id"],
-            status=IntentStatus.SENDING,
+            status=NotificationStatus.SENDING,
             worker_id=worker_id,
             ttl=ttl,
         )
@@ -113,7 +120,7 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
     notifier = services.notifiers.get(row["notifier"])
     if notifier is None:
         await _settle(
-            services, worker_id, row, IntentStatus.FAILED, error="no such notifier registered"
+            services, worker_id, row, NotificationStatus.FAILED, error="no such notifier registered"
         )
         return
     note = await _notification(services, row)
@@ -123,7 +130,7 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
             log.warning(
                 "notification %s may have been sent by a dead worker: in doubt", row["intent_id"]
             )
-            await _settle(services, worker_id, row, IntentStatus.IN_DOUBT)
+            await _settle(services, worker_id, row, NotificationStatus.IN_DOUBT)
             return
         try:
             found = await _call(reconcile, note)
@@ -132,7 +139,7 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
             log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
             return
         if found is not None:
-            await _settle(services, worker_id, row, IntentStatus.DELIVERED, result=found)
+            await _settle(services, worker_id, row, NotificationStatus.DELIVERED, result=found)
             return
     try:
         result = await _call(notifier.send, note)
@@ -140,30 +147,32 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
         delay = (
             exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** row["attempts"])
         )
-        await _settle(services, worker_id, row, IntentStatus.QUEUED, error=repr(exc), delay=delay)
+        await _settle(
+            services, worker_id, row, NotificationStatus.QUEUED, error=repr(exc), delay=delay
+        )
         return
     except Exception as exc:
         log.exception("notification %s failed", row["intent_id"])
-        await _settle(services, worker_id, row, IntentStatus.FAILED, error=repr(exc))
+        await _settle(services, worker_id, row, NotificationStatus.FAILED, error=repr(exc))
         return
-    await _settle(services, worker_id, row, IntentStatus.DELIVERED, result=result)
+    await _settle(services, worker_id, row, NotificationStatus.DELIVERED, result=result)
 
 
 async def _notification(services: Services, row: Row) -> Notification:
     payload = loads(row["payload"])
-    related = await services.store.intents_for_wait(row["wait_id"])
+    related = await services.store.notifications_for_wait(row["wait_id"])
     earlier = {
         r["kind"]: loads(r["result"])
         for r in related
-        if r["notifier"] == row["notifier"] and r["status"] == IntentStatus.DELIVERED
+        if r["notifier"] == row["notifier"] and r["status"] == NotificationStatus.DELIVERED
     }
+    # What `notification_payload` wrote about the run and its wait.
+    about = {k: payload[k] for k in ("job_id", "workflow", "wait")}
     return Notification(
-        intent_id=row["intent_id"],
-        kind=row["kind"],
-        run_id=row["run_id"],
-        job_id=payload["job_id"],
-        workflow=payload["workflow"],
-        wait=payload["wait"],
+        row["intent_id"],
+        row["kind"],
+        row["run_id"],
+        **about,
         details=payload.get("details", {}),
         earlier=earlier,
     )
@@ -179,7 +188,7 @@ async def _settle(
     services: Services,
     worker_id: str,
     row: Row,
-    status: IntentStatus,
+    status: NotificationStatus,
     *,
     result: Any = None,
     error: str | None = None,
@@ -187,7 +196,7 @@ async def _settle(
 ) -> None:
     store = services.store
     async with store.transaction() as tx:
-        settled = await store.settle_intent(
+        settled = await store.settle_notification(
             tx,
             row["intent_id"],
             worker_id=worker_id,
@@ -196,7 +205,7 @@ async def _settle(
             error=error,
             delay=delay,
         )
-        if settled is not None and status != IntentStatus.QUEUED:
+        if settled is not None and status != NotificationStatus.QUEUED:
             await store.add_event(
                 tx,
                 row["run_id"],

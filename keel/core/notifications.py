@@ -1,4 +1,5 @@
-"""What the outbox hands a notifier: the notification, and the notifier's protocol."""
+"""What the notification outbox hands a notifier: the notification, and the notifier's
+protocol."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from keel.core.codec import dumps, loads
 KINDS = ("request", "remind", "escalate", "decided", "expired")
 
 
-def intent_payload(
+def notification_payload(
     job_id: str,
     workflow: str,
     wait_id: str,
@@ -21,11 +22,11 @@ def intent_payload(
     deadline: float | None,
     details: str,
 ) -> str:
-    """The payload of a wait's notification intent (JSON text), from the run's and the wait's
-    columns (`payload`, `approvers` and `details` as JSON text): the one rule. The outbox's
-    `record` calls it; SQLite's queries call it as `keel_notification`, registered on each
-    connection; PostgreSQL's `keel_notification` (migration 0020) is its twin in SQL, which a
-    test compares with it."""
+    """The payload of a wait's notification (JSON text), from the run's and the wait's
+    columns (`payload`, `approvers` and `details` as JSON text): the one rule. The
+    notification outbox's `record` calls it; SQLite's queries call it as `keel_notification`,
+    registered on each connection; PostgreSQL's `keel_notification` (migration 0020) is its
+    twin in SQL, which a test compares with it."""
     return dumps(
         {
             "job_id": job_id,

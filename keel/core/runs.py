@@ -1,22 +1,26 @@
-"""Admission and lifecycle transitions: the only code that changes a run's status.
+"""Admission and lifecycle transitions: the Python side of a run's status.
 
-Status is written in exactly three places, all here or called from here, each checked against
-the transition table (`keel.core.lifecycle`) and recorded on the timeline in the same
-transaction:
+A run's status is written only by the store's statements that declare their moves in a
+`-- moves:` header of queries.sql (tests/unit/test_state_machine.py holds every header against
+the transition table in `keel.core.lifecycle`, and finds the writers by their SQL, so a new one
+cannot go undeclared); each records the move on the run's timeline in the same transaction:
 
-- `transition()` for every move inside a transaction (the `update_run_status` query);
-- `finish()` for an execution's end, one fenced statement (`finish_run`);
-- the claim (`Store.claim_next`, called by `keel.core.leases.claim`), one statement that takes
-  the lease, sets `running` and writes the claim's event, so that no reader ever sees a running
-  run without an owner.
-
-Admission (`insert_run`) writes a new run's first status, `queued`; nothing else does.
+- `insert_run` and `admit_run`: admission (`admit` here), a new run queued;
+- `claim_next`: the claim (`keel.core.leases.claim`), queued or running under an expired lease
+  to running, with the lease, so no reader ever sees a running run without an owner;
+- `update_run_status`: `transition()` here, every move made inside a transaction of Python
+  (a cancel, a resume, a lease given back, a deadline's policy, a failed attempt); the store
+  refuses a move its header does not declare;
+- `finish_run`: `finish()` here, an execution's end, one fenced statement;
+- `end_registration`: the end of a wait registration (`keel.core.waits.register`), running to
+  waiting, queued (a decision raced it) or cancelled;
+- `decide`: a decision (`keel.core.waits.decide`), a waiting run queued.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from keel.core.codec import canonical_json, loads
@@ -31,6 +35,7 @@ from keel.core.errors import (
 from keel.core.ids import input_hash, run_id, validate_job_id
 from keel.core.lifecycle import FINISHED, Status, TerminationReason, check_transition
 from keel.core.store.base import EndWith, Later, Row, Tx
+from keel.core.store.run_queries import NewRun
 from keel.core.store.store import Store
 from keel.core.wait_model import ExpiryDecision, WaitStatus
 
@@ -79,80 +84,69 @@ async def admit(
         raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
     if check is not None:
         check(loads(input_json))
-    content = input_hash(workflow, version, input_json)
+    first = NewRun(
+        run_id=run_id(job_id, workflow, version, input_json, 1),
+        job_id=job_id,
+        workflow=workflow,
+        workflow_version=version,
+        attempt=1,
+        input_hash=input_hash(workflow, version, input_json),
+        input=input_json,
+    )
     if not rerun:
-        return await _admit_once(
-            store, workflow, version, job_id, input_json, content, if_exists, then
-        )
+        return await _admit_once(store, first, if_exists, then)
     async with store.transaction() as tx:
         job = await store.job_runs(tx, job_id, workflow)
-        others = [r["run_id"] for r in job if r["input_hash"] != content]
+        others = [r["run_id"] for r in job if r["input_hash"] != first.input_hash]
         while True:
-            attempt = await store.next_attempt(tx, job_id, workflow, content)
-            rid = run_id(job_id, workflow, version, input_json, attempt)
-            inserted = await store.insert_run(
-                tx,
-                run_id=rid,
-                job_id=job_id,
-                workflow=workflow,
-                version=version,
+            attempt = await store.next_attempt(tx, job_id, workflow, first.input_hash)
+            run = replace(
+                first,
+                run_id=run_id(job_id, workflow, version, input_json, attempt),
                 attempt=attempt,
-                input_hash=content,
-                input_json=input_json,
             )
             # A rerun racing another one for the same attempt number lost the insert (its
             # conflict waited for the winner's commit): the next number is free now.
-            if inserted:
+            if await store.insert_run(tx, run):
                 break
-        await store.add_event(tx, rid, "admitted", _admitted(workflow, version, job_id, attempt))
-        await store.notify_wake(tx, rid)
-        row = await store.read_run(tx, rid)
+        await store.add_event(tx, run.run_id, "admitted", _admitted(run))
+        await store.notify_wake(tx, run.run_id)
+        row = await store.read_run(tx, run.run_id)
     assert row is not None
     return Admission(row, True, others)
 
 
 async def _admit_once(
     store: Store,
-    workflow: str,
-    version: str,
-    job_id: str,
-    input_json: str,
-    content: str,
+    run: NewRun,
     if_exists: str,
     then: Callable[[Tx], Awaitable[Later]] | None,
 ) -> Admission:
     """The first attempt of a job's input, admitted (or found) in one statement."""
-    rid = run_id(job_id, workflow, version, input_json, 1)
     row, created, refused, others, after = await store.admit_run(
-        run_id=rid,
-        job_id=job_id,
-        workflow=workflow,
-        version=version,
-        attempt=1,
-        input_hash=content,
-        input_json=input_json,
-        if_exists=if_exists,
-        data=_admitted(workflow, version, job_id, 1),
-        then=then,
+        run, if_exists=if_exists, data=_admitted(run), then=then
     )
     if refused and if_exists == "error":
         raise JobExists(
-            f"job {job_id} already has a run with other input ({others[0]}); "
+            f"job {run.job_id} already has a run with other input ({others[0]}); "
             "submit it with if_exists='new' to admit another, 'reuse' to get that one",
             runs=others,
         )
-    if refused:  # reuse: the job's latest run
-        rid = others[0]
     if row is None:
-        # Refused, or admitted by a concurrent submit that committed while this one waited on
-        # it: read it now.
-        row = await store.get_run(rid)
+        # Refused (reuse: the job's latest run), or admitted by a concurrent submit that
+        # committed while this one waited on it: read it now.
+        row = await store.get_run(others[0] if refused else run.run_id)
     assert row is not None
     return Admission(row, created, others, after)
 
 
-def _admitted(workflow: str, version: str, job_id: str, attempt: int) -> dict[str, Any]:
-    return {"workflow": workflow, "version": version, "job_id": job_id, "attempt": attempt}
+def _admitted(run: NewRun) -> dict[str, Any]:
+    return {
+        "workflow": run.workflow,
+        "version": run.workflow_version,
+        "job_id": run.job_id,
+        "attempt": run.attempt,
+    }
 
 
 async def transition(
@@ -174,6 +168,7 @@ async def transition(
     await store.update_run_status(
         tx,
         current["run_id"],
+        current["status"],
         target.value,
         decision=decision,
         termination_reason=termination_reason,
@@ -183,6 +178,35 @@ async def transition(
     )
     data = _move_data(event, termination_reason, error)
     await _record_move(store, tx, current, target, f"status.{target.value}", data, worker_id, token)
+
+
+async def give_up(
+    store: Store,
+    tx: Tx,
+    run: Row,
+    data: dict[str, Any],
+    *,
+    error: str,
+    worker_id: str,
+    token: int,
+) -> None:
+    """End a running run failed after its last failed attempt (`data`: cause, attempt, limit,
+    error), on the timeline as `attempt.failed` then the move: a crash past its limit
+    (`keel.core.attempts`), a worker that died once too often (`keel.core.leases`)."""
+    await store.add_event(
+        tx, run["run_id"], "attempt.failed", data, worker_id=worker_id, token=token
+    )
+    await transition(
+        store,
+        tx,
+        run,
+        Status.FAILED,
+        worker_id=worker_id,
+        token=token,
+        termination_reason=TerminationReason.EXECUTION_ERROR.value,
+        error=error,
+        event={"cause": data["cause"], "attempts": data["attempt"]},
+    )
 
 
 async def finish(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from keel.core import logs
 from keel.core.clock import parse_duration
@@ -30,7 +30,7 @@ from keel.core.errors import (
 )
 from keel.core.faults import fault_point
 from keel.core.ids import digest, validate_run_id
-from keel.core.lifecycle import FINISHED, Decision, Status, TerminationReason, check_transition
+from keel.core.lifecycle import FINISHED, Decision, Status
 from keel.core.services import Services
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Store
@@ -169,7 +169,7 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
             registered.append((event, row))
             if spec.get("kind") == WaitKind.OUTBOX and await row() is not None:
                 # Delivered before this wait existed: answered now, the run goes on at once.
-                intent = await store.read_effect_intent(tx, str(spec["payload"]["intent_id"]))
+                intent = await store.read_intent(tx, str(spec["payload"]["intent_id"]))
                 if intent is not None:
                     await effect_outbox.answer_waits(store, tx, intent)
         # Cancelled while this step ran: this pause is its step boundary, nobody is asked. A
@@ -194,19 +194,8 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 token=ctx.token,
                 took=took,
             )
-    target = check_transition(Status.RUNNING, ended["target"])
-    data: dict[str, Any] = {"from": Status.RUNNING.value, "to": target.value}
-    if target == Status.CANCELLED:
-        data["termination_reason"] = TerminationReason.CANCELLED.value
-    logs.event(
-        ctx.run_id,
-        f"status.{target.value}",
-        data,
-        worker_id=ctx.worker_id,
-        token=ctx.token,
-        took=took,
-    )
-    return target
+    store.log_events(ended, took=took)  # its move, as the statement recorded it
+    return Status(ended["target"])
 
 
 def resume_map(answered: Sequence[Row], pending_interrupt_ids: set[str]) -> dict:
@@ -251,6 +240,8 @@ def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
 
 @dataclass(frozen=True)
 class DecisionResult:
+    """What a decision call got: the wait as recorded, and whether this call recorded it."""
+
     wait: Row
     recorded: bool
     """True for the one call whose decision was recorded; False for every later duplicate."""
@@ -260,18 +251,34 @@ class DecisionResult:
         return str(self.wait["decision"])
 
 
+class Answer(TypedDict, total=False):
+    """Who answers a wait, and how: what every decision (approve, reject, resolve) takes."""
+
+    by: str | None
+    """Who the caller says decided."""
+    principal: str | None
+    """The identity that made the call (a token's fingerprint, a Slack user, a login)."""
+    comment: str | None
+    action_id: str | None
+    """The click's or request's id: a retry with the winning one is not a conflict."""
+    wait_id: str | None
+    """Which wait, if the run waits on several."""
+    channel: str
+    """Where the answer came from (api, cli, slack, console)."""
+
+
 async def decide(
     services: Services,
     run_id: str,
     *,
     decision: str,
-    value: dict[str, Any] | None = None,
     wait_id: str | None = None,
-    by: str | None = None,
-    action_id: str | None = None,
     channel: str = "api",
-    comment: str | None = None,
+    value: dict[str, Any] | None = None,
+    by: str | None = None,
     principal: str | None = None,
+    comment: str | None = None,
+    action_id: str | None = None,
     then: Callable[[Tx], Awaitable[Later]] | None = None,
     taken: Callable[[Row | None], Awaitable[None]] | None = None,
 ) -> DecisionResult:
@@ -328,30 +335,15 @@ async def decide(
         ),
         then=then,
     )
+    took = time.monotonic() - started
     if taken is not None:
         await taken(followed)
     if found is None:
         raise RunNotFound(f"no run {run_id!r}")
+    store.log_events(found, took=took)  # as the statement wrote them
     wait = _wait_of(found)
     if found["recorded"]:
         assert wait is not None
-        took = time.monotonic() - started
-        logs.event(
-            run_id,
-            "decision.recorded",
-            {**recorded_data, "wait_id": wait["wait_id"]},
-            worker_id=None,
-            token=None,
-            took=took,
-        )
-        if found["run_status"] == Status.WAITING:
-            moved = {
-                "from": Status.WAITING.value,
-                "to": Status.QUEUED.value,
-                "wait_id": wait["wait_id"],
-                "decision": decision,
-            }
-            logs.event(run_id, "status.queued", moved, worker_id=None, token=None, took=took)
         fault_point("decision.after_record")
         services.wake()
         return DecisionResult(wait, recorded=True)
@@ -383,6 +375,8 @@ def is_effect_answer(decision: str) -> bool:
 
 
 _FOUND = (
+    "events",
+    "events_before",
     "found_run",
     "run_status",
     "run_job",

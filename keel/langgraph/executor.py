@@ -18,14 +18,14 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
-from keel.core import leases, logs, waits
+from keel.core import attempts, leases, logs, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
 from keel.core.errors import LeaseLost, Released, RunCancelled
 from keel.core.faults import fault_point
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status, TerminationReason
-from keel.core.runs import finish, transition
+from keel.core.runs import finish
 from keel.core.services import Services
 from keel.core.store.base import Row
 from keel.core.store.store import Lease
@@ -113,7 +113,10 @@ class Executor:
         try:
             return await self._execute(lease, run, steps)
         except Exception as exc:
-            return await self._failed_attempt(lease, exc, progressed=held in self.saver.progressed)
+            # Outside the graph's own code (its failures end the run in `_execute`): the
+            # core's failure policy counts the attempt and says what comes next.
+            progressed = held in self.saver.progressed
+            return await attempts.failed(self.services, lease, exc, progressed=progressed)
         finally:
             self.saver.progressed.discard(held)
 
@@ -209,132 +212,6 @@ class Executor:
             # resumes from its last checkpoint, and its nodes stage their rows again.
             self.saver.drop(lease.run_id, lease.token)
             ctx.staged.clear()
-
-    async def _failed_attempt(self, lease: Lease, exc: Exception, *, progressed: bool) -> Outcome:
-        """Count an execution that failed outside the graph's own code, and say what comes next:
-        given back (infrastructure), retried after a backoff (crash), or failed past the limit.
-        Infrastructure interruptions count in a row: one after a committed step (`progressed`)
-        is the first again, so a long run through many outages is not failed for them."""
-        rt = self.services
-        infra = rt.store.is_infrastructure(exc)
-        error = f"{type(exc).__name__}: {exc}"
-        policy = rt.attempts
-        try:
-            async with rt.store.fenced(lease.run_id, lease.token) as tx:
-                current = await rt.store.read_run(tx, lease.run_id)
-                assert current is not None
-                if current["status"] != Status.RUNNING:
-                    return Status(current["status"])  # it had moved on (a wait was registered)
-                limit = policy.max_infra_retries if infra else policy.max_crashes
-                if infra:
-                    _, attempt = await rt.store.count_failed_attempt(
-                        tx, lease.run_id, lease.token, crash=False, progressed=progressed
-                    )
-                else:
-                    # A crash the run recovers from is counted by the takeover that follows
-                    # the backoff (claim_next counts every takeover, as after a dead worker);
-                    # the last one is counted here, where the run ends.
-                    attempt = int(current["crash_count"]) + 1
-                    if attempt >= limit:
-                        attempt, _ = await rt.store.count_failed_attempt(
-                            tx, lease.run_id, lease.token, crash=True
-                        )
-                data: dict[str, Any] = {
-                    "cause": "infrastructure" if infra else "crash",
-                    "attempt": attempt,
-                    "limit": limit,
-                    "error": error[:2000],
-                }
-                if attempt >= limit:
-                    log.error(
-                        "worker %s run %s: %s attempt %d of %d failed, giving up: %s",
-                        self.worker_id,
-                        lease.run_id,
-                        data["cause"],
-                        attempt,
-                        limit,
-                        error,
-                    )
-                    await rt.store.add_event(
-                        tx,
-                        lease.run_id,
-                        "attempt.failed",
-                        data,
-                        worker_id=self.worker_id,
-                        token=lease.token,
-                    )
-                    await transition(
-                        rt.store,
-                        tx,
-                        current,
-                        Status.FAILED,
-                        worker_id=self.worker_id,
-                        token=lease.token,
-                        termination_reason=TerminationReason.EXECUTION_ERROR.value,
-                        error=error,
-                        event={"cause": data["cause"], "attempts": attempt},
-                    )
-                    return Status.FAILED
-                if infra:
-                    # Resumable at once, by any worker that can reach the database.
-                    await rt.store.add_event(
-                        tx,
-                        lease.run_id,
-                        "attempt.interrupted",
-                        data,
-                        worker_id=self.worker_id,
-                        token=lease.token,
-                    )
-                    await transition(
-                        rt.store,
-                        tx,
-                        current,
-                        Status.QUEUED,
-                        worker_id=self.worker_id,
-                        token=lease.token,
-                        event={"reason": "infrastructure fault"},
-                    )
-                    await rt.store.notify_wake(tx, lease.run_id)
-                else:
-                    # The lease is kept for the backoff, then expires: whoever claims next
-                    # takes the run over, with a new token, as after a dead worker.
-                    delay = policy.delay(attempt)
-                    data["retry_in"] = round(delay, 3)
-                    await rt.store.add_event(
-                        tx,
-                        lease.run_id,
-                        "attempt.crashed",
-                        data,
-                        worker_id=self.worker_id,
-                        token=lease.token,
-                    )
-                    await rt.store.hold_lease_for(tx, lease.run_id, lease.token, delay)
-            log.warning(
-                "worker %s run %s (token %s): %s attempt %d of %d failed (%s); it will resume",
-                self.worker_id,
-                lease.run_id,
-                lease.token,
-                data["cause"],
-                attempt,
-                limit,
-                error,
-                exc_info=not infra,
-                extra=logs.database_error(exc) if infra else None,
-            )
-        except LeaseLost:
-            return LeaseEnd.LOST
-        except Exception as second:
-            # The database is still away: the lease expires after its TTL and the run resumes.
-            log.warning(
-                "worker %s run %s (token %s): %s; could not record it (%r): the lease expires",
-                self.worker_id,
-                lease.run_id,
-                lease.token,
-                error,
-                second,
-                extra=logs.database_error(second),
-            )
-        return LeaseEnd.RETRY
 
     async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
         """What to invoke the graph with, from at most one read of the run's checkpoint: none

@@ -416,8 +416,23 @@ class Fencing(StepTimeline):
         task_id: str,
         task_path: str,
     ) -> list[Statement]:
-        """Upstream's statements for a task's writes, recorded from its own `aput_writes`."""
+        """Upstream's statements for a task's writes, recorded from its own `aput_writes`
+        (or, where the saver knows them without it, `quick_writes`)."""
+        quick = self.quick_writes(config, writes, task_id, task_path)
+        if quick is not None:
+            return quick
         return await self._record(super().aput_writes(config, writes, task_id, task_path))  # type: ignore[misc]
+
+    def quick_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> list[Statement] | None:
+        """The statements for these writes without upstream's own path, where a saver knows
+        them; None: record upstream's."""
+        return None
 
     async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:
         recorder: list[Statement] = []
@@ -505,20 +520,8 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
         super().__init__(pool)
 
-    async def _record_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> list[Statement]:
-        # Small writes without upstream's hop to a thread: `aput` waits for these statements.
-        found = small_writes(self, config, writes, task_id, task_path)
-        return (
-            found
-            if found is not None
-            else await super()._record_writes(config, writes, task_id, task_path)
-        )
+    # Small writes without upstream's hop to a thread: `aput` waits for these statements.
+    quick_writes = small_writes
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:

@@ -154,7 +154,9 @@ class EmailNotifier:
         if note.kind != "request":
             # Mail clients thread the reminder under the request it is about.
             first = message_id_for(
-                notification_outbox.intent_id(note.run_id, wait["wait_id"], "request", 0, self.name)
+                notification_outbox.notification_id(
+                    note.run_id, wait["wait_id"], "request", 0, self.name
+                )
             )
             msg["In-Reply-To"] = first
             msg["References"] = first

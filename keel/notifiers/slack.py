@@ -26,7 +26,7 @@ from slack_sdk.errors import SlackApiError
 
 from keel.core import notification_outbox, notifications
 from keel.core.deadlines import DECISION_ON_TIMEOUT
-from keel.core.errors import TransientError, UsageError
+from keel.core.errors import TransientError, UsageError, WrongWaitKind
 from keel.core.lifecycle import Decision
 from keel.core.notifications import Notification
 from keel.core.waits import check_answer
@@ -144,9 +144,12 @@ def message(note: Notification, outcome: str | None = None) -> tuple[str, list[d
 
 def takes_verdict(wait_kind: str) -> bool:
     """Whether Approve/Reject answers a wait of this kind (an in-doubt effect takes neither)."""
+    # Not a check before an operation (the click's decision is refused by the core itself):
+    # the message is drawn before anyone clicks, and buttons go only where a click can count.
+    # The core's rule is asked, not restated; no wait is named, so no wait_id.
     try:
         check_answer(wait_kind, Decision.APPROVED, wait_id="")
-    except UsageError:
+    except WrongWaitKind:
         return False
     return True
 
@@ -291,7 +294,7 @@ class SlackNotifier:
 
     def _anchor(self, note: Notification, *, read: bool) -> dict[str, Any] | None:
         """The wait's request message and its metadata (as Slack has it now if `read`)."""
-        request_id = notification_outbox.intent_id(
+        request_id = notification_outbox.notification_id(
             note.run_id, note.wait["wait_id"], "request", 0, self.name
         )
         known = _posted(note.earlier.get("request"))

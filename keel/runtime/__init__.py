@@ -1,8 +1,10 @@
-"""The composition root: the Runtime (async core), the App (sync facade), the worker."""
+"""The composition root (Runtime), the operations on runs (AsyncApp), the sync facade (App),
+the worker."""
 
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
-from keel.runtime.runtime import DEFAULT_URL, RunDetails, Runtime, Submission
+from keel.runtime.records import RunDetails, Submission
+from keel.runtime.runtime import DEFAULT_URL, Runtime
 from keel.runtime.worker import Worker, WorkerStats
 
 __all__ = [

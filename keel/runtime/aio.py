@@ -1,28 +1,376 @@
-"""`app.aio`: the App's operations as coroutines, with the same names and return types.
+"""`keel.AsyncApp` (`app.aio`): every operation on runs, as coroutines, in one place.
 
-The Runtime holds every operation on runs; this adds the one that needs the worker (which
-itself builds on the Runtime), so that `await app.aio.run_worker()` mirrors `app.run_worker()`.
+It composes a `Runtime` (keel.runtime.runtime: the parts, open/close, wake-ups, the hand-off to a
+worker of this process) and calls the core's commands and the store over its services. The sync
+`keel.App` declares each of these once more as `sync_of(AsyncApp.<name>)` (keel.runtime.facade):
+the same name, parameters, return type and docstring.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
-import threading
-from typing import Any
+import functools
+import logging
+from typing import Any, TypedDict, Unpack
 
+from keel.core import failed_runs, leases, retention, runs, versions, waits
+from keel.core.artifacts import RunArtifacts
 from keel.core.effects import dispatch as effect_dispatch
-from keel.core.effects.outbox import IntentState, public
-from keel.core.errors import UsageError
-from keel.runtime import replay
+from keel.core.effects.outbox import IntentStatus, public
+from keel.core.errors import RunNotFound, UsageError, WaitNotFound, WorkflowVersionMismatch
+from keel.core.ids import validate_run_id
+from keel.core.store.base import Row
+from keel.core.store.run_queries import RunFilters
+from keel.langgraph import traces
+from keel.langgraph.graphs import checkpoint_misfits
+from keel.langgraph.inputs import check_input
+from keel.runtime import replay as replays
+from keel.runtime import stranded
 from keel.runtime.dispatcher import deliver_effects
+from keel.runtime.facade import stop_on_signals
+from keel.runtime.handoff import Reserved
+from keel.runtime.records import RunDetails, Submission
 from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
 from keel.runtime.summary import RunSummary, summarize
 from keel.runtime.worker import Worker, WorkerStats, new_worker_id
 
+log = logging.getLogger("keel.runtime")
 
-class AsyncApp(Runtime):
+
+class RunListing(TypedDict, total=False):
+    """How `list_runs` and `browse_runs` filter runs, and their page."""
+
+    status: str | None
+    workflow: str | None
+    since: float | str | None
+    """Admitted at or after: epoch seconds, an age (2h, 7d) or an ISO time."""
+    until: float | str | None
+    """Admitted before (the same forms)."""
+    limit: int
+    offset: int
+
+
+class AsyncApp:
+    runtime: Runtime
+    """The parts this app runs on (its store, services, workflows, portal): for the CLI, the
+    service, the chaos tools and tests, not an operation on runs."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        """`url` and the options of `keel.runtime.runtime.Runtime` (clock, artifacts_root,
+        lease_ttl, heartbeat_interval, max_input_bytes, portal, attempts, effect_timeout)."""
+        self.runtime = Runtime(url, **options)
+
+    # -- lifetime and schema ------------------------------------------------------------------
+
+    async def open(self, *, check_schema: bool = True) -> None:
+        """Connect (every operation does it first); SchemaMismatch unless the database is at
+        the schema this Keel needs (`check_schema`)."""
+        await self.runtime.open(check_schema=check_schema)
+
+    async def close(self) -> None:
+        """Close the database connections (the next operation opens them again)."""
+        await self.runtime.close()
+
+    async def migrate(self) -> list[str]:
+        """Apply Keel's migrations and the LangGraph savers' setup; what was applied."""
+        return await self.runtime.migrate()
+
+    async def schema_version(self) -> int:
+        """The database's schema version (0: never migrated); see `latest_schema_version`."""
+        return await self.runtime.schema_version()
+
+    @property
+    def latest_schema_version(self) -> int:
+        """The schema version this Keel needs."""
+        return self.runtime.latest_schema_version
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        workflow: str,
+        *,
+        job_id: str,
+        input: Any,
+        version: str | None = None,
+        rerun: bool = False,
+        if_exists: str = "new",
+    ) -> Submission:
+        """Admit a run (idempotent: the same job, input and version return the same run).
+
+        When the job already has runs with other input (`other_runs`), `if_exists` says what to
+        do: "new" admits this one too, "reuse" returns the job's latest run, "error" raises
+        JobExists."""
+        await self.open()
+        wf = self.runtime.workflows.get(workflow, version)
+        self.runtime.check(wf)  # refused before admission: a run of it could never execute
+        taker, claim = self.runtime.taker()
+        slot = Reserved(taker) if taker is not None else None
+        try:
+            admitted = await runs.admit(
+                self.runtime.store,
+                workflow=wf.name,
+                version=wf.version,
+                job_id=job_id,
+                input=input,
+                rerun=rerun,
+                max_input_bytes=self.runtime.max_input_bytes,
+                if_exists=if_exists,
+                check=functools.partial(check_input, wf),
+                then=claim,
+            )
+            if admitted.created:
+                await self._trace(admitted.row)  # before the worker it goes to can start it
+            if slot is not None:
+                await slot.adopt(admitted.then)
+        finally:
+            if slot is not None:
+                slot.give_back()
+        handed = admitted.then is not None and admitted.then["run_id"] == admitted.row["run_id"]
+        if admitted.created and not handed:  # a worker here took it: nothing to wake for
+            self.runtime.wake()
+        return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
+
+    async def _trace(self, row: Row) -> None:
+        """Root the new run's trace here, linked to the submitter's span (keel.langgraph.traces);
+        a failure only leaves it to the first worker."""
+        tracer = traces.active()
+        if tracer is None:
+            return
+        try:
+            await tracer.root(self.runtime.store, row, by="submit")
+        except Exception as exc:
+            log.warning("run %s: could not keep its trace context (%r)", row["run_id"], exc)
+
+    async def get_run(self, run_id: str) -> RunDetails:
+        """Everything known about the run (RunNotFound if none): its row, timeline, effects,
+        waits, artifacts, notifications, intents and whether it is stranded."""
+        await self.open()
+        validate_run_id(run_id)
+        run = await self.runtime.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        for_run = RunArtifacts(self.runtime.artifacts_root, run_id).list()
+        return RunDetails(
+            run=run,
+            timeline=await self.runtime.store.events(run_id),
+            effects=await self.runtime.store.effects(run_id),
+            waits=await self.runtime.store.waits(run_id),
+            artifacts=for_run,
+            notifications=await self.runtime.store.notifications(run_id),
+            intents=await self.runtime.store.list_intents(run_id=run_id, limit=100_000),
+            stranded=versions.is_stranded(run, await self._served()),
+        )
+
+    async def list_runs(
+        self, *, job_id: str | None = None, **filters: Unpack[RunListing]
+    ) -> list[Row]:
+        """Runs, newest first, each with its derived `stranded` flag; `since` and `until`
+        (admission time, until excluded) take epoch seconds, ages (2h, 7d) or ISO times."""
+        await self.open()
+        rows = await self.runtime.store.list_runs(job_id=job_id, **await self._moments(filters))
+        served = await self._served()
+        for row in rows:
+            row["stranded"] = versions.is_stranded(row, served)
+        return rows
+
+    async def database_now(self) -> float:
+        """The database's clock, which judges every lease and deadline (epoch seconds)."""
+        await self.open()
+        return await self.runtime.store.database_now()
+
+    async def stranded_runs(self, limit: int = 100) -> list[Row]:
+        """Runs that need a worker of a version no worker serves, oldest first."""
+        await self.open()
+        window = stranded.live_window(self.runtime.heartbeat_interval)
+        return await stranded.stranded_runs(self.runtime.store, window, None, limit)
+
+    async def _served(self) -> dict[str, set[str]]:
+        await self.open()
+        window = stranded.live_window(self.runtime.heartbeat_interval)
+        return await stranded.served(self.runtime.store, window)
+
+    async def upgrade_run(self, run_id: str, *, to: str, by: str | None = None) -> Row:
+        """Move a queued or waiting run to another registered version of its workflow, when
+        its checkpoint fits that version's graph; WorkflowVersionMismatch when it does not."""
+        await self.open()
+        validate_run_id(run_id)
+        run = await self.runtime.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        workflow = self.runtime.workflows.get(run["workflow"], to)
+        versions.check_upgradable(run, to)
+        graph = workflow.factory().compile(checkpointer=self.runtime.fencing())
+        problems = await checkpoint_misfits(graph, self.runtime.fencing(), run_id)
+        if problems:
+            raise WorkflowVersionMismatch(
+                f"run {run_id} cannot move from {run['workflow']}@{run['workflow_version']} to "
+                f"{workflow.key}: its checkpoint does not fit ({'; '.join(problems)})"
+            )
+        row = await versions.upgrade(self.runtime.store, run_id, to, seen=run, by=by)
+        self.runtime.wake()
+        return row
+
+    async def browse_runs(
+        self, *, job_prefix: str | None = None, **filters: Unpack[RunListing]
+    ) -> list[Row]:
+        """Runs newest first, each with its `pending_waits`; `job_prefix` matches the job ids
+        that start with it, the other filters are `list_runs`'s."""
+        await self.open()
+        moments = await self._moments(filters)
+        rows = await self.runtime.store.browse_runs(job_prefix=job_prefix, **moments)
+        counts = await self.runtime.store.count_pending_waits([r["run_id"] for r in rows])
+        for row in rows:
+            row["pending_waits"] = counts.get(row["run_id"], 0)
+        return rows
+
+    async def browse_pending_waits(
+        self, *, kind: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[Row]:
+        """Open waits of one kind (None: all), oldest deadline first, paged."""
+        await self.open()
+        return await self.runtime.store.browse_pending_waits(kind=kind, limit=limit, offset=offset)
+
+    async def running_runs(self, limit: int = 1000) -> list[Row]:
+        """Runs some worker holds now, by owner (lease token, expiry, last heartbeat)."""
+        await self.open()
+        return await self.runtime.store.running_runs(limit)
+
+    async def get_wait(self, wait_id: str) -> Row:
+        """One wait (approval, in-doubt effect, signal) by id; WaitNotFound if unknown."""
+        await self.open()
+        wait = await self.runtime.store.get_wait(wait_id)
+        if wait is None:
+            raise WaitNotFound(f"no wait {wait_id!r}")
+        return wait
+
+    async def pending_waits(self, limit: int = 100) -> list[Row]:
+        """Open waits, oldest deadline first."""
+        await self.open()
+        return await self.runtime.store.pending_waits(limit)
+
+    async def workers(self, *, silent_for: float = 0.0) -> list[Row]:
+        """Workers that announced themselves within three heartbeat intervals, each with
+        `state` "live"; with `silent_for`, also those not stopped that went quiet within that
+        many seconds, `state` "silent": waiting for the database, or dead (nobody can tell
+        from here; a live one comes back by itself once it reaches the database)."""
+        await self.open()
+        live_window = stranded.live_window(self.runtime.heartbeat_interval)
+        rows = await self.runtime.store.workers(max(live_window, silent_for))
+        now = await self.runtime.store.database_now()
+        for row in rows:
+            row["state"] = "live" if row["heartbeat_at"] >= now - live_window else "silent"
+        return rows
+
+    async def cancel(self, run_id: str, *, by: str | None = None) -> Row:
+        """Cancel a run: queued or waiting at once, running at its next step boundary."""
+        await self.open()
+        validate_run_id(run_id)
+        return await runs.cancel(self.runtime.store, run_id, by=by)
+
+    async def resume(self, run_id: str, *, by: str | None = None) -> Row:
+        """Queue a failed run again, to continue from its last checkpoint with its ledger."""
+        await self.open()
+        validate_run_id(run_id)
+        row = await failed_runs.resume(self.runtime.store, run_id, by=by)
+        self.runtime.wake()
+        return row
+
+    async def _moments(self, filters: RunListing) -> RunFilters:
+        """The filters with `since`/`until` as epoch seconds (ages and ISO times read against
+        the database's clock)."""
+        found = RunFilters(**{k: v for k, v in filters.items() if k not in ("since", "until")})  # type: ignore[typeddict-item]
+        if filters.get("since") is not None or filters.get("until") is not None:
+            now = await self.runtime.store.database_now()
+            found["since"] = retention.parse_moment(filters.get("since"), now)
+            found["until"] = retention.parse_moment(filters.get("until"), now)
+        return found
+
+    async def _decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+        await self.open()
+        # A worker of this process with a free slot claims in the decision's commit: the run
+        # it queued resumes without waiting for the worker to wake and claim it.
+        taker, claim = self.runtime.taker()
+        if taker is None:
+            return await waits.decide(self.runtime.services, run_id, **kwargs)
+        slot = Reserved(taker)
+        try:
+            return await waits.decide(
+                self.runtime.services, run_id, then=claim, taken=slot.adopt, **kwargs
+            )
+        finally:
+            slot.give_back()
+
+    async def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
+        """The run's timeline after event id `after` (RunNotFound for an unknown run)."""
+        await self.open()
+        validate_run_id(run_id)
+        rows = await self.runtime.store.events_after(run_id, after, limit)
+        if not rows and after == 0 and await self.runtime.store.get_run(run_id) is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return rows
+
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        """The database's figures /metrics reports, and `now` by the database's clock."""
+        await self.open()
+        return await self.runtime.store.metrics_snapshot()
+
+    async def run_status(self, run_id: str) -> str:
+        """The run's status alone (RunNotFound for an unknown run)."""
+        await self.open()
+        run = await self.runtime.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return str(run["status"])
+
+    async def prune(
+        self,
+        *,
+        older_than: str | float,
+        statuses: list[str] | None = None,
+        keep_failed: bool = False,
+        dry_run: bool = False,
+        batch_size: int = 200,
+    ) -> retention.PruneReport:
+        """Delete finished runs older than `older_than` (see keel.core.retention.prune)."""
+        await self.open()
+        return await retention.prune(
+            self.runtime.services,
+            older_than=older_than,
+            statuses=statuses,
+            keep_failed=keep_failed,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
+
+    async def approve(self, run_id: str, **answer: Unpack[waits.Answer]) -> waits.DecisionResult:
+        """Approve the run's pending approval; the first decision wins."""
+        return await self._decide(run_id, decision="approved", **answer)
+
+    async def reject(self, run_id: str, **answer: Unpack[waits.Answer]) -> waits.DecisionResult:
+        """Reject the run's pending approval; the first decision wins."""
+        return await self._decide(run_id, decision="rejected", **answer)
+
+    async def resolve_effect(
+        self, run_id: str, *, performed: bool, result: Any = None, **answer: Unpack[waits.Answer]
+    ) -> waits.DecisionResult:
+        """Tell an in-doubt effect's run whether the effect reached the provider."""
+        return await self._decide(
+            run_id,
+            decision="performed" if performed else "not_performed",
+            value={"performed": performed, "result": result},
+            **answer,
+        )
+
+    async def end_dead_lease(self, run_id: str, token: int) -> bool:
+        """The worker holding `run_id` under `token` is dead (you saw its process exit): let
+        the next claim take the run over now instead of after the lease TTL. False if that
+        token no longer holds the run."""
+        await self.open()
+        validate_run_id(run_id)
+        return await leases.end_dead(self.runtime.store, run_id, token)
+
     # -- the outbox of user effects (keel.core.effects.outbox, docs/outbox.md) -----------------
 
     async def effect_intents(
@@ -30,16 +378,16 @@ class AsyncApp(Runtime):
     ) -> list[dict[str, Any]]:
         """Outbox intents, oldest first: all, or those in `state` (pending, sending,
         delivered, dead, in_doubt) and/or of one run."""
-        if state is not None and state not in set(IntentState):
-            raise UsageError(f"state must be one of {', '.join(IntentState)}, not {state!r}")
+        if state is not None and state not in set(IntentStatus):
+            raise UsageError(f"state must be one of {', '.join(IntentStatus)}, not {state!r}")
         await self.open()
-        rows = await self.store.list_effect_intents(status=state, run_id=run_id, limit=limit)
+        rows = await self.runtime.store.list_intents(status=state, run_id=run_id, limit=limit)
         return [public(r) for r in rows]
 
     async def retry_intent(self, intent_id: str, *, by: str | None = None) -> dict[str, Any]:
         """Deliver a dead intent again, its attempts from zero (a timeline event of its run)."""
         await self.open()
-        return public(await effect_dispatch.retry(self.services, intent_id, by=by))
+        return public(await effect_dispatch.retry(self.runtime.services, intent_id, by=by))
 
     async def resolve_intent(
         self, intent_id: str, *, performed: bool, result: Any = None, by: str | None = None
@@ -49,7 +397,7 @@ class AsyncApp(Runtime):
         await self.open()
         return public(
             await effect_dispatch.resolve(
-                self.services, intent_id, performed=performed, result=result, by=by
+                self.runtime.services, intent_id, performed=performed, result=result, by=by
             )
         )
 
@@ -62,52 +410,14 @@ class AsyncApp(Runtime):
         no run: `keel dispatcher APP`."""
         await self.open()
         stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        handled = []
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stopping.set)
-                handled.append(sig)
-        try:
-            await deliver_effects(self, new_worker_id(), stopping)
-        finally:
-            for sig in handled:
-                loop.remove_signal_handler(sig)
+        with stop_on_signals(stopping.set, enabled=handle_signals):
+            await deliver_effects(self.runtime.services, new_worker_id(), stopping)
 
     async def replay(self, run_id: str, from_step: int | None = None) -> ReplayReport:
         """Re-execute the run's graph in a throwaway copy, effects served from its ledger and
         approvals answered as recorded; report the first step that diverged
         (keel.runtime.replay). Nothing of the run is written, no effect is performed."""
-        return await replay.replay(self, run_id, from_step)
-
-    def worker(
-        self,
-        *,
-        concurrency: int = 4,
-        stop_when_idle: bool = False,
-        grace: float = 30.0,
-        worker_id: str | None = None,
-        max_clock_skew: float | None = None,
-        prune_older_than: str | float | None = None,
-        prune_every: str | float = 3600.0,
-    ) -> Worker:
-        """A worker on this app, not started (`await worker.run()`; `worker.stop()` drains).
-
-        With `prune_older_than` it prunes finished runs older than that at its start and then
-        every `prune_every` (a duration: `1h`, `15m`, seconds).
-
-        Its run() raises ClockSkew if this host's clock is more than `max_clock_skew` seconds
-        (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
-        return Worker(
-            self,
-            concurrency=concurrency,
-            stop_when_idle=stop_when_idle,
-            grace=grace,
-            worker_id=worker_id,
-            max_clock_skew=max_clock_skew,
-            prune_older_than=prune_older_than,
-            prune_interval=prune_every,
-        )
+        return await replays.replay(self.runtime, run_id, from_step)
 
     async def run_worker(
         self,
@@ -121,28 +431,22 @@ class AsyncApp(Runtime):
         prune_older_than: str | float | None = None,
         prune_every: str | float = 3600.0,
     ) -> WorkerStats:
-        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now).
+        """Execute runs until stopped (SIGTERM/SIGINT: drain; twice: stop now); a worker not
+        run at once is `keel.runtime.worker.Worker(app.aio.runtime, ...)`.
 
-        ClockSkew if this host's clock is more than `max_clock_skew` seconds (default
-        $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit) from the database's."""
-        worker = self.worker(
+        With `prune_older_than` it prunes finished runs older than that at its start and then
+        every `prune_every` (a duration: `1h`, `15m`, seconds). ClockSkew if this host's clock
+        is more than `max_clock_skew` seconds (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no
+        limit) from the database's."""
+        worker = Worker(
+            self.runtime,
             concurrency=concurrency,
             stop_when_idle=stop_when_idle,
             grace=grace,
             worker_id=worker_id,
             max_clock_skew=max_clock_skew,
             prune_older_than=prune_older_than,
-            prune_every=prune_every,
+            prune_interval=prune_every,
         )
-        loop = asyncio.get_running_loop()
-        # Only the main thread may take signals; elsewhere the caller stops the worker.
-        handled = []
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, worker.stop)
-                handled.append(sig)
-        try:
+        with stop_on_signals(worker.stop, enabled=handle_signals):
             return await worker.run()
-        finally:
-            for sig in handled:
-                loop.remove_signal_handler(sig)

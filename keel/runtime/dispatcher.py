@@ -8,7 +8,7 @@ import logging
 
 from keel.core import infra
 from keel.core.effects import dispatch as effect_dispatch
-from keel.runtime.runtime import Runtime
+from keel.core.services import Services
 
 log = logging.getLogger("keel.runtime.worker")  # the worker's lines, as they were
 SAFETY_POLL_INTERVAL = 5.0
@@ -18,7 +18,7 @@ IDLE_OUTBOX_LOOK = 60.0
 
 
 async def deliver_effects(
-    runtime: Runtime,
+    services: Services,
     worker_id: str,
     stopping: asyncio.Event,
     poll: float = 0.2,
@@ -36,13 +36,11 @@ async def deliver_effects(
     failures = 0
     while not stopping.is_set():
         try:
-            handled = await effect_dispatch.dispatch(
-                runtime.services, worker_id, pacing, stopping=stopping
-            )
+            handled = await effect_dispatch.dispatch(services, worker_id, pacing, stopping=stopping)
             failures = 0
         except Exception as exc:
             failures += 1
-            if runtime.store.is_infrastructure(exc):
+            if services.store.is_infrastructure(exc):
                 log.warning("outbox: database unavailable (%r); backing off", exc)
             else:
                 log.exception("outbox dispatch failed; the next pass retries")
@@ -51,7 +49,7 @@ async def deliver_effects(
             # Busy: straight on. Idle: the next due token, or a short poll for new intents.
             pause = 0.0 if handled else min(poll, pacing.next_due() or poll)
             if not handled and wake is not None:
-                pause = await _quiet_pause(runtime, pacing, safety_poll)
+                pause = await _quiet_pause(services, pacing, safety_poll)
         if pause:
             waiting = [stopping] if wake is None else [stopping, wake]
             await _first_of(waiting, pause)
@@ -59,10 +57,10 @@ async def deliver_effects(
                 wake.clear()
 
 
-async def _quiet_pause(runtime: Runtime, pacing: effect_dispatch.Pacing, cap: float) -> float:
+async def _quiet_pause(services: Services, pacing: effect_dispatch.Pacing, cap: float) -> float:
     """How long an idle quiet dispatcher sleeps: until an intent falls due (one read), a rate
     token it waits for comes back, or `cap`."""
-    due = await runtime.store.effect_intents_due_in()
+    due = await services.store.intents_due_in()
     if due is None:
         # Nothing pending or being sent: only a NOTIFY (an intent committed, a person's retry,
         # the LISTEN connection back) brings work, so look rarely.

@@ -70,7 +70,7 @@ class SchemaState:
 
 def schema_state(app: App, timeout: float) -> SchemaState:
     """Whether `app`'s database answers within `timeout` seconds at the schema this Keel needs."""
-    rt = app.aio
+    rt = app.aio.runtime
     expected = rt.latest_schema_version
     current: int | None = None
     reason: str | None = None

@@ -41,6 +41,7 @@ from keel.runtime.replay_steps import (
     Halt,
     ReplayReport,
     Step,
+    What,
     judge,
     last,
     read_steps,
@@ -91,6 +92,15 @@ class _Answers:
         self.stop: Halt | None = None
         """The first stop, kept here too: a node that catches every exception cannot hide it."""
 
+    def _differs(
+        self, where: StepRef, what: What, detail: str, *, recorded: Any = None, replayed: Any = None
+    ) -> _Stop:
+        """Stop at `where`, where the replay did `what` otherwise than the recorded run."""
+        found = Difference(
+            what=what, node=where.node, recorded=recorded, replayed=replayed, detail=detail
+        )
+        return self._stop(where, found)
+
     def _stop(self, where: StepRef, difference: Difference | None, note: str = "") -> _Stop:
         halt = Halt(where.step if not where.namespace else self.root_step(), difference, note)
         self.stop = self.stop or halt
@@ -105,28 +115,21 @@ class _Answers:
             key = effect_key(self._as_recorded(where), name, index)
         row = row or self.effects.get(key)
         if row is None:
-            raise self._stop(
+            raise self._differs(
                 where,
-                Difference(
-                    what="effect_key",
-                    node=where.node,
-                    replayed={"effect": name, "key": key},
-                    detail=f"effect {name!r} under key {key}, which the run never had "
-                    "(not performed)",
-                ),
+                "effect_key",
+                f"effect {name!r} under key {key}, which the run never had (not performed)",
+                replayed={"effect": name, "key": key},
             )
         self.calls.append(str(row["idempotency_key"]))
         changed = changed_arguments(row, identity)
         if changed:
-            raise self._stop(
+            raise self._differs(
                 where,
-                Difference(
-                    what="effect_arguments",
-                    node=where.node,
-                    recorded={"effect": row["name"], "key": key, "args_hash": row["args_hash"]},
-                    replayed={"effect": name, "key": key, "args_hash": identity.digest},
-                    detail=f"effect {name!r} called with other arguments: {', '.join(changed)}",
-                ),
+                "effect_arguments",
+                f"effect {name!r} called with other arguments: {', '.join(changed)}",
+                recorded={"effect": row["name"], "key": key, "args_hash": row["args_hash"]},
+                replayed={"effect": name, "key": key, "args_hash": identity.digest},
             )
         if row["status"] not in SETTLED:
             # Not a change of the graph: the run itself never learnt what happened here.
@@ -163,14 +166,11 @@ class _Answers:
                 where, None, f"reached the wait {wait['wait_id']} the run is waiting on"
             )
         if wait is None:
-            raise self._stop(
+            raise self._differs(
                 where,
-                Difference(
-                    what="approval",
-                    node=where.node,
-                    replayed={"wait": name},
-                    detail=f"a wait {name!r} the run never had at this place",
-                ),
+                "approval",
+                f"a wait {name!r} the run never had at this place",
+                replayed={"wait": name},
             )
         self.answered.add(str(wait["interrupt_id"]))
         return loads(wait["value"])

@@ -225,6 +225,20 @@ def duration(run: dict[str, Any], now: float | None) -> float | None:
     return None if started is None or end is None else max(0.0, float(end) - float(started))
 
 
+def seconds_text(value: float) -> str:
+    """12ms, 3.2s, 4m10s, 2h03m, 1d04h: short, and exact enough to compare (the CLI's tables
+    and the console's pages)."""
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 60:
+        return f"{value:.1f}s"
+    if value < 3600:
+        return f"{int(value // 60)}m{int(value % 60):02d}s"
+    if value < 86400:
+        return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
+    return f"{int(value // 86400)}d{int(value % 86400 // 3600):02d}h"
+
+
 def attempts(run: dict[str, Any]) -> int:
     """Executions so far: the first claim, each resume and each takeover (the lease token
     counts them all)."""

@@ -26,8 +26,9 @@ import socket
 import uuid
 from typing import Any
 
-from keel.core import infra, leases, logs, retention
+from keel.core import infra, leases, logs, notification_outbox, retention
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
+from keel.core.deadlines import sweep_deadlines
 from keel.core.effects import dispatch as effect_dispatch
 from keel.core.errors import ClockSkew
 from keel.core.leases import LeaseEnd
@@ -38,9 +39,9 @@ from keel.core.store.store import Lease
 from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.dispatcher import SAFETY_POLL_INTERVAL, deliver_effects
 from keel.runtime.handoff import Handoff
+from keel.runtime.ports import WorkerHost
 from keel.runtime.records import WorkerStats as WorkerStats
-from keel.runtime.runtime import Runtime
-from keel.runtime.stranded import report_stranded
+from keel.runtime.stranded import live_window, report_stranded
 from keel.runtime.watchdog import BlockRecorder, LoopWatchdog, default_threshold
 
 log = logging.getLogger("keel.runtime.worker")
@@ -58,7 +59,7 @@ def new_worker_id() -> str:
 class Worker:
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: WorkerHost,
         *,
         concurrency: int = 4,
         worker_id: str | None = None,
@@ -82,7 +83,7 @@ class Worker:
         holds (default: max(1 s, lease TTL / 6), at most a third of the TTL; 0: never)."""
         self.runtime = runtime
         self.loop_block_threshold = (
-            default_threshold(runtime.lease_ttl)
+            default_threshold(runtime.services.lease_ttl)
             if loop_block_threshold is None
             else loop_block_threshold
         )
@@ -166,7 +167,7 @@ class Worker:
         quiet = rt.connector.notifies and not self.stop_when_idle
         deliverer = asyncio.create_task(
             deliver_effects(
-                rt,
+                rt.services,
                 self.worker_id,
                 self._stopping,
                 wake=effects_wake if quiet else None,
@@ -209,7 +210,7 @@ class Worker:
                             break
                     self._reachable()
                 except Exception as exc:
-                    if not rt.store.is_infrastructure(exc):
+                    if not rt.services.store.is_infrastructure(exc):
                         raise
                     await self._wait_for_database(exc)
                     continue
@@ -250,9 +251,9 @@ class Worker:
             return
         rt = self.runtime
         record = None
-        if getattr(rt.connector, "path", None) != ":memory:":  # another connection: another DB
+        if rt.connector.shared:  # not SQLite's :memory:, which another connection cannot see
             record = BlockRecorder(
-                rt.connector.url, self.worker_id, rt.lease_ttl, rt.connector.clock_override
+                rt.connector.url, self.worker_id, rt.services.lease_ttl, rt.connector.clock_override
             )
         tasks = self._tasks
         self.watchdog = LoopWatchdog(
@@ -260,7 +261,7 @@ class Worker:
             # Read from the watchdog's thread while the loop is blocked: one C-level copy.
             held=lambda: [lease for lease, _ in list(tasks.values())],
             record=record,
-            lease_ttl=rt.lease_ttl,
+            lease_ttl=rt.services.lease_ttl,
             worker_id=self.worker_id,
         )
         self.watchdog.start()
@@ -274,14 +275,14 @@ class Worker:
         # it, so a run the check below misses is not left queued.
         if await effect_dispatch.due_soon(rt.services):
             return False
-        if await rt.store.count_unfinished(rt.workflows.keys()) != 0:
+        if await rt.services.store.count_unfinished(rt.workflows.keys()) != 0:
             return False
         # Deliver what the last runs announced (a wait's request) before leaving, and stay if
         # a due deadline queued a run meanwhile.
         if not self.sweep_before_exit:
             return True
         await self._sweep()
-        return await rt.store.count_unfinished(rt.workflows.keys()) == 0
+        return await rt.services.store.count_unfinished(rt.workflows.keys()) == 0
 
     async def _quiet_pass(self, executor: Executor, woken: bool) -> tuple[float, int]:
         """One look of a quiet worker: sweep if something fell due, claim if a run is there
@@ -292,11 +293,11 @@ class Worker:
             # Full: what a wake-up announces waits for a slot, and a run of ours ending wakes
             # this loop again. What falls due is looked at when the last look said.
             return max(self._next_look - loop.time(), 0.0), 0
-        keys, outbox = rt.workflows.keys(), bool(rt.notifiers)
+        keys, outbox = rt.workflows.keys(), bool(rt.services.notifiers)
         # A wake-up is most often a run just admitted: it starts first, and the look at what
         # else is due (for how long to sleep) runs beside it rather than before it.
         claimed = await self._fill(executor) if woken else 0
-        due = await rt.store.next_due(keys, outbox=outbox)
+        due = await rt.services.store.next_due(keys, outbox=outbox)
         swept = False
         if due.sweep_in == 0.0 and loop.time() >= self._next_quiet_sweep:
             # Not again before `sweep_interval`, even if something is still due (past the
@@ -304,10 +305,10 @@ class Worker:
             self._next_quiet_sweep = loop.time() + self.sweep_interval
             await self._sweep()
             swept = True
-            due = await rt.store.next_due(keys, outbox=outbox)
+            due = await rt.services.store.next_due(keys, outbox=outbox)
         elif loop.time() >= self._next_stranded_check:
             self._next_stranded_check = loop.time() + QUIET_STRANDED_CHECK_INTERVAL
-            await report_stranded(self.runtime, self._stranded_logged)
+            await self._report_stranded()
         work = due.queued or due.lease_in == 0.0
         if work and (swept or not woken):
             claimed += await self._fill(executor)
@@ -330,7 +331,7 @@ class Worker:
         try:
             await step
         except Exception as exc:
-            if not self.runtime.store.is_infrastructure(exc):
+            if not self.runtime.services.store.is_infrastructure(exc):
                 raise
             log.warning("worker %s: database unavailable (%r); continuing", self.worker_id, exc)
 
@@ -369,10 +370,10 @@ class Worker:
         claimed = 0
         while self._room(self._handoff.reserved):
             got = await leases.claim(
-                rt.store,
+                rt.services.store,
                 self.worker_id,
                 rt.workflows.keys(),
-                rt.lease_ttl,
+                rt.services.lease_ttl,
                 rt.workflows.limits(),
                 max_crashes=executor.services.attempts.max_crashes,
             )
@@ -417,11 +418,12 @@ class Worker:
 
     async def _sweep(self) -> None:
         try:
-            applied = await self.runtime.sweep()
-            if self.runtime.notifiers:
-                await self.runtime.dispatch(self.worker_id)
+            services = self.runtime.services
+            applied = await sweep_deadlines(services)
+            if services.notifiers:
+                await notification_outbox.dispatch(services, self.worker_id)
         except Exception as exc:
-            if self.runtime.store.is_infrastructure(exc):
+            if self.runtime.services.store.is_infrastructure(exc):
                 # The claim that follows meets the same fault and backs the whole loop off.
                 log.warning("sweep: database unavailable (%r); the next pass retries", exc)
             else:
@@ -432,17 +434,22 @@ class Worker:
         loop = asyncio.get_running_loop()
         if loop.time() >= self._next_stranded_check:
             self._next_stranded_check = loop.time() + STRANDED_CHECK_INTERVAL
-            await report_stranded(self.runtime, self._stranded_logged)
+            await self._report_stranded()
+
+    async def _report_stranded(self) -> None:
+        rt = self.runtime
+        window = live_window(rt.heartbeat_interval)
+        await report_stranded(rt.services.store, window, rt.workflows.keys(), self._stranded_logged)
 
     async def _check_clock(self) -> None:
         """Measure this clock against the database's; warn past a third of the lease TTL (once
         until it is back in range), raise ClockSkew past `max_clock_skew`."""
         rt = self.runtime
-        before = rt.clock.now()
-        db_now = await rt.store.database_now()
-        skew = (before + rt.clock.now()) / 2 - db_now
+        before = rt.services.clock.now()
+        db_now = await rt.services.store.database_now()
+        skew = (before + rt.services.clock.now()) / 2 - db_now
         self.clock_skew = skew
-        warning = judge_skew(skew, lease_ttl=rt.lease_ttl, limit=self.max_clock_skew)
+        warning = judge_skew(skew, lease_ttl=rt.services.lease_ttl, limit=self.max_clock_skew)
         if warning and not self._skew_warned:
             log.warning(
                 "worker %s: %s; leases and deadlines follow the database's clock, but fix "
@@ -468,12 +475,12 @@ class Worker:
                     log.exception("clock check failed; the next one retries")
             held = [lease for lease, _ in self._tasks.values()]
             try:
-                lost = await leases.renew(rt.store, held, rt.lease_ttl)
+                lost = await leases.renew(rt.services.store, held, rt.services.lease_ttl)
                 await self._announce()
             except Exception as exc:
                 # Kept at its interval, not backed off: each renewal missed brings the TTL closer.
                 failed = {"event": "heartbeat.failed"}
-                if rt.store.is_infrastructure(exc):
+                if rt.services.store.is_infrastructure(exc):
                     log.warning(
                         "heartbeat: database unavailable (%r); leases may expire",
                         exc,
@@ -498,7 +505,7 @@ class Worker:
         assert self.prune_older_than is not None
         while True:
             try:
-                await self.runtime.prune(older_than=self.prune_older_than)
+                await retention.prune(self.runtime.services, older_than=self.prune_older_than)
             except Exception:
                 log.exception("scheduled prune failed; the next one retries")
             await asyncio.sleep(self.prune_interval)
@@ -516,7 +523,7 @@ class Worker:
         rt = self.runtime
         for lease in held:
             try:
-                await leases.release(rt.store, lease, "worker stopping")
+                await leases.release(rt.services.store, lease, "worker stopping")
             except Exception as exc:  # lost meanwhile, or the database is gone: the TTL decides
                 log.warning(
                     "worker %s run %s token %s: lease not released: %r",
@@ -527,7 +534,7 @@ class Worker:
                 )
 
     async def _announce(self) -> None:
-        await self.runtime.store.upsert_worker(
+        await self.runtime.services.store.upsert_worker(
             self.worker_id,
             host=socket.gethostname(),
             pid=os.getpid(),
@@ -536,7 +543,7 @@ class Worker:
         )
 
     async def _goodbye(self) -> None:
-        store = self.runtime.store
+        store = self.runtime.services.store
         try:
             await store.stop_worker(self.worker_id)
         except Exception as exc:

@@ -9,6 +9,7 @@ and wakes a worker; no graph ever runs inside a request.
 aliases, which are local names, from real annotation objects.)
 """
 
+import functools
 import logging
 import os
 import re
@@ -20,17 +21,16 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Requ
 from fastapi.responses import FileResponse
 
 import keel
-from keel.core.errors import InvalidId, RunFinished, UsageError
-from keel.core.lifecycle import Decision, Status
-from keel.core.wait_model import EffectAnswer
-from keel.core.waits import DecisionResult, check_answer
+from keel.core.errors import InvalidId, RunFinished, WrongWaitKind
+from keel.core.lifecycle import Status
+from keel.core.waits import DecisionResult
 from keel.runtime.summary import to_dict
 from keel.service import models as m
 from keel.service.auth import Authenticator, FailureLimit, Principal, load_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
 from keel.service.effects_api import effects_router
-from keel.service.errors import BodyLimit, Refused, install
+from keel.service.errors import BodyLimit, Refused, install, keel_message, keel_status
 from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
@@ -319,6 +319,9 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     Reader = Annotated[Principal, Depends(auth.require("approvals:read"))]
     Writer = Annotated[Principal, Depends(auth.require("approvals:write"))]
     ApprovalId = Annotated[str, Path(description="The approval's (wait's) id.", max_length=200)]
+    IdempotencyKey = Annotated[
+        str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
+    ]
 
     @router.get("/approvals", response_model=m.ApprovalPage)
     def list_approvals(
@@ -371,39 +374,11 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         body: m.DecisionIn,
         request: Request,
         principal: Writer,
-        idempotency_key: Annotated[
-            str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
-        ] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> m.DecisionOut:
         """Approve or reject; the first decision wins and every request is told which it was."""
-        wait = keel_app.get_wait(_checked(approval_id))
-        run_url = _run_url(request, wait["run_id"])
-        approve = body.decision == "approve"
-        decision = Decision.APPROVED if approve else Decision.REJECTED
-        try:
-            check_answer(wait["kind"], decision, wait_id=approval_id)
-        except UsageError:
-            raise Refused(
-                409,
-                "wrong_kind",
-                f"{approval_id} is an in-doubt effect, not an approval: tell Keel whether it "
-                "reached the provider (`keel resolve-effect`), do not approve it",
-                approval=m.approval_fields(wait, run_url),
-            ) from None
-        record = keel_app.approve if approve else keel_app.reject
-        return _decided(
-            lambda: record(
-                wait["run_id"],
-                wait_id=approval_id,
-                by=body.by or principal.label,
-                principal=principal.label,
-                action_id=idempotency_key or body.action_id,
-                comment=body.comment,
-                channel="http",
-            ),
-            approval_id,
-            run_url,
-        )
+        record = keel_app.approve if body.decision == "approve" else keel_app.reject
+        return _answer(record, approval_id, body, request, principal, idempotency_key)
 
     @router.post(
         "/approvals/{approval_id}/resolution",
@@ -418,55 +393,40 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         body: m.ResolutionIn,
         request: Request,
         principal: Writer,
-        idempotency_key: Annotated[
-            str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
-        ] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> m.DecisionOut:
         """Say whether an in-doubt effect reached the provider; the first answer wins."""
+        record = functools.partial(
+            keel_app.resolve_effect, performed=body.performed, result=body.result
+        )
+        return _answer(record, approval_id, body, request, principal, idempotency_key)
+
+    def _answer(
+        record: Callable[..., DecisionResult],
+        approval_id: str,
+        body: m.DecisionIn | m.ResolutionIn,
+        request: Request,
+        principal: Principal,
+        idempotency_key: str | None,
+    ) -> m.DecisionOut:
+        """Record an answer; the wait as it is now, whether this call recorded it. A refusal
+        (the run finished, the wait takes another kind of answer) carries the wait too."""
         wait = keel_app.get_wait(_checked(approval_id))
         run_url = _run_url(request, wait["run_id"])
         try:
-            check_answer(
-                wait["kind"],
-                EffectAnswer.PERFORMED if body.performed else EffectAnswer.NOT_PERFORMED,
-                wait_id=approval_id,
-            )
-        except UsageError:
-            raise Refused(
-                409,
-                "wrong_kind",
-                f"{approval_id} is a {wait['kind']} wait, not an in-doubt effect: decide it at "
-                f"/approvals/{approval_id}/decision",
-                approval=m.approval_fields(wait, run_url),
-            ) from None
-        return _decided(
-            lambda: keel_app.resolve_effect(
+            result = record(
                 wait["run_id"],
-                performed=body.performed,
-                result=body.result,
                 wait_id=approval_id,
                 by=body.by or principal.label,
                 principal=principal.label,
                 action_id=idempotency_key or body.action_id,
                 comment=body.comment,
                 channel="http",
-            ),
-            approval_id,
-            run_url,
-        )
-
-    def _decided(
-        decide: Callable[[], DecisionResult], approval_id: str, run_url: str
-    ) -> m.DecisionOut:
-        """A decision's answer: the wait as it is now, whether this call recorded it; 409 if
-        the run had finished."""
-        try:
-            result = decide()
-        except RunFinished as exc:
-            now = keel_app.get_wait(approval_id)
-            raise Refused(
-                409, "run_finished", str(exc), approval=m.approval_fields(now, run_url)
-            ) from None
+            )
+        except (RunFinished, WrongWaitKind) as exc:
+            status, code = keel_status(exc)
+            now = m.approval_fields(keel_app.get_wait(approval_id), run_url)
+            raise Refused(status, code, keel_message(exc), approval=now) from None
         return m.DecisionOut(**m.approval_fields(result.wait, run_url), recorded=result.recorded)
 
     return router

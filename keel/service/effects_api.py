@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query
 from pydantic import BaseModel, Field
 
 import keel
-from keel.core.effects.outbox import IntentState
+from keel.core.effects.outbox import IntentStatus
 from keel.service.auth import Authenticator, Principal
 from keel.service.models import Intent, Problem
 
@@ -45,7 +45,7 @@ def effects_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     @router.get("/effects", response_model=IntentPage)
     def list_effects(
         _: Reader,
-        state: Annotated[IntentState | None, Query(description="Only this state.")] = None,
+        state: Annotated[IntentStatus | None, Query(description="Only this state.")] = None,
         run_id: Annotated[str | None, Query(max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 100,
     ) -> IntentPage:

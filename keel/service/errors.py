@@ -18,52 +18,38 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keel.core.errors import (
-    InputTooLarge,
-    IntentNotFound,
-    IntentState,
-    InvalidId,
-    InvalidInput,
-    InvalidTransition,
-    JobExists,
-    KeelError,
-    LeaseLost,
-    NoPendingWait,
-    RunFinished,
-    RunNotFound,
-    SchemaMismatch,
-    UnknownWorkflow,
-    UsageError,
-    WaitNotFound,
-    WorkflowVersionMismatch,
-)
+from keel.core import errors as core
+from keel.core.wait_model import WaitKind
 from keel.service.auth import AuthError
 
 log = logging.getLogger("keel.service")
 
-# Most specific first: InputTooLarge is an InvalidInput, both are ValueErrors.
-KEEL_ERRORS: tuple[tuple[type[KeelError], int, str], ...] = (
-    (InputTooLarge, 413, "input_too_large"),
-    (InvalidId, 400, "invalid_id"),
-    (InvalidInput, 422, "invalid_input"),
-    (UnknownWorkflow, 422, "unknown_workflow"),
-    (RunNotFound, 404, "run_not_found"),
-    (WaitNotFound, 404, "approval_not_found"),
-    (IntentNotFound, 404, "intent_not_found"),
-    (IntentState, 409, "wrong_state"),
-    (RunFinished, 409, "run_finished"),
-    (JobExists, 409, "job_exists"),
-    (WorkflowVersionMismatch, 409, "version_mismatch"),
-    (NoPendingWait, 409, "no_pending_wait"),
-    (InvalidTransition, 409, "invalid_transition"),
-    (LeaseLost, 409, "lease_lost"),
-    (SchemaMismatch, 503, "schema_mismatch"),
-    (UsageError, 400, "bad_request"),
+# Most specific first: InputTooLarge is an InvalidInput, both are ValueErrors; WrongWaitKind
+# is a UsageError.
+KEEL_ERRORS: tuple[tuple[type[core.KeelError], int, str], ...] = (
+    (core.InputTooLarge, 413, "input_too_large"),
+    (core.InvalidId, 400, "invalid_id"),
+    (core.InvalidInput, 422, "invalid_input"),
+    (core.UnknownWorkflow, 422, "unknown_workflow"),
+    (core.RunNotFound, 404, "run_not_found"),
+    (core.WaitNotFound, 404, "approval_not_found"),
+    (core.IntentNotFound, 404, "intent_not_found"),
+    (core.IntentState, 409, "wrong_state"),
+    (core.RunFinished, 409, "run_finished"),
+    (core.JobExists, 409, "job_exists"),
+    (core.WorkflowVersionMismatch, 409, "version_mismatch"),
+    (core.NoPendingWait, 409, "no_pending_wait"),
+    (core.InvalidTransition, 409, "invalid_transition"),
+    (core.LeaseLost, 409, "lease_lost"),
+    (core.SchemaMismatch, 503, "schema_mismatch"),
+    (core.WrongWaitKind, 409, "wrong_kind"),
+    (core.UsageError, 400, "bad_request"),
 )
 
 
 class Refused(Exception):
-    """An answer the service decides itself (unknown artifact, decision on the wrong kind)."""
+    """An answer the service decides itself (an unknown artifact), or a Keel error answered
+    with the wait as recorded beside it (a refused decision)."""
 
     def __init__(
         self, status: int, code: str, message: str, *, approval: dict[str, Any] | None = None
@@ -89,11 +75,28 @@ def problem(
     return JSONResponse(jsonable_encoder(body), status_code=status, headers=headers)
 
 
-def keel_status(exc: KeelError) -> tuple[int, str]:
+def keel_status(exc: core.KeelError) -> tuple[int, str]:
     for cls, status, code in KEEL_ERRORS:
         if isinstance(exc, cls):
             return status, code
     return 500, "keel_error"
+
+
+def keel_message(exc: core.KeelError) -> str:
+    """The exception's sentence, but an answer of the wrong kind in the API's words: the core
+    names the Python call to use, a person at the API wants the endpoint."""
+    if not isinstance(exc, core.WrongWaitKind) or exc.wait_kind == WaitKind.OUTBOX:
+        return str(exc)
+    wait_id = exc.wait_id
+    if exc.wait_kind == WaitKind.EFFECT:
+        return (
+            f"{wait_id} is an in-doubt effect, not an approval: tell Keel whether it reached the "
+            "provider (`keel resolve-effect`), do not approve it"
+        )
+    return (
+        f"{wait_id} is a {exc.wait_kind} wait, not an in-doubt effect: decide it at "
+        f"/approvals/{wait_id}/decision"
+    )
 
 
 def _where(loc: Any) -> str:
@@ -116,13 +119,13 @@ def validation_message(exc: RequestValidationError) -> str:
 
 def install(api: FastAPI) -> None:
     async def on_keel(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, KeelError)
+        assert isinstance(exc, core.KeelError)
         status, code = keel_status(exc)
         if status >= 500:
             log.error("%s %s: %r", request.method, request.url.path, exc)
         approval = getattr(exc, "approval", None)
-        response = problem(status, code, str(exc), approval=approval)
-        if isinstance(exc, InvalidInput) and exc.errors:
+        response = problem(status, code, keel_message(exc), approval=approval)
+        if isinstance(exc, core.InvalidInput) and exc.errors:
             response = JSONResponse(
                 {"error": code, "message": str(exc), "errors": exc.errors}, status_code=status
             )
@@ -156,7 +159,7 @@ def install(api: FastAPI) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return problem(503, "database_unavailable", f"the database is unavailable: {first}")
 
-    api.add_exception_handler(KeelError, on_keel)
+    api.add_exception_handler(core.KeelError, on_keel)
     api.add_exception_handler(Refused, on_refused)
     api.add_exception_handler(AuthError, on_auth)
     api.add_exception_handler(RequestValidationError, on_validation)

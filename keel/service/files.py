@@ -19,7 +19,7 @@ def artifact_file(keel_app: App, run_id: str, name: str) -> Path:
         artifact_name(name)  # the same rule artifact writes follow: refused, never rewritten
     except InvalidId as exc:
         raise Refused(400, "invalid_id", str(exc)) from None
-    path = RunArtifacts(keel_app.aio.artifacts_root, run_id).path(name)
+    path = RunArtifacts(keel_app.aio.runtime.artifacts_root, run_id).path(name)
     if not path.is_file():
         raise Refused(404, "artifact_not_found", f"run {run_id} has no artifact {name!r}")
     return path

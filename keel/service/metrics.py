@@ -16,7 +16,7 @@ docs/operations.md lists every metric and a starter set of alerts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -154,71 +154,65 @@ class Metrics(logging.Handler):
         self.addFilter(logs.ContextFilter())
         self.registry = CollectorRegistry()
         r = self.registry
-        self.events = Counter(
-            "keel_events",
-            "Timeline events committed by this process, by kind.",
-            ["kind"],
-            registry=r,
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float], *labels: str) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.events = counter(
+            "keel_events", "Timeline events committed by this process, by kind.", "kind"
         )
-        self.finished = Counter(
+        self.finished = counter(
             "keel_runs_finished",
             "Runs this process finished, by workflow and status.",
-            ["workflow", "status"],
-            registry=r,
+            "workflow",
+            "status",
         )
-        self.run_seconds = Histogram(
+        self.run_seconds = histogram(
             "keel_run_duration_seconds",
             "Execution time of a run's final attempt, claim to finish, by workflow and status.",
-            ["workflow", "status"],
-            buckets=_RUN_BUCKETS,
-            registry=r,
+            _RUN_BUCKETS,
+            "workflow",
+            "status",
         )
-        self.step_seconds = Histogram(
+        self.step_seconds = histogram(
             "keel_step_duration_seconds",
             "Time from a run's previous step boundary to this step's writes, by workflow and node.",
-            ["workflow", "node"],
-            buckets=_STEP_BUCKETS,
-            registry=r,
+            _STEP_BUCKETS,
+            "workflow",
+            "node",
         )
-        self.takeovers = Counter(
-            "keel_lease_takeovers",
-            "Runs this process took over from a worker whose lease expired.",
-            registry=r,
+        self.takeovers = counter(
+            "keel_lease_takeovers", "Runs this process took over from a worker whose lease expired."
         )
-        self.leases_lost = Counter(
-            "keel_leases_lost",
-            "Leases this process found taken over (it stopped the run).",
-            registry=r,
+        self.leases_lost = counter(
+            "keel_leases_lost", "Leases this process found taken over (it stopped the run)."
         )
-        self.heartbeat_failures = Counter(
-            "keel_heartbeat_failures",
-            "Lease renewals that failed (the database did not answer).",
-            registry=r,
+        self.heartbeat_failures = counter(
+            "keel_heartbeat_failures", "Lease renewals that failed (the database did not answer)."
         )
-        self.effect_seconds = Histogram(
+        self.effect_seconds = histogram(
             "keel_effect_call_duration_seconds",
             "Provider calls made for effects and their reconcilers, by effect, call and outcome.",
-            ["effect", "call", "outcome"],
-            buckets=_STEP_BUCKETS,
-            registry=r,
+            _STEP_BUCKETS,
+            "effect",
+            "call",
+            "outcome",
         )
-        self.effects_in_doubt = Counter(
-            "keel_effects_marked_in_doubt",
-            "Effects this process marked in doubt.",
-            ["workflow"],
-            registry=r,
+        self.effects_in_doubt = counter(
+            "keel_effects_marked_in_doubt", "Effects this process marked in doubt.", "workflow"
         )
-        self.delivery_failures = Counter(
+        self.delivery_failures = counter(
             "keel_outbox_delivery_failures",
             "Notifications that ended failed or in doubt here, by notifier outcome.",
-            ["outcome"],
-            registry=r,
+            "outcome",
         )
-        self.db_errors = Counter(
+        self.db_errors = counter(
             "keel_database_errors",
             "Database errors seen by this process, by exception class.",
-            ["kind"],
-            registry=r,
+            "kind",
         )
         r.register(DatabaseCollector(app, self._database_error))
 

@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from keel.core.codec import loads
+from keel.core.lifecycle import Status
 from keel.core.store.base import Row
 from keel.runtime import summary
 
@@ -355,6 +356,7 @@ def run_detail(
 
 
 # -- the run summary (keel.runtime.summary.to_dict) --------------------------------------------
+# Its effect, wait and artifact lines are keel.runtime.summary's own dataclasses.
 
 
 class TimeSplit(BaseModel):
@@ -398,34 +400,6 @@ class SummarySpan(BaseModel):
     lease_token: int | None
 
 
-class SummaryEffect(BaseModel):
-    name: str
-    key: str
-    node: str | None
-    status: str
-    attempts: int
-    error: str | None
-
-
-class SummaryWait(BaseModel):
-    name: str
-    kind: str
-    status: str
-    decision: str | None
-    decided_by: str | None
-    channel: str | None
-    comment: str | None
-    created_at: float
-    decided_at: float | None
-    seconds: float = Field(description="How long it took to decide (so far, while pending).")
-    escalation_level: int
-
-
-class SummaryArtifact(BaseModel):
-    name: str
-    size: int
-
-
 class RunSummary(BaseModel):
     """What a person asks first about a run: see docs/http.md, "GET /runs/{id}/summary"."""
 
@@ -433,7 +407,7 @@ class RunSummary(BaseModel):
     job_id: str
     workflow: str
     version: str
-    status: str
+    status: Status
     decision: str
     termination_reason: str | None
     outcome: str = Field(description="The headline: completed (approved), waiting for manager...")
@@ -448,12 +422,12 @@ class RunSummary(BaseModel):
     takeovers: int
     marks: list[SummaryMark] = Field(description="Crashes, takeovers and resumes, in order.")
     spans: list[SummarySpan]
-    effects: list[SummaryEffect]
+    effects: list[summary.EffectLine]
     effect_counts: dict[str, int]
     in_doubt: int
-    waits: list[SummaryWait]
+    waits: list[summary.WaitLine]
     pending_waits: int
-    artifacts: list[SummaryArtifact]
+    artifacts: list[summary.ArtifactLine]
     intents: dict[str, int] = Field(
         default_factory=dict, description="The run's outbox intents per state."
     )

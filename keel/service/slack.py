@@ -19,9 +19,14 @@ from fastapi.responses import JSONResponse
 from slack_sdk.signature import Clock as SlackClock
 from slack_sdk.signature import SignatureVerifier
 
-from keel.core.errors import InvalidId, KeelError, RunFinished, UsageError, WaitNotFound
-from keel.core.lifecycle import Decision
-from keel.core.waits import check_answer
+from keel.core.errors import (
+    InvalidId,
+    KeelError,
+    RunFinished,
+    UsageError,
+    WaitNotFound,
+    WrongWaitKind,
+)
 from keel.notifiers.slack import APPROVE, REJECT
 
 if TYPE_CHECKING:
@@ -34,6 +39,7 @@ MAX_ACTION_BYTES = 64 * 1024
 REFUSALS: tuple[tuple[type[KeelError], int, str], ...] = (
     (WaitNotFound, 404, "approval_not_found"),
     (RunFinished, 409, "run_finished"),
+    (WrongWaitKind, 409, "not_an_approval"),  # a button on an in-doubt effect: none is posted
     (InvalidId, 400, "bad_request"),
     (UsageError, 400, "bad_request"),
 )
@@ -150,13 +156,6 @@ def slack_router(
     def decide(action: dict[str, Any]) -> dict[str, Any]:
         wait = keel_app.get_wait(action["wait_id"])
         approve = action["action_id"] == APPROVE
-        decision = Decision.APPROVED if approve else Decision.REJECTED
-        try:
-            check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
-        except UsageError:
-            raise _Refusal(
-                409, "not_an_approval", f"wait {wait['wait_id']} is a {wait['kind']}"
-            ) from None
         if restrict_to_approvers and not may_decide(wait, action["user"]):
             raise _Refusal(403, "not_an_approver", f"{action['user']} may not decide this")
         decide_fn = keel_app.approve if approve else keel_app.reject

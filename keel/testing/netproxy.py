@@ -42,7 +42,6 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -133,12 +132,7 @@ class NetProxy:
     def __enter__(self) -> NetProxy:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     # -- where to connect ----------------------------------------------------------------------

@@ -22,7 +22,6 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from types import TracebackType
 
 PASSWORD = "keel"
 ROLE = "keel"
@@ -103,12 +102,7 @@ class ThrowawayCluster:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.drop()
 
     # -- faults ------------------------------------------------------------------------------

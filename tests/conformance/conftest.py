@@ -42,7 +42,7 @@ class Conformance:
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run on the App's event loop, where the saver's connections live."""
-        return self.app.aio.portal.call(coro)
+        return self.app.aio.runtime.portal.call(coro)
 
 
 Opener = Callable[[str, "str | None"], Conformance]
@@ -72,7 +72,7 @@ def _runtime(
     with _database(backend, template, tmp) as url:
         app = keel.App(url, lease_ttl=LEASE_TTL, artifacts_dir=tmp.mktemp("artifacts"))
         try:
-            runtime = app.aio
+            runtime = app.aio.runtime
             runtime.portal.call(runtime.open())
             saver = leasing(runtime.fencing())
 

@@ -34,7 +34,7 @@ def test_sqlite_saver_uses_the_connectors_lock_for_the_shared_connection(
 ) -> None:
     """Keel replaces `AsyncSqliteSaver.lock`; upstream must take `self.lock` for every read
     (its writes only record their statements, which Keel runs in its own transaction)."""
-    saver, connector = conformance.saver, conformance.app.aio.connector
+    saver, connector = conformance.saver, conformance.app.aio.runtime.connector
     assert saver.lock.inner is connector.lock  # type: ignore[union-attr]
 
     async def scenario() -> None:
@@ -100,5 +100,5 @@ async def _collect(items: AsyncIterator[Any]) -> list[Any]:
 
 
 def _steps(conformance: Conformance, run_id: str) -> int:
-    events = conformance.call(conformance.app.aio.store.events(run_id))
+    events = conformance.call(conformance.app.aio.runtime.store.events(run_id))
     return sum(1 for e in events if e["kind"] == "step")

@@ -186,7 +186,7 @@ def test_log_in_find_a_run_by_job_id_and_see_its_timeline_and_artifacts(
         page.get_by_role("link", name="draft.md").click()
     saved = tmp_path / "downloaded.md"
     download.value.save_as(saved)
-    on_disk = Path(app.aio.artifacts_root) / run / "draft.md"
+    on_disk = Path(app.aio.runtime.artifacts_root) / run / "draft.md"
     assert saved.read_bytes() == on_disk.read_bytes()
     shot(page, "run")
 
@@ -258,7 +258,7 @@ def test_approve_in_the_inbox_and_watch_the_run_complete_on_its_page(
     worker = spawn_worker(
         "tests.support.apps.service:app",
         database_url=db_url,
-        artifacts_dir=app.aio.artifacts_root,
+        artifacts_dir=app.aio.runtime.artifacts_root,
         cwd=REPO,
         log=tmp_path / "worker.log",
     )

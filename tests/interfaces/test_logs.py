@@ -236,7 +236,7 @@ def test_each_kind_of_run_event_logs_one_info_line_with_its_duration(
     released = app.submit("review", job_id="logged-2", input={"topic": "u"})["run_id"]
     lease, _ = claim(app, "stopping-worker")
     assert lease.run_id == reviewed  # the decided run is the oldest claimable one
-    app.aio.portal.call(leases.release(app.aio.store, lease, "worker stopping"))
+    app.aio.runtime.portal.call(leases.release(app.aio.runtime.store, lease, "worker stopping"))
     drain(app)
     assert app.get_run(reviewed).status == "completed"
     assert app.get_run(released).status == "waiting"

@@ -226,7 +226,7 @@ def test_metrics_count_heartbeat_failures_and_database_errors_by_kind(
 ) -> None:
     gate = threading.Event()
     app = make_app(lease_ttl=6)  # a renewal every 2 s
-    app.aio.connector._busy_timeout_ms = 100  # a locked file fails a write fast
+    app.aio.runtime.connector._busy_timeout_ms = 100  # a locked file fails a write fast
     app.workflow("held")(lambda: held(gate))
     seen: list[logging.LogRecord] = []
     counted = logging.Handler()

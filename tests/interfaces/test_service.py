@@ -115,7 +115,7 @@ def test_readyz_on_an_unreachable_database_is_503_and_leaks_no_pool(
                 return [t.get_name() for t in asyncio.all_tasks() if "pool" in t.get_name()]
 
             # Every probe that gave up closed the pool it had started opening.
-            assert app.aio.portal.call(pool_tasks()) == []
+            assert app.aio.runtime.portal.call(pool_tasks()) == []
         finally:
             app.close()
 
@@ -371,6 +371,11 @@ def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
     assert svc.http.get("/approvals", params={"kind": "effect"}).json()["approvals"] == []
     assert len(svc.http.get("/approvals", params={"kind": "all"}).json()["approvals"]) == 1
     assert svc.http.get("/approvals", params={"status": "decided"}).status_code == 422
+    # An approval takes no effect resolution: refused, with the wait, and nothing recorded.
+    wrong = svc.http.post(f"/approvals/{approval_id}/resolution", json={"performed": True})
+    assert (wrong.status_code, wrong.json()["error"]) == (409, "wrong_kind")
+    assert wrong.json()["message"].endswith(f"decide it at /approvals/{approval_id}/decision")
+    assert wrong.json()["approval"]["status"] == "pending"
 
     body = {"decision": "approve", "comment": "ship it", "by": "alice"}
     first = svc.http.post(
@@ -608,9 +613,9 @@ def test_a_decision_after_the_deadline_policy_is_409(serve: Callable[..., Servic
     clock.advance(2 * 3600)
 
     async def sweep() -> int:
-        return await svc.app.aio.sweep()
+        return await svc.app.aio.runtime.sweep()
 
-    assert svc.app.aio.portal.call(sweep()) == 1
+    assert svc.app.aio.runtime.portal.call(sweep()) == 1
     late = svc.http.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
     assert (late.status_code, late.json()["error"]) == (409, "run_finished")
     assert late.json()["approval"]["decision"] == "rejected"
@@ -687,6 +692,7 @@ def test_an_in_doubt_effect_is_listed_but_not_approvable(make_app: Callable[...,
         refused = http.post(path, json={"decision": "approve"})
         assert (refused.status_code, refused.json()["error"]) == (409, "wrong_kind")
         assert refused.json()["approval"]["status"] == "pending"
+        assert "in-doubt effect, not an approval" in refused.json()["message"]
         assert http.get(f"/approvals/{wait['approval_id']}").json()["status"] == "pending"
     assert len(provider.calls) == 1
 

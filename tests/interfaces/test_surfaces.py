@@ -18,7 +18,7 @@ from keel.service.errors import KEEL_ERRORS
 ROOT = Path(__file__).resolve().parents[2]
 SYNC_ONLY = {"workflow", "add_notifier", "close"}
 # Codes the service decides itself (keel.service.errors.Refused and FastAPI's validation).
-SERVICE_CODES = {"wrong_kind", "invalid_request", "artifact_not_found"}
+SERVICE_CODES = {"invalid_request", "artifact_not_found"}
 
 
 def table() -> list[dict[str, str]]:

@@ -46,7 +46,7 @@ class Crew:
         self.markers.mkdir()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.app = keel.App(url, artifacts_dir=tmp / "artifacts")
-        self.app.aio.adopt(fleet.app.aio.workflows)
+        self.app.aio.runtime.adopt(fleet.app.aio.runtime.workflows)
 
     def start(self, *, proxied: bool) -> Path:
         log = self.tmp / f"worker-{len(self.procs)}.log"

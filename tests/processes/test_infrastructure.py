@@ -43,7 +43,7 @@ class Fleet:
         self.url, self.sink, self.tmp = url, sink, tmp
         self.procs: list[subprocess.Popen[bytes]] = []
         self.app = keel.App(url, artifacts_dir=tmp / "artifacts")
-        self.app.aio.adopt(fleet.app.aio.workflows)
+        self.app.aio.runtime.adopt(fleet.app.aio.runtime.workflows)
 
     def submit(self, runs: int, work: float = 0.0) -> list[str]:
         return [

@@ -94,7 +94,7 @@ def spawn(provider: HttpSink, tmp_path: Path) -> Iterator[Spawn]:
 
 def _app(url: str) -> keel.App:
     app = keel.App(url)
-    app.aio.adopt(partitioned.app.aio.workflows)
+    app.aio.runtime.adopt(partitioned.app.aio.runtime.workflows)
     app.migrate()
     return app
 

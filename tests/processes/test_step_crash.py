@@ -84,8 +84,8 @@ def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effe
     _killed_at(KILL_AT, common, tmp_path)
 
     # The step's checkpoint never committed: the run's last checkpoint is the one before it.
-    saver = app.aio.portal.call(_opened(app))
-    last = app.aio.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}}))
+    saver = app.aio.runtime.portal.call(_opened(app))
+    last = app.aio.runtime.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}}))
     assert last is not None and last.metadata["step"] == 0, last and last.metadata
     assert last.pending_writes == [] or all(
         channel != "out" for _, channel, _ in last.pending_writes
@@ -101,7 +101,7 @@ def test_killed_between_a_parallel_task_and_its_steps_checkpoint_sends_each_effe
 
 async def _opened(app: keel.App) -> Any:
     await app.aio.open()
-    return app.aio.fencing()
+    return app.aio.runtime.fencing()
 
 
 def test_killed_before_a_first_execution_commits_resumes_from_the_admitted_input(
@@ -115,8 +115,10 @@ def test_killed_before_a_first_execution_commits_resumes_from_the_admitted_input
     deliveries = tmp_path / "deliveries.txt"
     common = _common(db_url, tmp_path, deliveries)
     _killed_at(FIRST_COMMIT, common, tmp_path)
-    saver = app.aio.portal.call(_opened(app))
-    assert app.aio.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}})) is None
+    saver = app.aio.runtime.portal.call(_opened(app))
+    assert (
+        app.aio.runtime.portal.call(saver.aget_tuple({"configurable": {"thread_id": run}})) is None
+    )
     assert not deliveries.exists() or deliveries.read_text().split() == []
 
     _recovered(app, run, common, tmp_path)

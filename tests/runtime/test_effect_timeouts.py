@@ -126,7 +126,7 @@ def test_an_async_call_past_its_timeout_is_cancelled_and_never_resent_on_a_guess
         return await effect("a@example.com")
 
     def body() -> Any:
-        return real_app.aio.portal.call(in_async_node())
+        return real_app.aio.runtime.portal.call(in_async_node())
 
     with pytest.raises(Paused):
         node.execute(body)
@@ -158,6 +158,6 @@ def test_a_retry_policy_of_one_attempt_still_asks_the_reconciler_after_a_timeout
     async def in_async_node() -> Any:
         return await effect("a@example.com")
 
-    result = node.execute(lambda: real_app.aio.portal.call(in_async_node()))
+    result = node.execute(lambda: real_app.aio.runtime.portal.call(in_async_node()))
     assert result == provider.lookup(provider.calls[0]) and len(asked) == 1
     assert len(provider.deliveries) == 1 and ledger(node) == [("confirmed", 1)]

@@ -38,11 +38,11 @@ def chain() -> StateGraph:
 
 @contextmanager
 def running(app: keel.App, concurrency: int = 1) -> Iterator[Worker]:
-    worker = Worker(app.aio, concurrency=concurrency, poll_interval=0.05)
-    loop = app.aio.portal.loop
+    worker = Worker(app.aio.runtime, concurrency=concurrency, poll_interval=0.05)
+    loop = app.aio.runtime.portal.loop
     future = asyncio.run_coroutine_threadsafe(worker.run(), loop)
     try:
-        wait_until(lambda: bool(app.aio._takers), 10, "the worker to offer its slot")
+        wait_until(lambda: bool(app.aio.runtime._takers), 10, "the worker to offer its slot")
         # Its first looks (as it starts, and on PostgreSQL when its LISTEN connects) are over:
         # a transaction traced from here on is the submit's or the decision's.
         time.sleep(0.5)
@@ -62,7 +62,7 @@ def submit_traced(app: keel.App, job_id: str) -> tuple[str, list[list[str]], lis
         txs = trace.transactions
         return run.run_id, [t.statements for t in txs], [t.round_trips for t in txs]
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 def admission(transactions: list[list[str]]) -> list[str]:
@@ -85,7 +85,7 @@ def test_a_run_submitted_beside_an_idle_worker_is_claimed_in_its_admission_commi
         # The admission and the claim: one transaction, committed once, sent as one message.
         assert claims(admission(transactions)), transactions
         assert len(transactions) == 1, transactions
-        if app.aio.store.dialect == "postgres":
+        if app.aio.runtime.store.dialect == "postgres":
             assert round_trips == [1], round_trips
         wait_until(lambda: app.get_run(run_id).status == "completed", 10, "the run to end")
         assert worker.stats.claimed == 1
@@ -163,7 +163,7 @@ def test_a_claim_that_commits_after_its_worker_stopped_gives_the_run_back(
 
     async def go() -> str:
         nonlocal handoff
-        rt = app.aio
+        rt = app.aio.runtime
         await rt.open()
         handoff = Handoff(
             rt.services,
@@ -174,11 +174,11 @@ def test_a_claim_that_commits_after_its_worker_stopped_gives_the_run_back(
         )
         rt.add_taker(handoff.open(asyncio.get_running_loop()))
         try:
-            return (await rt.submit("chain", job_id="stop-1", input={"n": 0})).run_id
+            return (await app.aio.submit("chain", job_id="stop-1", input={"n": 0})).run_id
         finally:
             rt.remove_taker(handoff)
 
-    run_id = app.aio.portal.call(go())
+    run_id = app.aio.runtime.portal.call(go())
     assert started == []
     assert handoff.reserved == 0
     run = app.get_run(run_id)
@@ -217,10 +217,10 @@ def test_a_decision_beside_an_idle_worker_hands_it_the_run_it_queued(
                 assert (await app.aio.approve(run_id, by="lead")).recorded
             return [(t.statements, t.round_trips) for t in trace.transactions]
 
-        transactions = app.aio.portal.call(approve())
+        transactions = app.aio.runtime.portal.call(approve())
         decided = [s for s, _ in transactions if any("keel_waits" in q for q in s)]
         assert len(decided) == 1 and claims(decided[0]), transactions
-        if app.aio.store.dialect == "postgres":
+        if app.aio.runtime.store.dialect == "postgres":
             assert [n for s, n in transactions if s is decided[0]] == [1], transactions
         wait_until(lambda: app.get_run(run_id).status == "completed", 10, "the run to resume")
         assert worker.stats.claimed == 2
@@ -264,7 +264,7 @@ def test_a_hand_off_respects_the_workflows_concurrency_limit(make_app: AppFactor
                     run = await app.aio.submit("held", job_id="limited-2", input={"n": 0})
                 return run.run_id, [t.statements for t in trace.transactions]
 
-            second, transactions = app.aio.portal.call(submit_second())
+            second, transactions = app.aio.runtime.portal.call(submit_second())
             # The claim was sent with the admission (a slot was free), under the claims' lock
             # that a limit takes, and took nothing.
             assert any("AS locked" in s for s in admission(transactions)), transactions
@@ -281,7 +281,7 @@ def notified(app: keel.App, act: Callable[[], Any], settle: float = 0.5) -> list
     """The `keel_wake` payloads sent while `act` runs, heard on a connection of our own."""
     import psycopg
 
-    url = app.aio.connector.url  # type: ignore[attr-defined]
+    url = app.aio.runtime.connector.url  # type: ignore[attr-defined]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("LISTEN keel_wake")
         act()

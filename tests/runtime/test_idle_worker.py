@@ -31,8 +31,8 @@ NO_POLL = 3600.0
 
 @contextmanager
 def running(app: keel.App, **options: Any) -> Iterator[Worker]:
-    worker = Worker(app.aio, concurrency=2, **options)
-    loop = app.aio.portal.loop
+    worker = Worker(app.aio.runtime, concurrency=2, **options)
+    loop = app.aio.runtime.portal.loop
     future = asyncio.run_coroutine_threadsafe(worker.run(), loop)
     try:
         yield worker
@@ -82,7 +82,7 @@ def test_a_run_admitted_while_a_quiet_worker_looks_is_not_missed(
     submitter = make_app()
     submitter.workflow("echo")(echo_graph)
     submitter.workflow("elsewhere")(echo_graph)  # served by no worker: its NOTIFY finds nothing
-    store = app.aio.store
+    store = app.aio.runtime.store
     looked = store.next_due
     armed, admitted = asyncio.Event(), []
 
@@ -103,7 +103,7 @@ def test_a_run_admitted_while_a_quiet_worker_looks_is_not_missed(
     with running(app, safety_poll_interval=NO_POLL) as worker:
         wait_until(lambda: app.workers(), 10, "the worker to start")
         time.sleep(0.5)
-        app.aio.portal.loop.call_soon_threadsafe(armed.set)
+        app.aio.runtime.portal.loop.call_soon_threadsafe(armed.set)
         submitter.submit("elsewhere", job_id="wakes-only", input={"text": "hi"})
         wait_until(lambda: bool(admitted), 10, "a run admitted during the worker's look")
         run = admitted[0]["run_id"]

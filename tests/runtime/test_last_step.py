@@ -51,8 +51,10 @@ def chain(last: Callable[[Chain], Any]) -> Callable[[], StateGraph]:
 
 
 def checkpoint_of(app: keel.App, run: str) -> dict[str, Any]:
-    found = app.aio.portal.call(
-        app.aio.fencing().aget_tuple({"configurable": {"thread_id": run, "checkpoint_ns": ""}})
+    found = app.aio.runtime.portal.call(
+        app.aio.runtime.fencing().aget_tuple(
+            {"configurable": {"thread_id": run, "checkpoint_ns": ""}}
+        )
     )
     assert found is not None
     return dict(found.checkpoint["channel_values"])
@@ -68,13 +70,13 @@ def kinds(app: keel.App, run: str) -> list[str]:
 def test_the_last_step_and_the_end_commit_together(make_app: AppFactory) -> None:
     app = make_app()
     commits: list[int] = []
-    real = app.aio.store.step_transaction
+    real = app.aio.runtime.store.step_transaction
 
     async def counted(body: Callable[[Tx], Any]) -> Any:
         commits.append(1)
         return await real(body)
 
-    app.aio.store.step_transaction = counted  # type: ignore[method-assign]
+    app.aio.runtime.store.step_transaction = counted  # type: ignore[method-assign]
 
     async def last(state: Chain) -> dict[str, Any]:
         return {"n": state["n"] * 10}
@@ -128,9 +130,9 @@ def test_a_takeover_during_the_last_step_commits_neither_its_checkpoint_nor_the_
         ran.append(current().token)
         if len(ran) == 1:
             # Another worker takes the run over while this step runs (its holder seen dead).
-            store = app.aio.store
+            store = app.aio.runtime.store
             assert await leases.end_dead(store, current().run_id, current().token)
-            taken.append(await leases.claim(store, "w-b", app.aio.workflows.keys(), 30))
+            taken.append(await leases.claim(store, "w-b", app.aio.runtime.workflows.keys(), 30))
         return {"n": state["n"] * 10, "receipt": await charge(state["n"])}
 
     app.workflow("chain")(chain(last))
@@ -154,7 +156,7 @@ def test_a_takeover_during_the_last_step_commits_neither_its_checkpoint_nor_the_
 
 def test_an_end_whose_commit_answer_was_lost_ends_the_run_once(make_app: AppFactory) -> None:
     app = make_app()
-    store = app.aio.store
+    store = app.aio.runtime.store
     real = store.step_transaction
     lost: list[int] = []
 

@@ -129,22 +129,24 @@ def test_a_replay_with_other_arguments_is_refused(make_app: AppFactory, provider
     (intent,) = app.effect_intents(run_id=run_id)
     identity = mail.arguments.identity(("someone-else@example.com",), {})
     replayed = effect_outbox._Intent(
-        {**_row(app, intent["intent_id"]), "args_hash": identity.digest}, identity
+        intent["intent_id"],
+        {**_row(app, intent["intent_id"]), "args_hash": identity.digest},
+        identity,
     )
-    store = app.aio.store
+    store = app.aio.runtime.store
 
     async def replay() -> None:
         async with store.transaction() as tx:
             await replayed(store, tx)
 
     with pytest.raises(keel.NondeterminismError, match=r"rt_mail.*changed: to"):
-        app.aio.portal.call(replay())
+        app.aio.runtime.portal.call(replay())
     assert len(app.effect_intents(run_id=run_id)) == 1
     assert len(provider.deliveries) == 1
 
 
 def _row(app: keel.App, intent_id: str) -> dict[str, Any]:
-    row = app.aio.portal.call(app.aio.store.get_effect_intent(intent_id))
+    row = app.aio.runtime.portal.call(app.aio.runtime.store.get_intent(intent_id))
     assert row is not None
     return dict(row)
 
@@ -162,4 +164,4 @@ def test_await_effect_and_the_outbox_wait_refuse_what_they_cannot_take(
     details = app.get_run(run_id)
     assert details.status == "failed" and "intent id" in details.run["error"]
     with pytest.raises(keel.KeelError, match="no outbox intent"):
-        app.aio.portal.call(retry_intent(app.aio.services, "outbox:nope:0"))
+        app.aio.runtime.portal.call(retry_intent(app.aio.runtime.services, "outbox:nope:0"))

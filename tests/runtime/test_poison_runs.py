@@ -41,7 +41,7 @@ def test_a_graph_without_an_edge_from_start_is_refused_at_registration(
         app.workflow("broken")(no_edge_from_start)
     with pytest.raises(InvalidWorkflow, match="must return an uncompiled LangGraph builder"):
         app.workflow("compiled")(lambda: echo_graph().compile())
-    assert app.aio.workflows.keys() == []  # nothing half-registered
+    assert app.aio.runtime.workflows.keys() == []  # nothing half-registered
 
 
 def test_a_broken_graph_is_refused_at_submit_and_at_worker_start(make_app: AppFactory) -> None:
@@ -49,7 +49,7 @@ def test_a_broken_graph_is_refused_at_submit_and_at_worker_start(make_app: AppFa
     app = make_app()
     registry = Workflows()
     registry.add(Workflow("broken", "1", no_edge_from_start))
-    app.aio.adopt(registry)
+    app.aio.runtime.adopt(registry)
     with pytest.raises(InvalidWorkflow, match="does not compile"):
         app.submit("broken", job_id="j", input={})
     assert app.list_runs() == []

@@ -70,8 +70,8 @@ class Trace:
 async def traced(app: keel.App) -> AsyncIterator[Trace]:
     """Every write transaction of `app`'s connector while the block runs."""
     trace = Trace()
-    connector: Any = app.aio.connector
-    if app.aio.store.dialect == "sqlite":
+    connector: Any = app.aio.runtime.connector
+    if app.aio.runtime.store.dialect == "sqlite":
         current_tx: list[Transaction] = []
 
         def seen(sql: str) -> None:  # on the database thread
@@ -154,10 +154,10 @@ def run_traced(app: keel.App, worker: str = "w1") -> tuple[str, Trace]:
 
     async def go() -> tuple[str, Trace]:
         async with traced(app) as trace:
-            outcome = await app.aio.executor(worker).execute(lease, row)
+            outcome = await app.aio.runtime.executor(worker).execute(lease, row)
         return str(outcome), trace
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 # -- graphs ----------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ def test_each_superstep_is_one_durable_commit(make_app: AppFactory) -> None:
     assert [t.checkpoints for t in steps] == [3, 1], [t.statements for t in steps]
     with_writes = [t for t in steps if t.writes("writes")]
     assert len(with_writes) == 2, [t.statements for t in steps]  # START's + a-b-c's, d's
-    if app.aio.store.dialect == "postgres":
+    if app.aio.runtime.store.dialect == "postgres":
         assert [t.round_trips for t in steps] == [1] * 2
     events = [e for e in app.get_run(run).timeline if e["kind"] == "step"]
     assert sorted(e["data"]["node"] for e in events if e["data"]["node"] in "abcd") == [
@@ -380,7 +380,7 @@ def test_a_staged_write_commits_in_its_tasks_checkpoint_transaction(make_app: Ap
     [with_row] = [
         t for t in trace.transactions if any("staged.row" in s for s in t.statements)
     ] or [None]
-    if app.aio.store.dialect == "sqlite":
+    if app.aio.runtime.store.dialect == "sqlite":
         assert with_row is not None and with_row.writes("checkpoints") and with_row.writes("writes")
     step = [e for e in app.get_run(run).timeline if e["kind"] in ("step", "staged.row")]
     assert [e["kind"] for e in step][-2:] == ["step", "staged.row"]
@@ -479,7 +479,7 @@ def test_an_error_handler_node_runs_after_a_node_that_keeps_raising(
     steps = trace.steps
     assert [t.checkpoints for t in steps] == [2, 1], [t.statements for t in steps]
     assert all(t.writes("writes") for t in steps)
-    if app.aio.store.dialect == "sqlite":  # (PostgreSQL's trace shows no values)
+    if app.aio.runtime.store.dialect == "sqlite":  # (PostgreSQL's trace shows no values)
         assert "'__error__'" in " ".join(steps[0].statements), steps[0].statements
 
 
@@ -609,8 +609,10 @@ def test_cancel_stops_at_the_next_step_boundary_with_the_step_durable(
     outcome, _ = run_traced(app)
     assert outcome == "cancelled"
     assert "d" not in ran
-    state = app.aio.portal.call(
-        app.aio.fencing().aget_tuple({"configurable": {"thread_id": run, "checkpoint_ns": ""}})
+    state = app.aio.runtime.portal.call(
+        app.aio.runtime.fencing().aget_tuple(
+            {"configurable": {"thread_id": run, "checkpoint_ns": ""}}
+        )
     )
     assert state is not None
     assert sorted(state.checkpoint["channel_values"]["seen"]) == ["a", "b", "c"]
@@ -628,7 +630,7 @@ def test_a_step_retried_after_its_commit_was_lost_adds_nothing_twice(
     app = make_app()
     app.workflow("fan")(fan_graph())
     run = app.submit("fan", job_id="fan-lost", input={"seen": []})["run_id"]
-    store = app.aio.store
+    store = app.aio.runtime.store
     real = store.step_transaction
     calls: list[int] = []
     lost: list[int] = []

@@ -81,10 +81,10 @@ def test_worker_reclaiming_its_own_expired_run_keeps_the_new_lease(make_app: App
     async def charge(amount: int, *, idempotency_key: str) -> Any:
         provider.calls.append(idempotency_key)
         if len(provider.calls) == 1:
-            clock.advance(app.aio.lease_ttl + 1)  # stalled past the lease
+            clock.advance(app.aio.runtime.lease_ttl + 1)  # stalled past the lease
 
             async def reclaimed() -> bool:
-                run = await app.aio.store.get_run(run_id)
+                run = await app.aio.runtime.store.get_run(run_id)
                 return run is not None and run["lease_token"] >= 2
 
             await wait_for(reclaimed, "the worker to claim its expired run again")
@@ -102,7 +102,7 @@ def test_worker_reclaiming_its_own_expired_run_keeps_the_new_lease(make_app: App
     effect = keel.effect("charge", provider_idempotent=True)(charge)
     app.workflow("pay")(lambda: pay_graph(effect))
     run_id = app.submit("pay", job_id="order-1", input={"amount": 5})["run_id"]
-    worker = Worker(app.aio, concurrency=4, stop_when_idle=True)
+    worker = Worker(app.aio.runtime, concurrency=4, stop_when_idle=True)
     stats = drain(app, within=15, worker=worker)
     details = app.get_run(run_id)
     assert details.status == "completed"
@@ -140,8 +140,8 @@ def test_a_worker_started_after_another_was_stopped_still_finishes_runs(
 ) -> None:
     app = make_app()
     app.workflow("two")(two_steps)
-    first = Worker(app.aio, stop_when_idle=False)
-    loop = app.aio.portal.loop
+    first = Worker(app.aio.runtime, stop_when_idle=False)
+    loop = app.aio.runtime.portal.loop
     future = asyncio.run_coroutine_threadsafe(first.run(), loop)
     deadline = time.monotonic() + 10
     while not [w for w in app.workers() if w["worker_id"] == first.worker_id]:
@@ -168,8 +168,8 @@ def test_a_worker_that_stopped_heartbeating_is_listed_as_silent_not_dropped(
     app.workflow("two")(two_steps)
     drain(app)  # announces itself, then stops: a stopped worker is never listed
     assert app.workers(silent_for=3600) == []
-    worker = Worker(app.aio)
-    app.aio.portal.call(worker._announce())
+    worker = Worker(app.aio.runtime)
+    app.aio.runtime.portal.call(worker._announce())
     assert [w["state"] for w in app.workers()] == ["live"]
     clock.advance(3.5)  # three heartbeat intervals without a word (cut off, or dead)
     assert app.workers() == []

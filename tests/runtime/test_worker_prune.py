@@ -25,8 +25,8 @@ def test_a_worker_prunes_old_finished_runs_on_its_schedule(make_app: AppFactory)
     drain(app)
     clock.advance(3 * 86400)
     recent = app.submit("echo", job_id="recent", input={"text": "b"})["run_id"]
-    worker = Worker(app.aio, prune_older_than="2d", prune_interval=3600)
-    serving = asyncio.run_coroutine_threadsafe(worker.run(), app.aio.portal.loop)
+    worker = Worker(app.aio.runtime, prune_older_than="2d", prune_interval=3600)
+    serving = asyncio.run_coroutine_threadsafe(worker.run(), app.aio.runtime.portal.loop)
     try:
         wait_until(
             lambda: (
@@ -37,7 +37,7 @@ def test_a_worker_prunes_old_finished_runs_on_its_schedule(make_app: AppFactory)
             "the old run pruned and the recent one completed",
         )
     finally:
-        app.aio.portal.loop.call_soon_threadsafe(worker.stop)
+        app.aio.runtime.portal.loop.call_soon_threadsafe(worker.stop)
         serving.result(timeout=30)
     assert old not in [r["run_id"] for r in app.list_runs()]
 
@@ -45,7 +45,7 @@ def test_a_worker_prunes_old_finished_runs_on_its_schedule(make_app: AppFactory)
 def test_a_bad_prune_age_is_refused_before_the_worker_starts(make_app: AppFactory) -> None:
     app = make_app()
     with pytest.raises(UsageError, match="not a number"):
-        Worker(app.aio, prune_older_than="monthly")
+        Worker(app.aio.runtime, prune_older_than="monthly")
 
 
 def test_a_worker_prunes_again_every_prune_every(make_app: AppFactory) -> None:
@@ -54,16 +54,16 @@ def test_a_worker_prunes_again_every_prune_every(make_app: AppFactory) -> None:
     clock = keel.ManualClock()
     app = make_app(clock=clock)
     app.workflow("echo")(echo_graph)
-    worker = app.aio.worker(prune_older_than="1d", prune_every="0.2s")
+    worker = Worker(app.aio.runtime, prune_older_than="1d", prune_interval="0.2s")
     assert worker.prune_interval == 0.2
-    serving = asyncio.run_coroutine_threadsafe(worker.run(), app.aio.portal.loop)
+    serving = asyncio.run_coroutine_threadsafe(worker.run(), app.aio.runtime.portal.loop)
     try:
         first = app.submit("echo", job_id="first", input={"text": "a"})["run_id"]
         wait_until(lambda: app.get_run(first).status == "completed", 30, "the run completed")
         clock.advance(2 * 86400)
         wait_until(lambda: app.list_runs() == [], 30, "the run pruned by a later round")
     finally:
-        app.aio.portal.loop.call_soon_threadsafe(worker.stop)
+        app.aio.runtime.portal.loop.call_soon_threadsafe(worker.stop)
         serving.result(timeout=30)
     with pytest.raises(UsageError, match="not a number"):
-        Worker(app.aio, prune_older_than="1d", prune_interval="hourly")
+        Worker(app.aio.runtime, prune_older_than="1d", prune_interval="hourly")

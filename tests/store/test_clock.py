@@ -24,9 +24,9 @@ def test_a_skewed_worker_clock_does_not_move_the_database_clock(make_app: AppFac
     app = make_app(clock=keel.SystemClock(offset=TWO_HOURS))
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="j-1", input={"text": "hi"})
-    rt = app.aio
+    rt = app.aio.runtime
     before = time.time()
-    database = rt.portal.call(rt.database_now())
+    database = rt.portal.call(app.aio.database_now())
     got = rt.portal.call(leases.claim(rt.store, "skewed", rt.workflows.keys(), 30))
     after = time.time()
     assert got is not None
@@ -43,21 +43,21 @@ def test_a_skewed_worker_clock_does_not_move_the_database_clock(make_app: AppFac
 def test_a_manual_clock_drives_the_database_clock_for_its_app(make_app: AppFactory) -> None:
     clock = keel.ManualClock()
     app = make_app(clock=clock)
-    rt = app.aio
-    assert rt.portal.call(rt.database_now()) == clock.now()
+    rt = app.aio.runtime
+    assert rt.portal.call(app.aio.database_now()) == clock.now()
     clock.advance(3600)
-    assert rt.portal.call(rt.database_now()) == clock.now()
+    assert rt.portal.call(app.aio.database_now()) == clock.now()
 
 
 def _worker(app: keel.App, limit: float | None) -> Worker:
-    return Worker(app.aio, max_clock_skew=limit, stop_when_idle=True)
+    return Worker(app.aio.runtime, max_clock_skew=limit, stop_when_idle=True)
 
 
 def test_a_worker_far_off_the_database_clock_refuses_to_start(make_app: AppFactory) -> None:
     app = make_app(clock=keel.SystemClock(offset=TWO_HOURS), lease_ttl=30)
     worker = _worker(app, None)  # the default limit, 300 s
     with pytest.raises(keel.ClockSkew, match=r"7\d{3}\.\d+ s ahead of the database's .*NTP"):
-        app.aio.portal.call(worker.run())
+        app.aio.runtime.portal.call(worker.run())
     assert app.workers() == [], "a refused worker never announced itself"
 
 
@@ -68,7 +68,7 @@ def test_a_worker_off_by_more_than_a_third_of_the_ttl_warns_and_runs(
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="j-1", input={"text": "hi"})
     with caplog.at_level(logging.WARNING, logger="keel.runtime.worker"):
-        stats = app.aio.portal.call(asyncio.wait_for(_worker(app, 60).run(), 30))
+        stats = app.aio.runtime.portal.call(asyncio.wait_for(_worker(app, 60).run(), 30))
     assert stats.finished == 1 and app.get_run(run.run_id).status == "completed"
     [warning] = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
     assert "behind the database's, more than a third of the lease TTL (30 s)" in warning
@@ -77,7 +77,7 @@ def test_a_worker_off_by_more_than_a_third_of_the_ttl_warns_and_runs(
 def test_an_honest_clock_is_silent(make_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
     app = make_app(clock=keel.SystemClock(offset=0), lease_ttl=30)
     with caplog.at_level(logging.WARNING, logger="keel.runtime.worker"):
-        app.aio.portal.call(asyncio.wait_for(_worker(app, None).run(), 30))
+        app.aio.runtime.portal.call(asyncio.wait_for(_worker(app, None).run(), 30))
     assert not [r for r in caplog.records if "clock" in r.getMessage()]
 
 

@@ -48,9 +48,9 @@ def _sweep_from(apps: list[keel.App]) -> int:
     def sweep(app: keel.App) -> None:
         async def go() -> int:
             await app.aio.open()
-            return await app.aio.sweep()
+            return await app.aio.runtime.sweep()
 
-        applied.append(app.aio.portal.call(go()))
+        applied.append(app.aio.runtime.portal.call(go()))
 
     threads = [threading.Thread(target=sweep, args=(a,)) for a in apps]
     for t in threads:

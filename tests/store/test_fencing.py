@@ -46,7 +46,7 @@ class Takeover:
         self.app = make_app(clock=self.clock, lease_ttl=TTL)
         self.app.workflow("echo")(echo_graph)
         self.run_id = self.app.submit("echo", job_id="job-1", input={"text": "x"})["run_id"]
-        self.rt = self.app.aio
+        self.rt = self.app.aio.runtime
         self.a = self.claim("worker-a")
         self.clock.advance(TTL + 1)
         self.b = self.claim("worker-b")
@@ -461,7 +461,7 @@ def test_stale_execution_in_the_same_process_cannot_write_checkpoints(
 ) -> None:
     clock = keel.ManualClock()
     app = make_app(clock=clock, lease_ttl=30)
-    rt = app.aio
+    rt = app.aio.runtime
     inside: dict[int, asyncio.Event] = {}
     go: dict[int, asyncio.Event] = {}
 

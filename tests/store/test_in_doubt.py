@@ -200,7 +200,7 @@ def test_crash_after_performing_a_not_performed_resolution_does_not_send_twice(
 
     # 1. The first call never reached the provider; the worker lost the run mid-call.
     assert execute(app, *claim(app, "worker-a")) == "lease_lost"
-    clock.advance(app.aio.lease_ttl + 1)
+    clock.advance(app.aio.runtime.lease_ttl + 1)
     drain(app)
     details = app.get_run(run)
     assert details.status == "waiting" and [e["status"] for e in details.effects] == ["in_doubt"]
@@ -210,12 +210,12 @@ def test_crash_after_performing_a_not_performed_resolution_does_not_send_twice(
     app.resolve_effect(run, performed=False, by="support")
 
     # 3. The resumed worker performs it (delivery 1) and dies before recording it.
-    clock.advance(app.aio.lease_ttl + 1)
+    clock.advance(app.aio.runtime.lease_ttl + 1)
     assert execute(app, *claim(app, "worker-b")) == "lease_lost"
     assert len(provider.deliveries) == 1
 
     # 4. The next worker must not act on the same old answer again.
-    clock.advance(app.aio.lease_ttl + 1)
+    clock.advance(app.aio.runtime.lease_ttl + 1)
     drain(app)
     assert len(provider.deliveries) == 1, "the effect reached the provider twice"
     # It is in doubt again, and a person is asked again (a new wait, the old one stays decided).
@@ -311,7 +311,7 @@ def test_in_doubt_deadline_passing_while_queued_is_not_taken_as_not_performed(
     app.workflow("pair")(build)
     run = app.submit("pair", job_id="pair-9", input={"amount": 5})["run_id"]
     assert execute(app, *claim(app, "worker-a")) == "lease_lost"
-    clock.advance(app.aio.lease_ttl + 1)
+    clock.advance(app.aio.runtime.lease_ttl + 1)
     drain(app)
     details = app.get_run(run)
     assert details.status == "waiting"

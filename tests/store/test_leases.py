@@ -43,7 +43,7 @@ def _call(app: keel.App, coro_fn: Callable[..., object]) -> object:
         await app.aio.open()
         return await coro_fn()  # type: ignore[misc]
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 def test_expired_lease_is_taken_over_with_a_higher_token_and_the_old_one_cannot_renew(
@@ -53,7 +53,7 @@ def test_expired_lease_is_taken_over_with_a_higher_token_and_the_old_one_cannot_
     app = make_app(clock=clock, lease_ttl=10)
     app.workflow("chain")(chain)
     run_id = app.submit("chain", job_id="lease", input={"n": 0})["run_id"]
-    store, keys = app.aio.store, app.aio.workflows.keys()
+    store, keys = app.aio.runtime.store, app.aio.runtime.workflows.keys()
     first = _call(app, lambda: leases.claim(store, "w-a", keys, 10))
     assert first is not None
     lease_a, _ = first
@@ -82,7 +82,7 @@ def test_a_dead_workers_lease_ended_by_hand_is_taken_over_without_waiting_out_th
     app = make_app(clock=clock, lease_ttl=60)
     app.workflow("chain")(chain)
     run_id = app.submit("chain", job_id="dead", input={"n": 0})["run_id"]
-    store, keys = app.aio.store, app.aio.workflows.keys()
+    store, keys = app.aio.runtime.store, app.aio.runtime.workflows.keys()
     first = _call(app, lambda: leases.claim(store, "w-dead", keys, 60))
     assert first is not None
     dead, _ = first
@@ -210,9 +210,9 @@ def test_infrastructure_interruptions_count_in_a_row_not_over_the_runs_life(
     app = make_app()
     app.workflow("chain")(chain)
     run = app.submit("chain", job_id="outages", input={"n": 0})["run_id"]
-    store = app.aio.store
-    lease, _ = app.aio.portal.call(
-        leases.claim(store, "w-1", app.aio.workflows.keys(), 30.0)  # type: ignore[arg-type]
+    store = app.aio.runtime.store
+    lease, _ = app.aio.runtime.portal.call(
+        leases.claim(store, "w-1", app.aio.runtime.workflows.keys(), 30.0)  # type: ignore[arg-type]
     )
 
     def interrupted(progressed: bool) -> int:
@@ -223,7 +223,7 @@ def test_infrastructure_interruptions_count_in_a_row_not_over_the_runs_life(
                 )
             return infra
 
-        return app.aio.portal.call(go())
+        return app.aio.runtime.portal.call(go())
 
     assert [interrupted(False) for _ in range(3)] == [1, 2, 3]
     assert interrupted(True) == 1  # it had committed a step: a new row of interruptions
@@ -235,7 +235,7 @@ def test_a_claim_takes_the_oldest_of_an_expired_lease_and_a_queued_run(make_app)
     clock = keel.ManualClock()
     app = make_app(clock=clock, lease_ttl=10)
     app.workflow("chain")(chain)
-    store, keys = app.aio.store, app.aio.workflows.keys()
+    store, keys = app.aio.runtime.store, app.aio.runtime.workflows.keys()
     older = app.submit("chain", job_id="older", input={"n": 0})["run_id"]
     first = _call(app, lambda: leases.claim(store, "w-dead", keys, 10))
     assert first is not None and first[0].run_id == older

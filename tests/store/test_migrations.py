@@ -62,7 +62,7 @@ def apps(empty_url: str, tmp_path: Path) -> Iterator[Any]:
 
 
 def version(app: keel.App) -> int:
-    rt = app.aio
+    rt = app.aio.runtime
     rt.portal.call(rt.connector.open())  # without the schema check App.open() would do
     return rt.portal.call(rt.store.schema_version())
 
@@ -85,7 +85,7 @@ def test_fresh_database_migrates_to_the_latest_version(apps: Any) -> None:
     app = apps()
     assert version(app) == 0
     assert app.migrate() == NAMES
-    assert version(app) == LATEST == app.aio.store.latest_version
+    assert version(app) == LATEST == app.aio.runtime.store.latest_version
     assert recorded_versions(app) == VERSIONS
     # Everything a run needs exists, LangGraph's checkpoint tables included.
     run = app.submit("echo", job_id="j-1", input={"text": "ok"})["run_id"]
@@ -105,7 +105,7 @@ def test_migrating_twice_is_a_no_op(apps: Any) -> None:
 
 def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     old = apps()
-    rt = old.aio
+    rt = old.aio.runtime
     rt.portal.call(rt.connector.open())
     assert rt.portal.call(rt.store.migrate(target=1)) == NAMES[:1]
     assert version(old) == 1
@@ -138,7 +138,9 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     assert {k: upgraded.run[k] for k in row} == row  # every v1 column kept its value
     assert "heartbeat_at" in upgraded.run  # a column added by a later migration
     assert [e["kind"] for e in upgraded.timeline] == ["admitted"]
-    assert new.aio.portal.call(new.aio.store.workers(3600)) == []  # a table added later
+    assert (
+        new.aio.runtime.portal.call(new.aio.runtime.store.workers(3600)) == []
+    )  # a table added later
     drain(new)
     assert new.get_run(row["run_id"]).output == {"text": "from v1", "out": "FROM V1"}
 
@@ -154,8 +156,8 @@ def test_app_on_unmigrated_database_raises_schema_mismatch(apps: Any) -> None:
 
 def test_app_on_partly_migrated_database_raises_schema_mismatch(apps: Any) -> None:
     old = apps()
-    old.aio.portal.call(old.aio.connector.open())
-    old.aio.portal.call(old.aio.store.migrate(target=1))
+    old.aio.runtime.portal.call(old.aio.runtime.connector.open())
+    old.aio.runtime.portal.call(old.aio.runtime.store.migrate(target=1))
     with pytest.raises(SchemaMismatch, match=r"version 1, older .*keel migrate"):
         apps().submit("echo", job_id="j-1", input={})
 
@@ -199,7 +201,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
     """Before 0006 a key hashed the arguments in; a run in flight across the upgrade must find
     its recorded effects under those keys, not perform them again under new ones."""
     old = apps()
-    rt = old.aio
+    rt = old.aio.runtime
     rt.portal.call(rt.connector.open())
     before = max(v for v in VERSIONS if v < 6)
     rt.portal.call(rt.store.migrate(target=before))
@@ -239,7 +241,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
 
 def test_a_migration_that_landed_after_a_higher_numbered_one_is_still_applied(apps: Any) -> None:
     app = apps()
-    rt = app.aio
+    rt = app.aio.runtime
     rt.portal.call(rt.connector.open())
     # The database has every migration but one in the middle (as if that branch landed later).
     skipped = MIGRATIONS[-2]

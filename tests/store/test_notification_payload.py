@@ -1,4 +1,4 @@
-"""A wait's notification payload has one rule (keel.core.notifications.intent_payload):
+"""A wait's notification payload has one rule (keel.core.notifications.notification_payload):
 SQLite's queries call that very function; PostgreSQL's `keel_notification` (migration 0020)
 is its twin in SQL, compared with it here on values that tell them apart if they drift."""
 
@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from keel.core.codec import dumps
-from keel.core.notifications import intent_payload
+from keel.core.notifications import notification_payload
 
 CASES: list[tuple[Any, ...]] = [
     ("job-1", "review", "w-1", "approval", "manager", None, [], None, {"stage": 0}),
@@ -40,6 +40,6 @@ def test_postgres_builds_the_payload_by_the_python_rule(db_url: str, case: tuple
             "SELECT keel_notification(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (*args, dumps(details)),
         ).fetchall()
-    expected = json.loads(intent_payload(*args, dumps(details)))
+    expected = json.loads(notification_payload(*args, dumps(details)))
     assert json.loads(built) == expected
     assert expected["wait"]["payload"] == payload and expected["details"] == details

@@ -45,7 +45,7 @@ def _on_loop(app: keel.App, fn: Callable[[], Any]) -> Any:
         await app.aio.open()
         return await fn()
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 def _race(apps: list[keel.App], make: Callable[[keel.App], Callable[[], Any]]) -> None:
@@ -68,10 +68,10 @@ def test_each_notification_is_delivered_once_across_racing_workers(make_app) -> 
     main.run_worker(stop_when_idle=True, handle_signals=False)
 
     def dispatch_all() -> None:
-        _race(apps, lambda a: lambda: a.aio.dispatch(f"w-{id(a)}"))
+        _race(apps, lambda a: lambda: a.aio.runtime.dispatch(f"w-{id(a)}"))
 
     def sweep_all() -> None:
-        _race(apps, lambda a: lambda: a.aio.sweep())
+        _race(apps, lambda a: lambda: a.aio.runtime.sweep())
 
     dispatch_all()
     assert [n.kind for n in recorder.sent] == ["request"]
@@ -119,10 +119,11 @@ def test_a_notification_whose_sender_died_is_not_sent_twice(make_app) -> None:
     # A dispatcher claims both intents and dies before settling them (no send recorded here).
     for _ in range(2):
         assert (
-            _on_loop(app, lambda: notification_outbox._claim(app.aio.store, "dead", 30)) is not None
+            _on_loop(app, lambda: notification_outbox._claim(app.aio.runtime.store, "dead", 30))
+            is not None
         )
     clock.advance(31)
-    _on_loop(app, lambda: app.aio.dispatch("alive"))
+    _on_loop(app, lambda: app.aio.runtime.dispatch("alive"))
     assert [n.kind for n in plain.sent] == [n.kind for n in reconciling.sent] == ["request"]
     decided = {
         r["notifier"]: r["status"]

@@ -39,7 +39,7 @@ def test_a_statement_the_server_will_not_prepare_runs_bound_inline(
     app = make_app()
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="inline", input={"text": "x"})["run_id"]
-    store = app.aio.store
+    store = app.aio.runtime.store
 
     async def body(tx: Any) -> None:
         # `SELECT $1` alone: the server cannot tell the parameter's type (42P18).
@@ -47,7 +47,7 @@ def test_a_statement_the_server_will_not_prepare_runs_bound_inline(
         await store.add_event(tx, run, "probe", {"n": 1})
 
     for _ in range(3):  # refused once, then inline from the start
-        app.aio.portal.call(store.step_transaction(body))
+        app.aio.runtime.portal.call(store.step_transaction(body))
     assert _events(app, run, "probe") == [{"n": 1}] * 3
 
 
@@ -55,7 +55,7 @@ def test_a_statement_is_prepared_once_per_connection(make_app: AppFactory) -> No
     app = make_app()
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="prepared", input={"text": "x"})["run_id"]
-    store = app.aio.store
+    store = app.aio.runtime.store
     seen: list[tuple[int, int]] = []
 
     async def body(tx: Any) -> None:
@@ -68,7 +68,7 @@ def test_a_statement_is_prepared_once_per_connection(make_app: AppFactory) -> No
         seen.append((tx.prepares, int(row["n"])))
 
     for _ in range(2):
-        app.aio.portal.call(store.step_transaction(body))
+        app.aio.runtime.portal.call(store.step_transaction(body))
     first, second = seen
     assert first == (1, 0)  # the three events: one PREPARE, three EXECUTEs
     assert second in ((0, 1), (1, 0))  # the same connection again, or another one
@@ -83,7 +83,7 @@ def test_prepared_statements_dropped_by_psycopg_are_prepared_again(make_app: App
     app = make_app()
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="deallocated", input={"text": "x"})["run_id"]
-    store = app.aio.store
+    store = app.aio.runtime.store
     seen: list[tuple[int, int, int]] = []
 
     async def body(tx: Any) -> None:
@@ -115,7 +115,7 @@ def test_prepared_statements_dropped_by_psycopg_are_prepared_again(make_app: App
         await conn.commit()
         return int(row["n"])
 
-    portal = app.aio.portal
+    portal = app.aio.runtime.portal
     portal.call(store.step_transaction(body))  # prepares the event insert
     assert seen[0][1:] == (1, 0)
     assert portal.call(psycopg_prepares_then_rolls_back()) == 0  # psycopg's DEALLOCATE ALL

@@ -21,7 +21,7 @@ def test_consecutive_transactions_take_the_connection_returned_last(
     make_app: AppFactory,
 ) -> None:
     app = make_app()
-    rt = app.aio
+    rt = app.aio.runtime
     store = rt.store
 
     async def scenario() -> tuple[list[int], int, list[int]]:

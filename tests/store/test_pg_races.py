@@ -174,7 +174,7 @@ def test_a_claim_racing_a_cancel_that_holds_the_run_skips_it(
     stopwatch.execute("SELECT pg_advisory_lock(74213003, hashtext(%s))", (run,))
     cancelling = Background(lambda: app.cancel(run, by="ops"))
     until(lambda: lock_waiters(raw()) >= 1, "the cancel to wait")
-    rt = app.aio
+    rt = app.aio.runtime
     got = rt.portal.call(leases.claim(rt.store, "worker-a", rt.workflows.keys(), rt.lease_ttl))
     assert got is None, "a claim took a run that a cancel had locked"
     stopwatch.execute("SELECT pg_advisory_unlock(74213003, hashtext(%s))", (run,))

@@ -33,7 +33,7 @@ def _counted(app: keel.App, step: Callable[[], Any]) -> tuple[Any, Count]:
             result = await step()
         return result, count
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 def _one_trip(count: Count) -> None:
@@ -45,7 +45,7 @@ def test_a_claim_is_one_statement_and_writes_its_event(make_app: AppFactory) -> 
     app = make_app()
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="rt-claim", input={"text": "a"})["run_id"]
-    rt = app.aio
+    rt = app.aio.runtime
     got, count = _counted(
         app, lambda: leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
     )
@@ -66,7 +66,7 @@ def test_a_claim_under_a_concurrency_limit_is_one_message(make_app: AppFactory) 
     app.workflow("echo", max_concurrency=1)(echo_graph)
     first = app.submit("echo", job_id="rt-limit-1", input={"text": "a"})["run_id"]
     second = app.submit("echo", job_id="rt-limit-2", input={"text": "b"})["run_id"]
-    rt = app.aio
+    rt = app.aio.runtime
     limits = rt.workflows.limits()
     assert limits, "the workflow's limit is in force"
 
@@ -88,7 +88,7 @@ def test_a_takeover_is_one_statement_with_the_previous_owner(make_app: AppFactor
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="rt-takeover", input={"text": "a"})["run_id"]
     dead, _ = claim(app, "w-dead")
-    rt = app.aio
+    rt = app.aio.runtime
     assert rt.portal.call(leases.end_dead(rt.store, run, dead.token))
     got, count = _counted(
         app, lambda: leases.claim(rt.store, "w-b", rt.workflows.keys(), rt.lease_ttl)
@@ -103,7 +103,7 @@ def test_a_takeover_is_one_statement_with_the_previous_owner(make_app: AppFactor
 def test_nothing_to_claim_is_one_statement(make_app: AppFactory) -> None:
     app = make_app()
     app.workflow("echo")(echo_graph)
-    rt = app.aio
+    rt = app.aio.runtime
     got, count = _counted(
         app, lambda: leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
     )
@@ -113,7 +113,7 @@ def test_nothing_to_claim_is_one_statement(make_app: AppFactory) -> None:
 
 def test_a_worker_saying_it_is_alive_is_one_statement(make_app: AppFactory) -> None:
     app = make_app()
-    store = app.aio.store
+    store = app.aio.runtime.store
     _, count = _counted(
         app,
         lambda: store.upsert_worker("w-a", host="h", pid=1, concurrency=2, workflows=["a@1"]),
@@ -125,22 +125,22 @@ def test_a_worker_saying_it_is_alive_is_one_statement(make_app: AppFactory) -> N
 
 def test_an_idle_heartbeat_renews_nothing_and_costs_nothing(make_app: AppFactory) -> None:
     app = make_app()
-    _, count = _counted(app, lambda: leases.renew(app.aio.store, [], 30))
+    _, count = _counted(app, lambda: leases.renew(app.aio.runtime.store, [], 30))
     assert count.trips == 0, count.kinds
 
 
 def test_what_is_due_for_an_idle_worker_is_one_read(make_app: AppFactory) -> None:
     app = make_app()
     app.workflow("review")(lambda: review_graph(notify_effect(Provider())))
-    store, keys = app.aio.store, app.aio.workflows.keys()
+    store, keys = app.aio.runtime.store, app.aio.runtime.workflows.keys()
     due, count = _counted(app, lambda: store.next_due(keys, outbox=True))
     assert (due.queued, due.lease_in, due.sweep_in) == (False, None, None)
-    if app.aio.connector.dialect == "postgres":
+    if app.aio.runtime.connector.dialect == "postgres":
         _one_trip(count)
     run = app.submit("review", job_id="rt-due", input={"to": "a@x"})["run_id"]
-    assert app.aio.portal.call(store.next_due(keys, outbox=True)).queued
+    assert app.aio.runtime.portal.call(store.next_due(keys, outbox=True)).queued
     execute(app, *claim(app, "w-a"))  # waits for the manager, 1 h
-    due = app.aio.portal.call(store.next_due(keys, outbox=False))
+    due = app.aio.runtime.portal.call(store.next_due(keys, outbox=False))
     assert not due.queued and due.lease_in is None
     assert due.sweep_in is not None and 3500 < due.sweep_in <= 3600, run
 
@@ -150,7 +150,7 @@ class CountingReads:
     `aget_tuple` (LangGraph's loop's own included), under Keel's saver."""
 
     def __init__(self, app: keel.App, monkeypatch: pytest.MonkeyPatch) -> None:
-        saver = app.aio.fencing()
+        saver = app.aio.runtime.fencing()
         upstream = next(
             c
             for c in type(saver).__mro__
@@ -211,7 +211,7 @@ def test_a_resumed_execution_reads_its_answers_with_its_claim_and_nothing_at_its
     run = app.submit("review", job_id="rt-answers", input={"to": "a@x"})["run_id"]
     assert execute(app, *claim(app, "w-a")) == "waiting"
     app.approve(run, by="alice")
-    rt = app.aio
+    rt = app.aio.runtime
     got, count = _counted(
         app, lambda: leases.claim(rt.store, "w-b", rt.workflows.keys(), rt.lease_ttl)
     )
@@ -258,10 +258,9 @@ def test_a_claim_of_a_run_that_never_ran_reads_no_waits(make_app: AppFactory) ->
 def test_an_admission_is_one_statement_with_its_event(make_app: AppFactory) -> None:
     app = make_app()
     app.workflow("echo")(echo_graph)
-    rt = app.aio
 
     def submit(**kwargs: Any) -> Callable[[], Any]:
-        return lambda: rt.submit("echo", job_id="rt-admit", **kwargs)
+        return lambda: app.aio.submit("echo", job_id="rt-admit", **kwargs)
 
     first, count = _counted(app, submit(input={"text": "a"}))
     _one_trip(count)
@@ -283,7 +282,7 @@ def test_an_execution_ends_in_one_statement_with_its_event(make_app: AppFactory)
     _, count = _counted(
         app,
         lambda: runs.finish(
-            app.aio.store,
+            app.aio.runtime.store,
             run,
             lease.token,
             Status.COMPLETED,
@@ -304,7 +303,7 @@ def test_an_end_under_a_stale_token_writes_nothing_and_says_why(make_app: AppFac
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="rt-stale-end", input={"text": "a"})["run_id"]
     stale, _ = claim(app, "w-a")
-    rt = app.aio
+    rt = app.aio.runtime
     assert rt.portal.call(leases.end_dead(rt.store, run, stale.token))
     claim(app, "w-b")  # token 2 holds the run now
     with pytest.raises(LeaseLost, match="lease token 1 is stale"):
@@ -347,7 +346,7 @@ def test_an_effects_reserve_and_record_are_one_statement_each(make_app: AppFacto
     app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
     node = by_hand.start(app, "rt-effect")
     send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
-    store = app.aio.store
+    store = app.aio.runtime.store
     reserved: list[int] = []
     recorded: list[int] = []
     with counting() as count:
@@ -366,7 +365,7 @@ def test_a_stale_token_reserves_and_records_nothing(make_app: AppFactory) -> Non
     app = make_app()
     app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
     node = by_hand.start(app, "rt-effect-stale")
-    rt = app.aio
+    rt = app.aio.runtime
     assert rt.portal.call(leases.end_dead(rt.store, node.run_id, node.lease.token))
     by_hand.claim(app, "worker-b")  # token 2
     send = keel.effect("send")(lambda to, *, idempotency_key: provider.deliver(idempotency_key, to))
@@ -405,13 +404,11 @@ def test_a_decision_is_one_round_trip_with_all_that_follows_it(make_app: AppFact
     app = make_app()
     app.workflow(by_hand.WORKFLOW)(by_hand.one_node)
     node = by_hand.waiting(app, "manager", job_id="rt-decide")
-    result, count = _counted(
-        app, lambda: app.aio.decide(node.run_id, decision="approved", by="alice")
-    )
+    result, count = _counted(app, lambda: app.aio.approve(node.run_id, by="alice"))
     _one_trip(count)
     assert result.recorded and result.wait["decided_by"] == "alice"
     # A second approver: told what was recorded, in one round trip as well.
-    again, count = _counted(app, lambda: app.aio.decide(node.run_id, decision="rejected", by="bob"))
+    again, count = _counted(app, lambda: app.aio.reject(node.run_id, by="bob"))
     _one_trip(count)
     assert not again.recorded and again.decision == "approved"
     details = app.get_run(node.run_id)
@@ -438,19 +435,21 @@ def test_a_decisions_notifications_are_in_its_one_round_trip_under_the_outbox_ru
     [wait] = app.get_run(node.run_id).waits
     result, count = _counted(
         app,
-        lambda: app.aio.decide(
-            node.run_id, decision="rejected", by="ed", comment="no", principal="p:ed"
-        ),
+        lambda: app.aio.reject(node.run_id, by="ed", comment="no", principal="p:ed"),
     )
     _one_trip(count)
     assert result.recorded
     decided = [
-        i for i in app.aio.portal.call(app.aio.store.intents(node.run_id)) if i["kind"] == "decided"
+        i
+        for i in app.aio.runtime.portal.call(app.aio.runtime.store.notifications(node.run_id))
+        if i["kind"] == "decided"
     ]
     # One per notifier of `decided`, under the id the outbox's own rule gives it.
     assert [(i["intent_id"], i["notifier"]) for i in decided] == [
         (
-            notification_outbox.intent_id(node.run_id, wait["wait_id"], "decided", 0, "slackish"),
+            notification_outbox.notification_id(
+                node.run_id, wait["wait_id"], "decided", 0, "slackish"
+            ),
             "slackish",
         )
     ]
@@ -495,10 +494,10 @@ def test_a_wait_registration_is_one_round_trip_with_all_that_follows_it(
     assert [w["name"] for w in details.waits] == ["manager", "legal"]
     kinds = [e["kind"] for e in details.timeline]
     assert kinds[-3:] == ["wait.registered", "wait.registered", "status.waiting"]
-    requests = app.aio.portal.call(app.aio.store.intents(node.run_id))
+    requests = app.aio.runtime.portal.call(app.aio.runtime.store.notifications(node.run_id))
     # Under the outbox's own id rule (a notifier threads its later messages by it).
     assert sorted(i["intent_id"] for i in requests) == sorted(
-        notification_outbox.intent_id(node.run_id, w["wait_id"], "request", 0, "slackish")
+        notification_outbox.notification_id(node.run_id, w["wait_id"], "request", 0, "slackish")
         for w in details.waits
     )
     payload = json.loads(requests[0]["payload"])
@@ -514,7 +513,9 @@ def test_a_wait_registration_is_one_round_trip_with_all_that_follows_it(
     assert status == "queued"
     _one_trip(count)
     assert len(app.get_run(node.run_id).waits) == 2
-    assert len(app.aio.portal.call(app.aio.store.intents(node.run_id))) == 3  # + one decided
+    assert (
+        len(app.aio.runtime.portal.call(app.aio.runtime.store.notifications(node.run_id))) == 3
+    )  # + one decided
 
 
 # -- SQLite: one call to the database thread per statement, per transaction ------------------
@@ -529,7 +530,7 @@ def test_a_read_is_one_database_thread_call_per_statement(make_app: AppFactory) 
     app = make_app()
     app.workflow("echo")(echo_graph)
     run = app.submit("echo", job_id="rt-read", input={"text": "a"})["run_id"]
-    store = app.aio.store
+    store = app.aio.runtime.store
     row, count = _counted(app, lambda: store.get_run(run))
     assert row is not None and row["run_id"] == run
     _one_trip(count)  # aiosqlite's execute, fetchone and close were three
@@ -563,7 +564,7 @@ def test_a_checkpoint_read_is_one_database_thread_call_per_statement(
     app.workflow("chain")(_chain(3))
     run = app.submit("chain", job_id="rt-cp", input={"text": "a"})["run_id"]
     assert execute(app, *claim(app, "w-a")) == "completed"
-    saver = app.aio.fencing()
+    saver = app.aio.runtime.fencing()
 
     def config(thread: str) -> Any:
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
@@ -594,10 +595,10 @@ def test_a_five_step_run_alone_costs_one_transaction_each_on_the_loops_thread(
     at all."""
     app = make_app()
     app.workflow("chain")(_chain(5))
-    rt = app.aio
+    rt = app.aio.runtime
 
     async def run() -> Any:
-        await rt.submit("chain", job_id="rt-run", input={"text": "a"})
+        await app.aio.submit("chain", job_id="rt-run", input={"text": "a"})
         got = await leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
         assert got is not None
         return await rt.executor("w-a").execute(*got)
@@ -623,11 +624,11 @@ def test_two_executions_at_once_commit_on_the_database_thread(make_app: AppFacto
     app.workflow("chain")(_chain(5))
     release = threading.Event()
     app.workflow("hold")(held_graph(release))
-    rt = app.aio
+    rt = app.aio.runtime
 
     async def run() -> Any:
         await rt.open()
-        await rt.submit("hold", job_id="held", input={"n": 0})
+        await app.aio.submit("hold", job_id="held", input={"n": 0})
         holding = await leases.claim(rt.store, "w-hold", ["hold@1"], rt.lease_ttl)
         assert holding is not None
         held = asyncio.ensure_future(rt.executor("w-hold").execute(*holding))
@@ -636,7 +637,7 @@ def test_two_executions_at_once_commit_on_the_database_thread(make_app: AppFacto
                 break
             await asyncio.sleep(0.01)
         for job in ("two-a", "two-b"):
-            await rt.submit("chain", job_id=job, input={"text": "a"})
+            await app.aio.submit("chain", job_id=job, input={"text": "a"})
         claimed = [
             await leases.claim(rt.store, worker, ["chain@1"], rt.lease_ttl)
             for worker in ("w-a", "w-b")

@@ -31,7 +31,7 @@ def test_a_write_lock_held_elsewhere_does_not_stall_the_loop(
 ) -> None:
     app = make_app()
     app.workflow("echo")(echo_graph)
-    rt = app.aio
+    rt = app.aio.runtime
     rt.portal.call(rt.open())
     locked, released = threading.Event(), threading.Event()
 
@@ -59,7 +59,7 @@ def test_a_write_lock_held_elsewhere_does_not_stall_the_loop(
         await asyncio.sleep(0.02)
         start = time.monotonic()
         with counting() as count:
-            await rt.submit("echo", job_id="busy", input={"text": "x"})
+            await app.aio.submit("echo", job_id="busy", input={"text": "x"})
         took = time.monotonic() - start
         ticker.cancel()
         return ticks, took, count.kinds
@@ -91,11 +91,11 @@ def test_a_lone_executions_bulky_step_commits_on_the_database_thread(
 
     app = make_app(max_input_bytes=1_000_000)
     app.workflow("echo")(echo_graph)
-    rt = app.aio
+    rt = app.aio.runtime
 
     async def run() -> tuple[object, list[str]]:
         await rt.open()
-        await rt.submit("echo", job_id="bulky", input={"text": "x" * 200_000})
+        await app.aio.submit("echo", job_id="bulky", input={"text": "x" * 200_000})
         got = await leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
         assert got is not None
         with counting() as count:
@@ -120,7 +120,7 @@ def test_the_wal_is_checkpointed_on_the_database_thread(
 
     app = make_app(max_input_bytes=1_000_000)
     app.workflow("echo")(echo_graph)
-    rt = app.aio
+    rt = app.aio.runtime
     rt.portal.call(rt.open())
     conn = rt.connector.connection._conn  # type: ignore[attr-defined]
     assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0

@@ -44,7 +44,7 @@ def _wait_for(done: Callable[[], bool], within: float = 5.0) -> bool:
 def _app(make_app: AppFactory) -> keel.App:
     app = make_app(max_input_bytes=1_000_000)
     app.workflow("echo")(echo_graph)
-    rt = app.aio
+    rt = app.aio.runtime
     rt.portal.call(rt.open())
     wal = rt.connector.wal  # type: ignore[attr-defined]
     wal.fold_every = 256 * 1024  # a fold every few runs, not every 4 MiB
@@ -129,7 +129,7 @@ def test_an_idle_database_truncates_its_wal(make_app: AppFactory, db_url: str) -
 @sqlite_only
 def test_keels_connection_bounds_the_wal_it_keeps(make_app: AppFactory) -> None:
     app = _app(make_app)
-    rt = app.aio
+    rt = app.aio.runtime
 
     async def pragmas() -> tuple[Any, Any]:
         conn = rt.connector.connection  # type: ignore[attr-defined]

@@ -71,7 +71,7 @@ def memory_app(clock: Clock) -> keel.App:
 
 def on_loop(app: keel.App, coro: Coroutine[Any, Any, T]) -> T:
     """Run one of Keel's async core operations on the app's loop (where its connection is)."""
-    return app.aio.portal.call(coro)
+    return app.aio.runtime.portal.call(coro)
 
 
 @dataclass
@@ -98,7 +98,7 @@ class Node:
             workflow=str(self.run["workflow"]),
             token=self.lease.token,
             worker_id=self.lease.worker_id,
-            services=self.app.aio.services,
+            services=self.app.aio.runtime.services,
             locate=lambda: StepRef(
                 run_id, self.name, self.step, f"__pregel_pull/{self.name}", scope=self._attempt
             ),
@@ -153,14 +153,14 @@ class Node:
     def resume_values(self) -> list[Any]:
         """The decided waits' values, as the executor hands them to the resumed graph."""
         ids = {f"{self.name}-{n}" for n in range(len(self.pauses))}
-        answered = on_loop(self.app, self.app.aio.store.waits(self.run_id))
+        answered = on_loop(self.app, self.app.aio.runtime.store.waits(self.run_id))
         found = waits.resume_map(answered, ids)
         return [found[i] for i in sorted(found)]
 
 
 def claim(app: keel.App, worker_id: str = "worker-a", **node: Any) -> Node:
     """Claim the oldest claimable run as `worker_id`, as a worker does; a Node of it."""
-    rt = app.aio
+    rt = app.aio.runtime
 
     async def go() -> tuple[Lease, dict[str, Any]] | None:
         await rt.open()
@@ -180,7 +180,7 @@ def start(app: keel.App, job_id: str = "job-1", **node: Any) -> Node:
 
 def take_over(app: keel.App, clock: keel.ManualClock, worker_id: str = "worker-b") -> Node:
     """The lease of the run's owner expires and another worker claims the run (a new token)."""
-    clock.advance(app.aio.lease_ttl + 1)
+    clock.advance(app.aio.runtime.lease_ttl + 1)
     return claim(app, worker_id)
 
 

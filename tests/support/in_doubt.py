@@ -43,7 +43,7 @@ def stalled_pay(
     app.workflow("pay")(lambda: pay_graph(charge))
     run = app.submit("pay", job_id="order-1", input={"amount": 5})["run_id"]
     assert execute_once(app, "worker-a") == "lease_lost"
-    clock.advance(app.aio.lease_ttl + 1)  # the thief died too
+    clock.advance(app.aio.runtime.lease_ttl + 1)  # the thief died too
     drain(app)
     return app, run
 

@@ -289,7 +289,7 @@ def on_app_loop(app: keel.App, make: Callable[[], Any]) -> Any:
         await app.aio.open()
         return await make()
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 def run_to_idle(app: keel.App) -> None:
@@ -299,18 +299,18 @@ def run_to_idle(app: keel.App) -> None:
     on_app_loop(
         app,
         lambda: Worker(
-            app.aio, stop_when_idle=True, sweep_interval=3600, sweep_before_exit=False
+            app.aio.runtime, stop_when_idle=True, sweep_interval=3600, sweep_before_exit=False
         ).run(),
     )
 
 
 def deliver(app: keel.App, worker: str = "test-dispatcher") -> int:
     """Deliver every due notification; return how many were settled."""
-    return int(on_app_loop(app, lambda: app.aio.dispatch(worker, limit=100)))
+    return int(on_app_loop(app, lambda: app.aio.runtime.dispatch(worker, limit=100)))
 
 
 def sweep(app: keel.App) -> int:
-    return int(on_app_loop(app, lambda: app.aio.sweep()))
+    return int(on_app_loop(app, lambda: app.aio.runtime.sweep()))
 
 
 def claim_and_die(app: keel.App, *notifiers: Any) -> tuple[Any, Any]:
@@ -318,7 +318,7 @@ def claim_and_die(app: keel.App, *notifiers: Any) -> tuple[Any, Any]:
     and dies before recording that: the intent stays claimed until its claim expires."""
 
     async def go() -> Any:
-        rt = app.aio
+        rt = app.aio.runtime
         claimed = await notification_outbox._claim(rt.store, "doomed-dispatcher", rt.lease_ttl)
         assert claimed is not None, "nothing to claim"
         return await notification_outbox._notification(rt, claimed[0])

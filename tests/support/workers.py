@@ -25,8 +25,8 @@ def drain(
     A run left `running` under a live lease would keep a stop-when-idle worker polling until
     the lease expires, which never happens on a ManualClock: that is a bug, reported as one.
     """
-    worker = worker or Worker(app.aio, concurrency=concurrency, stop_when_idle=True)
-    loop = app.aio.portal.loop
+    worker = worker or Worker(app.aio.runtime, concurrency=concurrency, stop_when_idle=True)
+    loop = app.aio.runtime.portal.loop
     future = asyncio.run_coroutine_threadsafe(worker.run(), loop)
     try:
         return future.result(timeout=within)
@@ -42,18 +42,20 @@ def claim(app: keel.App, worker_id: str) -> tuple[Lease, dict[str, Any]]:
     """Claim the oldest claimable run as `worker_id`, as a worker's loop does."""
 
     async def go() -> tuple[Lease, dict[str, Any]]:
-        rt = app.aio
+        rt = app.aio.runtime
         await rt.open()
         got = await leases.claim(rt.store, worker_id, rt.workflows.keys(), rt.lease_ttl)
         assert got is not None, "nothing to claim"
         return got
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())
 
 
 def execute(app: keel.App, lease: Lease, row: dict[str, Any]) -> str:
     """Execute a claimed run once with the worker's executor; return how it ended."""
-    return app.aio.portal.call(app.aio.executor(lease.worker_id).execute(lease, row))
+    return app.aio.runtime.portal.call(
+        app.aio.runtime.executor(lease.worker_id).execute(lease, row)
+    )
 
 
 def execute_once(app: keel.App, worker_id: str) -> str:
@@ -63,7 +65,7 @@ def execute_once(app: keel.App, worker_id: str) -> str:
 
 async def steal_lease(app: keel.App, clock: keel.ManualClock) -> None:
     """What a second worker does when the first stalls past its lease: take the run over."""
-    rt = app.aio
+    rt = app.aio.runtime
     clock.advance(rt.lease_ttl + 1)
     # PostgreSQL claims skip a row locked by a checkpoint write still in flight (FOR UPDATE
     # SKIP LOCKED against the write's FOR SHARE fence): poll, as a real worker would.
@@ -80,6 +82,6 @@ def sweep(app: keel.App) -> int:
 
     async def go() -> int:
         await app.aio.open()
-        return await app.aio.sweep()
+        return await app.aio.runtime.sweep()
 
-    return app.aio.portal.call(go())
+    return app.aio.runtime.portal.call(go())

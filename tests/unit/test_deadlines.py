@@ -96,8 +96,8 @@ def test_reminders_and_escalations_are_sent_once_each(
         clock.advance(HOUR)
         assert sweep(app) == 1
         assert sweep(app) == 0
-    app.aio.portal.call(app.aio.dispatch("worker-a"))
-    app.aio.portal.call(app.aio.dispatch("worker-b"))
+    app.aio.runtime.portal.call(app.aio.runtime.dispatch("worker-a"))
+    app.aio.runtime.portal.call(app.aio.runtime.dispatch("worker-b"))
     assert recorder.kinds_sent() == ["request", "remind", "escalate"]
     assert recorder.sent[2].details["to"] == ["chief@example.com"]
     seen = events(app, node.run_id)

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 import keel
-from keel.core.effects.ledger import DEFAULT_TIMEOUT
-from keel.core.effects.rows import deadline_margin
+from keel.core.effects.rows import DEFAULT_TIMEOUT, deadline_margin
 from tests.support.by_hand import Died, Node, Paused, memory_app, start, take_over
 from tests.support.providers import Provider
 
@@ -128,7 +127,7 @@ def test_an_effect_without_a_timeout_takes_the_apps_default(
     monkeypatch.delenv("KEEL_EFFECT_TIMEOUT", raising=False)
     made = memory_app(keel.ManualClock())
     try:
-        assert made.aio.services.effect_timeout == DEFAULT_TIMEOUT == 60.0
+        assert made.aio.runtime.services.effect_timeout == DEFAULT_TIMEOUT == 60.0
     finally:
         made.close()
     declared = keel.effect("x", timeout="90s")(lambda *, idempotency_key: None)

@@ -4,11 +4,13 @@ database (by its clock), and what an outbox effect refuses at declaration."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import fields
 
 import pytest
 
 import keel
-from keel.core.effects.outbox import Rate
+from keel.core.effects.options import OUTBOX_ONLY, EffectOptions, OutboxArgs, Rate
+from keel.core.effects.outbox import as_outbox
 from tests.support.by_hand import memory_app, on_loop
 
 
@@ -24,7 +26,7 @@ def app(clock: keel.ManualClock) -> Iterator[keel.App]:
 
 
 def take(app: keel.App, effect: str, rate: Rate) -> float:
-    store = app.aio.store
+    store = app.aio.runtime.store
 
     async def go() -> float:
         async with store.transaction() as tx:
@@ -68,3 +70,26 @@ def test_an_outbox_effect_refuses_what_it_cannot_take() -> None:
         keel.await_effect("not-an-intent")
     with pytest.raises(keel.NotInRun):
         keel.await_effect("outbox:x:0")
+
+
+def test_both_kinds_carry_one_set_of_options() -> None:
+    # The public keywords (EffectArgs, OutboxArgs) and the parsed options are declared apart:
+    # an option added to one and not the other fails here.
+    assert set(OutboxArgs.__annotations__) == {f.name for f in fields(EffectOptions)} - {"name"}
+    assert OUTBOX_ONLY == ("rate", "max_attempts")
+
+    def send(to: str, *, idempotency_key: str = keel.KEY) -> str:
+        return to
+
+    ledger = keel.effect("opts_send", timeout="90s", retry=keel.Retry(max_attempts=2))(send)
+    assert ledger.options == EffectOptions(
+        "opts_send", retry=keel.Retry(max_attempts=2), timeout=90.0
+    )
+    assert ledger.options.attempts == 2 and ledger.timeout == 90.0 and ledger.timeout_declared
+    queued = as_outbox(ledger)  # keel.enqueue's form of a ledger effect: the same options
+    assert queued.options is ledger.options and queued.fn is send
+    outbox = keel.effect("opts_post", outbox=True, rate="2/s", max_attempts=3)(send)
+    assert outbox.options.rate == Rate(2.0, 2.0) and outbox.options.attempts == 3
+    assert outbox.options.timeout is None and not outbox.timeout_declared
+    with pytest.raises(TypeError, match="colour"):
+        keel.effect("opts_bad", colour="red")  # type: ignore[call-overload]

@@ -360,7 +360,7 @@ def test_a_lease_expired_after_the_reserve_performs_nothing(
     provider = Provider()
 
     def lookup(to: str, *, idempotency_key: str) -> Any:
-        clock.advance(app.aio.lease_ttl + 1)  # the worker stalls here, past its lease
+        clock.advance(app.aio.runtime.lease_ttl + 1)  # the worker stalls here, past its lease
         return None
 
     send = keel.effect("send", reconcile=lookup)(
@@ -376,7 +376,7 @@ def test_a_lease_expired_after_the_reserve_performs_nothing(
 
 def _stall_after_reserve(app: keel.App, clock: keel.ManualClock, seconds: float) -> None:
     """The worker stalls right after each reservation commits (a GC pause, a frozen thread)."""
-    store = app.aio.store
+    store = app.aio.runtime.store
     reserve = store.reserve_effect
 
     async def stalled(*args: Any, **kwargs: Any) -> Any:
@@ -393,7 +393,7 @@ def test_a_call_made_past_the_reservations_lease_bound_looks_again_and_performs_
 ) -> None:
     provider = Provider()
     node = start(app)
-    _stall_after_reserve(app, clock, app.aio.lease_ttl + 1)
+    _stall_after_reserve(app, clock, app.aio.runtime.lease_ttl + 1)
 
     def send(to: str, *, idempotency_key: str) -> Any:
         return provider.deliver(idempotency_key, to)
@@ -413,7 +413,7 @@ def test_a_call_within_the_reservations_lease_bound_goes_ahead(
 ) -> None:
     provider = Provider()
     node = start(app)
-    _stall_after_reserve(app, clock, app.aio.lease_ttl * 0.4)  # well inside the lease left
+    _stall_after_reserve(app, clock, app.aio.runtime.lease_ttl * 0.4)  # well inside the lease left
     node.call(send_effect(provider), "a@example.com")
     assert len(provider.deliveries) == 1 and ledger(node) == [("sent", 1)]
 
@@ -421,7 +421,7 @@ def test_a_call_within_the_reservations_lease_bound_goes_ahead(
 def test_an_expired_lease_reserves_no_new_key(app: keel.App, clock: keel.ManualClock) -> None:
     provider = Provider()
     node = start(app)
-    clock.advance(app.aio.lease_ttl + 1)  # still the current token, but takeable by anyone
+    clock.advance(app.aio.runtime.lease_ttl + 1)  # still the current token, but takeable by anyone
     with pytest.raises(LeaseLost, match="expired"):
         node.call(send_effect(provider), "a@example.com")
     assert provider.calls == [] and ledger(node) == []

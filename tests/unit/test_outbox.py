@@ -14,7 +14,7 @@ from tests.support.notifiers import Recorder
 
 
 def dispatch(app: keel.App, worker_id: str = "worker-a") -> int:
-    return app.aio.portal.call(app.aio.dispatch(worker_id))
+    return app.aio.runtime.portal.call(app.aio.runtime.dispatch(worker_id))
 
 
 def intents(app: keel.App, run_id: str) -> list[tuple[str, str, str]]:
@@ -71,7 +71,7 @@ def test_an_intent_whose_sender_died_mid_delivery_is_not_sent_again(
             dispatch(app)
     assert plain.kinds_sent() == reconciling.kinds_sent() == ["request"]
     assert dispatch(app, "worker-b") == 0, "claimed by a sender that may still be alive"
-    clock.advance(app.aio.lease_ttl + 1)  # the dead senders' claims expire
+    clock.advance(app.aio.runtime.lease_ttl + 1)  # the dead senders' claims expire
     assert dispatch(app, "worker-b") == 2
     assert dispatch(app, "worker-b") == 0
     assert plain.kinds_sent() == reconciling.kinds_sent() == ["request"], "sent twice"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from keel.runtime.runtime import RunDetails
-from keel.runtime.summary import summarize
+from keel.runtime.summary import seconds_text, summarize
 
 
 def event(
@@ -175,3 +175,9 @@ def test_a_run_holding_off_a_pending_key_says_whose_deadline_it_waits_for() -> N
     timeline.append(event(5, 127, "effect.confirmed", "w2", 2))
     summary = summarize(RunDetails(running, timeline, [{"status": "confirmed"}], [], []), 128.0)
     assert summary.outcome == "running"
+
+
+def test_a_duration_reads_the_same_in_the_cli_and_the_console() -> None:
+    # docs/cli.md shows these: `keel runs show` and the console's pages use the one function.
+    texts = [seconds_text(s) for s in (0.0004, 2.1, 31.0, 153.0, 7380.0, 97200.0)]
+    assert texts == ["0ms", "2.1s", "31.0s", "2m33s", "2h03m", "1d03h"]

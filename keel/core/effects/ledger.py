@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import inspect
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from keel.core import heartbeat
-from keel.core.clock import parse_duration
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
 from keel.core.effects import in_doubt
 from keel.core.effects.calls import Abandoned, Pending, call_within, token_keyword
 from keel.core.effects.in_doubt import reopen_expired
-from keel.core.effects.keys import Arguments, Identity, KeySpec, effect_key, legacy_key
+from keel.core.effects.keys import Identity, effect_key, legacy_key
+from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.effects.rows import (
-    DEFAULT_TIMEOUT,
     SETTLED,
     Call,
     EffectStatus,
@@ -51,17 +46,14 @@ from keel.core.errors import (
     LeaseLost,
     NondeterminismError,
     RunCancelled,
-    TransientError,
     UsageError,
 )
 from keel.core.faults import fault_point
 from keel.core.portal import Host
-from keel.core.services import Services
 from keel.core.tracing import Mark
 
 P = ParamSpec("P")
 R = TypeVar("R")
-Duration = float | int | str | timedelta
 log = logging.getLogger("keel.core.effects.ledger")
 
 
@@ -69,36 +61,6 @@ log = logging.getLogger("keel.core.effects.ledger")
 PENDING, SENT, CONFIRMED = EffectStatus.PENDING, EffectStatus.SENT, EffectStatus.CONFIRMED
 FAILED, IN_DOUBT = EffectStatus.FAILED, EffectStatus.IN_DOUBT
 __all__ = ["SETTLED", "Call", "EffectStatus", "check_lease", "record", "reopen_expired", "reserve"]
-
-KEY: str = "<supplied by keel>"
-"""The default to give an effect's ``idempotency_key`` parameter, so that type checkers let
-callers omit it (``*, idempotency_key: str = keel.KEY``): Keel always passes the real key."""
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Which errors are transient and how long to back off between attempts (same key)."""
-
-    max_attempts: int = 5
-    initial: float = 0.5
-    maximum: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    on: tuple[type[BaseException], ...] = (TransientError,)
-
-    def delay(self, attempt: int, exc: BaseException) -> float:
-        hint = getattr(exc, "retry_after", None)
-        if isinstance(hint, int | float) and hint >= 0:
-            return min(float(hint), self.maximum)
-        base = min(self.maximum, self.initial * self.multiplier ** (attempt - 1))
-        # Jitter spreads retries of many runs hit by the same outage.
-        return base * (1 - self.jitter * random.random())
-
-    def retries(self, exc: BaseException, attempt: int) -> bool:
-        return attempt < self.max_attempts and isinstance(exc, self.on)
-
-
-NO_RETRY = Retry(max_attempts=1)
 
 
 async def _call(fn: Callable[..., Any], host: Host | None, *args: Any, **kwargs: Any) -> Any:
@@ -112,34 +74,14 @@ async def _call(fn: Callable[..., Any], host: Host | None, *args: Any, **kwargs:
     )
 
 
-class Effect(Generic[P, R]):
-    """A function whose every call inside a run goes through the ledger."""
+class Effect(DeclaredEffect[P, R]):
+    """A function whose every call inside a run goes through the ledger (`keel.effect`)."""
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        name: str,
-        *,
-        reconcile: Callable[..., Any] | None,
-        provider_idempotent: bool,
-        retry: Retry,
-        key: KeySpec = None,
-        timeout: Duration | None = None,
-    ) -> None:
-        if "idempotency_key" not in inspect.signature(fn).parameters:
-            raise UsageError(f"effect {name!r}: the function must accept `idempotency_key`")
-        self.fn, self.name = fn, name
-        self.reconcile = reconcile
-        self.provider_idempotent = provider_idempotent
-        self.retry = retry
-        self.timeout_declared = timeout is not None
-        self.timeout = effect_timeout(name, timeout)
-        """Seconds one provider call may take before it is abandoned (outcome unknown)."""
-        self.arguments = Arguments(fn, name, key)
+    def __init__(self, fn: Callable[..., Any], options: EffectOptions) -> None:
+        super().__init__(fn, options)
         self.is_async = inspect.iscoroutinefunction(fn)
         self._token = token_keyword(fn)
-        self._reconcile_token = token_keyword(reconcile)
-        functools.update_wrapper(self, fn)
+        self._reconcile_token = token_keyword(options.reconcile)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         ctx = current(f"effect {self.name!r}")
@@ -178,13 +120,9 @@ class Effect(Generic[P, R]):
         with ctx.tracer.effect(call.where, self.name) as span:
             return await self._settled(ctx, call, host, span)
 
-    def timeout_for(self, services: Services) -> float:
-        """This effect's timeout: declared, or the app's default for effects."""
-        return self.timeout if self.timeout_declared else services.effect_timeout
-
     async def _settled(self, ctx: RunContext, call: Call, host: Host | None, span: Mark) -> Any:
         fault_point("effect.before_reserve", self.name, call.where.node, call.where.path)
-        timeout = self.timeout_for(ctx.services)
+        timeout = self.options.timeout_for(ctx.services)
         row, new, lease, deadline_in = await reserve(ctx, call, self.name, timeout)
         key = str(row["idempotency_key"])
         span.note(key=key, ledger=str(row["status"]), new=new)
@@ -234,12 +172,12 @@ class Effect(Generic[P, R]):
                 key,
                 row,
                 reconcile=self._reconciler(ctx, key, call, host),
-                provider_idempotent=self.provider_idempotent,
+                provider_idempotent=self.options.provider_idempotent,
             )
             if outcome is not in_doubt.PERFORM:
                 span.note(outcome="resolved (reconciled or answered)")
                 return outcome
-            if abandoned >= self.retry.max_attempts:
+            if abandoned >= self.options.retry.max_attempts:
                 # Every call of ours timed out and the provider has none: calling again is
                 # for a person to decide.
                 await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
@@ -295,7 +233,7 @@ class Effect(Generic[P, R]):
         self, ctx: RunContext, key: str, call: Call, host: Host | None
     ) -> Callable[[], Awaitable[Any]] | None:
         """The provider asked whether `key` happened (None: the effect has no reconciler)."""
-        reconcile = self.reconcile
+        reconcile = self.options.reconcile
         if reconcile is None:
             return None
         extra = {self._reconcile_token: ctx.token} if self._reconcile_token else {}
@@ -331,7 +269,7 @@ class Effect(Generic[P, R]):
         effect's timeout, its outcome unknown (the key stays pending)."""
         where = call.where
         extra = {"idempotency_key": key, **({self._token: ctx.token} if self._token else {})}
-        timeout = self.timeout_for(ctx.services)
+        timeout = self.options.timeout_for(ctx.services)
         while True:
             attempts += 1
             started = time.monotonic()
@@ -362,8 +300,8 @@ class Effect(Generic[P, R]):
                 raise unchecked.__cause__ from None
             except Exception as exc:
                 took("effect.perform", started, key, self.name, attempts, error=repr(exc))
-                if self.retry.retries(exc, attempts):
-                    delay = self.retry.delay(attempts, exc)
+                if self.options.retry.retries(exc, attempts):
+                    delay = self.options.retry.delay(attempts, exc)
                     await event(
                         ctx,
                         "effect.retry",
@@ -403,7 +341,7 @@ class Effect(Generic[P, R]):
                 # Nothing was called yet: a deadline spent before the call (a stall after the
                 # reservation) is armed afresh, not taken for an unknown outcome.
                 bound = await _armed(ctx, key, call_timeout)
-            if not self.timeout_declared:
+            if self.options.timeout is None:
                 return await self.fn(*args, **kwargs)  # never abandoned: see `timeout=`
             deadline = bound.remaining(ctx, call_timeout)
             if deadline <= 0:
@@ -428,7 +366,7 @@ class Effect(Generic[P, R]):
             bound = lease if lease is not None and lease.holds(ctx) else None
             if bound is None or bound.remaining(ctx, call_timeout) <= 0:
                 bound = ctx.services.portal.call(_armed(ctx, key, call_timeout))
-            if not self.timeout_declared:
+            if self.options.timeout is None:
                 # In the node's own thread, as always, never abandoned: the app's default
                 # timeout only sets the deadline other owners wait for (docs/effects.md).
                 return self.fn(*args, **kwargs)
@@ -475,56 +413,3 @@ async def _armed(ctx: RunContext, key: str, seconds: float) -> LeaseBound:
         raise
     except Exception as exc:
         raise _LeaseUnchecked from exc
-
-
-def effect_timeout(name: str, timeout: Duration | None) -> float:
-    """An effect's declared timeout in seconds (DEFAULT_TIMEOUT when it declares none)."""
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = (
-            timeout.total_seconds() if isinstance(timeout, timedelta) else parse_duration(timeout)
-        )
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"effect {name!r}: timeout {timeout!r}: {exc}") from None
-    if seconds <= 0:
-        raise UsageError(f"effect {name!r}: timeout must be more than zero, not {timeout!r}")
-    return seconds
-
-
-def effect(
-    name: str | None = None,
-    *,
-    reconcile: Callable[..., Any] | None = None,
-    provider_idempotent: bool = False,
-    retry: Retry | None = None,
-    key: KeySpec = None,
-    timeout: Duration | None = None,
-) -> Callable[[Callable[P, R]], Effect[P, R]]:
-    """Make a function an effect: once per key, whatever the retries and crashes around it.
-
-    The function (sync or async) must take an ``idempotency_key`` keyword; pass it on to the
-    provider if it dedupes by key. A function that takes ``fencing_token`` (or
-    ``lease_token``) also gets the run's lease token, for providers that refuse stale writers.
-    ``reconcile`` has the same signature and returns the effect's result if the provider has
-    it, ``None`` if it never happened. ``key`` names the arguments that identify the effect
-    (or is a function of the bound arguments): a replay may change the others.
-
-    ``timeout`` (seconds, ``"30s"``, a timedelta; default: the app's ``effect_timeout``, 60 s)
-    bounds one provider call: the caller stops waiting then and the outcome counts as unknown.
-    It is recorded with the key, and a new owner of the run neither reconciles nor resends the
-    key before that deadline (and a margin) has passed by the database's clock.
-    """
-
-    def wrap(fn: Callable[P, R]) -> Effect[P, R]:
-        return Effect(
-            fn,
-            name or fn.__name__,
-            reconcile=reconcile,
-            provider_idempotent=provider_idempotent,
-            retry=retry or Retry(),
-            key=key,
-            timeout=timeout,
-        )
-
-    return wrap

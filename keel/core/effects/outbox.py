@@ -1,4 +1,7 @@
-"""The outbox for user effects: a node records an intent; a dispatcher delivers it later.
+"""The effect outbox: a node records an intent; a dispatcher delivers it later.
+
+(Its rows are intents, table `keel_intents`; notifications about waits have an outbox of their
+own, keel.core.notification_outbox.)
 
 `@keel.effect(name, outbox=True, ...)` (or `keel.enqueue(effect, ...)` for any effect) does not
 call the provider. It stages an intent with the calling task's writes (`RunContext.stage`): the
@@ -14,24 +17,19 @@ that brings other arguments is refused (NondeterminismError), never a second int
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar
 
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import current
-from keel.core.effects import ledger
-from keel.core.effects.keys import Arguments, Identity, KeySpec
-from keel.core.effects.ledger import Duration, Effect, Retry, effect_timeout
+from keel.core.effects.keys import Identity
+from keel.core.effects.ledger import Effect
+from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.errors import EffectFailed, NondeterminismError, NotInRun, UsageError
-from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import WaitKind, WaitStatus
@@ -42,8 +40,9 @@ log = logging.getLogger("keel.core.effects.outbox")
 PREFIX = "outbox:"
 
 
-class IntentState(StrEnum):
-    """Where a user effect intent is: pending -> sending -> delivered, or dead, or in_doubt."""
+class IntentStatus(StrEnum):
+    """Where an intent is: pending -> sending -> delivered, or dead, or in_doubt. (Not
+    `keel.IntentState`: that is the error an action on an intent in the wrong status raises.)"""
 
     PENDING = "pending"
     SENDING = "sending"
@@ -54,144 +53,16 @@ class IntentState(StrEnum):
     """Its dispatcher died mid-delivery and nothing can say whether it reached the provider."""
 
 
-@dataclass(frozen=True)
-class Rate:
-    """A token bucket: `per_second` tokens a second, at most `burst` saved up."""
+class OutboxEffect(DeclaredEffect[P, R]):
+    """An effect whose calls inside a node are recorded as intents and delivered later
+    (`keel.effect(outbox=True)`)."""
 
-    per_second: float
-    burst: float
-
-    _FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
-    _UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
-
-    @classmethod
-    def parse(cls, text: str) -> Rate:
-        """`"20/s"`, `"600/m"`, `"1/5s"`, `"100/h"`: a steady rate, with a burst of one
-        second's worth (at least one): a quiet effect may send that many at once."""
-        found = cls._FORM.match(text) if isinstance(text, str) else None
-        if found is None:
-            raise UsageError(f"rate {text!r}: write it as N/s, N/m or N/h (e.g. '20/s', '1/5s')")
-        count, every, unit = float(found[1]), float(found[2] or 1), found[3]
-        seconds = every * cls._UNITS.get(unit, 3600)
-        if count <= 0 or seconds <= 0:
-            raise UsageError(f"rate {text!r}: must be more than zero")
-        per_second = count / seconds
-        return cls(per_second, float(max(1, math.floor(per_second))))
-
-
-class OutboxEffect(Generic[P, R]):
-    """An effect whose calls inside a node are recorded as intents and delivered later."""
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        name: str,
-        *,
-        reconcile: Callable[..., Any] | None = None,
-        provider_idempotent: bool = False,
-        retry: Retry | None = None,
-        rate: str | None = None,
-        max_attempts: int | None = None,
-        key: KeySpec = None,
-        timeout: Duration | None = None,
-    ) -> None:
-        if "idempotency_key" not in inspect.signature(fn).parameters:
-            raise UsageError(f"effect {name!r}: the function must accept `idempotency_key`")
-        self.fn, self.name = fn, name
-        self.reconcile = reconcile
-        self.provider_idempotent = provider_idempotent
-        self.retry = retry or Retry()
-        self.timeout_declared = timeout is not None
-        self.timeout = effect_timeout(name, timeout)
-        """Seconds one delivery's provider call may take before it is abandoned (unknown)."""
-        self.rate = Rate.parse(rate) if rate is not None else None
-        self.max_attempts = max_attempts if max_attempts is not None else self.retry.max_attempts
-        if self.max_attempts < 1:
-            raise UsageError(f"effect {name!r}: max_attempts must be at least 1")
-        self.arguments = Arguments(fn, name, key)
-        functools.update_wrapper(self, fn)
+    def __init__(self, fn: Callable[..., Any], options: EffectOptions) -> None:
+        super().__init__(fn, options)
         register(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
         return stage(self, args, kwargs)
-
-    def timeout_for(self, services: Services) -> float:
-        """This effect's timeout: declared, or the app's default for effects."""
-        return self.timeout if self.timeout_declared else services.effect_timeout
-
-
-@overload
-def effect(
-    name: str | None = None,
-    *,
-    outbox: Literal[False] = False,
-    reconcile: Callable[..., Any] | None = None,
-    provider_idempotent: bool = False,
-    retry: Retry | None = None,
-    key: KeySpec = None,
-    timeout: Duration | None = None,
-) -> Callable[[Callable[P, R]], Effect[P, R]]: ...
-
-
-@overload
-def effect(
-    name: str | None = None,
-    *,
-    outbox: Literal[True],
-    reconcile: Callable[..., Any] | None = None,
-    provider_idempotent: bool = False,
-    retry: Retry | None = None,
-    key: KeySpec = None,
-    rate: str | None = None,
-    max_attempts: int | None = None,
-    timeout: Duration | None = None,
-) -> Callable[[Callable[P, R]], OutboxEffect[P, R]]: ...
-
-
-def effect(
-    name: str | None = None,
-    *,
-    outbox: bool = False,
-    reconcile: Callable[..., Any] | None = None,
-    provider_idempotent: bool = False,
-    retry: Retry | None = None,
-    key: KeySpec = None,
-    rate: str | None = None,
-    max_attempts: int | None = None,
-    timeout: Duration | None = None,
-) -> Callable[[Callable[P, R]], Any]:
-    """`keel.effect`: a ledger effect (keel.core.effects.ledger.effect), or with ``outbox=True`` an
-    outbox effect: a call inside a node records an intent with the step and returns its id at
-    once; a dispatcher delivers it (``rate="20/s"`` shared by all dispatchers, up to
-    ``max_attempts``, retried per ``retry``; see docs/outbox.md). ``timeout`` bounds one provider
-    call (default: the app's ``effect_timeout``, 60 s): nobody reconciles or resends the key
-    before that deadline and a margin have passed (docs/effects.md)."""
-    if not outbox:
-        if rate is not None or max_attempts is not None:
-            raise UsageError("rate= and max_attempts= apply to outbox effects (outbox=True)")
-        return ledger.effect(
-            name,
-            reconcile=reconcile,
-            provider_idempotent=provider_idempotent,
-            retry=retry,
-            key=key,
-            timeout=timeout,
-        )
-
-    def wrap(fn: Callable[P, R]) -> OutboxEffect[P, R]:
-        return OutboxEffect(
-            fn,
-            name or fn.__name__,
-            reconcile=reconcile,
-            provider_idempotent=provider_idempotent,
-            retry=retry,
-            rate=rate,
-            max_attempts=max_attempts,
-            key=key,
-            timeout=timeout,
-        )
-
-    return wrap
 
 
 EFFECTS: dict[str, OutboxEffect[Any, Any]] = {}
@@ -206,7 +77,7 @@ def register(effect: OutboxEffect[Any, Any]) -> None:
 
 
 def as_outbox(effect: Effect[Any, Any] | OutboxEffect[Any, Any]) -> OutboxEffect[Any, Any]:
-    """The outbox form of a ledger effect (same function, reconciler and retry policy)."""
+    """The outbox form of a ledger effect (the same function and options)."""
     if isinstance(effect, OutboxEffect):
         return effect
     if not isinstance(effect, Effect):
@@ -214,15 +85,7 @@ def as_outbox(effect: Effect[Any, Any] | OutboxEffect[Any, Any]) -> OutboxEffect
     known = EFFECTS.get(effect.name)
     if known is not None and known.fn is effect.fn:
         return known
-    return OutboxEffect(
-        effect.fn,
-        effect.name,
-        reconcile=effect.reconcile,
-        provider_idempotent=effect.provider_idempotent,
-        retry=effect.retry,
-        key=effect.arguments.key,
-        timeout=effect.timeout if effect.timeout_declared else None,
-    )
+    return OutboxEffect(effect.fn, effect.options)
 
 
 def enqueue(effect: Effect[P, R] | OutboxEffect[P, R], *args: P.args, **kwargs: P.kwargs) -> str:
@@ -237,15 +100,13 @@ def enqueue(effect: Effect[P, R] | OutboxEffect[P, R], *args: P.args, **kwargs: 
 class _Intent:
     """One staged intent: what the saver inserts in the transaction of its task's writes."""
 
+    key: str
+    """Its id (`stage` drops an earlier attempt's intent of the same id)."""
     row: Row
     identity: Identity
 
-    @property
-    def key(self) -> str:
-        return str(self.row["intent_id"])
-
     async def __call__(self, store: Store, tx: Tx) -> None:
-        if await store.insert_effect_intent(tx, self.row):
+        if await store.insert_intent(tx, self.row):
             await store.add_event(
                 tx,
                 self.row["run_id"],
@@ -255,7 +116,7 @@ class _Intent:
                 token=self.row.get("token"),
             )
             return
-        found = await store.read_effect_intent(tx, self.key)
+        found = await store.read_intent(tx, self.key)
         if found is not None and found["args_hash"] != self.row["args_hash"]:
             # Refused in the step's own transaction: nothing of this step commits.
             raise NondeterminismError(
@@ -284,6 +145,7 @@ def stage(effect: OutboxEffect[Any, Any], args: tuple[Any, ...], kwargs: dict[st
     if ctx.replay is not None:
         return intent_id  # a replay records nothing: the same id, nothing staged
     intent = _Intent(
+        intent_id,
         {
             "intent_id": intent_id,
             "run_id": ctx.run_id,
@@ -295,7 +157,7 @@ def stage(effect: OutboxEffect[Any, Any], args: tuple[Any, ...], kwargs: dict[st
             "args": encoded,
             "args_hash": identity.digest,
             "arg_hashes": dumps(identity.hashes),
-            "max_attempts": effect.max_attempts,
+            "max_attempts": effect.options.attempts,
             "worker_id": ctx.worker_id,
             "token": ctx.token,
         },
@@ -336,9 +198,9 @@ def await_effect(handle: str, *, timeout: float | str = "7d", on_dead: str = "wa
     }
     answer = ctx.pause(spec)
     decision = answer.get("decision") if isinstance(answer, dict) else answer
-    if decision == IntentState.DELIVERED:
+    if decision == IntentStatus.DELIVERED:
         return answer.get("result")
-    if decision == IntentState.DEAD:
+    if decision == IntentStatus.DEAD:
         raise EffectFailed(handle, str(answer.get("error") or "dead"))
     raise EffectFailed(handle, f"not delivered (the wait ended {decision!r})")
 
@@ -349,7 +211,7 @@ async def answer_waits(store: Store, tx: Tx, intent: Row) -> int:
     In the transaction that settles the intent (after the run's lock), and in the one that
     registers a wait (an intent delivered before its wait exists resumes the run at once)."""
     state = intent["status"]
-    if state not in (IntentState.DELIVERED, IntentState.DEAD):
+    if state not in (IntentStatus.DELIVERED, IntentStatus.DEAD):
         return 0
     answered = 0
     for wait in await store.read_waits(tx, intent["run_id"]):
@@ -358,7 +220,7 @@ async def answer_waits(store: Store, tx: Tx, intent: Row) -> int:
             continue
         if payload.get("intent_id") != intent["intent_id"]:
             continue
-        if state == IntentState.DEAD and payload.get("on_dead") != "raise":
+        if state == IntentStatus.DEAD and payload.get("on_dead") != "raise":
             continue
         value = {
             "decision": state,

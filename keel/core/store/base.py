@@ -1,7 +1,9 @@
 """The backend seam: a connector runs named queries; everything else talks to it.
 
 SQL lives in `sql/<dialect>/queries.sql`, one statement per `-- name: x` header, the same names
-in every dialect (a test enforces it). Migrations live in `sql/<dialect>/migrations/NNNN_*.sql`.
+in every dialect (a test enforces it); a statement that writes a run's status declares its
+moves in a `-- moves: a>b` line (`parse_moves`). Migrations live in
+`sql/<dialect>/migrations/NNNN_*.sql`.
 """
 
 from __future__ import annotations
@@ -19,16 +21,54 @@ Row = dict[str, Any]
 Params = dict[str, Any]
 
 _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_MOVES = re.compile(r"^-- moves: (.*)$", re.MULTILINE)
+
+Move = tuple[str, str]
+"""A change of a run's status, (from, to); from is `new` for an admission
+(`keel.core.lifecycle.NEW`)."""
 
 
-def load_queries(dialect: str) -> dict[str, str]:
-    text = (resources.files("keel.core.store") / "sql" / dialect / "queries.sql").read_text()
+def queries_text(dialect: str) -> str:
+    return (resources.files("keel.core.store") / "sql" / dialect / "queries.sql").read_text()
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """(name, body with its comment lines) per `-- name:` header, in the file's order."""
     parts = _HEADER.split(text)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """The statements of a queries.sql text by name, without their comment lines."""
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    for name, body in _sections(text):
         lines = [line for line in body.strip().splitlines() if not line.startswith("--")]
         queries[name] = "\n".join(lines).strip().rstrip(";")
     return queries
+
+
+def parse_moves(text: str) -> dict[str, frozenset[Move]]:
+    """The status moves each query declares in its `-- moves: a>b, c>d` header line: the
+    queries that write `keel_runs.status` say which moves they make (a unit test holds them
+    against `keel.core.lifecycle.TRANSITIONS`, and against the SQL that writes the column)."""
+    declared: dict[str, frozenset[Move]] = {}
+    for name, body in _sections(text):
+        found = _MOVES.search(body)
+        if found is None:
+            continue
+        pairs = [item.strip().split(">") for item in found.group(1).split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError(f"query {name}: a move is written from>to, not {found.group(1)!r}")
+        declared[name] = frozenset((src.strip(), dst.strip()) for src, dst in pairs)
+    return declared
+
+
+def load_queries(dialect: str) -> dict[str, str]:
+    return parse_queries(queries_text(dialect))
+
+
+def load_moves(dialect: str) -> dict[str, frozenset[Move]]:
+    return parse_moves(queries_text(dialect))
 
 
 @dataclass(frozen=True)
@@ -120,8 +160,18 @@ class Connector(Protocol):
     clock_override: Callable[[], float] | None
     """A test clock that `keel_now()` reads on this connector's connections instead of the
     database's own clock (None in production)."""
+    shared: bool
+    """Whether another connection to `url` reaches this same database (not SQLite's
+    `:memory:`)."""
 
     async def open(self) -> None: ...
+
+    async def attach_saver(
+        self, setup: Callable[[], Awaitable[None]], alone: Callable[[], bool]
+    ) -> None:
+        """Take the open runtime's LangGraph saver: its `setup`, and `alone()`, whether at most
+        one execution of this process holds a lease (SQLite sets it up now, as its lazy setup
+        would commit Keel's transactions, and commits on the loop's thread while alone)."""
 
     async def close(self) -> None: ...
 

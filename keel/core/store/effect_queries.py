@@ -1,4 +1,4 @@
-"""The store's queries on the effect ledger and the notification outbox (part of `Store`)."""
+"""The store's queries on the effect ledger, table `keel_effects` (part of `Store`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from keel.core.store.base import Connector, Row, Tx
 
 class EffectQueries:
     db: Connector
-
-    # -- the ledger -----------------------------------------------------------------------------
 
     async def reserve_effect(
         self,
@@ -128,82 +126,3 @@ class EffectQueries:
     async def effects(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:
             return await tx.all("list_effects", {"run_id": run_id})
-
-    # -- the outbox -----------------------------------------------------------------------------
-
-    @staticmethod
-    async def insert_intent(
-        tx: Tx,
-        intent_id: str,
-        *,
-        run_id: str,
-        wait_id: str,
-        notifier: str,
-        kind: str,
-        payload: str,
-    ) -> None:
-        """Record a notification to deliver, once (a replay records nothing): sent without
-        waiting for its answer, so a pipelined transaction goes on."""
-        await tx.send(
-            "insert_intent",
-            {
-                "intent_id": intent_id,
-                "run_id": run_id,
-                "wait_id": wait_id,
-                "notifier": notifier,
-                "kind": kind,
-                "payload": payload,
-            },
-        )
-
-    @staticmethod
-    async def claim_intent_candidate(tx: Tx) -> Row | None:
-        """The oldest intent due, or one whose sender's claim expired, by the database's clock
-        (PostgreSQL: locked, skipping rows others hold)."""
-        return await tx.one("claim_intent_candidate", {})
-
-    @staticmethod
-    async def claim_intent(
-        tx: Tx, intent_id: str, *, status: str, worker_id: str, ttl: float
-    ) -> Row | None:
-        return await tx.one(
-            "claim_intent",
-            {
-                "intent_id": intent_id,
-                "status": status,
-                "worker_id": worker_id,
-                "ttl": ttl,
-            },
-        )
-
-    @staticmethod
-    async def settle_intent(
-        tx: Tx,
-        intent_id: str,
-        *,
-        worker_id: str,
-        status: str,
-        result: str,
-        error: str | None,
-        delay: float,
-    ) -> Row | None:
-        """Record an intent's outcome; None unless `worker_id` still holds its claim."""
-        return await tx.one(
-            "settle_intent",
-            {
-                "intent_id": intent_id,
-                "worker_id": worker_id,
-                "status": status,
-                "result": result,
-                "error": error,
-                "delay": delay,
-            },
-        )
-
-    async def intents(self, run_id: str) -> list[Row]:
-        async with self.db.read() as tx:
-            return await tx.all("list_intents", {"run_id": run_id})
-
-    async def intents_for_wait(self, wait_id: str) -> list[Row]:
-        async with self.db.read() as tx:
-            return await tx.all("intents_for_wait", {"wait_id": wait_id})

@@ -1,4 +1,7 @@
-"""The store's queries on user effect intents and their rate buckets (part of `Store`)."""
+"""The store's queries on intents, table `keel_intents`: the effect outbox's rows, one per
+call of an outbox effect to deliver, and their effects' rate buckets (part of `Store`).
+
+Notifications about waits are elsewhere (`notification_queries`, table `keel_outbox`)."""
 
 from __future__ import annotations
 
@@ -9,57 +12,57 @@ from keel.core.codec import dumps
 from keel.core.store.base import Connector, Row, Tx
 
 OUTBOX_WAKE = "outbox:"
-"""How the payload of an intent's wake-up (query `notify_outbox`) begins: the NOTIFY that
-wakes workers' outbox dispatchers and not their claim loops."""
+"""How the payload of an intent's wake-up (query `notify_intents`) begins: the NOTIFY that
+wakes workers' intent dispatchers and not their claim loops."""
 
 
 class IntentQueries:
     db: Connector
 
     @staticmethod
-    async def insert_effect_intent(tx: Tx, row: Row) -> bool:
+    async def insert_intent(tx: Tx, row: Row) -> bool:
         """Record an intent (pending); False if it exists already (the step ran before)."""
-        inserted = await tx.one("outbox_insert", row) is not None
+        inserted = await tx.one("insert_intent", row) is not None
         if inserted:  # wake quiet dispatchers when the step commits (PostgreSQL's NOTIFY)
-            await tx.one("notify_outbox", {"run_id": row["run_id"]})
+            await tx.one("notify_intents", {"run_id": row["run_id"]})
         return inserted
 
     @staticmethod
-    async def read_effect_intent(tx: Tx, intent_id: str) -> Row | None:
-        return await tx.one("outbox_get", {"intent_id": intent_id})
+    async def read_intent(tx: Tx, intent_id: str) -> Row | None:
+        return await tx.one("get_intent", {"intent_id": intent_id})
 
     @staticmethod
-    async def lock_effect_intent(tx: Tx, intent_id: str) -> Row | None:
+    async def lock_intent(tx: Tx, intent_id: str) -> Row | None:
         """The intent, locked until `tx` ends (PostgreSQL; SQLite's write lock is held)."""
-        return await tx.one("outbox_lock", {"intent_id": intent_id})
+        return await tx.one("lock_intent", {"intent_id": intent_id})
 
-    async def get_effect_intent(self, intent_id: str) -> Row | None:
+    async def get_intent(self, intent_id: str) -> Row | None:
         async with self.db.read() as tx:
-            return await self.read_effect_intent(tx, intent_id)
+            return await self.read_intent(tx, intent_id)
 
     @staticmethod
-    async def effect_intent_candidate(tx: Tx, effects: list[str]) -> Row | None:
+    async def intent_candidate(tx: Tx, effects: list[str]) -> Row | None:
         """The oldest due intent of `effects` (PostgreSQL: locked, skipping rows others hold)."""
-        return await tx.one("outbox_candidate", {"effects": dumps(sorted(effects))})
+        return await tx.one("intent_candidate", {"effects": dumps(sorted(effects))})
 
-    async def effects_undelivered(self, effects: list[str]) -> bool:
+    async def intents_undelivered(self, effects: list[str]) -> bool:
         """Whether any intent of `effects` is pending or sending (due now or later)."""
         async with self.db.read() as tx:
-            found = await tx.one("outbox_undelivered", {"effects": dumps(sorted(effects))})
+            found = await tx.one("intents_undelivered", {"effects": dumps(sorted(effects))})
         return found is not None
 
     @staticmethod
-    async def claim_effect_intent(
+    async def claim_intent(
         tx: Tx, intent_id: str, *, worker_id: str, ttl: float, count: bool
     ) -> Row:
         row = await tx.one(
-            "outbox_claim",
+            "claim_intent",
             {"intent_id": intent_id, "worker_id": worker_id, "ttl": ttl, "count": int(count)},
         )
         assert row is not None
         return row
 
-    async def arm_effect_intent(
+    async def arm_intent(
         self, intent_id: str, claim_token: int, hold: float, *, count: int = 0
     ) -> float | None:
         """The look before a delivery's provider call: if `claim_token` still holds the intent
@@ -70,30 +73,30 @@ class IntentQueries:
         late to act on (`live_within`): nothing may be called then."""
         asked_at = time.monotonic()
         found = await self.db.single(
-            "outbox_arm",
+            "arm_intent",
             {"intent_id": intent_id, "claim_token": claim_token, "hold": hold, "count": count},
         )
         if found is None or not live_within(float(found["claim_left"]), asked_at):
             return None
         return asked_at
 
-    async def release_effect_claim(self, intent_id: str, claim_token: int) -> bool:
+    async def release_intent_claim(self, intent_id: str, claim_token: int) -> bool:
         """End a held claim now (its call was abandoned); False if it was not held."""
         found = await self.db.single(
-            "outbox_release_claim", {"intent_id": intent_id, "claim_token": claim_token}
+            "release_intent_claim", {"intent_id": intent_id, "claim_token": claim_token}
         )
         return found is not None
 
-    async def renew_effect_claim(self, intent_id: str, claim_token: int, ttl: float) -> bool:
+    async def renew_intent_claim(self, intent_id: str, claim_token: int, ttl: float) -> bool:
         """Push a held claim's expiry `ttl` seconds past the database's now; False if it had
         lapsed or another claim holds the intent (the delivery is no longer this one's)."""
         found = await self.db.single(
-            "outbox_renew_claim", {"intent_id": intent_id, "claim_token": claim_token, "ttl": ttl}
+            "renew_intent_claim", {"intent_id": intent_id, "claim_token": claim_token, "ttl": ttl}
         )
         return found is not None
 
     @staticmethod
-    async def settle_effect_intent(
+    async def settle_intent(
         tx: Tx,
         intent_id: str,
         *,
@@ -105,7 +108,7 @@ class IntentQueries:
     ) -> Row | None:
         """The outcome of a delivery; None if the claim was lost meanwhile (nothing written)."""
         return await tx.one(
-            "outbox_settle",
+            "settle_intent",
             {
                 "intent_id": intent_id,
                 "claim_token": claim_token,
@@ -117,38 +120,40 @@ class IntentQueries:
         )
 
     @staticmethod
-    async def reopen_effect_intent(tx: Tx, intent_id: str, from_status: str) -> Row | None:
-        row = await tx.one("outbox_reopen", {"intent_id": intent_id, "from_status": from_status})
+    async def reopen_intent(tx: Tx, intent_id: str, from_status: str) -> Row | None:
+        row = await tx.one("reopen_intent", {"intent_id": intent_id, "from_status": from_status})
         if row is not None:
-            await tx.one("notify_outbox", {"run_id": row["run_id"]})
+            await tx.one("notify_intents", {"run_id": row["run_id"]})
         return row
 
-    async def effect_intents_due_in(self) -> float | None:
+    async def intents_due_in(self) -> float | None:
         """Seconds until an intent is deliverable or a sender's claim expires (<= 0: now);
         None when no intent is pending or being sent."""
         async with self.db.read() as tx:
-            row = await tx.one("outbox_next_due")
+            row = await tx.one("intents_next_due")
         seconds = row["seconds"] if row else None
         return None if seconds is None else float(seconds)
 
     @staticmethod
-    async def resolve_effect_intent_performed(
+    async def resolve_intent_performed(
         tx: Tx, intent_id: str, from_status: str, result: str
     ) -> Row | None:
         return await tx.one(
-            "outbox_resolve_performed",
+            "resolve_intent_performed",
             {"intent_id": intent_id, "from_status": from_status, "result": result},
         )
 
-    async def list_effect_intents(
+    async def list_intents(
         self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
     ) -> list[Row]:
         async with self.db.read() as tx:
-            return await tx.all("outbox_list", {"status": status, "run_id": run_id, "limit": limit})
+            return await tx.all(
+                "list_intents", {"status": status, "run_id": run_id, "limit": limit}
+            )
 
     @staticmethod
-    async def effect_intent_counts(tx: Tx, run_id: str) -> dict[str, int]:
-        rows = await tx.all("outbox_run_counts", {"run_id": run_id})
+    async def intent_counts(tx: Tx, run_id: str) -> dict[str, int]:
+        rows = await tx.all("intent_counts", {"run_id": run_id})
         return {str(r["status"]): int(r["n"]) for r in rows}
 
     @staticmethod

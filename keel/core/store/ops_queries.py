@@ -9,18 +9,19 @@ from typing import Any
 from keel.core.codec import loads
 from keel.core.store.base import Connector, Row, Tx
 
-# One run's rows in every table that holds them, children first; LangGraph's checkpoint tables
-# are keyed by thread_id, which is the run's id.
-PRUNED_TABLES = (
-    "events",
-    "effects",
-    "waits",
-    "outbox",
-    "intents",
-    "checkpoints",
-    "checkpoint_writes",
-    "checkpoint_blobs",
-)
+# One run's rows in every table that holds them, children first, each with the query that
+# deletes them (a prune reports its counts by table); LangGraph's checkpoint tables are keyed
+# by thread_id, which is the run's id.
+PRUNED_TABLES = {
+    "events": "prune_events",
+    "effects": "prune_effects",
+    "waits": "prune_waits",
+    "outbox": "prune_notifications",
+    "intents": "prune_intents",
+    "checkpoints": "prune_checkpoints",
+    "checkpoint_writes": "prune_checkpoint_writes",
+    "checkpoint_blobs": "prune_checkpoint_blobs",
+}
 
 
 class OpsQueries:
@@ -41,8 +42,8 @@ class OpsQueries:
 
     async def metrics_snapshot(self) -> dict[str, Any]:
         """What the database says right now, by its own clock (`now`): runs per workflow and
-        status, the queue, the ledger per state, open waits, the outbox, the oldest overdue
-        sweep."""
+        status, the queue, the ledger per state, open waits, notifications ("outbox") and
+        intents, the oldest overdue sweep."""
         async with self.db.read() as tx:
             now = await tx.one("database_now")
             queue = await tx.one("metrics_queue")
@@ -53,7 +54,7 @@ class OpsQueries:
                 "queue": queue or {"n": 0, "oldest": None},
                 "effects": await tx.all("metrics_effects"),
                 "waits": await tx.all("metrics_waits"),
-                "outbox": await tx.all("metrics_outbox"),
+                "outbox": await tx.all("metrics_notifications"),
                 "intents": await tx.all("metrics_intents"),
                 "overdue": (overdue or {}).get("oldest"),
             }
@@ -85,8 +86,8 @@ class OpsQueries:
         if not ids:
             return ids, counts
         params = {"run_ids": json.dumps(ids)}
-        for table in PRUNED_TABLES:
-            counts[table] = max(0, await tx.execute(f"prune_{table}", params))
+        for table, query in PRUNED_TABLES.items():
+            counts[table] = max(0, await tx.execute(query, params))
         await tx.execute("record_pruned_folders", params)
         return ids, counts
 

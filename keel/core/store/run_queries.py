@@ -7,11 +7,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, TypedDict, Unpack
 
 from keel.core import logs
 from keel.core.codec import dumps, loads
-from keel.core.store.base import Connector, EndWith, Later, Row, Tx
+from keel.core.errors import InvalidTransition
+from keel.core.store.base import Connector, EndWith, Later, Move, Row, Tx
 
 # Timeline events added by the open transaction, logged only once it has committed.
 _uncommitted: ContextVar[list[tuple[Any, ...]] | None] = ContextVar(
@@ -36,8 +38,35 @@ def committed() -> Iterator[None]:
         logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids, took=took)
 
 
+class RunFilters(TypedDict, total=False):
+    """What a listing of runs is filtered by (none: every run), and its page."""
+
+    status: str | None
+    workflow: str | None
+    since: float | None
+    until: float | None
+    limit: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to admit: its identity and its input, named as the admission queries name them."""
+
+    run_id: str
+    job_id: str
+    workflow: str
+    workflow_version: str
+    attempt: int
+    input_hash: str
+    input: str
+    """The input as canonical JSON."""
+
+
 class RunQueries:
     db: Connector
+    moves: dict[str, frozenset[Move]]
+    """The status moves each writer of `keel_runs.status` declares (`load_moves`)."""
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -55,42 +84,14 @@ class RunQueries:
         return await tx.all("job_runs", {"job_id": job_id, "workflow": workflow})
 
     @staticmethod
-    async def insert_run(
-        tx: Tx,
-        *,
-        run_id: str,
-        job_id: str,
-        workflow: str,
-        version: str,
-        attempt: int,
-        input_hash: str,
-        input_json: str,
-    ) -> bool:
+    async def insert_run(tx: Tx, run: NewRun) -> bool:
         """Admit a run (queued); False if it was already admitted."""
-        inserted = await tx.one(
-            "insert_run",
-            {
-                "run_id": run_id,
-                "job_id": job_id,
-                "workflow": workflow,
-                "workflow_version": version,
-                "attempt": attempt,
-                "input_hash": input_hash,
-                "input": input_json,
-            },
-        )
-        return inserted is not None
+        return await tx.one("insert_run", asdict(run)) is not None
 
     async def admit_run(
         self,
+        run: NewRun,
         *,
-        run_id: str,
-        job_id: str,
-        workflow: str,
-        version: str,
-        attempt: int,
-        input_hash: str,
-        input_json: str,
         if_exists: str,
         data: dict[str, Any],
         then: Callable[[Tx], Awaitable[Later]] | None = None,
@@ -103,13 +104,7 @@ class RunQueries:
         submitting process: `LeaseQueries.claim_with`)."""
         started = time.monotonic()
         params = {
-            "run_id": run_id,
-            "job_id": job_id,
-            "workflow": workflow,
-            "workflow_version": version,
-            "attempt": attempt,
-            "input_hash": input_hash,
-            "input": input_json,
+            **asdict(run),
             "if_exists": if_exists,
             "data": dumps(data),
             "wake": int(then is None),
@@ -124,7 +119,7 @@ class RunQueries:
                 # Nothing read before the end: all three statements go in one message. Other
                 # workers are woken only if the claim left the run queued.
                 admitted, claimed = await tx.send("admit_run", params), await follow(tx)
-                await tx.execute("wake_if_queued", {"run_id": run_id})
+                await tx.execute("wake_if_queued", {"run_id": run.run_id})
                 return admitted, claimed
 
             admitted, followed = await self.db.run_transaction(both)
@@ -135,7 +130,7 @@ class RunQueries:
         row.pop("woken")
         if created:
             took = time.monotonic() - started
-            logs.event(run_id, "admitted", data, worker_id=None, token=None, took=took)
+            logs.event(run.run_id, "admitted", data, worker_id=None, token=None, took=took)
         return (row if row.get("run_id") else None), created, refused, others, after
 
     # -- reading runs ---------------------------------------------------------------------------
@@ -154,55 +149,34 @@ class RunQueries:
             return await self.read_run(tx, run_id)
 
     async def list_runs(
-        self,
-        *,
-        status: str | None = None,
-        workflow: str | None = None,
-        job_id: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 50,
-        offset: int = 0,
+        self, *, job_id: str | None = None, **filters: Unpack[RunFilters]
     ) -> list[Row]:
         """Runs, newest first; `since`/`until` bound their admission time (until excluded)."""
-        params = {
-            "status": status,
-            "workflow": workflow,
-            "job_id": job_id,
-            "since": since,
-            "until": until,
-            "limit": limit,
-            "offset": offset,
-        }
-        async with self.db.read() as tx:
-            return await tx.all("list_runs", params)
+        return await self._runs("list_runs", {"job_id": job_id}, filters)
 
     async def browse_runs(
-        self,
-        *,
-        status: str | None = None,
-        workflow: str | None = None,
-        job_prefix: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 50,
-        offset: int = 0,
+        self, *, job_prefix: str | None = None, **filters: Unpack[RunFilters]
     ) -> list[Row]:
         """Runs newest first, filtered; `job_prefix` matches job ids starting with it."""
-        params = {
-            "status": status,
-            "workflow": workflow,
-            "job_prefix": job_prefix or None,
-            # The smallest string above every string that starts with the prefix, in byte
-            # order: the prefix match becomes an index range.
-            "job_prefix_end": (job_prefix + "\U0010ffff") if job_prefix else None,
-            "since": since,
-            "until": until,
-            "limit": limit,
-            "offset": offset,
+        # The smallest string above every string that starts with the prefix, in byte order:
+        # the prefix match becomes an index range.
+        end = (job_prefix + "\U0010ffff") if job_prefix else None
+        job = {"job_prefix": job_prefix or None, "job_prefix_end": end}
+        return await self._runs("browse_runs", job, filters)
+
+    async def _runs(self, query: str, job: dict[str, Any], filters: RunFilters) -> list[Row]:
+        params: dict[str, Any] = {
+            "status": None,
+            "workflow": None,
+            "since": None,
+            "until": None,
+            "limit": 50,
+            "offset": 0,
+            **filters,
+            **job,
         }
         async with self.db.read() as tx:
-            return await tx.all("browse_runs", params)
+            return await tx.all(query, params)
 
     async def running_runs(self, limit: int = 1000) -> list[Row]:
         """Runs some worker holds now, grouped by owner."""
@@ -216,10 +190,11 @@ class RunQueries:
 
     # -- changing runs --------------------------------------------------------------------------
 
-    @staticmethod
     async def update_run_status(
+        self,
         tx: Tx,
         run_id: str,
+        current: str,
         status: str,
         *,
         decision: str | None,
@@ -228,7 +203,10 @@ class RunQueries:
         output: str | None,
         finished: bool,
     ) -> None:
-        """Only `keel.core.runs.transition` calls this: it checks the transition table first."""
+        """Only `keel.core.runs.transition` calls this; a move the query's `-- moves:` header
+        does not declare is refused (the header is what the tests hold to the table)."""
+        if (current, status) not in self.moves["update_run_status"]:
+            raise InvalidTransition(f"a run cannot go from {current} to {status} here")
         await tx.execute(
             "update_run_status",
             {
@@ -361,6 +339,27 @@ class RunQueries:
             logs.event(*entry[:3], worker_id=worker_id, token=token, ids=ids)
         else:
             pending.append(entry)
+
+    @staticmethod
+    def log_events(row: Row | None, *, took: float, ids: dict[str, Any] | None = None) -> None:
+        """Log, once its transaction has committed, the timeline events a statement wrote as it
+        returned them (its `events` column, a JSON list of {run_id, kind, data, worker_id,
+        lease_token}, taken out of `row`): the log says what the timeline holds, rebuilt
+        nowhere. `events_before` (where a SQLite chain started reading them) goes too."""
+        if row is None:
+            return
+        row.pop("events_before", None)
+        written = row.pop("events", None)
+        for event in json.loads(written) if isinstance(written, str) else written or ():
+            logs.event(
+                event["run_id"],
+                event["kind"],
+                event["data"],
+                worker_id=event["worker_id"],
+                token=event["lease_token"],
+                ids=ids,
+                took=took,
+            )
 
     async def events(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from keel.core import infra
 from keel.core.errors import SchemaMismatch
-from keel.core.store.base import Connector, T, Tx, load_migrations
+from keel.core.store.base import Connector, T, Tx, load_migrations, load_moves
 from keel.core.store.effect_queries import EffectQueries
 from keel.core.store.intent_queries import IntentQueries
 from keel.core.store.lease_queries import LeaseQueries
+from keel.core.store.notification_queries import NotificationQueries
 from keel.core.store.ops_queries import OpsQueries
 from keel.core.store.run_queries import RunQueries, committed
 from keel.core.store.wait_queries import WaitQueries
@@ -30,10 +31,19 @@ class Lease:
     token: int
 
 
-class Store(RunQueries, LeaseQueries, WaitQueries, EffectQueries, IntentQueries, OpsQueries):
+class Store(
+    RunQueries,
+    LeaseQueries,
+    WaitQueries,
+    EffectQueries,
+    IntentQueries,
+    NotificationQueries,
+    OpsQueries,
+):
     def __init__(self, connector: Connector) -> None:
         self.db = connector
         self.migrations = load_migrations(connector.dialect)
+        self.moves = load_moves(connector.dialect)
 
     @property
     def dialect(self) -> str:

@@ -23,7 +23,7 @@ from keel.service.console.actions import actions_router
 from keel.service.console.pages import pages_router
 from keel.service.console.render import page
 from keel.service.console.session import COOKIE, PATH, ConsoleRefusal, Sessions
-from keel.service.errors import Refused, keel_status, validation_message
+from keel.service.errors import Refused, keel_message, keel_status, validation_message
 
 Handler = Callable[[Request, Any], Any]
 
@@ -69,7 +69,7 @@ def _for_people(api_handler: Handler, sessions: Sessions) -> Handler:
             return _error_page(request, sessions, 422, validation_message(exc))
         assert isinstance(exc, KeelError)
         status, _ = keel_status(exc)
-        return _error_page(request, sessions, status, str(exc))
+        return _error_page(request, sessions, status, keel_message(exc))
 
     return handler
 

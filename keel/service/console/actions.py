@@ -9,13 +9,14 @@ person typed and, beside it, the token's identity (`principal`).
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field
 
-from keel.core.errors import NoPendingWait, RunFinished, UsageError
+from keel.core.errors import NoPendingWait, RunFinished
 from keel.core.ids import validate_run_id
 from keel.runtime.app import App
 from keel.service.console.render import page
@@ -24,14 +25,32 @@ from keel.service.console.session import (
     LOGIN_COOKIE,
     PATH,
     ConsoleRefusal,
+    Session,
     Sessions,
     new_login_nonce,
     secure,
 )
 
 SESSION_MAX_AGE = 12 * 3600
-Text = Annotated[str, Form(max_length=10_000)]
 Short = Annotated[str, Form(max_length=200)]
+
+
+class AnswerForm(BaseModel):
+    """What every answer's form posts beside its verdict."""
+
+    by: str = Field("", max_length=200)
+    comment: str = Field("", max_length=10_000)
+    csrf: str = Field("", max_length=200)
+    action_id: str = Field("", max_length=200)
+
+
+class DecisionForm(AnswerForm):
+    decision: str = Field("", max_length=200)
+    back: str = Field("/ui/approvals", max_length=2000)
+
+
+class ResolutionForm(AnswerForm):
+    performed: str = Field("", max_length=200)
 
 
 def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
@@ -85,78 +104,51 @@ def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
         return redirect
 
     @router.post("/ui/approvals/{wait_id}/decision")
-    def decide(
-        wait_id: str,
-        request: Request,
-        decision: Short = "",
-        by: Short = "",
-        comment: Text = "",
-        csrf: Short = "",
-        action_id: Short = "",
-        back: Annotated[str, Form(max_length=2000)] = "/ui/approvals",
-    ) -> Response:
-        session = sessions.require_action(request, "approvals:write", csrf)
-        if decision not in ("approve", "reject"):
+    def decide(wait_id: str, request: Request, form: Annotated[DecisionForm, Form()]) -> Response:
+        session = sessions.require_action(request, "approvals:write", form.csrf)
+        if form.decision not in ("approve", "reject"):
             raise ConsoleRefusal(400, "choose approve or reject")
         wait = keel_app.get_wait(wait_id)
-        if wait["kind"] != "approval":
-            raise ConsoleRefusal(
-                409, f"{wait_id} is an in-doubt effect, not an approval: resolve it on its run"
-            )
-        record = keel_app.approve if decision == "approve" else keel_app.reject
+        record = keel_app.approve if form.decision == "approve" else keel_app.reject
         query = {"decided": wait_id}
         try:
-            result = record(
-                wait["run_id"],
-                wait_id=wait_id,
-                by=by.strip() or session.principal.label,
-                principal=session.principal.label,
-                action_id=action_id or None,
-                comment=comment.strip() or None,
-                channel="console",
-            )
+            result = record(wait["run_id"], **_answer(session, wait_id, form))
             query["recorded"] = "1" if result.recorded else "0"
         except (RunFinished, NoPendingWait) as exc:
             query["refused"] = str(exc)
-        return RedirectResponse(f"{_local(back)}?{urlencode(query)}", status_code=303)
+        return RedirectResponse(f"{_local(form.back)}?{urlencode(query)}", status_code=303)
 
     @router.post("/ui/runs/{run_id}/effects/{wait_id}/resolve")
     def resolve(
-        run_id: str,
-        wait_id: str,
-        request: Request,
-        performed: Short = "",
-        by: Short = "",
-        comment: Text = "",
-        csrf: Short = "",
-        action_id: Short = "",
+        run_id: str, wait_id: str, request: Request, form: Annotated[ResolutionForm, Form()]
     ) -> Response:
-        session = sessions.require_action(request, "approvals:write", csrf)
+        session = sessions.require_action(request, "approvals:write", form.csrf)
         validate_run_id(run_id)
-        if performed not in ("yes", "no"):
+        if form.performed not in ("yes", "no"):
             raise ConsoleRefusal(400, "say whether the effect reached the provider: yes or no")
-        wait = keel_app.get_wait(wait_id)
-        if wait["run_id"] != run_id or wait["kind"] != "effect":
-            raise ConsoleRefusal(409, f"{wait_id} is not an in-doubt effect of run {run_id}")
-        notice = ""
         try:
             result = keel_app.resolve_effect(
-                run_id,
-                performed=performed == "yes",
-                wait_id=wait_id,
-                by=by.strip() or session.principal.label,
-                principal=session.principal.label,
-                action_id=action_id or None,
-                comment=comment.strip() or None,
-                channel="console",
+                run_id, performed=form.performed == "yes", **_answer(session, wait_id, form)
             )
             notice = "recorded" if result.recorded else "already"
-        except (RunFinished, NoPendingWait, UsageError) as exc:
+        except (RunFinished, NoPendingWait) as exc:
             notice = "refused:" + str(exc)
         return RedirectResponse(
             f"/ui/runs/{quote(run_id)}?{urlencode({'resolved': wait_id, 'notice': notice})}",
             status_code=303,
         )
+
+    def _answer(session: Session, wait_id: str, form: AnswerForm) -> dict[str, Any]:
+        """Who answers, and the rest every answer records. A wait that takes another kind of
+        answer is the core's refusal, a 409 page (keel.service.errors)."""
+        return {
+            "wait_id": wait_id,
+            "by": form.by.strip() or session.principal.label,
+            "principal": session.principal.label,
+            "action_id": form.action_id or None,
+            "comment": form.comment.strip() or None,
+            "channel": "console",
+        }
 
     return router
 

@@ -158,7 +158,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
 
 
 def _workflow_names(keel_app: App) -> list[str]:
-    registered: list[str] = keel_app.aio.workflows.keys()
+    registered: list[str] = keel_app.aio.runtime.workflows.keys()
     return sorted({key.rpartition("@")[0] for key in registered})
 
 

@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from keel.core.codec import loads
+from keel.runtime.summary import seconds_text
 
 _env = Environment(
     loader=PackageLoader("keel.service.console", "templates"),
@@ -28,17 +29,7 @@ def when(ts: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    return "—" if seconds is None else seconds_text(seconds)
 
 
 def pretty(value: Any) -> str:

@@ -41,18 +41,17 @@ class ConsoleRefusal(Exception):
 
 @dataclass(frozen=True)
 class Session:
-    token: str
-    principal: Principal
+    """A logged-in request: whose token its cookie carries, and its forms' CSRF token."""
 
-    @property
-    def csrf(self) -> str:
-        return csrf_for(self.token)
+    principal: Principal
+    csrf: str
 
     def can(self, scope: str) -> bool:
         return scope in self.principal.scopes
 
 
 def csrf_for(token: str) -> str:
+    """An HMAC keyed by the session's token: the same on every worker, unforgeable without it."""
     return hmac.new(token.encode(), b"keel-console-csrf", hashlib.sha256).hexdigest()
 
 
@@ -79,7 +78,7 @@ class Sessions:
             return known
         token = request.cookies.get(COOKIE)
         principal = self.login(request, token) if token else None
-        session = Session(token, principal) if token and principal else None
+        session = Session(principal, csrf_for(token)) if token and principal else None
         request.state.keel_session = session
         return session
 

@@ -67,6 +67,7 @@ SELECT f.cancel_requested AS cancelled, f.lease_left, (SELECT COUNT(*) FROM arme
 FROM fence AS f;
 
 -- name: insert_run
+-- moves: new>queued
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
                        status, created_at, updated_at)
@@ -76,6 +77,7 @@ ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
 -- name: admit_run
+-- moves: new>queued
 -- Admission in one statement: the job's runs of this workflow with other input (`others`,
 -- newest first); unless `if_exists` refuses because the job has only such runs (`refused`),
 -- the run inserted queued if it is not admitted yet (`created`), with its admitted event and a
@@ -151,6 +153,7 @@ WHERE job_id = %(job_id)s AND workflow = %(workflow)s AND input_hash = %(input_h
 SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 
 -- name: claim_next
+-- moves: queued>running, running>running
 -- A whole claim in one statement: lock the oldest claimable run (queued, below its workflow's
 -- limit in `limits` if it has one, or running under an expired lease), take its lease under a new token (a takeover counts one
 -- crashed attempt) and write its lease.claimed / lease.takeover event. No row: nothing to claim.
@@ -237,7 +240,9 @@ UPDATE keel_runs SET heartbeat_details = %(details)s, heartbeat_at = keel_now()
 WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
 
 -- name: update_run_status
--- A lifecycle transition (checked in Python against the transition table first).
+-- moves: queued>cancelled, running>queued, running>failed, waiting>queued, waiting>cancelled, waiting>failed, failed>queued
+-- A lifecycle transition of `keel.core.runs.transition`: only a move declared above (the
+-- store refuses any other), and its timeline event with it.
 UPDATE keel_runs
 SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
     termination_reason = COALESCE(%(termination_reason)s::text, termination_reason),
@@ -248,6 +253,7 @@ SET status = %(status)s, decision = COALESCE(%(decision)s::text, decision),
 WHERE run_id = %(run_id)s;
 
 -- name: finish_run
+-- moves: running>completed, running>failed, running>cancelled
 -- End a running run (completed, failed or cancelled: checked in Python against the transition
 -- table first) and record the move on its timeline, in one statement, only if `lease_token`
 -- still holds it: the UPDATE's row lock is the fence (a takeover's claim skips the row until
@@ -429,11 +435,13 @@ intent AS (
 SELECT * FROM inserted;
 
 -- name: end_registration
+-- moves: running>waiting, running>queued, running>cancelled
 -- The end of a wait registration, in one statement after its waits: the run, running under
 -- `lease_token`, is cancelled if a cancel was asked while its step ran (its pending waits
 -- expire: nobody is asked), queued if one of `wait_ids` is already answered (a decision raced
 -- the registration), else waiting; its lease is released, the move is on its timeline. The
--- status it reached; none if the token does not hold a running run.
+-- status it reached and the events it wrote (`events`, as `decide`'s); none if the token does
+-- not hold a running run.
 WITH run AS (
     SELECT run_id, cancel_requested FROM keel_runs
     WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'),
@@ -471,8 +479,13 @@ event AS (
             || CASE WHEN m.status = 'cancelled'
                     THEN jsonb_build_object('termination_reason', 'cancelled')
                     ELSE '{}'::jsonb END)::text
-    FROM moved AS m, turn)
-SELECT status AS target, (SELECT COUNT(*) FROM expired) AS expired FROM moved;
+    FROM moved AS m, turn
+    RETURNING event_id, run_id, kind, data, worker_id, lease_token)
+SELECT status AS target, (SELECT COUNT(*) FROM expired) AS expired,
+       (SELECT COALESCE(json_agg(json_build_object('run_id', run_id, 'kind', kind, 'data', data::json,
+                                          'worker_id', worker_id, 'lease_token', lease_token)
+                        ORDER BY event_id), '[]')::text FROM event) AS events
+FROM moved;
 
 -- name: get_wait
 -- One wait.
@@ -496,6 +509,7 @@ WHERE wait_id = %(wait_id)s AND status = 'pending'
 RETURNING *;
 
 -- name: decide
+-- moves: waiting>queued
 -- A decision, in one statement after the run's lock (`lock_run`, sent in the same pipeline):
 -- the target wait (the one named, else the run's only pending wait, else, for a run that has
 -- moved on from waiting, its latest decided one: a duplicate), decided only if it is pending,
@@ -504,7 +518,9 @@ RETURNING *;
 -- gets the wait's id and the database's time. With it: an approval's verdict as the run's
 -- decision, a waiting run queued, the timeline's `decision.recorded` (and `status.queued`),
 -- one `decided` intent per notifier in `notifiers`, and a wake-up. The row: what was found
--- (run, pending waits, target) and `recorded` (1 for the call that decided); none if no run.
+-- (run, pending waits, target) and `recorded` (1 for the call that decided), and the timeline
+-- events it wrote (`events`: a JSON list of {run_id, kind, data, worker_id, lease_token}, which
+-- the store logs as they are); none if no run.
 WITH run AS (SELECT * FROM keel_runs WHERE run_id = %(run_id)s),
 waits AS (SELECT * FROM keel_waits WHERE run_id = %(run_id)s),
 pending AS (SELECT * FROM waits WHERE status = 'pending'),
@@ -549,7 +565,8 @@ event AS (
          (VALUES (1, 'decision.recorded', %(recorded_data)s::text),
                  (2, 'status.queued', %(queued_data)s::text)) AS e (n, kind, data)
     WHERE e.n = 1 OR r.status = 'waiting'
-    ORDER BY e.n),
+    ORDER BY e.n
+    RETURNING event_id, run_id, kind, data, worker_id, lease_token),
 intent AS (
     INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
                              available_at, created_at, updated_at)
@@ -566,6 +583,9 @@ SELECT r.run_id AS found_run, r.status AS run_status,
        (SELECT string_agg(wait_id, ', ' ORDER BY created_at, wait_id) FROM pending) AS pending_ids,
        (SELECT COUNT(*) FROM decided) AS recorded,
        (SELECT COUNT(*) FROM moved) + (SELECT COUNT(*) FROM wake) AS moved,
+       (SELECT COALESCE(json_agg(json_build_object('run_id', run_id, 'kind', kind, 'data', data::json,
+                                          'worker_id', worker_id, 'lease_token', lease_token)
+                        ORDER BY event_id), '[]')::text FROM event) AS events,
        w.*
 FROM run AS r
 LEFT JOIN (SELECT * FROM decided
@@ -628,8 +648,8 @@ SELECT pg_notify('keel_wake', %(run_id)s) IS NULL AS sent;
 SELECT pg_notify('keel_wake', run_id) IS NULL AS sent FROM keel_runs
 WHERE run_id = %(run_id)s AND status = 'queued';
 
--- name: notify_outbox
--- Wake idle workers' outbox dispatchers at once (delivered on commit), not their claim loops.
+-- name: notify_intents
+-- Wake idle workers' intent dispatchers at once (delivered on commit), not their claim loops.
 SELECT pg_notify('keel_wake', 'outbox:' || %(run_id)s) IS NULL AS sent;
 
 -- name: expired_waits
@@ -659,8 +679,8 @@ RETURNING *;
 UPDATE keel_runs SET cancel_requested = 1, updated_at = keel_now()
 WHERE run_id = %(run_id)s AND status = 'running';
 
--- name: insert_intent
--- Record a notification to deliver (idempotent: replays record the same intent once).
+-- name: insert_notification
+-- Record a notification to deliver (idempotent: a replay records the same one once).
 INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
                          available_at, created_at, updated_at)
 VALUES (%(intent_id)s, %(run_id)s, %(wait_id)s, %(notifier)s, %(kind)s, %(payload)s, 'queued',
@@ -668,8 +688,8 @@ VALUES (%(intent_id)s, %(run_id)s, %(wait_id)s, %(notifier)s, %(kind)s, %(payloa
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
--- name: claim_intent_candidate
--- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
+-- name: notification_candidate
+-- The oldest notification due, or one whose sender died mid-delivery (claim expired).
 SELECT * FROM keel_outbox
 WHERE (status = 'queued' AND available_at <= (SELECT keel_now()))
    OR (status = 'sending' AND claim_expires_at < (SELECT keel_now()))
@@ -677,27 +697,27 @@ ORDER BY available_at, intent_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
--- name: claim_intent
--- Take an intent for delivery; the status says whether an earlier attempt may have sent it.
+-- name: claim_notification
+-- Take a notification to deliver; its status says whether an earlier sender may have sent it.
 UPDATE keel_outbox
 SET status = %(status)s, claimed_by = %(worker_id)s, claim_expires_at = keel_now() + %(ttl)s,
     attempts = attempts + 1, updated_at = keel_now()
 WHERE intent_id = %(intent_id)s
 RETURNING *;
 
--- name: settle_intent
--- Record an intent's outcome, only by the dispatcher that holds its claim.
+-- name: settle_notification
+-- Record a notification's outcome, only by the dispatcher that holds its claim.
 UPDATE keel_outbox
 SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = keel_now() + %(delay)s,
     claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
 WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
 RETURNING *;
 
--- name: list_intents
+-- name: list_notifications
 -- A run's notifications.
 SELECT * FROM keel_outbox WHERE run_id = %(run_id)s ORDER BY created_at, intent_id;
 
--- name: intents_for_wait
+-- name: notifications_for_wait
 -- Earlier notifications about one wait (e.g. the message a decision updates).
 SELECT * FROM keel_outbox WHERE wait_id = %(wait_id)s ORDER BY created_at, intent_id;
 
@@ -842,7 +862,7 @@ SELECT name, status, COUNT(*) AS n FROM keel_effects GROUP BY name, status;
 SELECT kind, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_waits
 WHERE status = 'pending' GROUP BY kind;
 
--- name: metrics_outbox
+-- name: metrics_notifications
 -- Notifications per state and when the oldest of each state was recorded.
 SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_outbox GROUP BY status;
 
@@ -902,7 +922,7 @@ DELETE FROM keel_effects WHERE run_id IN (SELECT jsonb_array_elements_text(%(run
 -- name: prune_waits
 DELETE FROM keel_waits WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
--- name: prune_outbox
+-- name: prune_notifications
 DELETE FROM keel_outbox WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_intents
@@ -919,7 +939,7 @@ DELETE FROM checkpoint_writes WHERE thread_id IN (SELECT jsonb_array_elements_te
 -- name: prune_checkpoint_blobs
 DELETE FROM checkpoint_blobs WHERE thread_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
--- name: outbox_insert
+-- name: insert_intent
 -- Record a user effect's intent with its task's writes (a replay of the step records it once).
 INSERT INTO keel_intents (intent_id, run_id, effect, node, step, task_path, call_index, args,
                           args_hash, arg_hashes, status, max_attempts, available_at,
@@ -929,7 +949,7 @@ VALUES (%(intent_id)s, %(run_id)s, %(effect)s, %(node)s, %(step)s, %(task_path)s
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
--- name: outbox_next_due
+-- name: intents_next_due
 -- Seconds until the dispatcher has something to do, by the database's clock (negative: now):
 -- an intent becoming deliverable, or a sender's claim expiring past its call's deadline. NULL:
 -- nothing is pending.
@@ -940,16 +960,16 @@ SELECT (SELECT MIN(t) FROM (
             FROM keel_intents WHERE status = 'sending'
         ) AS due) - keel_now() AS seconds;
 
--- name: outbox_get
+-- name: get_intent
 -- One user effect intent.
 SELECT * FROM keel_intents WHERE intent_id = %(intent_id)s;
 
--- name: outbox_lock
+-- name: lock_intent
 -- One intent, locked until this transaction ends (retry/resolve against a dispatcher).
 SELECT * FROM keel_intents WHERE intent_id = %(intent_id)s
 FOR UPDATE;
 
--- name: outbox_candidate
+-- name: intent_candidate
 -- The oldest due intent of the effects this dispatcher may deliver now, or one whose claim
 -- expired while it was `sending` (its dispatcher died or was cut off: it is reconciled, never
 -- blindly resent), once its call's deadline passed (until then that call may be under way).
@@ -962,7 +982,7 @@ ORDER BY available_at, intent_id
 LIMIT 1
 FOR UPDATE SKIP LOCKED;
 
--- name: outbox_claim
+-- name: claim_intent
 -- Take an intent for delivery under a new claim token (fencing a dispatcher that lost it).
 UPDATE keel_intents
 SET status = 'sending', claimed_by = %(worker_id)s, claim_token = claim_token + 1,
@@ -970,7 +990,7 @@ SET status = 'sending', claimed_by = %(worker_id)s, claim_token = claim_token + 
 WHERE intent_id = %(intent_id)s
 RETURNING *;
 
--- name: outbox_arm
+-- name: arm_intent
 -- The look before a delivery's provider call: only while the dispatcher's claim still holds, by
 -- the database's clock, its call's deadline moves to `hold` seconds from now (the effect's
 -- timeout and margin: nobody reconciles or resends it before); a reclaim's call counts as an
@@ -982,7 +1002,7 @@ WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = '
   AND claim_expires_at > keel_now()
 RETURNING claim_expires_at - keel_now() AS claim_left;
 
--- name: outbox_release_claim
+-- name: release_intent_claim
 -- A dispatcher stops waiting for a delivery's call (past the effect's timeout): its claim ends
 -- now, under that claim only, so the intent is reconciled as soon as the call's deadline has
 -- passed rather than when the claim would have lapsed.
@@ -990,14 +1010,14 @@ UPDATE keel_intents SET claim_expires_at = keel_now()
 WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
 RETURNING intent_id;
 
--- name: outbox_renew_claim
+-- name: renew_intent_claim
 -- Extend a claim while its provider call is under way, only under that claim and before it lapsed.
 UPDATE keel_intents SET claim_expires_at = keel_now() + %(ttl)s
 WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
   AND claim_expires_at > keel_now()
 RETURNING intent_id;
 
--- name: outbox_settle
+-- name: settle_intent
 -- Record a delivery's outcome, only under the claim that made it.
 UPDATE keel_intents
 SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = keel_now() + %(delay)s,
@@ -1006,7 +1026,7 @@ SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = 
 WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
 RETURNING *;
 
--- name: outbox_reopen
+-- name: reopen_intent
 -- A person's retry (dead) or "not performed" (in doubt): deliver it again, attempts from zero.
 UPDATE keel_intents
 SET status = 'pending', attempts = 0, available_at = keel_now(), claimed_by = NULL,
@@ -1014,7 +1034,7 @@ SET status = 'pending', attempts = 0, available_at = keel_now(), claimed_by = NU
 WHERE intent_id = %(intent_id)s AND status = %(from_status)s
 RETURNING *;
 
--- name: outbox_resolve_performed
+-- name: resolve_intent_performed
 -- A person says an in-doubt (or dead) intent reached the provider: delivered, never resent.
 UPDATE keel_intents
 SET status = 'delivered', result = %(result)s, claimed_by = NULL, claim_expires_at = NULL,
@@ -1022,14 +1042,14 @@ SET status = 'delivered', result = %(result)s, claimed_by = NULL, claim_expires_
 WHERE intent_id = %(intent_id)s AND status = %(from_status)s
 RETURNING *;
 
--- name: outbox_list
+-- name: list_intents
 -- User effect intents, oldest first, by state and/or run.
 SELECT * FROM keel_intents
 WHERE (CAST(%(status)s AS TEXT) IS NULL OR status = %(status)s) AND (CAST(%(run_id)s AS TEXT) IS NULL OR run_id = %(run_id)s)
 ORDER BY created_at, intent_id
 LIMIT %(limit)s;
 
--- name: outbox_run_counts
+-- name: intent_counts
 -- A run's intents per state (its summary says what is still undelivered).
 SELECT status, COUNT(*) AS n FROM keel_intents WHERE run_id = %(run_id)s GROUP BY status;
 
@@ -1047,7 +1067,7 @@ FOR UPDATE;
 -- The bucket after a refill and a take.
 UPDATE keel_rate_buckets SET tokens = %(tokens)s, updated_at = %(at)s WHERE effect = %(effect)s;
 
--- name: outbox_undelivered
+-- name: intents_undelivered
 -- Any intent of these effects still to deliver, due now or later.
 SELECT intent_id FROM keel_intents
 WHERE status IN ('pending', 'sending') AND effect IN (SELECT jsonb_array_elements_text(CAST(%(effects)s AS jsonb)))

@@ -60,6 +60,7 @@ WHERE idempotency_key = :key AND status = 'pending' AND :cancelled = 0 AND :leas
 SELECT changes() AS armed;
 
 -- name: insert_run
+-- moves: new>queued
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
                        status, created_at, updated_at)
@@ -69,6 +70,7 @@ ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
 -- name: admit_run
+-- moves: new>queued
 -- Admission in one call (a chain: see Connector.single): the job's runs of this workflow with
 -- other input (`others`, newest first); unless `if_exists` refuses because the job has only
 -- such runs (`refused`), the run inserted queued if it is not admitted yet (`created`), with
@@ -131,6 +133,7 @@ WHERE job_id = :job_id AND workflow = :workflow AND input_hash = :input_hash;
 SELECT 1 AS locked;
 
 -- name: claim_next
+-- moves: queued>running, running>running
 -- A whole claim in one call, its own transaction (a chain: see Connector.single): the oldest
 -- claimable run (queued, below its workflow's limit in `limits` if it has one, or running under
 -- an expired lease), its lease under a new token (a
@@ -205,7 +208,9 @@ UPDATE keel_runs SET heartbeat_details = :details, heartbeat_at = keel_now()
 WHERE run_id = :run_id AND lease_token = :lease_token;
 
 -- name: update_run_status
--- A lifecycle transition (checked in Python against the transition table first).
+-- moves: queued>cancelled, running>queued, running>failed, waiting>queued, waiting>cancelled, waiting>failed, failed>queued
+-- A lifecycle transition of `keel.core.runs.transition`: only a move declared above (the
+-- store refuses any other), and its timeline event with it.
 UPDATE keel_runs
 SET status = :status, decision = COALESCE(:decision, decision),
     termination_reason = COALESCE(:termination_reason, termination_reason),
@@ -216,6 +221,7 @@ SET status = :status, decision = COALESCE(:decision, decision),
 WHERE run_id = :run_id;
 
 -- name: finish_run
+-- moves: running>completed, running>failed, running>cancelled
 -- End a running run (completed, failed or cancelled: checked in Python against the transition
 -- table first) and record the move on its timeline, in one call, only if `lease_token` still
 -- holds it (the write lock is held from the UPDATE on). No `termination_reason`: a graph that
@@ -363,12 +369,16 @@ ON CONFLICT (intent_id) DO NOTHING;
 SELECT w.* FROM keel_waits AS w WHERE w.wait_id = :wait_id AND :inserted = 1;
 
 -- name: end_registration
+-- moves: running>waiting, running>queued, running>cancelled
 -- The end of a wait registration, in one call (a chain) after its waits: the run, running
 -- under `lease_token`, is cancelled if a cancel was asked while its step ran (its pending
 -- waits expire: nobody is asked), queued if one of `wait_ids` is already answered (a decision
 -- raced the registration), else waiting; its lease is released, the move is on its timeline.
--- The status it reached; none if the token does not hold a running run.
-SELECT cancel_requested AS cancel FROM keel_runs
+-- The status it reached and the events it wrote (`events`, as `decide`'s); none if the token
+-- does not hold a running run.
+SELECT cancel_requested AS cancel,
+       (SELECT COALESCE(MAX(event_id), 0) FROM keel_events WHERE run_id = :run_id) AS events_before
+FROM keel_runs
 WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running';
 SELECT CASE
     WHEN :cancel = 1 THEN 'cancelled'
@@ -394,7 +404,11 @@ VALUES (:run_id, keel_now(), 'status.' || :target, :worker_id, :lease_token,
         CASE WHEN :target = 'cancelled'
              THEN json_object('from', 'running', 'to', :target, 'termination_reason', 'cancelled')
              ELSE json_object('from', 'running', 'to', :target) END);
-SELECT :target AS target;
+SELECT :target AS target,
+       (SELECT json_group_array(json_object('run_id', run_id, 'kind', kind, 'data', json(data),
+                                   'worker_id', worker_id, 'lease_token', lease_token))
+        FROM (SELECT * FROM keel_events WHERE run_id = :run_id AND event_id > :events_before
+              ORDER BY event_id)) AS events;
 
 -- name: get_wait
 -- One wait.
@@ -418,6 +432,7 @@ WHERE wait_id = :wait_id AND status = 'pending'
 RETURNING *;
 
 -- name: decide
+-- moves: waiting>queued
 -- A decision, in one call (a chain: see Connector.single) after the run's lock (`lock_run`):
 -- the target wait (the one named, else the run's only pending wait, else, for a run that has
 -- moved on from waiting, its latest decided one: a duplicate), decided only if it is pending,
@@ -426,9 +441,12 @@ RETURNING *;
 -- gets the wait's id and the database's time. With it: an approval's verdict as the run's
 -- decision, a waiting run queued, the timeline's `decision.recorded` (and `status.queued`),
 -- one `decided` intent per notifier in `notifiers`. The row: what was found (run, pending
--- waits, target) and `recorded` (1 for the call that decided); none if there is no run.
+-- waits, target) and `recorded` (1 for the call that decided), and the timeline events it
+-- wrote (`events`: a JSON list of {run_id, kind, data, worker_id, lease_token}, which the store
+-- logs as they are); none if there is no run.
 -- `wake` (PostgreSQL's NOTIFY, or not) is taken and ignored: SQLite sends no wake-ups.
-SELECT run_id AS found_run, status AS run_status, job_id AS run_job, workflow AS run_workflow
+SELECT run_id AS found_run, status AS run_status, job_id AS run_job, workflow AS run_workflow,
+       (SELECT COALESCE(MAX(event_id), 0) FROM keel_events WHERE run_id = :run_id) AS events_before
 FROM keel_runs WHERE run_id = :run_id AND :wake IS NOT NULL;
 SELECT COUNT(*) AS n_pending, group_concat(wait_id, ', ') AS pending_ids
 FROM (SELECT wait_id FROM keel_waits WHERE run_id = :run_id AND status = 'pending'
@@ -479,7 +497,12 @@ SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'decided', '0', n.value), 
 FROM keel_waits AS w, json_each(:notifiers) AS n
 WHERE w.wait_id = :target_id AND :recorded = 1
 ON CONFLICT (intent_id) DO NOTHING;
-SELECT w.* FROM (SELECT 1) AS one LEFT JOIN keel_waits AS w ON w.wait_id = :target_id;
+SELECT w.*,
+       (SELECT json_group_array(json_object('run_id', run_id, 'kind', kind, 'data', json(data),
+                                   'worker_id', worker_id, 'lease_token', lease_token))
+        FROM (SELECT * FROM keel_events WHERE run_id = :run_id AND event_id > :events_before
+              ORDER BY event_id)) AS events
+FROM (SELECT 1) AS one LEFT JOIN keel_waits AS w ON w.wait_id = :target_id;
 
 -- name: set_run_decision
 -- An approval's decision is also the run's (status moves separately, through the table).
@@ -535,8 +558,8 @@ SELECT :run_id AS sent;
 -- As notify_wake, for a run still queued (SQLite: nothing to send).
 SELECT :run_id AS sent;
 
--- name: notify_outbox
--- Wake idle workers' outbox dispatchers at once (SQLite: a no-op, as notify_wake).
+-- name: notify_intents
+-- Wake idle workers' intent dispatchers at once (SQLite: a no-op, as notify_wake).
 SELECT :run_id AS sent;
 
 -- name: expired_waits
@@ -566,8 +589,8 @@ RETURNING *;
 UPDATE keel_runs SET cancel_requested = 1, updated_at = keel_now()
 WHERE run_id = :run_id AND status = 'running';
 
--- name: insert_intent
--- Record a notification to deliver (idempotent: replays record the same intent once).
+-- name: insert_notification
+-- Record a notification to deliver (idempotent: a replay records the same one once).
 INSERT INTO keel_outbox (intent_id, run_id, wait_id, notifier, kind, payload, status,
                          available_at, created_at, updated_at)
 VALUES (:intent_id, :run_id, :wait_id, :notifier, :kind, :payload, 'queued',
@@ -575,35 +598,35 @@ VALUES (:intent_id, :run_id, :wait_id, :notifier, :kind, :payload, 'queued',
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
--- name: claim_intent_candidate
--- The oldest intent due for delivery, or one whose sender died mid-delivery (claim expired).
+-- name: notification_candidate
+-- The oldest notification due, or one whose sender died mid-delivery (claim expired).
 SELECT * FROM keel_outbox
 WHERE (status = 'queued' AND available_at <= (SELECT keel_now()))
    OR (status = 'sending' AND claim_expires_at < (SELECT keel_now()))
 ORDER BY available_at, intent_id
 LIMIT 1;
 
--- name: claim_intent
--- Take an intent for delivery; the status says whether an earlier attempt may have sent it.
+-- name: claim_notification
+-- Take a notification to deliver; its status says whether an earlier sender may have sent it.
 UPDATE keel_outbox
 SET status = :status, claimed_by = :worker_id, claim_expires_at = keel_now() + :ttl,
     attempts = attempts + 1, updated_at = keel_now()
 WHERE intent_id = :intent_id
 RETURNING *;
 
--- name: settle_intent
--- Record an intent's outcome, only by the dispatcher that holds its claim.
+-- name: settle_notification
+-- Record a notification's outcome, only by the dispatcher that holds its claim.
 UPDATE keel_outbox
 SET status = :status, result = :result, error = :error, available_at = keel_now() + :delay,
     claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
 WHERE intent_id = :intent_id AND claimed_by = :worker_id
 RETURNING *;
 
--- name: list_intents
+-- name: list_notifications
 -- A run's notifications.
 SELECT * FROM keel_outbox WHERE run_id = :run_id ORDER BY created_at, intent_id;
 
--- name: intents_for_wait
+-- name: notifications_for_wait
 -- Earlier notifications about one wait (e.g. the message a decision updates).
 SELECT * FROM keel_outbox WHERE wait_id = :wait_id ORDER BY created_at, intent_id;
 
@@ -746,7 +769,7 @@ SELECT name, status, COUNT(*) AS n FROM keel_effects GROUP BY name, status;
 SELECT kind, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_waits
 WHERE status = 'pending' GROUP BY kind;
 
--- name: metrics_outbox
+-- name: metrics_notifications
 -- Notifications per state and when the oldest of each state was recorded.
 SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM keel_outbox GROUP BY status;
 
@@ -805,7 +828,7 @@ DELETE FROM keel_effects WHERE run_id IN (SELECT value FROM json_each(:run_ids))
 -- name: prune_waits
 DELETE FROM keel_waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
--- name: prune_outbox
+-- name: prune_notifications
 DELETE FROM keel_outbox WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_intents
@@ -823,7 +846,7 @@ DELETE FROM writes WHERE thread_id IN (SELECT value FROM json_each(:run_ids));
 -- SQLite's saver keeps channel values inside the checkpoint: no blobs table.
 SELECT 0 AS n WHERE :run_ids IS NULL;
 
--- name: outbox_insert
+-- name: insert_intent
 -- Record a user effect's intent with its task's writes (a replay of the step records it once).
 INSERT INTO keel_intents (intent_id, run_id, effect, node, step, task_path, call_index, args,
                           args_hash, arg_hashes, status, max_attempts, available_at,
@@ -833,7 +856,7 @@ VALUES (:intent_id, :run_id, :effect, :node, :step, :task_path, :call_index, :ar
 ON CONFLICT (intent_id) DO NOTHING
 RETURNING intent_id;
 
--- name: outbox_next_due
+-- name: intents_next_due
 -- Seconds until the dispatcher has something to do, by the database's clock (negative: now):
 -- an intent becoming deliverable, or a sender's claim expiring past its call's deadline. NULL:
 -- nothing is pending.
@@ -844,15 +867,15 @@ SELECT (SELECT MIN(t) FROM (
             FROM keel_intents WHERE status = 'sending'
         )) - keel_now() AS seconds;
 
--- name: outbox_get
+-- name: get_intent
 -- One user effect intent.
 SELECT * FROM keel_intents WHERE intent_id = :intent_id;
 
--- name: outbox_lock
+-- name: lock_intent
 -- One intent, locked until this transaction ends (retry/resolve against a dispatcher).
 SELECT * FROM keel_intents WHERE intent_id = :intent_id;
 
--- name: outbox_candidate
+-- name: intent_candidate
 -- The oldest due intent of the effects this dispatcher may deliver now, or one whose claim
 -- expired while it was `sending` (its dispatcher died or was cut off: it is reconciled, never
 -- blindly resent), once its call's deadline passed (until then that call may be under way).
@@ -864,7 +887,7 @@ WHERE effect IN (SELECT value FROM json_each(:effects))
 ORDER BY available_at, intent_id
 LIMIT 1;
 
--- name: outbox_claim
+-- name: claim_intent
 -- Take an intent for delivery under a new claim token (fencing a dispatcher that lost it).
 UPDATE keel_intents
 SET status = 'sending', claimed_by = :worker_id, claim_token = claim_token + 1,
@@ -872,7 +895,7 @@ SET status = 'sending', claimed_by = :worker_id, claim_token = claim_token + 1,
 WHERE intent_id = :intent_id
 RETURNING *;
 
--- name: outbox_arm
+-- name: arm_intent
 -- The look before a delivery's provider call: only while the dispatcher's claim still holds, by
 -- the database's clock, its call's deadline moves to `hold` seconds from now (the effect's
 -- timeout and margin: nobody reconciles or resends it before); a reclaim's call counts as an
@@ -884,7 +907,7 @@ WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sendin
   AND claim_expires_at > keel_now()
 RETURNING claim_expires_at - keel_now() AS claim_left;
 
--- name: outbox_release_claim
+-- name: release_intent_claim
 -- A dispatcher stops waiting for a delivery's call (past the effect's timeout): its claim ends
 -- now, under that claim only, so the intent is reconciled as soon as the call's deadline has
 -- passed rather than when the claim would have lapsed.
@@ -892,14 +915,14 @@ UPDATE keel_intents SET claim_expires_at = keel_now()
 WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
 RETURNING intent_id;
 
--- name: outbox_renew_claim
+-- name: renew_intent_claim
 -- Extend a claim while its provider call is under way, only under that claim and before it lapsed.
 UPDATE keel_intents SET claim_expires_at = keel_now() + :ttl
 WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
   AND claim_expires_at > keel_now()
 RETURNING intent_id;
 
--- name: outbox_settle
+-- name: settle_intent
 -- Record a delivery's outcome, only under the claim that made it.
 UPDATE keel_intents
 SET status = :status, result = :result, error = :error, available_at = keel_now() + :delay,
@@ -908,7 +931,7 @@ SET status = :status, result = :result, error = :error, available_at = keel_now(
 WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
 RETURNING *;
 
--- name: outbox_reopen
+-- name: reopen_intent
 -- A person's retry (dead) or "not performed" (in doubt): deliver it again, attempts from zero.
 UPDATE keel_intents
 SET status = 'pending', attempts = 0, available_at = keel_now(), claimed_by = NULL,
@@ -916,7 +939,7 @@ SET status = 'pending', attempts = 0, available_at = keel_now(), claimed_by = NU
 WHERE intent_id = :intent_id AND status = :from_status
 RETURNING *;
 
--- name: outbox_resolve_performed
+-- name: resolve_intent_performed
 -- A person says an in-doubt (or dead) intent reached the provider: delivered, never resent.
 UPDATE keel_intents
 SET status = 'delivered', result = :result, claimed_by = NULL, claim_expires_at = NULL,
@@ -924,14 +947,14 @@ SET status = 'delivered', result = :result, claimed_by = NULL, claim_expires_at 
 WHERE intent_id = :intent_id AND status = :from_status
 RETURNING *;
 
--- name: outbox_list
+-- name: list_intents
 -- User effect intents, oldest first, by state and/or run.
 SELECT * FROM keel_intents
 WHERE (:status IS NULL OR status = :status) AND (:run_id IS NULL OR run_id = :run_id)
 ORDER BY created_at, intent_id
 LIMIT :limit;
 
--- name: outbox_run_counts
+-- name: intent_counts
 -- A run's intents per state (its summary says what is still undelivered).
 SELECT status, COUNT(*) AS n FROM keel_intents WHERE run_id = :run_id GROUP BY status;
 
@@ -948,7 +971,7 @@ SELECT tokens, updated_at, keel_now() AS now FROM keel_rate_buckets WHERE effect
 -- The bucket after a refill and a take.
 UPDATE keel_rate_buckets SET tokens = :tokens, updated_at = :at WHERE effect = :effect;
 
--- name: outbox_undelivered
+-- name: intents_undelivered
 -- Any intent of these effects still to deliver, due now or later.
 SELECT intent_id FROM keel_intents
 WHERE status IN ('pending', 'sending') AND effect IN (SELECT value FROM json_each(:effects))

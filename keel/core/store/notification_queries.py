@@ -1,0 +1,60 @@
+"""The store's queries on notifications, table `keel_outbox` (part of `Store`).
+
+A notification is what the notification outbox (keel.core.notification_outbox) hands a
+notifier about a wait. The table keeps its first name; its column `intent_id` holds the
+notification's id. User effect intents are elsewhere (`intent_queries`, table `keel_intents`).
+"""
+
+from __future__ import annotations
+
+from keel.core.store.base import Connector, Row, Tx
+
+
+class NotificationQueries:
+    db: Connector
+
+    @staticmethod
+    async def insert_notification(tx: Tx, row: Row) -> None:
+        """Record a notification to deliver, once (a replay records nothing): sent without
+        waiting for its answer, so a pipelined transaction goes on. `row` holds `intent_id`,
+        `run_id`, `wait_id`, `notifier`, `kind` and `payload`."""
+        await tx.send("insert_notification", row)
+
+    @staticmethod
+    async def notification_candidate(tx: Tx) -> Row | None:
+        """The oldest notification due, or one whose sender's claim expired, by the database's
+        clock (PostgreSQL: locked, skipping rows others hold)."""
+        return await tx.one("notification_candidate", {})
+
+    @staticmethod
+    async def claim_notification(
+        tx: Tx, notification_id: str, *, status: str, worker_id: str, ttl: float
+    ) -> Row | None:
+        params = {"status": status, "worker_id": worker_id, "ttl": ttl}
+        return await tx.one("claim_notification", {"intent_id": notification_id, **params})
+
+    @staticmethod
+    async def settle_notification(
+        tx: Tx,
+        notification_id: str,
+        *,
+        worker_id: str,
+        status: str,
+        result: str,
+        error: str | None,
+        delay: float,
+    ) -> Row | None:
+        """Record a notification's outcome; None unless `worker_id` still holds its claim."""
+        outcome = {"status": status, "result": result, "error": error, "delay": delay}
+        return await tx.one(
+            "settle_notification",
+            {"intent_id": notification_id, "worker_id": worker_id, **outcome},
+        )
+
+    async def notifications(self, run_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("list_notifications", {"run_id": run_id})
+
+    async def notifications_for_wait(self, wait_id: str) -> list[Row]:
+        async with self.db.read() as tx:
+            return await tx.all("notifications_for_wait", {"wait_id": wait_id})

@@ -14,10 +14,14 @@ from keel.chaos.audit import workflow_findings
 from keel.chaos.harness import ChaosConfig
 from keel.chaos.kinds import NAMES, make_kinds
 from keel.chaos.matrix import run_matrix
+from keel.chaos.preflight import HarnessError
 from keel.chaos.report import output_console, render, write_json, write_junit
 from keel.core.errors import UsageError
 from keel.core.faults import POINTS
-from keel.runtime.loading import load_app
+from keel.runtime.loading import BadAppSpec, load_app
+
+HARNESS_FAILED = 2
+"""Exit status when the harness could not run the workflow at all (1: a cell failed)."""
 
 
 def chaos(
@@ -119,15 +123,21 @@ def chaos(
         make_kinds(config)  # refuse a kind this configuration cannot run before any cell
     except UsageError as exc:
         raise typer.BadParameter(str(exc)) from None
-    with console.status("clean run and crash matrix…"):
-        report = run_matrix(
-            config,
-            soak=soak,
-            matrix=matrix,
-            on_cell=lambda c: console.print(
-                f"{c.name}: {c.verdict} ({c.seconds:.1f}s) {c.where}", markup=False
-            ),
-        )
+    try:
+        with console.status("clean run and crash matrix…"):
+            report = run_matrix(
+                config,
+                soak=soak,
+                matrix=matrix,
+                on_cell=lambda c: console.print(
+                    f"{c.name}: {c.verdict} ({c.seconds:.1f}s) {c.where}", markup=False
+                ),
+            )
+    except (HarnessError, TimeoutError, BadAppSpec) as exc:
+        # The harness could not run the workflow at all: a fact about the setup, said in one
+        # line; the work dir (kept) holds the workers' logs.
+        console.print(f"keel chaos: {exc}", markup=False)
+        raise typer.Exit(HARNESS_FAILED) from None
     render(report, console)
     _reconcile_only(app, console)
     if json_report:

@@ -119,6 +119,8 @@ def _child(
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)  # as an interpreter says `sys.exit("why")`
         except BaseException:
             # What an interpreter does with an uncaught exception: its traceback, exit status 1
             # (it used to vanish here, and a cell's workers died silently one after another).

@@ -23,6 +23,7 @@ from keel.chaos.checks import Outcome, observe
 from keel.chaos.decide import decide
 from keel.chaos.forkserver import SUPPORTED, ForkServer
 from keel.chaos.kinds import Armed, FaultKind, Kill
+from keel.chaos.preflight import check_app_follows_cell_database, worker_gave_up
 from keel.chaos.world import World
 from keel.runtime.loading import load_app
 from keel.testing.postgres import drop_database
@@ -139,6 +140,7 @@ class Harness:
         self.root = root
         self.kinds = kinds or {"kill": Kill(config)}
         self.user_app = load_app(config.app)
+        check_app_follows_cell_database(config.app, config.cwd, root)
         self._numbers = itertools.count(1)
         self._admin = threading.Lock()
         self._local = threading.local()
@@ -424,6 +426,8 @@ class _Drive:
                 max(1.0, deadline - time.monotonic()),
                 self.log,
             )
+            if code not in (0, KILLED):
+                raise worker_gave_up(code, self.harness.log_path(self.log))
             if arm_here:
                 armed_left = False
                 killed = code == KILLED

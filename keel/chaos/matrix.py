@@ -24,6 +24,7 @@ from pathlib import Path
 from keel.chaos.checks import Outcome, compare
 from keel.chaos.harness import Cell, ChaosConfig, Harness, Report
 from keel.chaos.kinds import FaultKind, fault_kinds
+from keel.chaos.preflight import HarnessError
 from keel.chaos.trace import Trace, build, sample
 from keel.chaos.verdict import extra_deliveries, likely_cause
 
@@ -145,6 +146,9 @@ def _run(
         except TimeoutError as exc:
             cell.verdict, cell.problems = "fail", [str(exc)]
             cell.cause = "the run did not finish: a wait nobody answers, or a stuck worker"
+        except HarnessError as exc:
+            cell.verdict, cell.problems = "fail", [str(exc)]
+            cell.cause = "a worker gave up with an error of its own (its last line is above)"
         cell.seconds = time.monotonic() - t0
         if on_cell is not None:
             on_cell(cell)

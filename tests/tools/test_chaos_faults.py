@@ -231,3 +231,31 @@ def test_chaos_logs_json_lines_with_log_format_json_and_refuses_a_bad_format(
     assert admitted and admitted[0]["logger"] == "keel.events" and admitted[0]["run_id"]
     bad = keel_chaos("--log-format", "yaml")
     assert bad.returncode == 2 and "log format 'yaml' is not one of text, json" in said(bad)
+
+
+def chaos_on(spec: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    empty = tmp_path / "input.json"
+    empty.write_text("{}")
+    argv = [sys.executable, "-m", "keel", "chaos", spec, "--workflow", "echo"]
+    argv += ["--input", str(empty), "--cell-timeout", "60"]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=50)
+
+
+def test_an_app_with_its_database_fixed_in_code_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = chaos_on("tests.support.apps.fixed_url:app", tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "fixes its database in code" in output and "keel.App()" in output
+    assert "Traceback" not in output
+
+
+def test_a_worker_that_gives_up_stops_the_harness_at_once_with_its_last_line(
+    tmp_path: Path,
+) -> None:
+    # The cell timeout is 60 s and the test's own 50: only stopping at once passes.
+    done = chaos_on("tests.support.apps.gives_up:app", tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "a worker exited with status 1 before the run ended" in output
+    assert "no SMTP password in this environment: set MAIL_PASSWORD" in output
+    assert "Traceback" not in output

@@ -5,8 +5,12 @@ only inside the first step (`InvalidUpdateError: Expected dict, got hello`), aft
 admitted the run. So `submit` checks it first, as LangGraph would read it:
 
 - a TypedDict schema: the input is an object; every key it gives is a field of the schema, with
-  a value of the field's type. Fields may be left out (an input is a partial update, and
-  LangGraph accepts that), but a typo in a key is refused rather than silently dropped.
+  a value of the field's type, and a typo in a key is refused rather than silently dropped.
+  Which fields must be given: those marked `Required[...]`, and, when the graph declares an
+  input schema of its own (`StateGraph(State, input_schema=Input)`), every required key of
+  that schema (a `total=True` one: all of them). A state schema used as the input otherwise
+  describes the whole state, most of which later nodes write, so its fields may be left out
+  (an input is a partial update, and LangGraph accepts that).
 - a pydantic model (or a dataclass): the input must validate as one, as LangGraph validates it.
 
 Each problem is named by its field (`input.to: Input should be a valid string`).
@@ -28,10 +32,11 @@ class _Schema:
     """How to check an input: a whole-value adapter (pydantic, dataclass), or one adapter per
     field of a TypedDict (fields may be left out), or nothing but "an object"."""
 
-    def __init__(self, schema: Any) -> None:
+    def __init__(self, schema: Any, *, declared: bool = False) -> None:
         self.name = getattr(schema, "__name__", "the input schema")
         self.whole: TypeAdapter[Any] | None = None
         self.fields: dict[str, TypeAdapter[Any] | None] = {}
+        self.required: frozenset[str] = frozenset()
         if (isinstance(schema, type) and issubclass(schema, BaseModel)) or dataclasses.is_dataclass(
             schema
         ):
@@ -44,9 +49,17 @@ class _Schema:
                 # the keys can still be checked, their types cannot.
                 hints = dict.fromkeys(schema.__annotations__)
             self.fields = {key: _adapter(hint) for key, hint in hints.items()}
+            self.required = (
+                frozenset(getattr(schema, "__required_keys__", ()))
+                if declared
+                else _marked_required(schema)
+            )
 
     def problems(self, value: dict[str, Any]) -> list[str]:
-        found: list[str] = []
+        found = [
+            f"input.{key}: missing (a required field of {self.name})"
+            for key in sorted(self.required - value.keys())
+        ]
         for key, item in value.items():
             if self.fields and key not in self.fields:
                 known = ", ".join(sorted(self.fields))
@@ -71,7 +84,25 @@ def learn_input_schema(workflow: Workflow, graph: Any) -> None:
 
 
 def _schema_of(builder: Any) -> _Schema:
-    return _Schema(getattr(builder, "input_schema", None) or builder.state_schema)
+    state = builder.state_schema
+    declared = getattr(builder, "input_schema", None)
+    if declared is None or declared is state:
+        return _Schema(state)
+    return _Schema(declared, declared=True)
+
+
+def _marked_required(schema: Any) -> frozenset[str]:
+    """The keys annotated `Required[...]` (also as a string, under postponed annotations)."""
+    annotations = getattr(schema, "__annotations__", {})  # a TypedDict's own and inherited
+    return frozenset(key for key, hint in annotations.items() if _is_required(hint))
+
+
+def _is_required(hint: Any) -> bool:
+    if isinstance(hint, typing.ForwardRef):  # how a TypedDict keeps a postponed annotation
+        hint = hint.__forward_arg__
+    if isinstance(hint, str):
+        return hint.replace(" ", "").split("[", 1)[0].rsplit(".", 1)[-1] == "Required"
+    return typing.get_origin(hint) is typing.Required
 
 
 def check_input(workflow: Workflow, value: Any) -> None:

@@ -6,7 +6,7 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Required, TypedDict
 
 import pydantic
 import pytest
@@ -227,6 +227,52 @@ def test_a_pydantic_input_schema_is_validated_as_langgraph_would(make_app: AppFa
     run = app.submit("ticket", job_id="t-1", input={"to": "ana@example.com"})
     drain(app)
     assert app.get_run(run.run_id).status == "completed"
+
+
+class Letter(TypedDict, total=False):
+    to: Required[str]
+    draft: Required[str]
+    approved: bool
+
+
+class LetterInput(TypedDict):
+    to: str
+
+
+def letter_graph(input_schema: Any = None) -> Callable[[], StateGraph]:
+    def build() -> StateGraph:
+        g = StateGraph(Letter, input_schema=input_schema)
+        g.add_node("n", lambda state: {"approved": True})
+        g.add_edge(START, "n")
+        g.add_edge("n", END)
+        return g
+
+    return build
+
+
+def test_required_fields_of_a_partial_state_are_refused_when_missing(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("letter")(letter_graph())
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("letter", job_id="l-1", input={"to": "ana@example.com"})
+    assert refused.value.errors == ["input.draft: missing (a required field of Letter)"]
+    assert app.list_runs() == []
+    app.submit("letter", job_id="l-1", input={"to": "ana@example.com", "draft": "Hi"})
+    assert len(app.list_runs()) == 1
+
+
+def test_a_declared_input_schema_requires_its_required_keys_and_only_those(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("letter")(letter_graph(LetterInput))
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("letter", job_id="l-2", input={})
+    assert refused.value.errors == ["input.to: missing (a required field of LetterInput)"]
+    app.submit("letter", job_id="l-2", input={"to": "ana@example.com"})  # draft: not an input
+    assert len(app.list_runs()) == 1
 
 
 def test_registration_builds_the_graph_once_and_submit_checks_input_without_rebuilding(

@@ -27,7 +27,10 @@ from keel.cli.summary_view import summary_view
 from keel.core.lifecycle import Status
 from keel.runtime import summary
 
-runs_cli = typer.Typer(no_args_is_help=True, help="Inspect runs: list them, show one in full.")
+runs_cli = typer.Typer(
+    no_args_is_help=True,
+    help="Runs: list, show, watch, cancel, resume, replay in a throwaway copy, upgrade.",
+)
 approvals_cli = typer.Typer(
     no_args_is_help=True, help="Approvals and other waits: list the open ones."
 )

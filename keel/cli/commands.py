@@ -175,6 +175,22 @@ def serve(
     app: Annotated[str, typer.Argument(help="MODULE:ATTRIBUTE of a keel.App")],
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
+    header_timeout: Annotated[
+        str | None,
+        typer.Option(
+            help="Cut off a request whose headers take longer (default 10s; "
+            "env: KEEL_HTTP_HEADER_TIMEOUT).",
+            show_default=False,
+        ),
+    ] = None,
+    body_timeout: Annotated[
+        str | None,
+        typer.Option(
+            help="Cut off a request whose body takes longer (default 30s; "
+            "env: KEEL_HTTP_BODY_TIMEOUT).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve APP's HTTP API (runs, approvals, health) until SIGINT/SIGTERM; see docs/http.md.
 
@@ -193,7 +209,12 @@ def serve(
         )
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
     serve_http(
-        app, host=host, port=port, log_level=logging.getLevelName(logging.getLogger().level).lower()
+        app,
+        host=host,
+        port=port,
+        log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
     )
 
 

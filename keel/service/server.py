@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from keel.core import logs
 from keel.runtime.app import App
 from keel.runtime.loading import load_app
+from keel.service.read_timeouts import protocol_with, read_timeouts
 
 
 def serve(
@@ -21,11 +22,15 @@ def serve(
     port: int = 8000,
     *,
     log_level: str = "info",
+    header_timeout: float | str | None = None,
+    body_timeout: float | str | None = None,
     **create_app_kwargs: Any,
 ) -> None:
     """Serve the HTTP API of a keel.App (or `module:attribute` naming one) until SIGINT/SIGTERM.
 
-    Requests only record and wake workers: run workers separately (`keel worker APP`).
+    Requests only record and wake workers: run workers separately (`keel worker APP`). A
+    request whose headers take longer than `header_timeout` (default 10 s), or whose body takes
+    longer than `body_timeout` (30 s), to arrive is cut off (keel.service.read_timeouts).
     """
     import uvicorn
 
@@ -42,7 +47,16 @@ def serve(
             _close_on_shutdown(api, keel_app)
         # log_config=None: uvicorn's records go through Keel's handler (keel.core.logs), with
         # the same format and redaction as everything else.
-        uvicorn.run(api, host=host, port=port, log_level=log_level, ws="none", log_config=None)
+        protocol = protocol_with(*read_timeouts(header_timeout, body_timeout))
+        uvicorn.run(
+            api,
+            host=host,
+            port=port,
+            log_level=log_level,
+            ws="none",
+            http=protocol,
+            log_config=None,
+        )
     except BaseException:
         if owned:
             keel_app.close()

@@ -101,7 +101,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_serve(db_url: str, artifacts: Path) -> tuple[subprocess.Popen[str], str]:
+def start_serve(
+    db_url: str, artifacts: Path, **extra_env: str
+) -> tuple[subprocess.Popen[str], str]:
     """`keel.service.serve()` in a subprocess, on tests/support/apps/service.py's App; wait until
     it answers."""
     port = free_port()
@@ -109,6 +111,7 @@ def start_serve(db_url: str, artifacts: Path) -> tuple[subprocess.Popen[str], st
     env.update(
         KEEL_DATABASE_URL=db_url, KEEL_ARTIFACTS_DIR=str(artifacts), KEEL_API_TOKENS=f"{ADMIN}=*"
     )
+    env.update(extra_env)
     code = (
         "from keel.service import serve; "
         f"serve('tests.support.apps.service:app', port={port}, log_level='warning')"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,12 +133,20 @@ def parameters(text: str) -> dict[str, str | None]:
 
 
 def real_parameters(function: Any) -> dict[str, Any]:
+    """Name -> default; `**options: Unpack[SomeTypedDict]` counts as the TypedDict's keys
+    (their defaults are the function's business: `inspect.Parameter.empty`)."""
     signature = inspect.signature(function)
-    return {
+    found = {
         name: p.default
         for name, p in signature.parameters.items()
         if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
+    hints = typing.get_type_hints(function, include_extras=True)
+    for name, p in signature.parameters.items():
+        if p.kind is p.VAR_KEYWORD and typing.get_origin(hints.get(name)) is typing.Unpack:
+            (options,) = typing.get_args(hints[name])
+            found |= dict.fromkeys(typing.get_type_hints(options), inspect.Parameter.empty)
+    return found
 
 
 APP_METHODS = {
@@ -193,3 +202,10 @@ def test_a_keel_function_has_the_documented_parameters(call: str, function: Any)
     assert text is not None
     assert sorted(set(real) - set(written)) == [], f"{call}: undocumented parameters"
     assert sorted(set(written) - set(real)) == [], f"{call}: documented, not real"
+
+
+def test_keel_effect_is_documented_with_every_option() -> None:
+    spans = re.findall(r"`@keel\.effect\((.*?)\)`", REFERENCE_MD)
+    assert len(spans) == 2, "the ledger form and the outbox form"
+    written = set().union(*(parameters(span) for span in spans))
+    assert sorted(written ^ set(real_parameters(keel.effect))) == []

@@ -384,10 +384,7 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
     if as_json:
         return
     for run in stranded:
-        say(
-            f"stranded: run {run['run_id']} ({run['status']}) needs "
-            f"{run['workflow']}@{run['workflow_version']}, which no worker serves"
-        )
+        say(f"stranded: run {run['run_id']} ({run['status']}): {run['stranded_reason']}")
 
 
 # The crash harness with its own options, plus --log-level/--log-format: what its workers and

@@ -137,7 +137,7 @@ def decoded(row: Row) -> dict[str, Any]:
 
 def details_json(details: RunDetails) -> dict[str, Any]:
     return {
-        "run": {**decoded(details.run), "stranded": details.stranded},
+        "run": decoded(details.annotated_run),
         "timeline": [decoded(e) for e in details.timeline],
         "effects": [decoded(e) for e in details.effects],
         "waits": [decoded(w) for w in details.waits],
@@ -198,6 +198,11 @@ def run_summary(run: Row, now: float | None = None) -> Table:
         ("job", run["job_id"]),
         ("workflow", f"{run['workflow']}@{run['workflow_version']} (attempt {run['attempt']})"),
         ("status", status_text(run["status"], stranded=bool(run.get("stranded")))),
+        *(
+            [("stranded", Text(run["stranded_reason"], style="red"))]
+            if run.get("stranded_reason")
+            else []
+        ),
         ("decision", run["decision"] or "-"),
         ("termination reason", run["termination_reason"] or "-"),
         ("lease", lease),
@@ -206,6 +211,8 @@ def run_summary(run: Row, now: float | None = None) -> Table:
         ("updated", when(run["updated_at"], now)),
         ("finished", when(run.get("finished_at"), now)),
     ]
+    if run.get("stranded_reason"):
+        fields.insert(4, ("stranded", Text(run["stranded_reason"], style="red")))
     if run.get("error"):
         fields.append(("error", Text(run["error"], style="red")))
     if run.get("output") is not None:
@@ -355,7 +362,7 @@ def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
 
 
 def run_view(details: RunDetails, now: float | None = None) -> Group:
-    run = {**details.run, "stranded": details.stranded}
+    run = details.annotated_run
     parts: list[Any] = [run_summary(run, now), Text(""), timeline_table(details.timeline)]
     parts.append(effects_table(details.effects) if details.effects else Text("effects: none"))
     if details.intents:

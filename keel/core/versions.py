@@ -24,20 +24,34 @@ UPGRADABLE = (Status.QUEUED, Status.WAITING)
 
 def served_versions(workers: Iterable[Row]) -> dict[str, set[str]]:
     """Workflow name -> the versions its workers serve, from `served_workflows` rows (most
-    recently seen first): the live workers' versions, else the last worker's."""
+    recently seen first): the live workers' versions, else the last worker's. A worker that
+    refuses a version (its graph differs from the one the version was first served with) counts
+    for the workflow's name and serves none of it."""
     live: dict[str, set[str]] = {}
     last: dict[str, set[str]] = {}
     for worker in workers:
         by_name: dict[str, set[str]] = {}
+        for key in [*loads(worker["workflows"]), *refusals([worker])]:
+            by_name.setdefault(str(key).rpartition("@")[0], set())
         for key in loads(worker["workflows"]):
             name, _, version = str(key).rpartition("@")
-            by_name.setdefault(name, set()).add(version)
+            by_name[name].add(version)
         for name, versions in by_name.items():
             if worker["live"]:
                 live.setdefault(name, set()).update(versions)
             else:
                 last.setdefault(name, versions)
-    return {name: live.get(name) or last[name] for name in live.keys() | last.keys()}
+    return {name: live[name] if name in live else last[name] for name in live.keys() | last.keys()}
+
+
+def refusals(workers: Iterable[Row]) -> dict[str, str]:
+    """Workflow key -> why a worker refuses it (the first worker that says so, most recently
+    seen first), from `served_workflows` rows."""
+    found: dict[str, str] = {}
+    for worker in workers:
+        for key, why in loads(worker.get("refused") or "{}").items():
+            found.setdefault(str(key), str(why))
+    return found
 
 
 def is_stranded(run: Row, served: dict[str, set[str]]) -> bool:
@@ -46,6 +60,24 @@ def is_stranded(run: Row, served: dict[str, set[str]]) -> bool:
         return False
     versions = served.get(str(run["workflow"]))
     return versions is not None and str(run["workflow_version"]) not in versions
+
+
+def stranded_reason(run: Row, served: dict[str, set[str]], refused: dict[str, str]) -> str | None:
+    """Why the run is stranded, in one line (None: it is not)."""
+    if not is_stranded(run, served):
+        return None
+    key = f"{run['workflow']}@{run['workflow_version']}"
+    if key in refused:
+        return (
+            f"workers refuse {key}: its graph differs from the one version "
+            f"{run['workflow_version']} was first served with ({refused[key]}); serve the "
+            f"original graph, or give the edited one a new version and `keel runs upgrade`"
+        )
+    others = ", ".join(sorted(served.get(str(run["workflow"]), ()))) or "none"
+    return (
+        f"no live worker executes {key} (they serve versions: {others}); move it with "
+        f"`keel runs upgrade {run['run_id']} --to VERSION`"
+    )
 
 
 async def upgrade(

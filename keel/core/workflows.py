@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,14 @@ class Workflows:
 
     def keys(self) -> list[str]:
         return sorted(self._by_key)
+
+    def without(self, keys: Iterable[str]) -> Workflows:
+        """A registry of the same workflows but `keys` (what a worker serves of its own)."""
+        left = Workflows()
+        for workflow in self.all():
+            if workflow.key not in set(keys):
+                left.add(workflow)
+        return left
 
     def limits(self) -> dict[str, int]:
         return {k: w.max_concurrency for k, w in self._by_key.items() if w.max_concurrency}

@@ -160,7 +160,7 @@ class AsyncApp:
             artifacts=for_run,
             notifications=await self.runtime.store.notifications(run_id),
             intents=await self.runtime.store.list_intents(run_id=run_id, limit=100_000),
-            stranded=versions.is_stranded(run, await self._served()),
+            stranded_reason=(await self._served()).reason(run),
         )
 
     async def list_runs(
@@ -170,9 +170,9 @@ class AsyncApp:
         (admission time, until excluded) take epoch seconds, ages (2h, 7d) or ISO times."""
         await self.open()
         rows = await self.runtime.store.list_runs(job_id=job_id, **await self._moments(filters))
-        served = await self._served()
+        serving = await self._served()
         for row in rows:
-            row["stranded"] = versions.is_stranded(row, served)
+            row["stranded"] = serving.is_stranded(row)
         return rows
 
     async def database_now(self) -> float:
@@ -186,7 +186,7 @@ class AsyncApp:
         window = stranded.live_window(self.runtime.heartbeat_interval)
         return await stranded.stranded_runs(self.runtime.store, window, None, limit)
 
-    async def _served(self) -> dict[str, set[str]]:
+    async def _served(self) -> stranded.Serving:
         await self.open()
         window = stranded.live_window(self.runtime.heartbeat_interval)
         return await stranded.served(self.runtime.store, window)

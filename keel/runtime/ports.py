@@ -37,6 +37,10 @@ class WorkerHost(Protocol):
     def check_workflows(self) -> None:
         """InvalidWorkflow unless every workflow's graph compiles."""
 
+    async def hold_shapes(self, worker_id: str) -> dict[str, str]:
+        """Workflow key -> what differs, for each version whose graph here is not the one it
+        was first served with (the worker refuses those)."""
+
     def executor(self, worker_id: str) -> Executor:
         """The executor of runs, on the open runtime's fenced saver."""
 

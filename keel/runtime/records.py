@@ -44,8 +44,19 @@ class RunDetails:
     notifications: list[Row] = field(default_factory=list)
     intents: list[Row] = field(default_factory=list)
     """Its outbox effects' intents (keel.core.effects.outbox), oldest first."""
-    stranded: bool = False
-    """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
+    stranded_reason: str | None = None
+    """Why it is stranded: it needs a worker of a version that no worker serves, or that
+    workers refuse (their graph differs from the version's); None: it is not."""
+
+    @property
+    def stranded(self) -> bool:
+        """It needs a worker of a version that no worker serves (see `keel.core.versions`)."""
+        return self.stranded_reason is not None
+
+    @property
+    def annotated_run(self) -> Row:
+        """The run's row with what is derived when it is read: `stranded` and why."""
+        return {**self.run, "stranded": self.stranded, "stranded_reason": self.stranded_reason}
 
     @property
     def run_id(self) -> str:

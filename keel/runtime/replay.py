@@ -27,6 +27,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
+from keel.core.artifacts import RunArtifacts
 from keel.core.codec import loads
 from keel.core.context import RunContext, enter, leave
 from keel.core.effects.keys import Identity, effect_key
@@ -45,6 +46,7 @@ from keel.runtime.replay_steps import (
     judge,
     last,
     read_steps,
+    relocate,
 )
 
 if TYPE_CHECKING:
@@ -326,6 +328,8 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         leave(entered)
         shutil.rmtree(folder, ignore_errors=True)
     _, replayed = await read_steps(graph, memory, run_id, own_graph=True)
+    replayed_folder = RunArtifacts(folder, run_id).folder
+    relocate(replayed, str(replayed_folder), str(RunArtifacts(rt.artifacts_root, run_id).folder))
     report.effects_served = len(answers.calls)
     report.approvals_answered = len(answers.answered)
     judge(report, run, recorded, replayed, answers.stop, answers.calls, effects, start, crash)

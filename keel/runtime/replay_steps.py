@@ -271,6 +271,42 @@ def judge(
                 detail="the replay failed",
             )
         ]
+        return
+    beyond = [n for n in sorted(replayed) if n > last_recorded and replayed[n].ran]
+    if finished and stop is None and beyond:
+        # The run ended where its graph would have gone on (a graph edited under its version
+        # finds no task for the checkpoint's next nodes and ends the run): the whole path
+        # counts, not only the steps the run recorded.
+        number = beyond[0]
+        report.diverged, report.step, report.last_step = True, number, number
+        report.nodes = list(replayed[number].ran)
+        report.differences = [
+            Difference(
+                what="route",
+                recorded=[],
+                replayed=list(replayed[number].ran),
+                detail=f"the run ended {run['status']} after step {last_recorded}; its graph "
+                f"goes on and runs {', '.join(replayed[number].ran)} at step {number}",
+            )
+        ]
+
+
+def relocate(steps: dict[int, Step], replayed_root: str, real_root: str) -> None:
+    """Write the run's real artifact folder where the replay's throwaway one shows in its
+    tasks' writes (a node that keeps `keel.artifacts().write_json(...)`'s path in its state):
+    an unchanged graph writes the same path, wherever the replay put the file."""
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(replayed_root, real_root)
+        if isinstance(value, dict):
+            return {k: moved(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(moved(v) for v in value)
+        return value
+
+    for step in steps.values():
+        step.tasks = {path: (node, moved(writes)) for path, (node, writes) in step.tasks.items()}
 
 
 def last(steps: dict[int, Step]) -> int:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 from keel.backends import connect
 from keel.core import notification_outbox
 from keel.core.clock import Clock, SystemClock, database_override, parse_duration
+from keel.core.codec import dumps, loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.effects.rows import DEFAULT_TIMEOUT
 from keel.core.errors import UsageError
@@ -24,6 +26,7 @@ from keel.langgraph.executor import Executor
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
+from keel.langgraph.shape import describe_change, graph_shape, shape_digest
 from keel.runtime.handoff import Claim, Taker
 from keel.runtime.records import RunDetails as RunDetails
 from keel.runtime.records import Submission as Submission
@@ -68,6 +71,8 @@ class Runtime:
         self._wakers: list[asyncio.Event] = []
         self._takers: list[Taker] = []
         self._checked: set[str] = set()
+        self.shapes: dict[str, dict[str, Any]] = {}
+        """Each checked workflow key's graph structure (keel.langgraph.shape)."""
 
     # What the core needs, handed down as `services`; read here for callers above the core.
     @property
@@ -107,9 +112,8 @@ class Runtime:
     def register(self, workflow: Workflow) -> None:
         """Add a workflow whose graph compiles; InvalidWorkflow (nothing registered) if not."""
         # Built once here (submit reads its input schema); a worker compiles its own, fenced.
-        learn_input_schema(workflow, compile_graph(workflow))
+        self._learn(workflow)
         self.workflows.add(workflow)
-        self._checked.add(workflow.key)
 
     def check_workflows(self) -> None:
         """InvalidWorkflow unless every registered graph compiles (once per workflow)."""
@@ -119,8 +123,29 @@ class Runtime:
     def check(self, workflow: Workflow) -> None:
         """InvalidWorkflow unless its graph compiles (checked once)."""
         if workflow.key not in self._checked:
-            learn_input_schema(workflow, compile_graph(workflow))
-            self._checked.add(workflow.key)
+            self._learn(workflow)
+
+    def _learn(self, workflow: Workflow) -> None:
+        graph = compile_graph(workflow)
+        learn_input_schema(workflow, graph)
+        self.shapes[workflow.key] = graph_shape(graph.builder)
+        self._checked.add(workflow.key)
+
+    async def hold_shapes(self, worker_id: str) -> dict[str, str]:
+        """Hold each workflow version to the graph structure it was first served with (this
+        one, if it is the first): key -> what differs, for each version whose graph here is
+        not that one. A worker refuses those versions: a run must not go on in a graph it was
+        not built for (a renamed node would end it as completed, its later nodes never run)."""
+        refused = {}
+        for workflow in self.workflows.all():
+            self.check(workflow)
+            shape = self.shapes[workflow.key]
+            first = await self.store.hold_graph_shape(
+                workflow.name, workflow.version, shape_digest(shape), dumps(shape), worker_id
+            )
+            if first["digest"] != shape_digest(shape):
+                refused[workflow.key] = describe_change(loads(first["shape"]), shape)
+        return refused
 
     def adopt(self, workflows: Workflows) -> None:
         """Serve another runtime's registry (shared, not copied) on this one's database."""

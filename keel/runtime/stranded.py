@@ -4,6 +4,7 @@ and the console, and said once per run by the worker that serves their workflow.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from keel.core import versions
 from keel.core.store.base import Row
@@ -19,22 +20,40 @@ def live_window(heartbeat_interval: float) -> float:
     return LIVE_HEARTBEATS * heartbeat_interval
 
 
-async def served(store: Store, live_window: float) -> dict[str, set[str]]:
-    """Workflow name -> the versions its live workers serve (see `keel.core.versions`)."""
-    return versions.served_versions(await store.served_workflows(live_window))
+@dataclass(frozen=True)
+class Serving:
+    """What the workers serve: versions by workflow name, and the versions they refuse (key ->
+    what differs from the graph the version was first served with); see keel.core.versions."""
+
+    versions: dict[str, set[str]]
+    refused: dict[str, str]
+
+    def is_stranded(self, run: Row) -> bool:
+        return versions.is_stranded(run, self.versions)
+
+    def reason(self, run: Row) -> str | None:
+        """Why the run is stranded, in one line (None: it is not)."""
+        return versions.stranded_reason(run, self.versions, self.refused)
+
+
+async def served(store: Store, live_window: float) -> Serving:
+    """What live workers serve (the last one seen, for a workflow none serves now)."""
+    workers = await store.served_workflows(live_window)
+    return Serving(versions.served_versions(workers), versions.refusals(workers))
 
 
 async def stranded_runs(
     store: Store, live_window: float, names: list[str] | None, limit: int = 100
 ) -> list[Row]:
-    """Stranded runs of workflows `names` (None: all), oldest first."""
-    by_name = await served(store, live_window)
-    names = sorted(by_name) if names is None else names
-    keys = sorted(f"{name}@{v}" for name, vs in by_name.items() for v in vs)
+    """Stranded runs of workflows `names` (None: all), oldest first, each with its
+    `stranded_reason`."""
+    serving = await served(store, live_window)
+    names = sorted(serving.versions) if names is None else names
+    keys = sorted(f"{name}@{v}" for name, vs in serving.versions.items() for v in vs)
     rows = await store.other_versions(names, keys, limit)
-    found = [row for row in rows if versions.is_stranded(row, by_name)]
+    found = [row for row in rows if serving.is_stranded(row)]
     for row in found:
-        row["stranded"] = True
+        row["stranded"], row["stranded_reason"] = True, serving.reason(row)
     return found
 
 
@@ -55,12 +74,9 @@ async def report_stranded(
             continue
         logged.add(run["run_id"])
         log.warning(
-            "run %s (%s) is stranded on %s@%s: no live worker executes that version (this "
-            "one has %s); move it with `keel runs upgrade %s --to VERSION`",
+            "run %s (%s) is stranded: %s; this worker serves %s",
             run["run_id"],
             run["status"],
-            run["workflow"],
-            run["workflow_version"],
-            ", ".join(keys),
-            run["run_id"],
+            run["stranded_reason"],
+            ", ".join(keys) or "none",
         )

@@ -177,6 +177,9 @@ def summarize(details: Details, now: float) -> RunSummary:
         states = ", ".join(f"{n} {s}" for s, n in sorted(intents.items()) if s != "delivered")
         outcome = f"{outcome}, {undelivered} outbox effect(s) undelivered"
         why = f"{why}; outbox: {states}"
+    reason = getattr(details, "stranded_reason", None)
+    if reason:  # it would look merely queued (or waiting) forever
+        outcome, why = f"{outcome}, stranded", f"stranded: {reason}"
     return RunSummary(
         run_id=run["run_id"],
         job_id=run["job_id"],

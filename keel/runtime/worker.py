@@ -30,12 +30,13 @@ from keel.core import infra, leases, logs, notification_outbox, retention
 from keel.core.clock import DEFAULT_MAX_SKEW, MAX_SKEW_ENV, judge_skew
 from keel.core.deadlines import sweep_deadlines
 from keel.core.effects import dispatch as effect_dispatch
-from keel.core.errors import ClockSkew
+from keel.core.errors import ClockSkew, WorkflowVersionMismatch
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED
 from keel.core.store.base import Row
 from keel.core.store.intent_queries import OUTBOX_WAKE
 from keel.core.store.store import Lease
+from keel.core.workflows import Workflows
 from keel.langgraph.executor import Executor, Outcome
 from keel.runtime.dispatcher import SAFETY_POLL_INTERVAL, deliver_effects
 from keel.runtime.handoff import Handoff
@@ -122,6 +123,10 @@ class Worker:
         """Set (loop time) while the worker cannot reach its database and waits for it."""
         self._outage_attempts = 0
         self._executor: Executor | None = None
+        self.serving: Workflows = runtime.workflows
+        """The workflows this worker executes: its runtime's, but those whose graph differs
+        from the one their version was first served with (`refused`, key -> what differs)."""
+        self.refused: dict[str, str] = {}
         self._handoff = Handoff(
             runtime.services, runtime.workflows, self.worker_id, free=self._room, start=self._start
         )
@@ -147,6 +152,7 @@ class Worker:
         rt = self.runtime
         await rt.open()
         rt.check_workflows()  # a graph that cannot compile is refused here, not at every claim
+        self._refuse(await rt.hold_shapes(self.worker_id))
         await self._check_clock()  # ClockSkew: refuse to start
         rt.set_draining(False)  # an earlier worker's stop on this runtime is over
         executor = self._executor = rt.executor(self.worker_id)
@@ -179,7 +185,7 @@ class Worker:
             "worker %s started: concurrency %d, workflows %s",
             self.worker_id,
             self.concurrency,
-            ", ".join(sorted(rt.workflows.keys())) or "none",
+            ", ".join(sorted(self.serving.keys())) or "none",
             extra={"event": "worker.started"},
         )
         # Quiet (PostgreSQL, a long-lived worker): claim when woken (a NOTIFY, a run of ours
@@ -275,14 +281,14 @@ class Worker:
         # it, so a run the check below misses is not left queued.
         if await effect_dispatch.due_soon(rt.services):
             return False
-        if await rt.services.store.count_unfinished(rt.workflows.keys()) != 0:
+        if await rt.services.store.count_unfinished(self.serving.keys()) != 0:
             return False
         # Deliver what the last runs announced (a wait's request) before leaving, and stay if
         # a due deadline queued a run meanwhile.
         if not self.sweep_before_exit:
             return True
         await self._sweep()
-        return await rt.services.store.count_unfinished(rt.workflows.keys()) == 0
+        return await rt.services.store.count_unfinished(self.serving.keys()) == 0
 
     async def _quiet_pass(self, executor: Executor, woken: bool) -> tuple[float, int]:
         """One look of a quiet worker: sweep if something fell due, claim if a run is there
@@ -293,7 +299,7 @@ class Worker:
             # Full: what a wake-up announces waits for a slot, and a run of ours ending wakes
             # this loop again. What falls due is looked at when the last look said.
             return max(self._next_look - loop.time(), 0.0), 0
-        keys, outbox = rt.workflows.keys(), bool(rt.services.notifiers)
+        keys, outbox = self.serving.keys(), bool(rt.services.notifiers)
         # A wake-up is most often a run just admitted: it starts first, and the look at what
         # else is due (for how long to sleep) runs beside it rather than before it.
         claimed = await self._fill(executor) if woken else 0
@@ -372,9 +378,9 @@ class Worker:
             got = await leases.claim(
                 rt.services.store,
                 self.worker_id,
-                rt.workflows.keys(),
+                self.serving.keys(),
                 rt.services.lease_ttl,
-                rt.workflows.limits(),
+                self.serving.limits(),
                 max_crashes=executor.services.attempts.max_crashes,
             )
             if got is None:
@@ -439,7 +445,7 @@ class Worker:
     async def _report_stranded(self) -> None:
         rt = self.runtime
         window = live_window(rt.heartbeat_interval)
-        await report_stranded(rt.services.store, window, rt.workflows.keys(), self._stranded_logged)
+        await report_stranded(rt.services.store, window, self.serving.keys(), self._stranded_logged)
 
     async def _check_clock(self) -> None:
         """Measure this clock against the database's; warn past a third of the lease TTL (once
@@ -533,13 +539,38 @@ class Worker:
                     exc,
                 )
 
+    def _refuse(self, refused: dict[str, str]) -> None:
+        """Serve every workflow but those whose graph is not their version's: say each once,
+        loudly; with none left, refuse to start (WorkflowVersionMismatch)."""
+        self.refused = refused
+        self.serving = self.runtime.workflows.without(refused)
+        self._handoff.workflows = self.serving
+        for key, why in sorted(refused.items()):
+            log.error(
+                "worker %s refuses %s: its graph differs from the one version %s was first "
+                "served with (%s); runs of it stay queued (stranded) until a worker with that "
+                "graph serves it. Give the edited graph a new version (@app.workflow(..., "
+                'version="N")) and move runs with `keel runs upgrade RUN --to N`',
+                self.worker_id,
+                key,
+                key.rpartition("@")[2],
+                why,
+                extra={"event": "worker.refused", "workflow": key},
+            )
+        if refused and not self.serving.keys():
+            raise WorkflowVersionMismatch(
+                f"every workflow of this worker has a graph other than its version's: "
+                f"{'; '.join(f'{k}: {w}' for k, w in sorted(refused.items()))}"
+            )
+
     async def _announce(self) -> None:
         await self.runtime.services.store.upsert_worker(
             self.worker_id,
             host=socket.gethostname(),
             pid=os.getpid(),
             concurrency=self.concurrency,
-            workflows=self.runtime.workflows.keys(),
+            workflows=self.serving.keys(),
+            refused=self.refused,
         )
 
     async def _goodbye(self) -> None:

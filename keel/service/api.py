@@ -240,7 +240,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             for a in details.artifacts
         ]
         return m.run_detail(
-            {**details.run, "stranded": details.stranded},
+            details.annotated_run,
             url=url,
             run_url=url,
             timeline=details.timeline,
@@ -296,7 +296,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         effect it recorded is not performed again. 409 unless the run is failed."""
         keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
         details = keel_app.get_run(run_id)
-        row = {**details.run, "stranded": details.stranded}
+        row = details.annotated_run
         return m.run_model(row, _run_url(request, run_id))
 
     @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
@@ -305,7 +305,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         `version_mismatch` when its checkpoint does not fit that version's graph)."""
         keel_app.upgrade_run(run_id, to=body.to, by=body.by or principal.label)
         details = keel_app.get_run(run_id)  # its stranded flag, as now derived
-        row = {**details.run, "stranded": details.stranded}
+        row = details.annotated_run
         return m.run_model(row, _run_url(request, run_id))
 
     return router

@@ -84,6 +84,11 @@ class Run(BaseModel):
         description="The run needs a worker of a version that no worker serves (see "
         "docs/versions.md); move it with POST /runs/{id}/upgrade."
     )
+    stranded_reason: str | None = Field(
+        None,
+        description="Why it is stranded, in one line: no live worker serves its version, or "
+        "workers refuse it because their graph differs from the version's.",
+    )
     created_at: float
     updated_at: float
     started_at: float | None
@@ -265,6 +270,7 @@ def _run_fields(row: Row, now: float | None = None) -> dict[str, Any]:
         "error": row["error"],
         "cancel_requested": bool(row["cancel_requested"]),
         "stranded": bool(row.get("stranded", False)),
+        "stranded_reason": row.get("stranded_reason"),
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
         "started_at": row["started_at"],

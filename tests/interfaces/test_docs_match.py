@@ -17,6 +17,7 @@ import typer
 import keel
 from keel.cli.commands import cli
 from keel.core.clock import parse_duration
+from keel.core.store.base import load_migrations
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_MD = (ROOT / "docs" / "cli.md").read_text()
@@ -209,3 +210,12 @@ def test_keel_effect_is_documented_with_every_option() -> None:
     assert len(spans) == 2, "the ledger form and the outbox form"
     written = set().union(*(parameters(span) for span in spans))
     assert sorted(written ^ set(real_parameters(keel.effect))) == []
+
+
+def test_the_schema_versions_the_docs_show_are_this_keels() -> None:
+    latest = load_migrations("sqlite")[-1].version
+    assert latest == load_migrations("postgres")[-1].version
+    docs = CLI_MD + (ROOT / "docs" / "http.md").read_text()
+    shown = re.findall(r"(?:at version|schema_version\":|older than version) ?(\d+)", docs)
+    assert shown, "the docs show no schema version"
+    assert {int(n) for n in shown} <= {0, latest}, f"this Keel's schema is at version {latest}"

@@ -6,14 +6,18 @@ The provider is a real HTTP sink: a replay must not reach it, whatever the graph
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
+import psycopg
 import pytest
+from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.core.errors import UsageError
 from keel.testing.http import HttpSink
+from tests.support.apps import versions
 from tests.support.graphs import (
     async_double,
     charge_graph,
@@ -243,3 +247,64 @@ def test_an_in_doubt_effect_ends_the_replay_there_unperformed(
     assert report.note and "in_doubt in the ledger" in report.note
     assert provider.calls == calls, "the replay called the provider"
     assert recorded(app, run_id) == before
+
+
+class Report(TypedDict, total=False):
+    topic: str
+    report: str
+
+
+def write_report(state: Report) -> Report:
+    path = keel.artifacts().write_json("report.json", {"topic": state["topic"]})
+    return {"report": str(path)}  # the path kept in the state, as a next node would read it
+
+
+def report_graph() -> StateGraph:
+    graph = StateGraph(Report)
+    graph.add_node("write", write_report)
+    graph.add_edge(START, "write")
+    graph.add_edge("write", END)
+    return graph
+
+
+def test_an_artifact_path_kept_in_the_state_replays_with_no_divergence(
+    make_app: Callable[..., keel.App],
+) -> None:
+    app = make_app()
+    app.workflow("report")(report_graph)
+    run_id = app.submit("report", job_id="r-1", input={"topic": "ai"}).run_id
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "completed" and details.output["report"].endswith("report.json")
+    report = app.replay(run_id)
+    assert not report.diverged, report.model_dump()
+    assert [a.name for a in app.get_run(run_id).artifacts] == ["report.json"]
+
+
+def forget_graph_shapes(db_url: str) -> None:
+    """What a Keel without graph identity let happen: no version is held to a graph."""
+    if db_url.startswith("sqlite:"):
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+            conn.execute("DELETE FROM keel_graph_shapes")
+        return
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM keel_graph_shapes")
+
+
+def test_a_run_an_edited_graph_ended_early_diverges_where_its_graph_goes_on(
+    make_app: Callable[..., keel.App], db_url: str
+) -> None:
+    old = versions.register_v1(make_app())
+    run_id = old.submit(versions.WORKFLOW, job_id="order-1", input={"order": "o-1"}).run_id
+    drain(old)
+    forget_graph_shapes(db_url)
+    edited = versions.register_edited_v1(make_app())
+    edited.approve(run_id, by="manager")
+    drain(edited)
+    ended = edited.get_run(run_id)
+    assert ended.status == "completed" and "shipped_by" not in (ended.output or {})
+    report = versions.register_v1(make_app()).replay(run_id)
+    assert report.diverged, report.model_dump()
+    assert (report.step, report.nodes) == (3, ["ship"])  # what the run never ran
+    [route] = report.differences
+    assert route.what == "route" and "goes on and runs ship" in route.detail

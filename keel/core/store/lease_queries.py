@@ -238,17 +238,41 @@ class LeaseQueries:
     # -- workers --------------------------------------------------------------------------------
 
     async def upsert_worker(
-        self, worker_id: str, *, host: str, pid: int, concurrency: int, workflows: list[str]
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        concurrency: int,
+        workflows: list[str],
+        refused: dict[str, str] | None = None,
     ) -> None:
-        """Say the worker is alive and what it serves (one statement, its own transaction)."""
+        """Say the worker is alive, what it serves and what it refuses (key -> why), in one
+        statement (its own transaction)."""
         params = {
             "worker_id": worker_id,
             "host": host,
             "pid": pid,
             "concurrency": concurrency,
             "workflows": json.dumps(sorted(workflows)),
+            "refused": json.dumps(refused or {}, sort_keys=True),
         }
         await self.db.single("upsert_worker", params)
+
+    async def hold_graph_shape(
+        self, workflow: str, version: str, digest: str, shape: str, worker_id: str
+    ) -> Row:
+        """The structure `workflow@version` was first served with (`digest`, `shape`): this one,
+        if it is the first."""
+        key = {"workflow": workflow, "version": version}
+        async with self.db.transaction() as tx:
+            await tx.execute(
+                "record_graph_shape",
+                {**key, "digest": digest, "shape": shape, "worker_id": worker_id},
+            )
+            row = await tx.one("get_graph_shape", key)
+        assert row is not None
+        return row
 
     async def stop_worker(self, worker_id: str) -> None:
         await self.db.single("stop_worker", {"worker_id": worker_id})

@@ -5,8 +5,10 @@ Version 2 has the same nodes (a compatible change: `ship` says "v2"); version 3 
 `review` to `approve`, so a run paused in `review` cannot move to it.
 
 `register_v1(app)` registers version 1 only (the old deployment); `register_new(app)` versions
-2 and 3 side by side (the new one). `--app tests.support.apps.versions:fresh_app` builds a new
-App of the new deployment on $KEEL_DATABASE_URL at each use (the CLI tests).
+2 and 3 side by side (the new one); `register_edited_v1(app)` version 1 with `review` renamed
+under the same version (a deploy that forgot to bump it). `--app
+tests.support.apps.versions:fresh_app` builds a new App of the new deployment on
+$KEEL_DATABASE_URL at each use (the CLI tests).
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ def _graph(version: str, review_node: str) -> StateGraph:
 
 def register_v1(app: keel.App) -> keel.App:
     app.workflow(WORKFLOW, version="1")(lambda: _graph("v1", "review"))
+    return app
+
+
+def register_edited_v1(app: keel.App) -> keel.App:
+    """Version 1 edited in place: `review` renamed to `signoff`, the version left at "1" (what
+    a deploy that forgot to bump the version brings)."""
+    app.workflow(WORKFLOW, version="1")(lambda: _graph("v1", "signoff"))
     return app
 
 

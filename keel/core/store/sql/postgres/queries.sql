@@ -597,11 +597,12 @@ LEFT JOIN (SELECT * FROM decided
 UPDATE keel_runs SET decision = %(decision)s, updated_at = keel_now() WHERE run_id = %(run_id)s;
 
 -- name: upsert_worker
--- A worker says it is alive, and which workflow versions it executes.
-INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, started_at, heartbeat_at)
-VALUES (%(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(workflows)s, keel_now(), keel_now())
+-- A worker says it is alive, which workflow versions it executes, and which it refuses (its
+-- graph differs from the one the version was first served with: key -> what differs).
+INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, refused, started_at, heartbeat_at)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(workflows)s, %(refused)s, keel_now(), keel_now())
 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
-    workflows = excluded.workflows;
+    workflows = excluded.workflows, refused = excluded.refused;
 
 -- name: next_due
 -- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
@@ -744,11 +745,23 @@ UPDATE keel_waits SET deadline = keel_now() - 1 WHERE wait_id = %(wait_id)s AND 
 SELECT keel_now() AS now;
 
 -- name: served_workflows
--- What workers serve, most recently seen first, with whether each is live.
-SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - %(window)s THEN 1 ELSE 0 END AS live FROM keel_workers
-WHERE workflows <> '[]'
+-- What workers serve and refuse, most recently seen first, with whether each is live.
+SELECT workflows, refused, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - %(window)s THEN 1 ELSE 0 END AS live FROM keel_workers
+WHERE workflows <> '[]' OR refused <> '{}'
 ORDER BY COALESCE(stopped_at, heartbeat_at) DESC, worker_id
 LIMIT 1000;
+
+-- name: record_graph_shape
+-- The structure a workflow version is first served with; a later one is not written (the
+-- first one stays the version's).
+INSERT INTO keel_graph_shapes (workflow, version, digest, shape, recorded_at, recorded_by)
+VALUES (%(workflow)s, %(version)s, %(digest)s, %(shape)s, keel_now(), %(worker_id)s)
+ON CONFLICT (workflow, version) DO NOTHING;
+
+-- name: get_graph_shape
+-- The structure a workflow version was first served with.
+SELECT digest, shape, recorded_at, recorded_by FROM keel_graph_shapes
+WHERE workflow = %(workflow)s AND version = %(version)s;
 
 -- name: other_versions
 -- Unfinished runs of these workflows under a version not among these keys.

@@ -509,11 +509,12 @@ FROM (SELECT 1) AS one LEFT JOIN keel_waits AS w ON w.wait_id = :target_id;
 UPDATE keel_runs SET decision = :decision, updated_at = keel_now() WHERE run_id = :run_id;
 
 -- name: upsert_worker
--- A worker says it is alive, and which workflow versions it executes.
-INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, started_at, heartbeat_at)
-VALUES (:worker_id, :host, :pid, :concurrency, :workflows, keel_now(), keel_now())
+-- A worker says it is alive, which workflow versions it executes, and which it refuses (its
+-- graph differs from the one the version was first served with: key -> what differs).
+INSERT INTO keel_workers (worker_id, host, pid, concurrency, workflows, refused, started_at, heartbeat_at)
+VALUES (:worker_id, :host, :pid, :concurrency, :workflows, :refused, keel_now(), keel_now())
 ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NULL,
-    workflows = excluded.workflows;
+    workflows = excluded.workflows, refused = excluded.refused;
 
 -- name: next_due
 -- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
@@ -653,11 +654,23 @@ UPDATE keel_waits SET deadline = keel_now() - 1 WHERE wait_id = :wait_id AND sta
 SELECT keel_now() AS now;
 
 -- name: served_workflows
--- What workers serve, most recently seen first, with whether each is live.
-SELECT workflows, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - :window THEN 1 ELSE 0 END AS live FROM keel_workers
-WHERE workflows <> '[]'
+-- What workers serve and refuse, most recently seen first, with whether each is live.
+SELECT workflows, refused, CASE WHEN stopped_at IS NULL AND heartbeat_at >= (SELECT keel_now()) - :window THEN 1 ELSE 0 END AS live FROM keel_workers
+WHERE workflows <> '[]' OR refused <> '{}'
 ORDER BY COALESCE(stopped_at, heartbeat_at) DESC, worker_id
 LIMIT 1000;
+
+-- name: record_graph_shape
+-- The structure a workflow version is first served with; a later one is not written (the
+-- first one stays the version's).
+INSERT INTO keel_graph_shapes (workflow, version, digest, shape, recorded_at, recorded_by)
+VALUES (:workflow, :version, :digest, :shape, keel_now(), :worker_id)
+ON CONFLICT (workflow, version) DO NOTHING;
+
+-- name: get_graph_shape
+-- The structure a workflow version was first served with.
+SELECT digest, shape, recorded_at, recorded_by FROM keel_graph_shapes
+WHERE workflow = :workflow AND version = :version;
 
 -- name: other_versions
 -- Unfinished runs of these workflows under a version not among these keys.

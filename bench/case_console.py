@@ -149,7 +149,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
     for backend in settings.backends:
         url = dbs.keel(backend, "console")
         app = dbs.app(url)
-        _fill(url, app.aio.clock.now())
+        _fill(url, app.aio.runtime.clock.now())
         try:
             with (
                 _Server(create_app(app, tokens={TOKEN: ["*"]})) as server,

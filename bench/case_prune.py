@@ -23,7 +23,7 @@ DAY = 86400.0
 
 
 def _drain(app: object) -> None:
-    rt = app.aio  # type: ignore[attr-defined]
+    rt = app.aio.runtime  # type: ignore[attr-defined]
     worker = Worker(rt, concurrency=4, stop_when_idle=True)
     asyncio.run_coroutine_threadsafe(worker.run(), rt.portal.loop).result(timeout=600)
 

@@ -119,7 +119,7 @@ def _app(url: str, artifacts: Path) -> keel.App:
 
 
 def _drain(app: keel.App) -> None:
-    rt = app.aio
+    rt = app.aio.runtime
     worker = Worker(rt, concurrency=4, stop_when_idle=True)
     asyncio.run_coroutine_threadsafe(worker.run(), rt.portal.loop).result(timeout=1800)
 
@@ -175,7 +175,7 @@ def flat(
     url = dbs.keel(backend, "retention_flat")
     artifacts = dbs.tmp / "retention_flat_artifacts"
     app = _app(url, artifacts)
-    rt = app.aio
+    rt = app.aio.runtime
     worker = Worker(rt, concurrency=4, prune_older_than=keep, prune_interval=interval)
     running = asyncio.run_coroutine_threadsafe(worker.run(), rt.portal.loop)
     samples: list[dict[str, Any]] = []

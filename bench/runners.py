@@ -164,7 +164,7 @@ class KeelRunner:
         unless `observe` is false: an idle worker's traffic is measured alone)."""
         from keel.runtime.worker import Worker
 
-        rt = self.app.aio
+        rt = self.app.aio.runtime
         rt.portal.call(rt.open())
         self._worker = Worker(rt, concurrency=concurrency)
         self._serving = asyncio.run_coroutine_threadsafe(self._worker.run(), rt.portal.loop)
@@ -174,21 +174,21 @@ class KeelRunner:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the worker runs on."""
-        return self.app.aio.portal.loop
+        return self.app.aio.runtime.portal.loop
 
     def drain_here(self, concurrency: int) -> Any:
         """Run the queue dry with a worker on this App's loop; the caller blocks, polling
         nothing. Returns the worker's stats."""
         from keel.runtime.worker import Worker
 
-        rt = self.app.aio
+        rt = self.app.aio.runtime
         rt.portal.call(rt.open())
         worker = Worker(rt, concurrency=concurrency, stop_when_idle=True)
         return asyncio.run_coroutine_threadsafe(worker.run(), rt.portal.loop).result(timeout=600)
 
     def stop_worker(self) -> None:
         if self._worker is not None:
-            self.app.aio.portal.loop.call_soon_threadsafe(self._worker.stop)
+            self.app.aio.runtime.portal.loop.call_soon_threadsafe(self._worker.stop)
             self._serving.result(timeout=120)
             self._worker = None
         if self._observer is not None:

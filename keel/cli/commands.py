@@ -33,7 +33,6 @@ from keel.cli.guard import (
     login,
     read_input,
     say,
-    warn,
 )
 from keel.cli.options import (
     ActionOption,
@@ -197,16 +196,10 @@ def serve(
     Requests only record and wake: run workers separately (`keel worker APP`). Bearer tokens
     come from $KEEL_API_TOKENS, the Slack signing secret from $KEEL_SLACK_SIGNING_SECRET.
     """
-    from keel.service.auth import ENV as TOKENS_ENV
-    from keel.service.auth import MAKE_ONE, load_tokens
     from keel.service.server import serve as serve_http
 
     check_database(load_app(app), hint=APP_HINT)
-    if not load_tokens(None):
-        warn(
-            f"no API tokens: ${TOKENS_ENV} is empty, so every request but /healthz and /readyz "
-            f'gets 401 (e.g. {TOKENS_ENV}="$({MAKE_ONE})=*"; see docs/http.md)'
-        )
+    # Tokens are read and checked, and their absence warned of once, by create_app.
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
     serve_http(
         app,
@@ -243,10 +236,11 @@ def submit(
         IfExists,
         typer.Option(
             "--if-exists",
-            help="When the job already has a run with other input: admit a new run (new), "
-            "give back the job's latest run (reuse), or refuse (error).",
+            help="When the job already has a run with other input: give back the job's latest "
+            "run (reuse: a job id is an idempotency key), admit a new run (new), or refuse "
+            "(error).",
         ),
-    ] = IfExists.NEW,
+    ] = IfExists.REUSE,
     as_json: JsonOption = False,
 ) -> None:
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
@@ -377,7 +371,8 @@ cli.command()(cancel)
 @guarded
 def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = None) -> None:
     """List workers (host, pid, concurrency, workflows, last heartbeat, state) and stranded runs;
-    `silent` workers (not stopped, quiet for up to an hour) wait for their database or are dead."""
+    `silent` workers (not stopped, quiet a while) wait for their database or are dead; `dead`
+    ones were quiet over three lease TTLs (shown for up to an hour)."""
     with open_app(app, db) as loaded:
         rows, stranded = loaded.workers(silent_for=3600), loaded.stranded_runs()
     listing(rows, as_json, render.workers_table, "no live workers (and none silent)")

@@ -23,11 +23,13 @@ from keel.cli.render import out, redact
 from keel.core.errors import (
     InvalidId,
     InvalidInput,
+    JobExists,
     KeelError,
     UnknownWorkflow,
     UsageError,
     WrongWaitKind,
 )
+from keel.core.runs import job_exists_message
 from keel.core.wait_model import WaitKind
 from keel.runtime import preflight
 from keel.runtime.app import App
@@ -65,10 +67,19 @@ def _wrong_kind(exc: KeelError) -> str:
     return str(exc)  # another kind: the core's own words
 
 
+def _job_exists(exc: KeelError) -> str:
+    """`--if-exists error` refused: the other choices as options, not Python's keywords."""
+    assert isinstance(exc, JobExists)
+    return job_exists_message(
+        exc.job_id, exc.runs[0], new="--if-exists new", reuse="--if-exists reuse"
+    )
+
+
 # Keel's errors at the terminal, most specific first: the exit code, and the message (None:
 # the exception's own sentence). Bad usage or input is 2, everything else 1.
 KEEL_ERRORS: tuple[tuple[type[KeelError], int, Callable[[KeelError], str] | None], ...] = (
     (WrongWaitKind, BAD_USAGE, _wrong_kind),
+    (JobExists, 1, _job_exists),
     (InvalidId, BAD_USAGE, None),
     (InvalidInput, BAD_USAGE, None),
     (UnknownWorkflow, BAD_USAGE, None),

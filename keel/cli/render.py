@@ -138,6 +138,7 @@ def decoded(row: Row) -> dict[str, Any]:
 def details_json(details: RunDetails) -> dict[str, Any]:
     return {
         "run": decoded(details.annotated_run),
+        "failure": details.failure,
         "timeline": [decoded(e) for e in details.timeline],
         "effects": [decoded(e) for e in details.effects],
         "waits": [decoded(w) for w in details.waits],
@@ -341,6 +342,12 @@ def artifacts_table(artifacts: Iterable[Any]) -> Table:
     return table
 
 
+_WORKER_STATES = {
+    "silent": "silent: waiting for its database, or dead",
+    "dead": "dead: silent for over three lease TTLs, its leases lapsed",
+}
+
+
 def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
     table = Table(title="workers", title_justify="left")
     columns = ("worker_id", "host", "pid", "concurrency", "workflows", "started", "heartbeat")
@@ -356,14 +363,33 @@ def workers_table(rows: Iterable[Row], now: float | None = None) -> Table:
             ", ".join(json.loads(w.get("workflows") or "[]")) or "-",
             when(w["started_at"], now),
             short_when(w["heartbeat_at"], now),
-            state if state == "live" else "silent: waiting for its database, or dead",
+            _WORKER_STATES.get(state, state),
         )
     return table
+
+
+def failure_lines(failure: dict[str, Any]) -> list[Text]:
+    """Where a failed run failed and its traceback (keel.core.failures)."""
+    where = [f"node {failure['node']}"] if failure.get("node") else []
+    if failure.get("inner_node"):
+        where.append(f"inside it node {failure['inner_node']}")
+    if failure.get("task_path"):
+        where.append(f"task {failure['task_path']}")
+    if failure.get("step") is not None:
+        where.append(f"step {failure['step']}")
+    said = f"failed in {', '.join(where)}" if where else "failed"
+    return [
+        Text(f"{said}: {failure['type']}: {failure['message']}", style="bold red"),
+        Text(str(failure.get("traceback", "")).rstrip(), style="dim"),
+    ]
 
 
 def run_view(details: RunDetails, now: float | None = None) -> Group:
     run = details.annotated_run
     parts: list[Any] = [run_summary(run, now), Text(""), timeline_table(details.timeline)]
+    failure = details.failure
+    if failure is not None:
+        parts[1:1] = [Text(""), *failure_lines(failure)]
     parts.append(effects_table(details.effects) if details.effects else Text("effects: none"))
     if details.intents:
         parts.append(intents_table(details.intents))

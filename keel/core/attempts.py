@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from keel.core import logs
+from keel.core import failures, logs
 from keel.core.errors import LeaseLost
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status
@@ -57,6 +57,7 @@ async def failed(
                 "error": error[:2000],
             }
             if attempt >= limit:
+                data["failure"] = failures.describe(exc)  # the last attempt's evidence
                 log.error(
                     "worker %s run %s: %s attempt %d of %d failed, giving up: %s",
                     *who[:2],

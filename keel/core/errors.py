@@ -32,8 +32,9 @@ class InputTooLarge(InvalidInput):
 class JobExists(KeelError):
     """The job already has a run with other input (submit with if_exists="error")."""
 
-    def __init__(self, message: str, *, runs: list[str]) -> None:
+    def __init__(self, message: str, *, job_id: str, runs: list[str]) -> None:
         super().__init__(message)
+        self.job_id = job_id
         self.runs = runs
 
 

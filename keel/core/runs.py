@@ -41,7 +41,9 @@ from keel.core.wait_model import ExpiryDecision, WaitStatus
 
 IF_EXISTS = ("new", "reuse", "error")
 """What `submit` does when the job already has runs with other input: admit a new run (and say
-so), return the job's latest run instead, or refuse (JobExists)."""
+so), return the job's latest run instead, or refuse (JobExists). "reuse" is the default: a job
+id is an idempotency key, so a retried webhook whose payload differs (a timestamp) is the run
+it admitted the first time, not a second one."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ async def admit(
     input: Any,
     rerun: bool,
     max_input_bytes: int,
-    if_exists: str = "new",
+    if_exists: str = "reuse",
     check: Callable[[Any], None] | None = None,
     then: Callable[[Tx], Awaitable[Later]] | None = None,
 ) -> Admission:
@@ -116,6 +118,15 @@ async def admit(
     return Admission(row, True, others)
 
 
+def job_exists_message(job_id: str, latest: str, *, new: str, reuse: str) -> str:
+    """The refusal under if_exists="error", with the two other choices in the words of the
+    surface that refused (Python's keyword, the CLI's option, the HTTP body's field)."""
+    return (
+        f"job {job_id} already has a run with other input ({latest}); submit it with {new} "
+        f"to admit another, {reuse} to get that one"
+    )
+
+
 async def _admit_once(
     store: Store,
     run: NewRun,
@@ -127,11 +138,10 @@ async def _admit_once(
         run, if_exists=if_exists, data=_admitted(run), then=then
     )
     if refused and if_exists == "error":
-        raise JobExists(
-            f"job {run.job_id} already has a run with other input ({others[0]}); "
-            "submit it with if_exists='new' to admit another, 'reuse' to get that one",
-            runs=others,
+        message = job_exists_message(
+            run.job_id, others[0], new="if_exists='new'", reuse="if_exists='reuse'"
         )
+        raise JobExists(message, job_id=run.job_id, runs=others)
     if row is None:
         # Refused (reuse: the job's latest run), or admitted by a concurrent submit that
         # committed while this one waited on it: read it now.
@@ -220,20 +230,24 @@ async def finish(
     error: str | None = None,
     output: str | None = None,
     within: EndWith | None = None,
+    failure: dict[str, Any] | None = None,
 ) -> None:
     """End the running run that `token` holds (completed, failed, cancelled) in one statement,
     its timeline event with it; LeaseLost (RunNotFound, InvalidTransition) and nothing written
     if the token no longer holds it running. A completed run without `termination_reason` ends
     for the reason its waits give (its approval verdict, or timed_out), judged in the same
     statement (the rule is the `finish_run` query's): nothing is read before it. `within`: the
-    statement commits in that transaction (the saver's, with the run's last checkpoint)."""
+    statement commits in that transaction (the saver's, with the run's last checkpoint).
+    `failure` (keel.core.failures.describe) goes into a failed run's event."""
     check_transition(Status.RUNNING, target)
     if target not in FINISHED:
         raise InvalidTransition(f"finish() ends a run; {target.value} is not an end")
     if termination_reason is None and target != Status.COMPLETED:
         raise InvalidTransition(f"a run that ends {target.value} says why")
-    moved = {"from": Status.RUNNING.value, "to": target.value}
+    moved: dict[str, Any] = {"from": Status.RUNNING.value, "to": target.value}
     moved.update(_move_data(None, termination_reason, error))
+    if failure is not None:
+        moved["failure"] = failure  # keel.core.failures: where, and the traceback
     done = await store.finish_run(
         run_id,
         token,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import time
 import weakref
 from typing import Any, cast
@@ -18,7 +19,7 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
-from keel.core import attempts, leases, logs, waits
+from keel.core import attempts, failures, leases, logs, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
 from keel.core.errors import LeaseLost, Released, RunCancelled
@@ -168,11 +169,13 @@ class Executor:
                 log.exception(
                     "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
                 )
+                where = await failed_task(graph, config, exc)
                 return await self._end(
                     ctx,
                     Status.FAILED,
                     TerminationReason.EXECUTION_ERROR,
                     f"{type(exc).__name__}: {exc}",
+                    failure=failures.describe(exc, where),
                 )
             # A clean end: every task write committed with a checkpoint or at once.
             await self.saver.finish(lease.run_id, lease.token)
@@ -268,6 +271,7 @@ class Executor:
         reason: TerminationReason | None,
         error: str | None,
         output: str | None = None,
+        failure: dict[str, Any] | None = None,
     ) -> Outcome:
         """The execution's end, in one fenced statement (its event with it), committed with the
         last step's checkpoint when that waits for it (`Fencing.ending`)."""
@@ -282,6 +286,7 @@ class Executor:
                 error=error,
                 output=output,
                 within=self.saver.ending(ctx.run_id, ctx.token),
+                failure=failure,
             )
         except LeaseLost as exc:
             log.warning(
@@ -293,6 +298,32 @@ class Executor:
             )
             return LeaseEnd.LOST
         return status
+
+
+TASK_NOTE = re.compile(r"During task with name '(?P<name>.*)' and id '(?P<id>[^']*)'")
+
+
+async def failed_task(graph: Any, config: dict[str, Any], exc: BaseException) -> dict[str, Any]:
+    """Where in the graph `exc` was raised: the node (and, in a subgraph, the node inside it),
+    the task's path and the step, from the notes LangGraph adds to a task's exception and the
+    run's last checkpoint (whose next tasks include the failed one). What cannot be told is
+    left out."""
+    tasks = [m for n in getattr(exc, "__notes__", ()) if (m := TASK_NOTE.fullmatch(str(n)))]
+    if not tasks:
+        return {}
+    outer, inner = tasks[-1], tasks[0]  # notes are added as the exception goes up
+    where: dict[str, Any] = {"node": outer["name"]}
+    if inner is not outer:
+        where["inner_node"] = inner["name"]
+    try:
+        state = await graph.aget_state(config)
+    except Exception:  # what the notes said is already worth keeping
+        return where
+    for task in state.tasks:
+        if task.id == outer["id"]:
+            where["task_path"] = "/".join(map(str, task.path))
+            where["step"] = int(state.metadata.get("step", -1)) + 1
+    return where
 
 
 # LangGraph's interrupt channel (private there since 1.0; resuming after a decision breaks in

@@ -88,7 +88,8 @@ class RunTracer:
                 attributes={
                     "keel.run_id": run["run_id"],
                     "keel.job_id": run["job_id"],
-                    "keel.workflow": f"{run['workflow']}@{run['workflow_version']}",
+                    "keel.workflow": run["workflow"],
+                    "keel.workflow_version": run["workflow_version"],
                     "keel.traced_by": by,
                 },
             )
@@ -110,7 +111,8 @@ class RunTracer:
             attributes={
                 "keel.run_id": run["run_id"],
                 "keel.job_id": run["job_id"],
-                "keel.workflow": f"{run['workflow']}@{run['workflow_version']}",
+                "keel.workflow": run["workflow"],
+                "keel.workflow_version": run["workflow_version"],
                 "keel.worker_id": worker_id,
                 "keel.lease_token": token,
             },

@@ -95,13 +95,13 @@ class AsyncApp:
         input: Any,
         version: str | None = None,
         rerun: bool = False,
-        if_exists: str = "new",
+        if_exists: str = "reuse",
     ) -> Submission:
         """Admit a run (idempotent: the same job, input and version return the same run).
 
         When the job already has runs with other input (`other_runs`), `if_exists` says what to
-        do: "new" admits this one too, "reuse" returns the job's latest run, "error" raises
-        JobExists."""
+        do: "reuse" (the default: a job id is an idempotency key) returns the job's latest run,
+        "new" admits this one too, "error" raises JobExists."""
         await self.open()
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
@@ -253,14 +253,20 @@ class AsyncApp:
     async def workers(self, *, silent_for: float = 0.0) -> list[Row]:
         """Workers that announced themselves within three heartbeat intervals, each with
         `state` "live"; with `silent_for`, also those not stopped that went quiet within that
-        many seconds, `state` "silent": waiting for the database, or dead (nobody can tell
-        from here; a live one comes back by itself once it reaches the database)."""
+        many seconds: `state` "silent" if quiet for up to three lease TTLs (waiting for the
+        database, or dead: nobody can tell from here; a live one comes back by itself once it
+        reaches the database), "dead" past that (every lease it held lapsed long ago: its runs
+        are for other workers to take over)."""
         await self.open()
-        live_window = stranded.live_window(self.runtime.heartbeat_interval)
-        rows = await self.runtime.store.workers(max(live_window, silent_for))
-        now = await self.runtime.store.database_now()
+        runtime = self.runtime
+        live_window = stranded.live_window(runtime.heartbeat_interval)
+        dead_after = stranded.dead_after(runtime.lease_ttl, runtime.heartbeat_interval)
+        rows = await runtime.store.workers(max(live_window, silent_for))
+        now = await runtime.store.database_now()
         for row in rows:
-            row["state"] = "live" if row["heartbeat_at"] >= now - live_window else "silent"
+            seen = row["heartbeat_at"]
+            live, silent = seen >= now - live_window, seen >= now - dead_after
+            row["state"] = "live" if live else "silent" if silent else "dead"
         return rows
 
     async def cancel(self, run_id: str, *, by: str | None = None) -> Row:

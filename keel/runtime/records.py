@@ -59,6 +59,18 @@ class RunDetails:
         return {**self.run, "stranded": self.stranded, "stranded_reason": self.stranded_reason}
 
     @property
+    def failure(self) -> dict[str, Any] | None:
+        """Where and how a failed run failed (keel.core.failures: type, message, node,
+        task_path, step, traceback), from its last failure event; None unless it is failed."""
+        if self.status != "failed":
+            return None
+        for event in reversed(self.timeline):
+            data = event.get("data")
+            if isinstance(data, dict) and isinstance(data.get("failure"), dict):
+                return dict(data["failure"])
+        return None
+
+    @property
     def run_id(self) -> str:
         return str(self.run["run_id"])
 

@@ -15,9 +15,21 @@ LIVE_HEARTBEATS = 3
 """Heartbeat intervals since its last within which a worker counts as live."""
 
 
+DEAD_LEASES = 3
+"""Lease TTLs since its last heartbeat past which a silent worker is shown dead."""
+
+
 def live_window(heartbeat_interval: float) -> float:
     """Seconds since its last heartbeat within which a worker counts as live."""
     return LIVE_HEARTBEATS * heartbeat_interval
+
+
+def dead_after(lease_ttl: float, heartbeat_interval: float) -> float:
+    """Seconds of silence past which a worker counts as dead. By then every lease it held has
+    lapsed, free for other workers to take over; one merely cut off from its database that
+    long has lost its runs all the same (it comes back live and finds them taken), so "dead"
+    is what it is to the cluster. Never inside the live window, whatever the settings."""
+    return max(DEAD_LEASES * lease_ttl, live_window(heartbeat_interval))
 
 
 @dataclass(frozen=True)

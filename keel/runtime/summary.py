@@ -177,6 +177,10 @@ def summarize(details: Details, now: float) -> RunSummary:
         states = ", ".join(f"{n} {s}" for s, n in sorted(intents.items()) if s != "delivered")
         outcome = f"{outcome}, {undelivered} outbox effect(s) undelivered"
         why = f"{why}; outbox: {states}"
+    failure = getattr(details, "failure", None)
+    if failure and failure.get("node"):
+        step = f" at step {failure['step']}" if failure.get("step") is not None else ""
+        why = f"node {failure['node']} raised{step}: {failure['type']}: {failure['message']}"
     reason = getattr(details, "stranded_reason", None)
     if reason:  # it would look merely queued (or waiting) forever
         outcome, why = f"{outcome}, stranded", f"stranded: {reason}"

@@ -26,11 +26,20 @@ from keel.core.lifecycle import Status
 from keel.core.waits import DecisionResult
 from keel.runtime.summary import to_dict
 from keel.service import models as m
-from keel.service.auth import Authenticator, FailureLimit, Principal, load_tokens
+from keel.service.auth import Authenticator, FailureLimit, Principal, load_tokens, no_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
 from keel.service.effects_api import effects_router
-from keel.service.errors import BodyLimit, Refused, install, keel_message, keel_status
+from keel.service.errors import (
+    DECISION_CONFLICT,
+    BodyLimit,
+    Refused,
+    conflict_message,
+    conflicts,
+    install,
+    keel_message,
+    keel_status,
+)
 from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
@@ -68,6 +77,11 @@ NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _refused_with(why: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of an answer to a wait: not found, or refused (409) and why."""
+    return {**NOT_FOUND, 409: {"model": m.Problem, "description": why}}
+
+
 def create_app(
     keel_app: keel.App,
     *,
@@ -86,7 +100,7 @@ def create_app(
     """
     known = load_tokens(tokens)
     if not known:
-        log.warning("no API tokens configured: every request but /healthz and /readyz gets 401")
+        log.warning(no_tokens(from_env=tokens is None))
     auth = Authenticator(known, limit=failure_limit)
     api = FastAPI(
         title="Keel",
@@ -249,6 +263,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             notifications=details.notifications,
             intents=details.intents,
             artifacts=files,
+            failure=details.failure,
         )
 
     @router.get("/runs/{run_id}/summary", response_model=m.RunSummary, responses=NOT_FOUND)
@@ -360,14 +375,10 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     @router.post(
         "/approvals/{approval_id}/decision",
         response_model=m.DecisionOut,
-        responses={
-            **NOT_FOUND,
-            409: {
-                "model": m.Problem,
-                "description": "The run finished or the wait expired; `approval` shows what "
-                "was recorded instead.",
-            },
-        },
+        responses=_refused_with(
+            "Another decision was recorded first (`decision_conflict`), or the run finished or "
+            "the wait expired (`run_finished`); `approval` shows what was recorded instead."
+        ),
     )
     def decide(
         approval_id: ApprovalId,
@@ -376,17 +387,17 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         principal: Writer,
         idempotency_key: IdempotencyKey = None,
     ) -> m.DecisionOut:
-        """Approve or reject; the first decision wins and every request is told which it was."""
-        record = keel_app.approve if body.decision == "approve" else keel_app.reject
-        return _answer(record, approval_id, body, request, principal, idempotency_key)
+        """Approve or reject; the first decision wins. The same decision again is told it was
+        recorded (200), another one is refused (409 `decision_conflict`)."""
+        approve = body.decision == "approve"
+        record = keel_app.approve if approve else keel_app.reject
+        wanted = "approved" if approve else "rejected"
+        return _answer(record, wanted, approval_id, body, request, principal, idempotency_key)
 
     @router.post(
         "/approvals/{approval_id}/resolution",
         response_model=m.DecisionOut,
-        responses={
-            **NOT_FOUND,
-            409: {"model": m.Problem, "description": "Not an in-doubt effect, or finished."},
-        },
+        responses=_refused_with("Not an in-doubt effect, finished, or answered otherwise first."),
     )
     def resolve_effect(
         approval_id: ApprovalId,
@@ -399,27 +410,31 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         record = functools.partial(
             keel_app.resolve_effect, performed=body.performed, result=body.result
         )
-        return _answer(record, approval_id, body, request, principal, idempotency_key)
+        wanted = "performed" if body.performed else "not_performed"
+        return _answer(record, wanted, approval_id, body, request, principal, idempotency_key)
 
     def _answer(
         record: Callable[..., DecisionResult],
+        wanted: str,
         approval_id: str,
         body: m.DecisionIn | m.ResolutionIn,
         request: Request,
         principal: Principal,
         idempotency_key: str | None,
     ) -> m.DecisionOut:
-        """Record an answer; the wait as it is now, whether this call recorded it. A refusal
-        (the run finished, the wait takes another kind of answer) carries the wait too."""
+        """Record an answer (`wanted`, as the wait records it); the wait as it is now, whether
+        this call recorded it. A refusal carries the wait too: the run finished, the wait takes
+        another kind of answer, or another answer won (a conflict: the CLI's exit 1)."""
         wait = keel_app.get_wait(_checked(approval_id))
         run_url = _run_url(request, wait["run_id"])
+        action_id = idempotency_key or body.action_id
         try:
             result = record(
                 wait["run_id"],
                 wait_id=approval_id,
                 by=body.by or principal.label,
                 principal=principal.label,
-                action_id=idempotency_key or body.action_id,
+                action_id=action_id,
                 comment=body.comment,
                 channel="http",
             )
@@ -427,7 +442,12 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             status, code = keel_status(exc)
             now = m.approval_fields(keel_app.get_wait(approval_id), run_url)
             raise Refused(status, code, keel_message(exc), approval=now) from None
-        return m.DecisionOut(**m.approval_fields(result.wait, run_url), recorded=result.recorded)
+        fields = m.approval_fields(result.wait, run_url)
+        if conflicts(result, wanted, action_id):
+            raise Refused(
+                *DECISION_CONFLICT, conflict_message(result.wait, wanted), approval=fields
+            )
+        return m.DecisionOut(**fields, recorded=result.recorded)
 
     return router
 

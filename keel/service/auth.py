@@ -44,6 +44,15 @@ MIN_DISTINCT = 8
 MAKE_ONE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
+def no_tokens(from_env: bool) -> str:
+    """The one warning of a service started without tokens (`create_app` logs it)."""
+    why = f"${ENV} is empty" if from_env else "tokens= is empty"
+    return (
+        f"no API tokens: {why}, so every request but /healthz and /readyz gets 401 "
+        f'(e.g. {ENV}="$({MAKE_ONE})=*"; see docs/http.md)'
+    )
+
+
 class AuthError(Exception):
     def __init__(
         self, status: int, code: str, message: str, *, retry_after: int | None = None

@@ -1,7 +1,9 @@
 """Errors as HTTP answers, and the request-size limit.
 
 Every error response has the same shape, `{"error": code, "message": sentence}` (plus the
-recorded `approval` on a refused decision). Keel's exceptions are mapped in one table.
+recorded `approval` on a refused decision). Keel's exceptions are mapped in one table; a
+decision that lost to another one, which Python returns rather than raises, is the one code
+beside it (`decision_conflict`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keel.core import errors as core
+from keel.core.runs import job_exists_message
 from keel.core.wait_model import WaitKind
+from keel.core.waits import DecisionResult
 from keel.service.auth import AuthError
 
 log = logging.getLogger("keel.service")
@@ -45,6 +49,28 @@ KEEL_ERRORS: tuple[tuple[type[core.KeelError], int, str], ...] = (
     (core.WrongWaitKind, 409, "wrong_kind"),
     (core.UsageError, 400, "bad_request"),
 )
+DECISION_CONFLICT = (409, "decision_conflict")
+"""Another decision won the wait. Not an exception in Python (`recorded=False`, the recorded
+decision beside it); the CLI exits 1, the API refuses it like the errors above."""
+
+
+def conflicts(result: DecisionResult, wanted: str, action_id: str | None) -> bool:
+    """Whether an answer that was not recorded lost to another one. The recorded answer again
+    (a double click, a second approver agreeing), or a retry of the winning call (its action
+    id), is told what was recorded instead."""
+    if result.recorded or result.wait["decision"] == wanted:
+        return False
+    return action_id is None or result.wait.get("action_id") != action_id
+
+
+def conflict_message(wait: dict[str, Any], wanted: str) -> str:
+    by = wait.get("decided_by") or "someone"
+    via = f" via {wait['channel']}" if wait.get("channel") else ""
+    done = str(wait["decision"]).replace("_", " ")
+    return (
+        f"not {wanted.replace('_', ' ')}: {wait['wait_id']} was already {done} by {by}{via} "
+        "(the first decision wins)"
+    )
 
 
 class Refused(Exception):
@@ -83,8 +109,12 @@ def keel_status(exc: core.KeelError) -> tuple[int, str]:
 
 
 def keel_message(exc: core.KeelError) -> str:
-    """The exception's sentence, but an answer of the wrong kind in the API's words: the core
-    names the Python call to use, a person at the API wants the endpoint."""
+    """The exception's sentence, but in the API's words where the core's are Python's: an
+    answer of the wrong kind names the endpoint, a refused submit the body's field."""
+    if isinstance(exc, core.JobExists):
+        return job_exists_message(
+            exc.job_id, exc.runs[0], new='"if_exists": "new"', reuse='"if_exists": "reuse"'
+        )
     if not isinstance(exc, core.WrongWaitKind) or exc.wait_kind == WaitKind.OUTBOX:
         return str(exc)
     wait_id = exc.wait_id

@@ -56,10 +56,14 @@ class DatabaseCollector(Collector):
         now = snap["now"]
 
         runs = GaugeMetricFamily(
-            "keel_runs", "Runs by workflow and status.", labels=["workflow", "status"]
+            "keel_runs",
+            "Runs by workflow, version and status.",
+            labels=["workflow", "version", "status"],
         )
         for row in snap["runs"]:
-            runs.add_metric([row["workflow"], row["status"]], row["n"])
+            runs.add_metric(
+                [row["workflow"], str(row["workflow_version"]), row["status"]], row["n"]
+            )
         yield runs
 
         queue = snap["queue"]
@@ -145,6 +149,15 @@ def _age(now: float, then: float | None) -> float:
     return 0.0 if then is None else max(0.0, float(now) - float(then))
 
 
+def _workflow_labels(record: logging.LogRecord) -> tuple[str, str]:
+    """The record's workflow as (name, version) labels. Log lines carry `name@version` in
+    one field; metrics keep them apart, as `keel_runs` does, so that a counter and a gauge
+    join on `workflow` and a dashboard can sum over versions."""
+    key = str(getattr(record, "workflow", "") or "")
+    name, at, version = key.rpartition("@")  # the last "@", as keel.core.versions splits keys
+    return (name, version) if at else (key, "")
+
+
 class Metrics(logging.Handler):
     """One process's registry: the database collector and the counters fed by log records."""
 
@@ -166,22 +179,27 @@ class Metrics(logging.Handler):
         )
         self.finished = counter(
             "keel_runs_finished",
-            "Runs this process finished, by workflow and status.",
+            "Runs this process finished, by workflow, version and status.",
             "workflow",
+            "version",
             "status",
         )
         self.run_seconds = histogram(
             "keel_run_duration_seconds",
-            "Execution time of a run's final attempt, claim to finish, by workflow and status.",
+            "Execution time of a run's final attempt, claim to finish, by workflow, version and "
+            "status.",
             _RUN_BUCKETS,
             "workflow",
+            "version",
             "status",
         )
         self.step_seconds = histogram(
             "keel_step_duration_seconds",
-            "Time from a run's previous step boundary to this step's writes, by workflow and node.",
+            "Time from a run's previous step boundary to this step's writes, by workflow, version "
+            "and node.",
             _STEP_BUCKETS,
             "workflow",
+            "version",
             "node",
         )
         self.takeovers = counter(
@@ -202,7 +220,10 @@ class Metrics(logging.Handler):
             "outcome",
         )
         self.effects_in_doubt = counter(
-            "keel_effects_marked_in_doubt", "Effects this process marked in doubt.", "workflow"
+            "keel_effects_marked_in_doubt",
+            "Effects this process marked in doubt, by workflow and version.",
+            "workflow",
+            "version",
         )
         self.delivery_failures = counter(
             "keel_outbox_delivery_failures",
@@ -235,17 +256,18 @@ class Metrics(logging.Handler):
         kind = getattr(record, "event", None)
         if kind is None:
             return
-        workflow = str(getattr(record, "workflow", "") or "")
+        workflow = _workflow_labels(record)
         duration = getattr(record, "duration", None)
         if record.name == logs.EVENTS.name:
             self.events.labels(kind).inc()
         if kind in _FINISHED_EVENTS:
             status = kind.removeprefix("status.")
-            self.finished.labels(workflow, status).inc()
+            self.finished.labels(*workflow, status).inc()
             if duration is not None:
-                self.run_seconds.labels(workflow, status).observe(duration)
+                self.run_seconds.labels(*workflow, status).observe(duration)
         elif kind == "step" and duration is not None:
-            self.step_seconds.labels(workflow, str(getattr(record, "node", ""))).observe(duration)
+            node = str(getattr(record, "node", ""))
+            self.step_seconds.labels(*workflow, node).observe(duration)
         elif kind == "lease.takeover":
             self.takeovers.inc()
         elif kind == "lease.lost":
@@ -257,7 +279,7 @@ class Metrics(logging.Handler):
             name = str(getattr(record, "effect", ""))
             self.effect_seconds.labels(name, kind.split(".")[1], outcome).observe(duration)
         elif kind == "effect.in_doubt":
-            self.effects_in_doubt.labels(workflow).inc()
+            self.effects_in_doubt.labels(*workflow).inc()
         elif kind in ("notification.failed", "notification.in_doubt"):
             self.delivery_failures.labels(kind.split(".")[1]).inc()
 

@@ -30,9 +30,10 @@ class SubmitIn(Body):
     version: str | None = Field(None, description="Workflow version; the latest when omitted.")
     rerun: bool = Field(False, description="Admit a new attempt even if this job already ran.")
     if_exists: Literal["new", "reuse", "error"] = Field(
-        "new",
-        description="When the job already has a run with other input: admit a new run, give "
-        "back the job's latest run, or refuse (409 job_exists).",
+        "reuse",
+        description="When the job already has a run with other input: give back the job's "
+        "latest run (the default: a job id is an idempotency key), admit a new run, or refuse "
+        "(409 job_exists).",
     )
 
 
@@ -217,9 +218,24 @@ class Artifact(BaseModel):
     download_url: str
 
 
+class Failure(BaseModel):
+    """Where and how a failed run failed: the evidence a worker's log used to hold alone."""
+
+    type: str
+    message: str
+    node: str | None = Field(None, description="The node that raised (the root graph's).")
+    inner_node: str | None = Field(None, description="The node inside its subgraph, if any.")
+    task_path: str | None = None
+    step: int | None = None
+    traceback: str = Field(description="Bounded; the user's frames first when it is cut.")
+
+
 class RunDetail(Run):
     input: Any
     output: Any
+    failure: Failure | None = Field(
+        None, description="Set when the run failed: where, and the traceback."
+    )
     timeline: list[Event]
     effects: list[Effect]
     waits: list[Approval]
@@ -346,9 +362,11 @@ def run_detail(
     notifications: list[Row],
     intents: list[Row],
     artifacts: list[Artifact],
+    failure: dict[str, Any] | None = None,
 ) -> RunDetail:
     return RunDetail(
         **_run_fields(run),
+        failure=Failure(**failure) if failure else None,
         url=url,
         input=loads(run["input"]),
         output=loads(run["output"]),

@@ -167,6 +167,9 @@ def slack_router(
             action_id=f"slack:{action['click']}" if action["click"] else None,
             channel="slack",
         )
+        # A click that lost to another decision is acknowledged too (200), not refused with the
+        # API's 409: Slack shows the person an error for any other status, and the message's
+        # update (the "decided" notification) shows everyone the decision that won.
         return {
             "ok": True,
             "recorded": outcome.recorded,

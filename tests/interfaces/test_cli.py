@@ -9,6 +9,7 @@ is counted by what the sink received.
 from __future__ import annotations
 
 import getpass
+import io
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import pytest
 import typer
 import typer.core
 import typer.main
+from rich.console import Console
 from typer.testing import CliRunner, Result
 
 from keel.cli import render
@@ -404,10 +406,16 @@ def test_submit_tells_of_other_input_for_the_job_and_if_exists_refuses_it(
     other = json.dumps({**TICKET, "body": "Another answer."})
     refused = invoke(env, *submit, "--input", other, "--if-exists", "error")
     assert refused.exit_code == 1
-    assert f"already has a run with other input ({run_id})" in one_error_line(refused.stderr)
+    line = one_error_line(refused.stderr)
+    assert f"already has a run with other input ({run_id})" in line
+    # In the CLI's own words, not Python's.
+    assert "--if-exists new" in line and "if_exists=" not in line, line
     reused = invoke(env, *submit, "--input", other, "--if-exists", "reuse")
     assert reused.exit_code == 0 and f"reused run {run_id}" in reused.stdout
-    admitted = invoke(env, *submit, "--input", other)
+    # The job id is an idempotency key by default: a retry with other input gets that run.
+    retried = invoke(env, *submit, "--input", other)
+    assert retried.exit_code == 0 and f"reused run {run_id}" in retried.stdout
+    admitted = invoke(env, *submit, "--input", other, "--if-exists", "new")
     assert admitted.exit_code == 0, admitted.output
     assert f"note: job ticket-9 already had 1 run(s) with other input (latest {run_id})" in (
         admitted.stdout
@@ -529,6 +537,24 @@ def test_times_sizes_and_urls_read_well() -> None:
     }
 
 
+def test_the_workers_table_tells_a_silent_worker_from_a_dead_one() -> None:
+    now = 1_800_000_000.0
+    worker = {"host": "h", "pid": 7, "concurrency": 4, "workflows": '["w@1"]'}
+    rows = [
+        {**worker, "worker_id": f"w-{state}", "state": state, "started_at": now - 7200}
+        | {"heartbeat_at": now - quiet}
+        for state, quiet in (("live", 1), ("silent", 40), ("dead", 1800))
+    ]
+    console = Console(width=400, record=True, file=io.StringIO())
+    console.print(render.workers_table(rows, now))
+    lines = console.export_text().splitlines()
+    line = {s: next(x for x in lines if f"w-{s} " in x) for s in ("live", "silent", "dead")}
+    assert line["live"].rstrip(" │").endswith("live")
+    assert "silent: waiting for its database, or dead" in line["silent"]
+    assert "dead: silent for over three lease TTLs, its leases lapsed" in line["dead"]
+    assert "waiting for its database" not in line["dead"]
+
+
 def test_serve_answers_until_sigterm(env: dict[str, str]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -549,8 +575,9 @@ def test_serve_answers_until_sigterm(env: dict[str, str]) -> None:
         _, err = server.communicate(timeout=60)
     assert server.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err
-    # No $KEEL_API_TOKENS in this environment: said before the first 401, not after.
-    assert "warning: no API tokens: $KEEL_API_TOKENS is empty" in err
+    # No $KEEL_API_TOKENS in this environment: said before the first 401, not after, once.
+    assert "no API tokens: $KEEL_API_TOKENS is empty" in err
+    assert err.count("no API tokens") == 1, err
 
 
 # -- failures that must not loop: resume, broken graphs -----------------------------------------

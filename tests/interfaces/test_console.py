@@ -27,6 +27,7 @@ from keel.testing import spawn_worker
 from tests.support import REPO
 from tests.support.apps.service import LiveServer, register
 from tests.support.checks import wait_until
+from tests.support.graphs import echo_graph
 from tests.support.in_doubt import in_doubt
 from tests.support.outbox_flows import drain as outbox_drain
 from tests.support.outbox_flows import enqueue, graph, serving
@@ -214,6 +215,27 @@ def test_a_runs_outbox_intents_are_shown_with_their_state_and_error(
     expect(row).to_contain_text("ida@example.com")
     expect(row.locator("pre.error")).to_contain_text("gave up after 3 attempts")
     assert len(provider.deliveries) == 0  # shown, not sent
+
+
+def test_a_failed_runs_error_and_an_approvals_deadline_read_as_plain_text(
+    console: Callable[[keel.App], Console], make_app: Callable[..., keel.App]
+) -> None:
+    def needs_recipients(state: dict[str, Any]) -> dict[str, Any]:
+        return {"out": state["recipients"]}  # KeyError: 'recipients'
+
+    app = register(make_app())
+    app.workflow("mailing")(lambda: echo_graph(needs_recipients))  # type: ignore[arg-type]
+    failed = app.submit("mailing", job_id="mailing-1", input={"text": "x"}).run_id
+    waiting_runs(app, "ticket-2")  # its worker fails the mailing too
+    assert app.get_run(failed).status == "failed"
+    page = console(app).login(next=f"/ui/runs/{failed}")
+    timeline = page.locator("#timeline").inner_text()
+    # Text for a person, not JSON's escapes for a script.
+    assert "KeyError: 'recipients'" in timeline and "\\u0027" not in timeline, timeline
+
+    page.goto("/ui/approvals")
+    meta = page.locator("article.approval p.meta").inner_text()
+    assert re.search(r"\(in [^)]+\), then reject", meta), meta
 
 
 def test_bad_input_is_explained_on_a_page_and_changes_nothing(

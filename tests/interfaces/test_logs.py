@@ -189,8 +189,10 @@ def test_a_worker_serves_its_metrics_on_metrics_port(db_url: str, tmp_path: Path
     finally:
         worker.terminate()
         assert worker.wait(timeout=30) == 0
-    assert 'keel_runs{status="completed",workflow="observed"} 1.0' in text
-    assert 'keel_runs_finished_total{status="completed",workflow="observed@1"} 1.0' in text
+    assert 'keel_runs{status="completed",version="1",workflow="observed"} 1.0' in text
+    assert (
+        'keel_runs_finished_total{status="completed",version="1",workflow="observed"} 1.0' in text
+    )
     assert 'keel_effects{effect="notify",state="sent"} 1.0' in text
     assert timeline(db_url, run_id)[-1] == "status.completed"
 

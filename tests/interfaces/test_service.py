@@ -214,7 +214,8 @@ def test_submit_is_idempotent_201_then_200(svc: Service) -> None:
     again = svc.submit("ticket-1")
     assert again.status_code == 200
     assert again.json()["run_id"] == run["run_id"]
-    other_input = svc.submit("ticket-1", topic="different")
+    body = {"workflow": WORKFLOW, "job_id": "ticket-1", "input": {"topic": "different"}}
+    other_input = svc.http.post("/runs", json={**body, "if_exists": "new"})
     assert other_input.status_code == 201
     assert other_input.json()["run_id"] != run["run_id"]
     body = {"workflow": WORKFLOW, "job_id": "ticket-1", "input": {"topic": "ai"}, "rerun": True}
@@ -386,21 +387,30 @@ def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
     assert (first.json()["decision"], first.json()["decided_by"]) == ("approved", "alice")
     assert (first.json()["channel"], first.json()["action_id"]) == ("http", "click-1")
     assert first.json()["comment"] == "ship it"
-    # The same click again, and a second approver rejecting: both told what was recorded.
+    # The same click again, and a second approver approving too: told what was recorded.
     retry = svc.http.post(
         f"/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
     )
-    late = svc.http.post(
+    same = svc.http.post(
         f"/approvals/{approval_id}/decision",
-        json={"decision": "reject", "by": "bob", "action_id": "click-2"},
+        json={"decision": "approve", "by": "carol", "action_id": "click-3"},
     )
-    for answer in (retry, late):
+    for answer in (retry, same):
         assert answer.status_code == 200
         payload = answer.json()
         assert payload["recorded"] is False
         assert {k: v for k, v in payload.items() if k != "recorded"} == {
             k: v for k, v in first.json().items() if k != "recorded"
         }
+    # A second approver rejecting is refused, as in the CLI: 409, with what was recorded.
+    late = svc.http.post(
+        f"/approvals/{approval_id}/decision",
+        json={"decision": "reject", "by": "bob", "action_id": "click-2"},
+    )
+    assert (late.status_code, late.json()["error"]) == (409, "decision_conflict"), late.text
+    assert late.json()["message"].startswith("not rejected: ")
+    assert "already approved by alice" in late.json()["message"]
+    assert late.json()["approval"] == {k: v for k, v in first.json().items() if k != "recorded"}
     assert svc.http.get("/approvals").json()["approvals"] == []
     assert svc.http.get(f"/runs/{run_id}").json()["status"] == "queued"
     assert len(PERFORMED) == 0  # the request recorded; it did not run the graph
@@ -463,9 +473,15 @@ def test_a_job_with_other_input_is_told_and_can_be_refused(svc: Service) -> None
     body = {"workflow": WORKFLOW, "job_id": "job-if", "input": {"topic": "other"}}
     refused = svc.http.post("/runs", json={**body, "if_exists": "error"})
     assert (refused.status_code, refused.json()["error"]) == (409, "job_exists"), refused.text
+    # In the API's own words, not Python's.
+    message = refused.json()["message"]
+    assert '"if_exists": "new"' in message and "if_exists='new'" not in message, message
     reused = svc.http.post("/runs", json={**body, "if_exists": "reuse"})
     assert (reused.status_code, reused.json()["run_id"]) == (200, first.json()["run_id"])
-    new = svc.http.post("/runs", json=body)
+    # The job id is an idempotency key by default: a retried webhook gets the job's run.
+    retried = svc.http.post("/runs", json=body)
+    assert (retried.status_code, retried.json()["run_id"]) == (200, first.json()["run_id"])
+    new = svc.http.post("/runs", json={**body, "if_exists": "new"})
     assert new.status_code == 201
     assert new.json()["other_runs"] == [first.json()["run_id"]]
 
@@ -501,8 +517,11 @@ def test_an_in_doubt_effect_is_resolved_over_http_once(
             assert answer.status_code == 200, answer.text
             assert (answer.json()["recorded"], answer.json()["decision"]) == (True, "performed")
             assert answer.json()["principal"].startswith("token:")
-            again = svc.http.post(path, json={"performed": False})
+            again = svc.http.post(path, json={"performed": True, "result": {"charged": 5}})
             assert (again.status_code, again.json()["recorded"]) == (200, False)
+            other = svc.http.post(path, json={"performed": False})
+            assert (other.status_code, other.json()["error"]) == (409, "decision_conflict")
+            assert other.json()["approval"]["decision"] == "performed"
         finally:
             svc.close()
     drain(app)
@@ -647,16 +666,22 @@ def test_hundred_concurrent_decisions_record_one(svc: Service) -> None:
         with ThreadPoolExecutor(n) as pool:
             answers = list(pool.map(decide, range(n)))
 
-    assert [a.status_code for a in answers] == [200] * n, {a.text for a in answers}
-    bodies = [a.json() for a in answers]
-    winners = [i for i, b in enumerate(bodies) if b["recorded"]]
+    agreed = [i for i, a in enumerate(answers) if a.status_code == 200]
+    winners = [i for i in agreed if answers[i].json()["recorded"]]
     assert len(winners) == 1
     (winner,) = winners
+    # Those who decided as the winner did are told it (200); the others are refused (409).
+    assert agreed == [i for i in range(n) if wanted[i] == wanted[winner]]
+    refused = [a.json() for i, a in enumerate(answers) if i not in agreed]
+    assert {(a.status_code, a.json()["error"]) for a in answers if a.status_code != 200} == {
+        (409, "decision_conflict")
+    }
+    bodies = [answers[i].json() for i in agreed] + [r["approval"] for r in refused]
     decision = "approved" if wanted[winner] == "approve" else "rejected"
     assert {b["decision"] for b in bodies} == {decision}
     assert {b["decided_by"] for b in bodies} == {f"user-{winner}"}
     assert {b["action_id"] for b in bodies} == {f"key-{winner}"}
-    assert {b["decided_at"] for b in bodies} == {bodies[winner]["decided_at"]}
+    assert {b["decided_at"] for b in bodies} == {answers[winner].json()["decided_at"]}
     recorded = svc.events(run_id, "decision.recorded")
     assert len(recorded) == 1
     assert recorded[0]["data"]["action_id"] == f"key-{winner}"

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 import keel
 from keel.cli.commands import cli
 from keel.service.api import create_app
-from keel.service.errors import KEEL_ERRORS
+from keel.service.errors import DECISION_CONFLICT, KEEL_ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNC_ONLY = {"workflow", "add_notifier", "close"}
 # Codes the service decides itself (keel.service.errors.Refused and FastAPI's validation).
-SERVICE_CODES = {"invalid_request", "artifact_not_found"}
+SERVICE_CODES = {"invalid_request", "artifact_not_found", DECISION_CONFLICT[1]}
 
 
 def table() -> list[dict[str, str]]:

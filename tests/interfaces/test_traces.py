@@ -49,6 +49,10 @@ def test_a_run_is_one_trace_of_its_attempts_steps_and_effect_linked_to_its_reque
     (root,) = [s for s in mine if s["name"] == "keel.run review"]
     assert root["parent_id"] is None and root["attributes"]["keel.traced_by"] == "submit"
     assert traceparent.split("-")[2] == root["span_id"]
+    for span in (s for s in mine if s["name"].startswith(("keel.run", "keel.attempt"))):
+        # The name and the version apart, as the metrics label them.
+        assert span["attributes"]["keel.workflow"] == "review"
+        assert span["attributes"]["keel.workflow_version"] == "1"
     for attempt in (s for s in mine if s["name"].startswith("keel.attempt")):
         assert attempt["parent_id"] == root["span_id"]
         assert attempt["attributes"]["keel.run_id"] == run_id

@@ -160,7 +160,7 @@ def test_a_worker_started_after_another_was_stopped_still_finishes_runs(
     assert stats.claimed == 1
 
 
-def test_a_worker_that_stopped_heartbeating_is_listed_as_silent_not_dropped(
+def test_a_worker_that_stopped_heartbeating_is_listed_as_silent_then_dead_not_dropped(
     make_app: AppFactory,
 ) -> None:
     clock = keel.ManualClock(1_000.0)
@@ -176,5 +176,12 @@ def test_a_worker_that_stopped_heartbeating_is_listed_as_silent_not_dropped(
     assert [(w["worker_id"], w["state"]) for w in app.workers(silent_for=3600)] == [
         (worker.worker_id, "silent")
     ]
+    clock.advance(5)  # 8.5 s: still within three lease TTLs (9 s)
+    assert [w["state"] for w in app.workers(silent_for=3600)] == ["silent"]
+    clock.advance(1)  # past three lease TTLs: its leases lapsed long ago (SIGKILLed, say)
+    assert [(w["worker_id"], w["state"]) for w in app.workers(silent_for=3600)] == [
+        (worker.worker_id, "dead")
+    ]
+    assert app.workers(silent_for=5) == []  # `silent_for` still bounds what is listed
     clock.advance(3600)
     assert app.workers(silent_for=3600) == []

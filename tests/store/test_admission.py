@@ -101,6 +101,17 @@ def test_forty_racing_reruns_each_get_their_own_new_attempt(make_app: AppFactory
     assert first.run_id not in {s.run_id for s in got}
 
 
+def test_a_job_id_is_an_idempotency_key_by_default(make_app: AppFactory) -> None:
+    """A webhook retried with another timestamp in its payload is the same job: the run it
+    admitted the first time, not a second run (and a second email)."""
+    app = echo_app(make_app)
+    first = app.submit("echo", job_id="hook-1", input={"text": "x", "n": [1765000000]})
+    retried = app.submit("echo", job_id="hook-1", input={"text": "x", "n": [1765000005]})
+    assert (retried.run_id, retried.created) == (first.run_id, False)
+    assert retried.other_runs == [first.run_id]
+    assert len(app.list_runs(job_id="hook-1")) == 1
+
+
 def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
     make_app: AppFactory,
 ) -> None:
@@ -110,6 +121,8 @@ def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
     with pytest.raises(JobExists, match="job job-1 already has a run with other input") as no:
         app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="error")
     assert no.value.runs == [first.run_id]
+    # Python's own spelling, in Python.
+    assert "if_exists='new'" in str(no.value) and "--if-exists" not in str(no.value)
     assert len(app.list_runs(job_id="job-1")) == 1
     reused = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="reuse")
     assert (reused.run_id, reused.created, reused.other_runs) == (
@@ -117,7 +130,7 @@ def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
         False,
         [first.run_id],
     )
-    second = app.submit("echo", job_id="job-1", input={"text": "y"})  # "new", the default
+    second = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="new")
     assert second.created and second.other_runs == [first.run_id]
     # The same input again is that run, whatever the policy: nothing new to refuse.
     again = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="error")
@@ -130,7 +143,7 @@ def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
 def test_different_input_is_a_different_run(make_app: AppFactory) -> None:
     app = echo_app(make_app)
     a = app.submit("echo", job_id="job-1", input={"text": "x"})
-    b = app.submit("echo", job_id="job-1", input={"text": "y"})
+    b = app.submit("echo", job_id="job-1", input={"text": "y"}, if_exists="new")
     assert a["run_id"] != b["run_id"]
     assert a["run_id"].startswith("job-1-") and b["run_id"].startswith("job-1-")
     assert len(app.list_runs(job_id="job-1")) == 2
@@ -141,7 +154,8 @@ def test_new_workflow_version_is_a_different_run(make_app: AppFactory) -> None:
     app.workflow("echo", version="1")(echo_graph)
     app.workflow("echo", version="2")(echo_graph)
     v1 = app.submit("echo", job_id="job-1", input={}, version="1")
-    v2 = app.submit("echo", job_id="job-1", input={})  # the latest registered version
+    # The latest registered version; another version's run is "other input" for the job.
+    v2 = app.submit("echo", job_id="job-1", input={}, if_exists="new")
     assert v1["run_id"] != v2["run_id"]
     assert (v1["workflow_version"], v2["workflow_version"]) == ("1", "2")
 

@@ -267,7 +267,7 @@ def test_an_admission_is_one_statement_with_its_event(make_app: AppFactory) -> N
     again, count = _counted(app, submit(input={"text": "a"}))
     _one_trip(count)
     assert first.created and not again.created and again["run_id"] == first["run_id"]
-    other, count = _counted(app, submit(input={"text": "b"}))
+    other, count = _counted(app, submit(input={"text": "b"}, if_exists="new"))
     _one_trip(count)
     assert other.created and other.other_runs == [first["run_id"]]
     kinds = [e["kind"] for e in app.get_run(first["run_id"]).timeline]

@@ -105,7 +105,9 @@ class Effect(DeclaredEffect[P, R]):
             if self.is_async and ctx.services.portal.on_loop():
                 return cast(R, _ready(served))
             return cast(R, served)
-        if self.is_async and ctx.services.portal.on_loop():
+        if ctx.services.portal.on_loop():
+            if not self.is_async:  # blocking here would wait on the loop it blocks
+                raise UsageError(self._blocking(where.node))
             return cast(R, self._settle(ctx, call, None))  # the async node awaits it
         # A sync node's thread blocks until done; an un-awaited coroutine would send nothing.
         return cast(
@@ -114,6 +116,16 @@ class Effect(DeclaredEffect[P, R]):
                 lambda host: self._settle(ctx, call, host),
                 context=contextvars.copy_context(),
             ),
+        )
+
+    def _blocking(self, node: str) -> str:
+        """Why a sync effect cannot be called from an async node, and the ways out."""
+        fn = getattr(self.fn, "__name__", self.name)
+        return (
+            f"effect {self.name!r} is a plain `def` called from the async node {node!r}: a "
+            "blocking Keel call on Keel's event loop, which would wait for itself. Call it as "
+            f"`await asyncio.to_thread({fn}, ...)`, make the effect `async def` and `await` "
+            "it, or make the node a plain `def` (Keel runs it in a thread)"
         )
 
     async def _settle(self, ctx: RunContext, call: Call, host: Host | None) -> Any:

@@ -67,6 +67,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             run=details.run,
             summary=summary,
             timeline=details.timeline,
+            failure=details.failure,
             effects=[_effect_view(e) for e in details.effects],
             intents=[_intent_view(i) for i in details.intents],
             waits=[_wait_view(w) for w in details.waits],

@@ -42,6 +42,13 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
+def one_line(value: Any) -> str:
+    """A value as JSON on one line, its characters as they are: Jinja's `tojson` escapes
+    quotes and <>& as \\u0027 and the like for scripts, which a person should not have to read
+    (the page's autoescape already makes the text safe in HTML)."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
 def short(text: Any, n: int = 80) -> str:
     s = "" if text is None else str(text)
     return s if len(s) <= n else s[: n - 1] + "…"
@@ -52,7 +59,7 @@ def action_id() -> str:
     return "console:" + secrets.token_urlsafe(12)
 
 
-_env.filters.update(when=when, duration=duration, pretty=pretty, short=short)
+_env.filters.update(when=when, duration=duration, pretty=pretty, one_line=one_line, short=short)
 _env.globals.update(action_id=action_id)
 
 

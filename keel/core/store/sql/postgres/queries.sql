@@ -859,8 +859,9 @@ SELECT * FROM keel_events WHERE run_id = %(run_id)s AND event_id > %(after)s
 ORDER BY event_id LIMIT %(limit)s;
 
 -- name: metrics_runs
--- Runs per workflow and status (scraped by /metrics).
-SELECT workflow, status, COUNT(*) AS n FROM keel_runs GROUP BY workflow, status;
+-- Runs per workflow, version and status (scraped by /metrics).
+SELECT workflow, workflow_version, status, COUNT(*) AS n FROM keel_runs
+GROUP BY workflow, workflow_version, status;
 
 -- name: metrics_queue
 -- Queued runs and when the oldest was admitted.

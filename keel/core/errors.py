@@ -142,9 +142,11 @@ class NondeterminismError(KeelError):
         super().__init__(
             f"node {node!r} called effect {effect!r} with other arguments than the call the "
             f"ledger recorded at this place of the run (changed: {what}; key {key}). Nothing "
-            "was performed. Make the node pass the same arguments on every replay (e.g. take a "
-            "timestamp from the state, not the clock), or name the arguments that identify the "
-            "effect with @keel.effect(key=...)"
+            "was performed. Two fixes: compute the arguments in an earlier node and call the "
+            "effect in the next one (an LLM's draft, a timestamp: the earlier node's checkpoint "
+            "keeps them, so a resume passes the same ones), or name the arguments that identify "
+            f"the effect, @keel.effect({effect!r}, key=[...]), so the others may change. Then "
+            "`keel runs resume` the run (docs/effects.md, 'Arguments')"
         )
         self.node = node
         self.effect = effect

@@ -124,6 +124,9 @@ def test_a_replay_with_other_arguments_is_refused_naming_them_and_performs_nothi
         node.call(notify, "a@example.com", body="sent at 10:05")  # a replay, a new timestamp
     assert (info.value.node, info.value.effect, info.value.changed) == ("tell", "notify", ["body"])
     assert "node 'tell'" in str(info.value) and "changed: body" in str(info.value)
+    # Both fixes, in the words a user acts on: split the node, or name the identifying arguments.
+    assert "call the effect in the next one" in str(info.value)
+    assert "@keel.effect('notify', key=[...])" in str(info.value)
     assert len(calls) == 1 and len(provider.deliveries) == 1
     assert ledger(node) == [("sent", 1)]  # the recorded effect is kept as it was
     refused = [e for e in app.get_run(node.run_id).timeline if e["kind"] == "effect.nondeterminism"]

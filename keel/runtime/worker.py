@@ -404,6 +404,8 @@ class Worker:
         if (entry := self._tasks.get(run_id)) is not None and entry[1] is task:
             del self._tasks[run_id]
         if task.cancelled():
+            # Stopped past its grace (or at once): `_drain` gives its lease back.
+            self.stats.lost += 1
             return
         if task.exception() is not None:
             log.error(

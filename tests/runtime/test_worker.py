@@ -185,3 +185,31 @@ def test_a_worker_that_stopped_heartbeating_is_listed_as_silent_then_dead_not_dr
     assert app.workers(silent_for=5) == []  # `silent_for` still bounds what is listed
     clock.advance(3600)
     assert app.workers(silent_for=3600) == []
+
+
+def test_a_run_stopped_past_the_grace_is_counted_as_given_back(make_app: AppFactory) -> None:
+    started = threading.Event()
+
+    async def slow(state: TwoState) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(60)  # past any grace
+        return {"n": 1}
+
+    def slow_graph() -> StateGraph:
+        g = StateGraph(TwoState)
+        g.add_node("slow", slow)
+        g.add_edge(START, "slow")
+        g.add_edge("slow", END)
+        return g
+
+    app = make_app()
+    app.workflow("slow")(slow_graph)
+    run_id = app.submit("slow", job_id="slow-1", input={"n": 0}).run_id
+    worker = Worker(app.aio.runtime, grace=0.2)
+    loop = app.aio.runtime.portal.loop
+    future = asyncio.run_coroutine_threadsafe(worker.run(), loop)
+    assert started.wait(10), "the node never started"
+    loop.call_soon_threadsafe(worker.stop)  # SIGTERM: drain, then cancel past the grace
+    stats = future.result(timeout=20)
+    assert (stats.claimed, stats.lost, stats.finished) == (1, 1, 0), str(stats)
+    assert app.get_run(run_id).status == "queued"  # given back, to resume elsewhere

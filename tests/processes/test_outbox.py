@@ -207,13 +207,13 @@ def test_three_workers_share_one_rate_limit(
         assert worker.wait(timeout=90) == 0
     assert_each_once(app, run_id, provider, "/reconciled")
     times = seconds(provider.deliveries)
-    burst = 20  # the bucket starts full: one second's worth may go at once
-    overall = (count - burst) / (times[-1] - times[0])
-    print(f"{count} intents in {times[-1] - times[0]:.2f} s: {overall:.1f}/s past the burst")
+    overall = (count - 1) / (times[-1] - times[0])
+    print(f"{count} intents in {times[-1] - times[0]:.2f} s: {overall:.1f}/s")
     assert overall <= 20 * 1.05, f"{overall:.1f}/s"
-    # A token bucket's bound: in any T seconds, at most its burst plus T seconds' worth.
+    # "20/s" means no second sees more than 20 deliveries (taken 50 ms apart by the database's
+    # clock); one more is allowed for when a request reaches the sink later than the next.
     for width in (1.0, 2.0, 5.0):
-        assert windows(times, width) <= burst + 20 * width + 1, (width, windows(times, width))
+        assert windows(times, width) <= 20 * width + 1, (width, windows(times, width))
 
 
 def test_a_provider_refusing_for_ten_seconds_only_delays_delivery(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import random
 import re
 from collections.abc import Callable
@@ -60,18 +59,21 @@ class Retry:
 
 @dataclass(frozen=True)
 class Rate:
-    """A token bucket: `per_second` tokens a second, at most `burst` saved up."""
+    """A token bucket shared by every dispatcher: `per_second` tokens a second, at most
+    `burst` saved up. With a burst of one (the default) no window of the declared period ever
+    sees more deliveries than declared: they are spaced by 1/per_second. A burst of b lets a
+    quiet effect send b at once, so a window may see up to b - 1 more."""
 
     per_second: float
-    burst: float
+    burst: float = 1.0
 
     _FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*(s|sec|second|m|min|minute|h|hour)\s*$")
     _UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60}
 
     @classmethod
-    def parse(cls, text: str) -> Rate:
-        """`"20/s"`, `"600/m"`, `"1/5s"`, `"100/h"`: a steady rate, with a burst of one
-        second's worth (at least one): a quiet effect may send that many at once."""
+    def parse(cls, text: str, burst: int | None = None) -> Rate:
+        """`"20/s"`, `"600/m"`, `"1/5s"`, `"100/h"`: at most that many in any such window
+        (`burst` None or 1); a `burst` above 1 allows that many at once after a quiet spell."""
         found = cls._FORM.match(text) if isinstance(text, str) else None
         if found is None:
             raise UsageError(f"rate {text!r}: write it as N/s, N/m or N/h (e.g. '20/s', '1/5s')")
@@ -79,8 +81,9 @@ class Rate:
         seconds = every * cls._UNITS.get(unit, 3600)
         if count <= 0 or seconds <= 0:
             raise UsageError(f"rate {text!r}: must be more than zero")
-        per_second = count / seconds
-        return cls(per_second, float(max(1, math.floor(per_second))))
+        if burst is not None and burst < 1:
+            raise UsageError(f"rate {text!r}: burst must be at least 1, not {burst!r}")
+        return cls(count / seconds, float(burst or 1))
 
 
 class EffectArgs(TypedDict, total=False):
@@ -97,6 +100,7 @@ class OutboxArgs(EffectArgs, total=False):
     """The options only an outbox effect (``outbox=True``) takes."""
 
     rate: str | None
+    burst: int | None
     max_attempts: int | None
 
 
@@ -120,7 +124,10 @@ class EffectOptions:
     """Seconds one provider call may take, as declared; None: the app's `effect_timeout`,
     and the call itself is never abandoned (docs/effects.md)."""
     rate: Rate | None = None
-    """An outbox effect's deliveries, shared by every dispatcher."""
+    """An outbox effect's deliveries, shared by every dispatcher (its burst included)."""
+    burst: int | None = None
+    """As declared: deliveries a quiet effect may make at once (None: one, so no window of
+    the rate's period sees more than declared)."""
     max_attempts: int | None = None
     """An outbox effect's deliveries before it is dead; None: the retry policy's."""
 
@@ -131,6 +138,8 @@ class EffectOptions:
         rate, max_attempts = args.get("rate"), args.get("max_attempts")
         if max_attempts is not None and max_attempts < 1:
             raise UsageError(f"effect {name!r}: max_attempts must be at least 1")
+        if args.get("burst") is not None and rate is None:
+            raise UsageError(f"effect {name!r}: burst= goes with rate=")
         return cls(
             name,
             reconcile=args.get("reconcile"),
@@ -138,7 +147,8 @@ class EffectOptions:
             retry=args.get("retry") or Retry(),
             key=args.get("key"),
             timeout=_seconds(name, args.get("timeout")),
-            rate=Rate.parse(rate) if rate is not None else None,
+            rate=Rate.parse(rate, args.get("burst")) if rate is not None else None,
+            burst=args.get("burst"),
             max_attempts=max_attempts,
         )
 

@@ -5,7 +5,7 @@ from keel.core.artifacts import RunArtifacts, artifacts
 from keel.core.clock import ManualClock, SystemClock
 from keel.core.effects.declare import effect
 from keel.core.effects.options import KEY, Retry
-from keel.core.effects.outbox import await_effect, enqueue
+from keel.core.effects.outbox import await_effect, await_effects, enqueue
 from keel.core.errors import (
     ClockSkew,
     EffectConflict,
@@ -79,6 +79,7 @@ __all__ = [
     "approval",
     "artifacts",
     "await_effect",
+    "await_effects",
     "effect",
     "enqueue",
     "heartbeat",

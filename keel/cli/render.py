@@ -165,7 +165,7 @@ def runs_table(rows: Iterable[Row], now: float | None = None) -> Table:
     table.add_column("decision", no_wrap=True)
     table.add_column("termination reason")
     table.add_column("duration", justify="right", no_wrap=True)
-    table.add_column("attempts", justify="right", no_wrap=True)
+    table.add_column("executions", justify="right", no_wrap=True)
     table.add_column("admitted", no_wrap=True)
     table.add_column("updated", no_wrap=True)
     for row in rows:

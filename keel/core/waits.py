@@ -169,9 +169,10 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
             registered.append((event, row))
             if spec.get("kind") == WaitKind.OUTBOX and await row() is not None:
                 # Delivered before this wait existed: answered now, the run goes on at once.
-                intent = await store.read_intent(tx, str(spec["payload"]["intent_id"]))
-                if intent is not None:
-                    await effect_outbox.answer_waits(store, tx, intent)
+                for intent_id in effect_outbox.awaited(spec["payload"]):
+                    intent = await store.read_intent(tx, intent_id)
+                    if intent is not None and await effect_outbox.answer_waits(store, tx, intent):
+                        break
         # Cancelled while this step ran: this pause is its step boundary, nobody is asked. A
         # decision already in (it raced the registration) resumes the run at once.
         moved = await store.end_registration(

@@ -190,6 +190,7 @@ def same_default(written: str, real: Any) -> bool:
         ("keel.App", keel.App.__init__),
         ("keel.enqueue", keel.enqueue),
         ("keel.await_effect", keel.await_effect),
+        ("keel.await_effects", keel.await_effects),
         ("keel.approval", keel.approval),
         ("keel.heartbeat", keel.heartbeat),
         ("keel.Retry", keel.Retry),

@@ -8,9 +8,10 @@ with other arguments is refused, and a finished run says which of its effects ar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
+from langgraph.graph import END, START, StateGraph
 from typer.testing import CliRunner
 
 import keel
@@ -165,3 +166,48 @@ def test_await_effect_and_the_outbox_wait_refuse_what_they_cannot_take(
     assert details.status == "failed" and "intent id" in details.run["error"]
     with pytest.raises(keel.KeelError, match="no outbox intent"):
         app.aio.runtime.portal.call(retry_intent(app.aio.runtime.services, "outbox:nope:0"))
+
+
+class Many(TypedDict, total=False):
+    to: str
+    handles: list[str]
+    results: list[Any]
+
+
+def test_await_effects_waits_for_many_intents_in_one_pause(
+    make_app: AppFactory, provider: HttpSink
+) -> None:
+    def send_three(state: Many) -> Many:
+        return {"handles": [mail(f"{state['to']}-{n}") for n in range(3)]}
+
+    def wait_all(state: Many) -> Many:
+        return {"results": keel.await_effects(state["handles"])}
+
+    def build() -> StateGraph:
+        g = StateGraph(Many)
+        g.add_node("send_three", send_three)
+        g.add_node("wait_all", wait_all)
+        g.add_edge(START, "send_three")
+        g.add_edge("send_three", "wait_all")
+        g.add_edge("wait_all", END)
+        return g
+
+    app = make_app()
+    app.workflow("many")(build)
+    run_id = app.submit("many", job_id="m-1", input={"to": "ana"}).run_id
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "completed"
+    assert len(details.waits) == 1, "one pause for the three intents, not three"
+    handles = details.output["handles"]
+    results = details.output["results"]  # in the order of the handles, whatever the delivery's
+    assert [provider.deliveries[r["delivery"] - 1].idempotency_key for r in results] == handles
+    assert len(provider.deliveries) == 3
+    claims = [e for e in details.timeline if e["kind"] in ("lease.claimed", "lease.takeover")]
+    assert len(claims) <= 2  # the first execution, and the one resumed by the last delivery
+
+
+def test_await_effects_of_nothing_returns_nothing_and_checks_its_handles() -> None:
+    assert keel.await_effects([]) == []
+    with pytest.raises(keel.KeelError, match="intent id"):
+        keel.await_effects(["outbox:x:0", "nope"])

@@ -180,18 +180,35 @@ def await_effect(handle: str, *, timeout: float | str = "7d", on_dead: str = "wa
     `keel.approval()` it is a LangGraph interrupt: the node runs again from its start when the
     run resumes, and an intent delivered already resumes it at once.
     """
-    if not isinstance(handle, str) or not handle.startswith(PREFIX):
-        raise UsageError(
-            f"keel.await_effect() takes an intent id from an outbox effect, not {handle!r}"
-        )
+    return await_effects([handle], timeout=timeout, on_dead=on_dead)[0]
+
+
+def await_effects(
+    handles: list[str], *, timeout: float | str = "7d", on_dead: str = "wait"
+) -> list[Any]:
+    """Pause the run once until every intent of `handles` is delivered; return their results,
+    in order. One wait, one pause and one resume for all of them (awaiting them one by one
+    pauses and resumes the run once each). As `await_effect` otherwise: with
+    `on_dead="raise"` the first dead one raises EffectFailed, naming it."""
+    for handle in handles:
+        if not isinstance(handle, str) or not handle.startswith(PREFIX):
+            raise UsageError(
+                f"keel.await_effect() takes an intent id from an outbox effect, not {handle!r}"
+            )
     if on_dead not in ("wait", "raise"):
         raise UsageError(f"on_dead must be 'wait' or 'raise', not {on_dead!r}")
+    if not handles:
+        return []
     ctx = current("keel.await_effect()")
+    names = sorted({h.split(":", 2)[1] for h in handles})
+    payload: dict[str, Any] = (
+        {"intent_id": handles[0]} if len(handles) == 1 else {"intent_ids": list(handles)}
+    )
     spec = {
         "keel_wait": {
             "kind": WaitKind.OUTBOX.value,
-            "name": handle.split(":", 2)[1],
-            "payload": {"intent_id": handle, "on_dead": on_dead},
+            "name": ",".join(names),
+            "payload": {**payload, "on_dead": on_dead},
             "timeout": parse_duration(timeout),
             "on_timeout": "fail",
         }
@@ -199,40 +216,46 @@ def await_effect(handle: str, *, timeout: float | str = "7d", on_dead: str = "wa
     answer = ctx.pause(spec)
     decision = answer.get("decision") if isinstance(answer, dict) else answer
     if decision == IntentStatus.DELIVERED:
-        return answer.get("result")
+        results = answer.get("results")
+        return list(results) if isinstance(results, list) else [answer.get("result")]
+    failed = answer.get("intent_id") if isinstance(answer, dict) else None
     if decision == IntentStatus.DEAD:
-        raise EffectFailed(handle, str(answer.get("error") or "dead"))
-    raise EffectFailed(handle, f"not delivered (the wait ended {decision!r})")
+        raise EffectFailed(str(failed or handles[0]), str(answer.get("error") or "dead"))
+    raise EffectFailed(str(failed or handles[0]), f"not delivered (the wait ended {decision!r})")
+
+
+def awaited(payload: Any) -> list[str]:
+    """The intent ids an outbox wait's payload awaits (one, or several at once)."""
+    if not isinstance(payload, dict):
+        return []
+    many = payload.get("intent_ids")
+    return [str(i) for i in many] if isinstance(many, list) else [str(payload.get("intent_id"))]
 
 
 async def answer_waits(store: Store, tx: Tx, intent: Row) -> int:
     """Decide the run's pending waits on `intent` if it is settled for them; return how many.
 
-    In the transaction that settles the intent (after the run's lock), and in the one that
-    registers a wait (an intent delivered before its wait exists resumes the run at once)."""
-    state = intent["status"]
-    if state not in (IntentStatus.DELIVERED, IntentStatus.DEAD):
+    A wait on several intents is decided when all are delivered (or, with `on_dead="raise"`,
+    when one is dead). In the transaction that settles the intent (after the run's lock, so a
+    concurrent settle of another intent of the wait is seen), and in the one that registers a
+    wait (an intent delivered before its wait exists resumes the run at once)."""
+    if intent["status"] not in (IntentStatus.DELIVERED, IntentStatus.DEAD):
         return 0
     answered = 0
     for wait in await store.read_waits(tx, intent["run_id"]):
         payload = loads(wait["payload"]) if wait["kind"] == WaitKind.OUTBOX else None
-        if wait["status"] != WaitStatus.PENDING or not isinstance(payload, dict):
+        ids = awaited(payload)
+        if wait["status"] != WaitStatus.PENDING or intent["intent_id"] not in ids:
             continue
-        if payload.get("intent_id") != intent["intent_id"]:
+        assert isinstance(payload, dict)
+        rows = [intent if i == intent["intent_id"] else await store.read_intent(tx, i) for i in ids]
+        value = _outcome(wait["wait_id"], rows, raise_dead=payload.get("on_dead") == "raise")
+        if value is None:
             continue
-        if state == IntentStatus.DEAD and payload.get("on_dead") != "raise":
-            continue
-        value = {
-            "decision": state,
-            "wait_id": wait["wait_id"],
-            "intent_id": intent["intent_id"],
-            "result": loads(intent["result"]),
-            "error": intent["error"],
-        }
         decided = await store.decide_wait(
             tx,
             wait["wait_id"],
-            decision=str(state),
+            decision=str(value["decision"]),
             value=dumps(value),
             decided_by="outbox",
             action_id=None,
@@ -241,6 +264,31 @@ async def answer_waits(store: Store, tx: Tx, intent: Row) -> int:
         )
         answered += decided is not None
     return answered
+
+
+def _outcome(wait_id: str, rows: list[Row | None], *, raise_dead: bool) -> dict[str, Any] | None:
+    """The answer of an outbox wait on these intents, or None while it must wait on."""
+    dead = [r for r in rows if r is not None and r["status"] == IntentStatus.DEAD]
+    if dead and raise_dead:
+        first = dead[0]
+        return {
+            "decision": IntentStatus.DEAD,
+            "wait_id": wait_id,
+            "intent_id": first["intent_id"],
+            "result": None,
+            "error": first["error"],
+        }
+    if any(r is None or r["status"] != IntentStatus.DELIVERED for r in rows):
+        return None
+    results = [loads(r["result"]) for r in rows if r is not None]
+    return {
+        "decision": IntentStatus.DELIVERED,
+        "wait_id": wait_id,
+        "intent_id": rows[0]["intent_id"] if rows[0] is not None else None,
+        "result": results[0],
+        "results": results,
+        "error": None,
+    }
 
 
 def public(row: Row) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import queue
 import threading
@@ -114,11 +115,27 @@ class Portal:
             self._loop = self._thread = None
         if loop is None:
             return
+        if loop.is_running() and not loop.is_closed():
+            # What still runs (a sync node's effect whose execution was cancelled past a
+            # worker's grace, waiting on its thread) is cancelled and let finish, as
+            # asyncio.run does: destroyed pending, it would leave an asyncio ERROR and hold
+            # nothing more (its key is settled by its deadline, docs/workers.md).
+            ended = asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop)
+            with contextlib.suppress(Exception):
+                ended.result(timeout=5)
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:
             thread.join(timeout=5)
         if not loop.is_running():
             loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    here = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not here]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 class Host:

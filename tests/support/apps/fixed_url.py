@@ -5,24 +5,11 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TypedDict
-
-from langgraph.graph import END, START, StateGraph
 
 import keel
-
-
-class State(TypedDict, total=False):
-    text: str
-
+from tests.support.graphs import echo_graph
 
 app = keel.App(f"sqlite:///{Path(tempfile.gettempdir()) / 'keel-fixed-url' / 'app.db'}")
 
 
-@app.workflow("echo")
-def echo() -> StateGraph:
-    graph = StateGraph(State)
-    graph.add_node("say", lambda state: {"text": "said"})
-    graph.add_edge(START, "say")
-    graph.add_edge("say", END)
-    return graph
+app.workflow("echo")(echo_graph)

@@ -127,6 +127,7 @@ class Worker:
         """The workflows this worker executes: its runtime's, but those whose graph differs
         from the one their version was first served with (`refused`, key -> what differs)."""
         self.refused: dict[str, str] = {}
+        self._slot_freed: asyncio.Event | None = None
         self._handoff = Handoff(
             runtime.services, runtime.workflows, self.worker_id, free=self._room, start=self._start
         )
@@ -156,7 +157,7 @@ class Worker:
         await self._check_clock()  # ClockSkew: refuse to start
         rt.set_draining(False)  # an earlier worker's stop on this runtime is over
         executor = self._executor = rt.executor(self.worker_id)
-        wake = rt.waker()
+        wake = self._slot_freed = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
         effects_wake = asyncio.Event()  # the dispatcher's own: the claim loop clears `wake`
 
@@ -403,6 +404,11 @@ class Worker:
         # A stale execution ending must not forget a newer one of the same run (a re-claim).
         if (entry := self._tasks.get(run_id)) is not None and entry[1] is task:
             del self._tasks[run_id]
+        if self._slot_freed is not None:
+            # A slot is free: the claim loop looks again. Waiting on the run's task alone loses
+            # an ending that comes while a pass runs (the task is gone from the next wait), and
+            # a full quiet worker would then sleep until its safety poll with runs queued.
+            self._slot_freed.set()
         if task.cancelled():
             # Stopped past its grace (or at once): `_drain` gives its lease back.
             self.stats.lost += 1

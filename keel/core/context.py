@@ -53,10 +53,17 @@ class RunContext:
     never performed, and nothing is written to the run's own rows (no lease is held)."""
     staged: dict[str, list[StagedWrite]] = field(default_factory=dict)
     """What each task of this execution staged (outbox intents), by LangGraph task id."""
+    thread_id: str = ""
+    """The LangGraph thread the run executes on (its checkpoints' `thread_id`); empty: the run
+    is a thread of its own, named by its run id."""
     settle: Callable[[], Awaitable[None]] | None = None
     """Commit the checkpoints the execution still holds back (a first execution's input and
     START step wait for its first step's): called before an effect whose key names a task
     by the id those checkpoints gave it."""
+
+    @property
+    def thread(self) -> str:
+        return self.thread_id or self.run_id
 
     def stage(self, task_id: str, write: StagedWrite) -> None:
         self.staged.setdefault(task_id, []).append(write)

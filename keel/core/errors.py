@@ -50,6 +50,23 @@ class RunNotFound(KeelError, LookupError):
     """No run with that id."""
 
 
+class ThreadNotFound(KeelError, LookupError):
+    """No thread with that id."""
+
+
+class ThreadBusy(KeelError):
+    """The thread has an unfinished run and the submission's strategy is `reject`."""
+
+    def __init__(self, message: str, *, thread_id: str, active_run: str) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.active_run = active_run
+
+
+class DecisionConflict(KeelError):
+    """Another answer won the wait first: this one changed nothing."""
+
+
 class WaitNotFound(KeelError, LookupError):
     """No wait with that id on that run."""
 

@@ -47,6 +47,12 @@ class TerminationReason(StrEnum):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     EXECUTION_ERROR = "execution_error"
+    INTERRUPTED = "interrupted"
+    """Cancelled because a later run on its thread was submitted with `interrupt`: it stopped at
+    a step boundary and the later run goes on from there."""
+    ROLLED_BACK = "rolled_back"
+    """Cancelled because a later run on its thread was submitted with `rollback`: its
+    checkpoints were discarded (its ledger stays: what it performed is recorded)."""
 
 
 FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})

@@ -5,7 +5,8 @@ A run's status is written only by the store's statements that declare their move
 the transition table in `keel.core.lifecycle`, and finds the writers by their SQL, so a new one
 cannot go undeclared); each records the move on the run's timeline in the same transaction:
 
-- `insert_run` and `admit_run`: admission (`admit` here), a new run queued;
+- `insert_run` and `admit_run`: admission (`admit` here), a new run queued; `insert_thread_run`:
+  a run admitted at its place on a thread (`keel.core.threads.admit`);
 - `claim_next`: the claim (`keel.core.leases.claim`), queued or running under an expired lease
   to running, with the lease, so no reader ever sees a running run without an owner;
 - `update_run_status`: `transition()` here, every move made inside a transaction of Python
@@ -329,19 +330,25 @@ async def cancel(store: Store, run_id: str, *, by: str | None) -> Row:
         status = Status(run["status"])
         if status in FINISHED:
             raise RunFinished(f"run {run_id} is already {status.value}")
-        if status == Status.RUNNING:
-            await store.request_cancel(tx, run_id)
-            await store.add_event(tx, run_id, "cancel.requested", {"by": by})
-        else:
-            await cancel_waits(store, tx, run_id)
-            await transition(
-                store,
-                tx,
-                run,
-                Status.CANCELLED,
-                termination_reason=TerminationReason.CANCELLED,
-                event={"by": by},
-            )
+        await stop(store, tx, run, TerminationReason.CANCELLED, {"by": by})
         row = await store.read_run(tx, run_id)
     assert row is not None
     return row
+
+
+async def stop(
+    store: Store, tx: Tx, run: Row, reason: TerminationReason, event: dict[str, Any]
+) -> None:
+    """End an unfinished run, locked in `tx`, as cancelled for `reason`: at once if it is
+    queued or waiting (its open waits expire), at its next step boundary if running (its end
+    records `reason`: `finish_run` reads it from `cancel_reason`)."""
+    run_id = str(run["run_id"])
+    if reason != TerminationReason.CANCELLED:
+        await store.set_cancel_reason(tx, run_id, reason.value)
+        event = {**event, "reason": reason.value}
+    if Status(run["status"]) == Status.RUNNING:
+        await store.request_cancel(tx, run_id)
+        await store.add_event(tx, run_id, "cancel.requested", event)
+        return
+    await cancel_waits(store, tx, run_id)
+    await transition(store, tx, run, Status.CANCELLED, termination_reason=reason, event=event)

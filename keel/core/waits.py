@@ -203,10 +203,23 @@ def resume_map(answered: Sequence[Row], pending_interrupt_ids: set[str]) -> dict
     """Decided waits whose interrupts are still pending, as LangGraph's resume map. `answered`:
     the run's waits, as its claim returned them (`claimed_answers`) or as read."""
     return {
-        w["interrupt_id"]: loads(w["value"])
+        w["interrupt_id"]: resume_value(loads(w["value"]))
         for w in answered
         if w["status"] != WaitStatus.PENDING and w["interrupt_id"] in pending_interrupt_ids
     }
+
+
+RESUMED = "resumed"
+"""The decision of a plain interrupt answered with a value (`resume`): the graph's
+`interrupt()` returns that value itself, not a decision."""
+
+
+def resume_value(answer: Any) -> Any:
+    """What `interrupt()` returns for a recorded answer: a resume's own value; else the
+    decision (an approval's verdict, a deadline's policy) as recorded."""
+    if isinstance(answer, dict) and answer.get("decision") == RESUMED and "resume" in answer:
+        return answer["resume"]
+    return answer
 
 
 async def claimed_answers(store: Store, run: Row) -> list[Row]:
@@ -227,6 +240,13 @@ def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
         raise WrongWaitKind(
             f"wait {wait_id} waits for an outbox intent's delivery: it ends when the intent is "
             "delivered (see `keel effects list`, `keel effects retry/resolve`)",
+            wait_id=wait_id,
+            wait_kind=wait_kind,
+        )
+    if decision == RESUMED and wait_kind != WaitKind.INTERRUPT:
+        how = "resolve_effect()" if wait_kind == WaitKind.EFFECT else "approve() or reject()"
+        raise WrongWaitKind(
+            f"wait {wait_id} is a {wait_kind} wait, not a plain interrupt: answer it with {how}",
             wait_id=wait_id,
             wait_kind=wait_kind,
         )

@@ -14,12 +14,13 @@ import logging
 import re
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, interrupt
 
-from keel.core import attempts, failures, leases, logs, waits
+from keel.core import attempts, failures, leases, logs, threads, waits
 from keel.core.codec import dumps, loads
 from keel.core.context import RunContext, enter, leave
 from keel.core.errors import LeaseLost, Released, RunCancelled
@@ -41,6 +42,17 @@ MAX_OUTPUT_BYTES = 1_000_000
 
 _compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 """Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""
+
+
+@dataclass(frozen=True)
+class StateUpdate:
+    """A run that only updates its thread's state (`AsyncApp.update_state`)."""
+
+    values: Any
+    as_node: str | None
+    written: dict[str, Any] | None = None
+    """The checkpoint's config when an earlier execution of the run already wrote it."""
+
 
 Outcome = Status | LeaseEnd
 """What `Executor.execute` returns: the status the run reached, or why this worker let go."""
@@ -125,10 +137,21 @@ class Executor:
         rt = self.services
         workflow = self.workflows.get(run["workflow"], run["workflow_version"])
         graph = self.graph(workflow)
+        thread = run.get("thread_id")
+        submitted = threads.run_config(run)
         config: dict[str, Any] = {
-            "configurable": {"thread_id": lease.run_id},
+            # What the run was submitted with first: Keel's own keys are not the caller's to set.
+            "configurable": {
+                **(submitted.get("configurable") or {}),
+                "thread_id": thread or lease.run_id,
+            },
             "recursion_limit": workflow.recursion_limit,
-            "metadata": {"keel_job_id": run["job_id"], "keel_worker": self.worker_id},
+            "metadata": {
+                **(submitted.get("metadata") or {}),
+                "keel_job_id": run["job_id"],
+                "keel_worker": self.worker_id,
+                "keel_run_id": lease.run_id,
+            },
         }
         if steps is not None:
             config["callbacks"] = [steps]
@@ -144,8 +167,10 @@ class Executor:
             last_heartbeat=loads(run.get("heartbeat_details")),
             tracer=steps if steps is not None else NO_TRACER,
             settle=functools.partial(self.saver.settle, lease.run_id, lease.token),
+            thread_id=thread or "",
         )
-        never_ran = bool(run.get("first_claim"))
+        # A run on a thread of many runs reads the thread's checkpoints even on its first claim.
+        never_ran = bool(run.get("first_claim")) and thread is None
         self.saver.hold(
             lease.run_id,
             lease.token,
@@ -153,12 +178,21 @@ class Executor:
             never_ran=never_ran,
             plain_start=plain_start(graph),
             triggers=getattr(graph, "trigger_to_nodes", None),
+            thread_id=thread,
         )
         entered = enter(ctx)
         try:
-            graph_input = await self._input(graph, config, run, workflow)
+            graph_input = await self._input(graph, config, run, workflow, lease)
+            if isinstance(graph_input, StateUpdate):
+                return await self._update_state(ctx, graph, config, graph_input)
+            context = submitted.get("context")
             try:
-                output = await graph.ainvoke(graph_input, config, durability=workflow.durability)
+                output = await graph.ainvoke(
+                    graph_input,
+                    config,
+                    durability=workflow.durability,
+                    **({"context": context} if context is not None else {}),
+                )
             except (LeaseLost, RunCancelled, Released):
                 raise
             except Exception as exc:
@@ -216,10 +250,14 @@ class Executor:
             self.saver.drop(lease.run_id, lease.token)
             ctx.staged.clear()
 
-    async def _input(self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow) -> Any:
+    async def _input(
+        self, graph: Any, config: dict[str, Any], run: Row, workflow: Workflow, lease: Lease
+    ) -> Any:
         """What to invoke the graph with, from at most one read of the run's checkpoint: none
         for a run claimed for the first time (it never ran, so nothing was checkpointed)."""
         started = time.monotonic()
+        if run.get("thread_id"):
+            return await self._thread_input(config, run, workflow, lease, started)
         first = bool(run.get("first_claim"))
         saved = None if first else await self.saver.aget_tuple(cast(RunnableConfig, config))
         if saved is None:
@@ -228,8 +266,15 @@ class Executor:
             fault_point("run.before_first_checkpoint", workflow.name)
             _resumed(run, "from its admitted input (no checkpoint yet)", started, "run.start")
             return loads(run["input"])
+        return await self._continue(config, run, saved, started)
+
+    async def _continue(
+        self, config: dict[str, Any], run: Row, saved: Any, started: float
+    ) -> Command | None:
+        """The input that continues the run from its own latest checkpoint `saved`: the
+        answers of its decided waits, or nothing."""
         # LangGraph's loop reads the same checkpoint as it starts: it gets this read.
-        self.saver.read_ahead(run["run_id"], saved)
+        self.saver.read_ahead(str(config["configurable"]["thread_id"]), saved)
         pending = _pending_interrupts(saved.pending_writes or ())
         if pending:
             answered = await waits.claimed_answers(self.services.store, run)
@@ -239,6 +284,52 @@ class Executor:
                 return Command(resume=resume)
         _resumed(run, "from its last checkpoint", started)
         return None
+
+    async def _thread_input(
+        self, config: dict[str, Any], run: Row, workflow: Workflow, lease: Lease, started: float
+    ) -> Any:
+        """A run on a thread of many runs: it continues from its own latest checkpoint if the
+        thread's latest is one it wrote; else it starts (from its input, its command, or a
+        state update) on the thread's latest checkpoint, or on the past one it forks from."""
+        if run.get("multitask_strategy") == "rollback":
+            # What the runs it rolled back wrote goes first (fenced: only while it holds the
+            # thread); idempotent, so a restart of this run discards nothing more.
+            async with self.services.store.fenced(lease.run_id, lease.token) as tx:
+                await self.services.store.discard_rolled_back(tx, str(run["thread_id"]))
+        saved = await self.saver.aget_tuple(cast(RunnableConfig, config))
+        thread = str(run["thread_id"])
+        how, value = threads.graph_start(run)
+        if saved is not None and saved.metadata.get("keel_run_id", thread) == run["run_id"]:
+            if how == "update_state":  # written before a crash: only its end is left
+                return StateUpdate(None, value.get("as_node"), written=dict(saved.config))
+            return await self._continue(config, run, saved, started)
+        if run.get("checkpoint_id"):
+            config["configurable"]["checkpoint_id"] = run["checkpoint_id"]
+        fault_point("run.before_first_checkpoint", workflow.name)
+        _resumed(run, f"on thread {thread} from its {how}", started, "run.start")
+        if how == "update_state":
+            return StateUpdate(value.get("values"), value.get("as_node"))
+        if how == "command":
+            return Command(update=value.get("update"), goto=value.get("goto") or ())
+        return value
+
+    async def _update_state(
+        self, ctx: RunContext, graph: Any, config: dict[str, Any], update: StateUpdate
+    ) -> Outcome:
+        """A state update as a run of its own on the thread: one checkpoint, written under the
+        run's lease like any step's, recorded as the run's output."""
+        written = update.written
+        if written is None:
+            written = await graph.aupdate_state(config, update.values, as_node=update.as_node)
+            await self.saver.finish(ctx.run_id, ctx.token)
+        checkpoint = written.get("configurable", {}).get("checkpoint_id")
+        return await self._end(
+            ctx,
+            Status.COMPLETED,
+            TerminationReason.COMPLETED,
+            None,
+            output=dumps({"checkpoint_id": checkpoint, "as_node": update.as_node}),
+        )
 
     async def _complete(
         self, ctx: RunContext, workflow: Workflow, values: Any, *, never_ran: bool

@@ -9,6 +9,7 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.config import get_config
 from langgraph.constants import START
+from langgraph.pregel import Pregel
 
 from keel.core.errors import InvalidWorkflow, NotInRun
 from keel.core.ids import StepRef, namespace_without_task_ids
@@ -32,7 +33,8 @@ def locate() -> StepRef:
     meta = config.get("metadata", {})
     path = meta.get("langgraph_path", ())
     return StepRef(
-        run_id=str(config["configurable"]["thread_id"]),
+        # A run on a thread of many runs names itself (config metadata); else the thread is it.
+        run_id=str(meta.get("keel_run_id") or config["configurable"]["thread_id"]),
         node=str(meta.get("langgraph_node", "")),
         step=int(meta.get("langgraph_step", -1)),
         path="/".join(str(p) for p in path),
@@ -53,10 +55,14 @@ def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
         raise InvalidWorkflow(
             f"workflow {workflow.key}: its factory raised {type(exc).__name__}: {exc}"
         ) from exc
+    if isinstance(builder, Pregel):
+        # A compiled graph (what a langgraph.json project exports): Keel's saver in place of
+        # whatever checkpointer it was compiled with, everything else as compiled.
+        return builder.copy(update={"checkpointer": checkpointer})
     if not callable(getattr(builder, "compile", None)):
         raise InvalidWorkflow(
-            f"workflow {workflow.key}: the factory must return an uncompiled LangGraph builder "
-            f"(a StateGraph), not {type(builder).__name__}"
+            f"workflow {workflow.key}: the factory must return a LangGraph builder (a "
+            f"StateGraph) or a compiled graph, not {type(builder).__name__}"
         )
     try:
         return builder.compile(checkpointer=checkpointer)

@@ -55,10 +55,11 @@ class _Schema:
                 else _marked_required(schema)
             )
 
-    def problems(self, value: dict[str, Any]) -> list[str]:
+    def problems(self, value: dict[str, Any], *, partial: bool = False) -> list[str]:
         found = [
             f"input.{key}: missing (a required field of {self.name})"
             for key in sorted(self.required - value.keys())
+            if not partial
         ]
         for key, item in value.items():
             if self.fields and key not in self.fields:
@@ -105,8 +106,10 @@ def _is_required(hint: Any) -> bool:
     return typing.get_origin(hint) is typing.Required
 
 
-def check_input(workflow: Workflow, value: Any) -> None:
-    """InvalidInput, with one entry per field in `.errors`, unless the graph can take `value`."""
+def check_input(workflow: Workflow, value: Any, *, partial: bool = False) -> None:
+    """InvalidInput, with one entry per field in `.errors`, unless the graph can take `value`.
+    `partial`: a later turn of a thread, whose state already holds what its first run gave,
+    so no field is required."""
     schema = _schemas.get(workflow)
     if schema is None:
         # Not learned at registration (a Workflow registered by other means): build it once.
@@ -120,7 +123,7 @@ def check_input(workflow: Workflow, value: Any) -> None:
     if not isinstance(value, dict):
         problems = [f"input: expected an object ({schema.name}), got {type(value).__name__}"]
     else:
-        problems = schema.problems(value)
+        problems = schema.problems(value, partial=partial)
     if problems:
         message = f"input does not match {schema.name}: " + "; ".join(problems)
         raise InvalidInput(message, errors=problems)

@@ -104,6 +104,9 @@ class Fencing(StepTimeline):
         self.triggers: dict[tuple[str, int], Mapping[str, Sequence[str]]] = {}
         """(run, token) -> the graph's channels and the nodes each triggers (LangGraph's own
         `trigger_to_nodes`): how a checkpoint is known to be the run's last."""
+        self.threads: dict[str, str] = {}
+        """thread id -> the run of this process executing on it (a run on a thread of many runs;
+        a run of its own thread is named by its id)."""
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
         only its index, and the timeline should name the node."""
@@ -122,13 +125,17 @@ class Fencing(StepTimeline):
         never_ran: bool = False,
         plain_start: bool = False,
         triggers: Mapping[str, Sequence[str]] | None = None,
+        thread_id: str | None = None,
     ) -> None:
         """Fence the run's writes under `token`. `never_ran`: the claim found the run never
         started, so nothing of it was ever checkpointed (only a holder of a lease writes one,
         and this is the first lease). `plain_start`: the graph's START step only maps the
         input onto channels (`graphs.plain_start`). `triggers`: the graph's
-        `trigger_to_nodes`, to hold its last checkpoint back for the run's end."""
+        `trigger_to_nodes`, to hold its last checkpoint back for the run's end. `thread_id`:
+        the thread the run writes its checkpoints to, when it is not the run's own."""
         self.holders[run_id] = (token, worker_id)
+        if thread_id is not None and thread_id != run_id:
+            self.threads[thread_id] = run_id
         if triggers:
             self.triggers[(run_id, token)] = triggers
         if never_ran:
@@ -151,6 +158,9 @@ class Fencing(StepTimeline):
         # Only our own hold: this process may already run the same run again under a newer token.
         if self.holders.get(run_id, (None,))[0] == token:
             del self.holders[run_id]
+            for thread, holder in list(self.threads.items()):
+                if holder == run_id:
+                    del self.threads[thread]
 
     async def finish(self, run_id: str, token: int) -> None:
         """The graph returned: every write it made must have committed with a checkpoint. The
@@ -168,6 +178,16 @@ class Fencing(StepTimeline):
                 f"run {run_id}: {len(buffer.writes)} task write(s) buffered after the graph "
                 "returned, never committed (LangGraph wrote after its last checkpoint)"
             )
+
+    def _run_of(self, config: RunnableConfig | None) -> str:
+        """The run a checkpoint read or write of `config`'s thread belongs to: the calling
+        execution's when it runs on that thread, else the run this process holds on it, else
+        the thread itself (a run of its own thread)."""
+        thread = str((config or {}).get("configurable", {}).get("thread_id"))
+        ctx = _running.get()
+        if ctx is not None and ctx.thread == thread:
+            return ctx.run_id
+        return self.threads.get(thread, thread)
 
     def _held(self, run_id: str) -> tuple[int, str, RunContext | None]:
         ctx = _running.get()
@@ -192,7 +212,7 @@ class Fencing(StepTimeline):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        run_id = str(config["configurable"]["thread_id"])
+        run_id = self._run_of(config)
         token, worker_id, ctx = self._held(run_id)
         event = self.step_event(config, writes, task_path)
         # Between a task finishing and its step's checkpoint (a crash here loses the writes).
@@ -238,7 +258,7 @@ class Fencing(StepTimeline):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        run_id = str(config["configurable"]["thread_id"])
+        run_id = self._run_of(config)
         token, worker_id, ctx = self._held(run_id)
         self.remember_sends(checkpoint)
         recorder: list[Statement] = []
@@ -446,16 +466,17 @@ class Fencing(StepTimeline):
         ctx = _running.get()
         if ctx is None or config is None:
             return
-        if str(config.get("configurable", {}).get("thread_id")) != ctx.run_id:
+        if str(config.get("configurable", {}).get("thread_id")) != ctx.thread:
             return
         buffer = self.buffers.get((ctx.run_id, ctx.token))
         if buffer is not None and (buffer.writes or buffer.deferred or buffer.final is not None):
             await self._flush(ctx.run_id, buffer)
 
-    def read_ahead(self, run_id: str, found: CheckpointTuple) -> None:
-        """The executor just read the run's latest checkpoint: LangGraph's loop, which reads it
-        again as it starts, gets this one (once, in this execution) instead of a second read."""
-        _read_ahead.set([(run_id, found)])
+    def read_ahead(self, thread_id: str, found: CheckpointTuple) -> None:
+        """The executor just read the thread's latest checkpoint: LangGraph's loop, which reads
+        it again as it starts, gets this one (once, in this execution) instead of a second
+        read."""
+        _read_ahead.set([(thread_id, found)])
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ahead = _read_ahead.get()
@@ -481,7 +502,7 @@ class Fencing(StepTimeline):
         configurable = config.get("configurable", {})
         if configurable.get("checkpoint_ns") or configurable.get("checkpoint_id"):
             return False
-        run_id = str(configurable.get("thread_id"))
+        run_id = self._run_of(config)
         held = self.holders.get(run_id)
         return held is not None and (run_id, held[0]) in self.unwritten
 

@@ -13,11 +13,17 @@ import functools
 import logging
 from typing import Any, TypedDict, Unpack
 
-from keel.core import failed_runs, leases, retention, runs, versions, waits
+from keel.core import failed_runs, leases, retention, runs, threads, versions, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.effects import dispatch as effect_dispatch
 from keel.core.effects.outbox import IntentStatus, public
-from keel.core.errors import RunNotFound, UsageError, WaitNotFound, WorkflowVersionMismatch
+from keel.core.errors import (
+    DecisionConflict,
+    RunNotFound,
+    UsageError,
+    WaitNotFound,
+    WorkflowVersionMismatch,
+)
 from keel.core.ids import validate_run_id
 from keel.core.store.base import Row
 from keel.core.store.run_queries import RunFilters
@@ -26,6 +32,7 @@ from keel.langgraph.graphs import checkpoint_misfits
 from keel.langgraph.inputs import check_input
 from keel.runtime import replay as replays
 from keel.runtime import stranded
+from keel.runtime.conversations import ThreadOperations
 from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.facade import stop_on_signals
 from keel.runtime.handoff import Reserved
@@ -51,7 +58,11 @@ class RunListing(TypedDict, total=False):
     offset: int
 
 
-class AsyncApp:
+NOTHING: Any = object()
+"""`resume` without a value (a failed run's resume), apart from resuming with None."""
+
+
+class AsyncApp(ThreadOperations):
     runtime: Runtime
     """The parts this app runs on (its store, services, workflows, portal): for the CLI, the
     service, the chaos tools and tests, not an operation on runs."""
@@ -90,21 +101,65 @@ class AsyncApp:
     async def submit(
         self,
         workflow: str,
+        input: Any = None,
         *,
-        job_id: str,
-        input: Any,
+        job_id: str | None = None,
+        thread_id: str | None = None,
+        command: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        context: Any = None,
+        checkpoint_id: str | None = None,
+        multitask_strategy: str = "enqueue",
+        metadata: dict[str, Any] | None = None,
         version: str | None = None,
         rerun: bool = False,
         if_exists: str = "reuse",
     ) -> Submission:
-        """Admit a run (idempotent: the same job, input and version return the same run).
+        """Admit a run, durably, before any of it executes.
 
-        When the job already has runs with other input (`other_runs`), `if_exists` says what to
-        do: "reuse" (the default: a job id is an idempotency key) returns the job's latest run,
-        "new" admits this one too, "error" raises JobExists."""
+        With a `job_id` and no thread, admission is idempotent (the same job, input and version
+        return the same run); when the job already has runs with other input (`other_runs`),
+        `if_exists` says what to do: "reuse" (the default) returns the job's latest run, "new"
+        admits this one too, "error" raises JobExists. Without a job id each call is a run.
+
+        With a `thread_id` (created if new, its `metadata` kept) the run is a turn of that
+        conversation: it starts from the thread's latest checkpoint (or the past
+        `checkpoint_id` it forks from) and merges `input` through the graph's reducers, or
+        starts with `command` (LangGraph's Command: `update`/`goto`; `resume` answers the
+        interrupt the thread waits on instead, as `resume_thread`). One run of a thread is
+        active at a time; `multitask_strategy` says what this one does if another is
+        unfinished: "enqueue" (run after it), "reject" (ThreadBusy), "interrupt" (stop it at
+        its next step boundary and go on from there) or "rollback" (stop it and discard its
+        checkpoints). `config` (its `configurable` and `metadata`) and `context` reach the
+        graph as in LangGraph."""
         await self.open()
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
+        command = threads.validate_command(command)
+        if command is not None and "resume" in command:
+            if thread_id is None:
+                raise UsageError("a resume command answers a thread's interrupt: give thread_id")
+            answered = await self.resume_thread(thread_id, command["resume"])
+            row = await self.runtime.store.get_run(str(answered.wait["run_id"]))
+            assert row is not None
+            return Submission(row, created=False)
+        if thread_id is not None or command or config or context is not None or checkpoint_id:
+            return await self._submit_on_thread(
+                wf,
+                input,
+                thread_id=thread_id,
+                command=command,
+                config={
+                    **(config or {}),
+                    **({"context": context} if context is not None else {}),
+                },
+                checkpoint_id=checkpoint_id,
+                strategy=multitask_strategy,
+                metadata=metadata,
+                job_id=job_id,
+            )
+        if job_id is None:
+            job_id = threads.new_id()
         taker, claim = self.runtime.taker()
         slot = Reserved(taker) if taker is not None else None
         try:
@@ -202,7 +257,8 @@ class AsyncApp:
         workflow = self.runtime.workflows.get(run["workflow"], to)
         versions.check_upgradable(run, to)
         graph = workflow.factory().compile(checkpointer=self.runtime.fencing())
-        problems = await checkpoint_misfits(graph, self.runtime.fencing(), run_id)
+        thread = str(run.get("thread_id") or run_id)  # a turn of a thread reads the thread
+        problems = await checkpoint_misfits(graph, self.runtime.fencing(), thread)
         if problems:
             raise WorkflowVersionMismatch(
                 f"run {run_id} cannot move from {run['workflow']}@{run['workflow_version']} to "
@@ -275,11 +331,27 @@ class AsyncApp:
         validate_run_id(run_id)
         return await runs.cancel(self.runtime.store, run_id, by=by)
 
-    async def resume(self, run_id: str, *, by: str | None = None) -> Row:
-        """Queue a failed run again, to continue from its last checkpoint with its ledger."""
+    async def resume(
+        self, target: str, value: Any = NOTHING, *, by: str | None = None, **answer: Any
+    ) -> Row:
+        """`resume(thread_id, value)`: answer the interrupt the thread's active run waits on
+        with `value` (LangGraph's `Command(resume=value)`; DecisionConflict if another answer
+        won first). `resume(run_id)`: queue a failed run again, to continue from its last
+        checkpoint with its ledger. Either way, the run's row."""
         await self.open()
-        validate_run_id(run_id)
-        row = await failed_runs.resume(self.runtime.store, run_id, by=by)
+        if value is not NOTHING:
+            result = await self.resume_thread(target, value, by=by, **answer)
+            retried = answer.get("action_id") and result.wait["action_id"] == answer["action_id"]
+            if not result.recorded and not retried:
+                raise DecisionConflict(
+                    f"wait {result.wait['wait_id']} was already answered "
+                    f"({result.wait['decision']} by {result.wait['decided_by'] or 'someone'})"
+                )
+            row = await self.runtime.store.get_run(str(result.wait["run_id"]))
+            assert row is not None
+            return row
+        validate_run_id(target)
+        row = await failed_runs.resume(self.runtime.store, target, by=by)
         self.runtime.wake()
         return row
 

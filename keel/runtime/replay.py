@@ -36,6 +36,7 @@ from keel.core.errors import KeelError, RunNotFound, UsageError
 from keel.core.ids import StepRef, validate_run_id
 from keel.core.store.base import Row
 from keel.core.wait_model import WaitKind, WaitStatus
+from keel.core.waits import resume_value
 from keel.langgraph.graphs import compile_graph, locate
 from keel.runtime.replay_steps import (
     Difference,
@@ -234,7 +235,7 @@ class _Answers:
                         else "",
                     )
                     return None
-                resume[pending.id] = loads(wait["value"])
+                resume[pending.id] = resume_value(loads(wait["value"]))
                 self.answered.add(ids[n])
         return resume
 
@@ -246,6 +247,12 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
     run = await rt.store.get_run(run_id)
     if run is None:
         raise RunNotFound(f"no run {run_id!r}")
+    if run.get("thread_id"):
+        # Its checkpoints are interleaved with its thread's other runs' (docs/threads.md).
+        raise UsageError(
+            f"run {run_id} is a turn of thread {run['thread_id']}: replay reads a run's own "
+            "thread, and runs on threads of many runs cannot be replayed yet"
+        )
     workflow = rt.workflows.get(run["workflow"], run["workflow_version"])
     saver = rt.fencing()
     recorded_history, recorded = await read_steps(

@@ -255,7 +255,9 @@ def _running(context: contextvars.Context) -> tuple[str | None, str | None]:
     run = context.get(run_context_var)
     config = context.get(var_child_runnable_config) or {}
     node = (config.get("metadata") or {}).get("langgraph_node")
-    thread = (config.get("configurable") or {}).get("thread_id")
+    thread = (config.get("metadata") or {}).get("keel_run_id") or (
+        config.get("configurable") or {}
+    ).get("thread_id")
     run_id = run.run_id if run is not None else None if thread is None else str(thread)
     return (None if node is None else str(node)), run_id
 

@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 
 import psycopg
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, StateGraph
 
 import keel
@@ -39,9 +40,21 @@ def test_a_graph_without_an_edge_from_start_is_refused_at_registration(
     app = make_app()
     with pytest.raises(InvalidWorkflow, match=r"broken@1: its graph does not compile"):
         app.workflow("broken")(no_edge_from_start)
-    with pytest.raises(InvalidWorkflow, match="must return an uncompiled LangGraph builder"):
-        app.workflow("compiled")(lambda: echo_graph().compile())
+    with pytest.raises(InvalidWorkflow, match="must return a LangGraph builder"):
+        app.workflow("not-a-graph")(lambda: "a graph, surely")
     assert app.aio.runtime.workflows.keys() == []  # nothing half-registered
+
+
+def test_a_compiled_graph_runs_on_keels_saver_not_its_own(make_app: AppFactory) -> None:
+    # What a langgraph.json project exports: compiled, with a checkpointer of its own.
+    own = InMemorySaver()
+    app = make_app()
+    app.workflow("compiled")(lambda: echo_graph().compile(checkpointer=own))
+    run_id = app.submit("compiled", {"text": "hi"}, job_id="c-1").run_id
+    drain(app)
+    assert app.get_run(run_id).status == "completed"
+    assert app.get_state(run_id).values["out"] == "HI"  # read from Keel's database
+    assert list(own.list(None)) == []  # its own saver never saw a checkpoint
 
 
 def test_a_broken_graph_is_refused_at_submit_and_at_worker_start(make_app: AppFactory) -> None:

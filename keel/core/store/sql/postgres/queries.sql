@@ -178,6 +178,9 @@ queued AS (
           WHERE l.key = q.workflow || '@' || q.workflow_version
             AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
                  AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value::int)
+      AND (q.thread_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM keel_runs AS t WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
+            AND t.status IN ('queued', 'running', 'waiting')))
     ORDER BY q.created_at, q.run_id
     LIMIT 1
     FOR UPDATE SKIP LOCKED),
@@ -267,7 +270,8 @@ WHERE run_id = %(run_id)s;
 WITH finished AS (
     UPDATE keel_runs AS r
     SET status = %(status)s,
-        termination_reason = COALESCE(%(termination_reason)s::text, CASE
+        termination_reason = COALESCE(CASE WHEN %(status)s::text = 'cancelled' THEN r.cancel_reason END,
+                                      %(termination_reason)s::text, CASE
             WHEN r.decision IN ('approved', 'rejected') THEN
                 CASE WHEN (SELECT w.status FROM keel_waits AS w
                            WHERE w.run_id = r.run_id AND w.kind = 'approval'
@@ -286,9 +290,7 @@ turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM finished)
 event AS (
     INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
     SELECT run_id, keel_now(), %(kind)s, %(worker_id)s, %(lease_token)s,
-           CASE WHEN %(termination_reason)s::text IS NULL
-                THEN (%(data)s::text::jsonb || jsonb_build_object('termination_reason', termination_reason))::text
-                ELSE %(data)s::text END
+           (%(data)s::text::jsonb || jsonb_build_object('termination_reason', termination_reason))::text
     FROM finished, turn)
 SELECT run_id AS finished_id, termination_reason AS finished_reason FROM finished;
 
@@ -544,6 +546,7 @@ decided AS (
     WHERE w.wait_id = t.wait_id AND w.status = 'pending'
       AND r.status NOT IN ('completed', 'failed', 'cancelled')
       AND t.kind <> 'outbox' AND (t.kind = 'effect') = (%(effect_answer)s = 1)
+      AND (%(decision)s::text <> 'resumed' OR t.kind = 'interrupt')
     RETURNING w.*),
 moved AS (
     UPDATE keel_runs AS r
@@ -611,7 +614,10 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NU
 -- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
 -- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
 SELECT keel_now() AS now,
-       EXISTS (SELECT 1 FROM keel_runs WHERE status = 'queued'
+       EXISTS (SELECT 1 FROM keel_runs AS q WHERE status = 'queued'
+               AND (q.thread_id IS NULL OR NOT EXISTS (SELECT 1 FROM keel_runs AS t
+                    WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
+                      AND t.status IN ('queued', 'running', 'waiting')))
                AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))) AS queued,
        (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
         AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))) AS lease_at,
@@ -634,9 +640,13 @@ UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = %(worker_id)s;
 SELECT * FROM keel_workers WHERE heartbeat_at >= (SELECT keel_now()) - %(window)s AND stopped_at IS NULL ORDER BY started_at;
 
 -- name: count_unfinished
--- Runs some worker still has to execute (waiting runs need a person first).
-SELECT COUNT(*) AS n FROM keel_runs
+-- Runs some worker still has to execute (waiting runs need a person first, and so do the runs
+-- queued behind them on their thread).
+SELECT COUNT(*) AS n FROM keel_runs AS q
 WHERE status IN ('queued', 'running')
+  AND (q.thread_id IS NULL OR q.status = 'running' OR NOT EXISTS (
+      SELECT 1 FROM keel_runs AS t WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
+        AND t.status IN ('queued', 'running', 'waiting')))
   AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb));
 
 -- name: notify_wake
@@ -1086,3 +1096,159 @@ UPDATE keel_rate_buckets SET tokens = %(tokens)s, updated_at = %(at)s WHERE effe
 SELECT intent_id FROM keel_intents
 WHERE status IN ('pending', 'sending') AND effect IN (SELECT jsonb_array_elements_text(CAST(%(effects)s AS jsonb)))
 LIMIT 1;
+
+-- == threads ==================================================================================
+
+-- name: take_thread
+-- A thread for an admission on it, created if `create` and missing, and locked until the
+-- transaction ends: admissions on one thread are serialized, so its places and its strategy's
+-- verdict are decided one at a time. No row: no such thread and `create` is 0.
+WITH made AS (
+    INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
+    SELECT %(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now()
+    WHERE %(create)s::int = 1
+    ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now()
+    RETURNING *),
+touched AS (
+    UPDATE keel_threads SET updated_at = keel_now()
+    WHERE thread_id = %(thread_id)s AND %(create)s::int = 0
+    RETURNING *)
+SELECT * FROM made UNION ALL SELECT * FROM touched;
+
+-- name: create_thread
+-- A new thread; no row if one of that id exists.
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
+VALUES (%(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now())
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING *;
+
+-- name: get_thread
+-- One thread, with its status as its runs say it: `interrupted` when the first unfinished run
+-- waits, `busy` when one is queued or running, else `error` when its latest run failed, else
+-- `idle`; and its runs' count.
+SELECT t.*,
+       CASE (SELECT r.status FROM keel_runs AS r
+             WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
+             ORDER BY r.thread_seq LIMIT 1)
+           WHEN 'waiting' THEN 'interrupted'
+           WHEN 'queued' THEN 'busy'
+           WHEN 'running' THEN 'busy'
+           ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
+                      ORDER BY r.thread_seq DESC LIMIT 1)
+                    WHEN 'failed' THEN 'error' ELSE 'idle' END
+       END AS status,
+       (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
+FROM keel_threads AS t WHERE t.thread_id = %(thread_id)s;
+
+-- name: search_threads
+-- Threads, most recently updated first, whose metadata holds every key of `metadata` with its
+-- value (JSON), of one workflow and one status if asked.
+SELECT * FROM (
+    SELECT t.*,
+           CASE (SELECT r.status FROM keel_runs AS r
+                 WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
+                 ORDER BY r.thread_seq LIMIT 1)
+               WHEN 'waiting' THEN 'interrupted'
+               WHEN 'queued' THEN 'busy'
+               WHEN 'running' THEN 'busy'
+               ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
+                          ORDER BY r.thread_seq DESC LIMIT 1)
+                        WHEN 'failed' THEN 'error' ELSE 'idle' END
+           END AS status,
+           (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
+    FROM keel_threads AS t
+    WHERE (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
+      AND t.metadata::jsonb @> %(metadata)s::jsonb) AS found
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY updated_at DESC, thread_id
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: update_thread_metadata
+-- Merge keys into a thread's metadata.
+UPDATE keel_threads
+SET metadata = (metadata::jsonb || %(metadata)s::jsonb)::text, updated_at = keel_now()
+WHERE thread_id = %(thread_id)s
+RETURNING *;
+
+-- name: thread_runs
+-- A thread's runs in their order.
+SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s ORDER BY thread_seq LIMIT %(limit)s;
+
+-- name: thread_unfinished
+-- A thread's runs not finished (queued, running, waiting), in their order.
+SELECT run_id, status, thread_seq FROM keel_runs
+WHERE thread_id = %(thread_id)s AND status IN ('queued', 'running', 'waiting')
+ORDER BY thread_seq;
+
+-- name: next_thread_seq
+-- The place the next run on a thread takes (read under `take_thread`'s lock).
+SELECT COALESCE(MAX(thread_seq), 0) + 1 AS seq FROM keel_runs WHERE thread_id = %(thread_id)s;
+
+-- name: insert_thread_run
+-- moves: new>queued
+-- Admit a run on a thread at its place; no row if the run already exists.
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at, thread_id, thread_seq, command,
+                       checkpoint_id, config, multitask_strategy)
+VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s,
+        %(input)s, 'queued', keel_now(), keel_now(), %(thread_id)s, %(thread_seq)s, %(command)s,
+        %(checkpoint_id)s, %(config)s, %(multitask_strategy)s)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: set_cancel_reason
+-- Why a run is being stopped by a later one on its thread (interrupted, rolled_back): its end
+-- as cancelled records it as its termination reason.
+UPDATE keel_runs SET cancel_reason = %(reason)s WHERE run_id = %(run_id)s;
+
+-- name: rolled_back_checkpoints
+-- Discard the checkpoints (and their writes) that rolled-back runs of a thread wrote, named by
+-- the run id each carries in its metadata; the runs' rows, timelines and ledgers stay.
+WITH gone AS (
+    SELECT checkpoint_id FROM checkpoints
+    WHERE thread_id = %(thread_id)s
+      AND metadata->>'keel_run_id' IN (SELECT run_id FROM keel_runs
+                                       WHERE thread_id = %(thread_id)s
+                                         AND cancel_reason = 'rolled_back')),
+writes AS (
+    DELETE FROM checkpoint_writes
+    WHERE thread_id = %(thread_id)s AND checkpoint_id IN (SELECT checkpoint_id FROM gone)),
+dropped AS (
+    DELETE FROM checkpoints
+    WHERE thread_id = %(thread_id)s AND checkpoint_id IN (SELECT checkpoint_id FROM gone)
+    RETURNING 1)
+SELECT COUNT(*) AS discarded FROM dropped;
+
+-- name: delete_thread
+-- A thread and its checkpoints (its runs, timelines and ledger stay until retention prunes
+-- them); no row if there was no such thread.
+WITH writes AS (DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s),
+blobs AS (DELETE FROM checkpoint_blobs WHERE thread_id = %(thread_id)s),
+checkpoints AS (DELETE FROM checkpoints WHERE thread_id = %(thread_id)s)
+DELETE FROM keel_threads WHERE thread_id = %(thread_id)s RETURNING thread_id;
+
+-- name: copy_thread
+-- A new thread `to` with the workflow, metadata and checkpoints of `from` (its runs stay with
+-- `from`); no row if `from` does not exist or `to` does.
+WITH made AS (
+    INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
+    SELECT %(to_thread)s, workflow, workflow_version, metadata, keel_now(), keel_now()
+    FROM keel_threads WHERE thread_id = %(from_thread)s
+    ON CONFLICT (thread_id) DO NOTHING
+    RETURNING *),
+checkpoints AS (
+    INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type,
+                             checkpoint, metadata)
+    SELECT %(to_thread)s, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint,
+           metadata
+    FROM checkpoints WHERE thread_id = %(from_thread)s AND EXISTS (SELECT 1 FROM made)),
+blobs AS (
+    INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+    SELECT %(to_thread)s, checkpoint_ns, channel, version, type, blob
+    FROM checkpoint_blobs WHERE thread_id = %(from_thread)s AND EXISTS (SELECT 1 FROM made)),
+writes AS (
+    INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx,
+                                   channel, type, blob)
+    SELECT %(to_thread)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
+    FROM checkpoint_writes WHERE thread_id = %(from_thread)s AND EXISTS (SELECT 1 FROM made))
+SELECT * FROM made;

@@ -155,6 +155,9 @@ FROM (
               WHERE l.key = q.workflow || '@' || q.workflow_version
                 AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
                      AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value)
+          AND (q.thread_id IS NULL OR NOT EXISTS (
+              SELECT 1 FROM keel_runs AS t WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
+                AND t.status IN ('queued', 'running', 'waiting')))
         ORDER BY q.created_at, q.run_id
         LIMIT 1)
     UNION ALL
@@ -233,7 +236,8 @@ WHERE run_id = :run_id;
 -- the last step's checkpoint: that step's boundary cancels the run, as every other step's does).
 UPDATE keel_runs
 SET status = :status,
-    termination_reason = COALESCE(:termination_reason, CASE
+    termination_reason = COALESCE(CASE WHEN :status = 'cancelled' THEN cancel_reason END,
+                                  :termination_reason, CASE
         WHEN decision IN ('approved', 'rejected') THEN
             CASE WHEN (SELECT w.status FROM keel_waits AS w
                        WHERE w.run_id = keel_runs.run_id AND w.kind = 'approval'
@@ -250,8 +254,7 @@ WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running'
 RETURNING run_id AS finished_id, termination_reason AS finished_reason;
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
 VALUES (:finished_id, keel_now(), :kind, :worker_id, :lease_token,
-        CASE WHEN :termination_reason IS NULL
-             THEN json_set(:data, '$.termination_reason', :finished_reason) ELSE :data END);
+        json_set(:data, '$.termination_reason', :finished_reason));
 
 -- name: insert_event
 -- Append to a run's timeline.
@@ -467,7 +470,8 @@ SET status = 'decided', decision = :decision,
     decided_at = keel_now()
 WHERE wait_id = :target_id AND status = 'pending'
   AND :run_status NOT IN ('completed', 'failed', 'cancelled')
-  AND kind <> 'outbox' AND (kind = 'effect') = (:effect_answer = 1);
+  AND kind <> 'outbox' AND (kind = 'effect') = (:effect_answer = 1)
+  AND (:decision <> 'resumed' OR kind = 'interrupt');
 SELECT changes() AS recorded;
 UPDATE keel_runs
 SET decision = CASE WHEN (SELECT kind FROM keel_waits WHERE wait_id = :target_id) = 'approval'
@@ -523,7 +527,10 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NU
 -- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
 -- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
 SELECT keel_now() AS now,
-       EXISTS (SELECT 1 FROM keel_runs WHERE status = 'queued'
+       EXISTS (SELECT 1 FROM keel_runs AS q WHERE status = 'queued'
+               AND (q.thread_id IS NULL OR NOT EXISTS (SELECT 1 FROM keel_runs AS t
+                    WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
+                      AND t.status IN ('queued', 'running', 'waiting')))
                AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS queued,
        (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
         AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS lease_at,
@@ -546,9 +553,13 @@ UPDATE keel_workers SET stopped_at = keel_now() WHERE worker_id = :worker_id;
 SELECT * FROM keel_workers WHERE heartbeat_at >= (SELECT keel_now()) - :window AND stopped_at IS NULL ORDER BY started_at;
 
 -- name: count_unfinished
--- Runs some worker still has to execute (waiting runs need a person first).
-SELECT COUNT(*) AS n FROM keel_runs
+-- Runs some worker still has to execute (waiting runs need a person first, and so do the runs
+-- queued behind them on their thread).
+SELECT COUNT(*) AS n FROM keel_runs AS q
 WHERE status IN ('queued', 'running')
+  AND (q.thread_id IS NULL OR q.status = 'running' OR NOT EXISTS (
+      SELECT 1 FROM keel_runs AS t WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
+        AND t.status IN ('queued', 'running', 'waiting')))
   AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows));
 
 -- name: notify_wake
@@ -990,3 +1001,139 @@ UPDATE keel_rate_buckets SET tokens = :tokens, updated_at = :at WHERE effect = :
 SELECT intent_id FROM keel_intents
 WHERE status IN ('pending', 'sending') AND effect IN (SELECT value FROM json_each(:effects))
 LIMIT 1;
+
+-- == threads ==================================================================================
+
+-- name: take_thread
+-- A thread for an admission on it, created if `create` and missing, and held until the
+-- transaction ends (SQLite: BEGIN IMMEDIATE already holds the write lock; PostgreSQL locks the
+-- row): admissions on one thread are serialized, so its places and its strategy's verdict are
+-- decided one at a time. No row: no such thread and `create` is 0.
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
+SELECT :thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now()
+WHERE :create = 1
+ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now();
+SELECT * FROM keel_threads WHERE thread_id = :thread_id;
+
+-- name: create_thread
+-- A new thread; no row if one of that id exists.
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
+VALUES (:thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now())
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING *;
+
+-- name: get_thread
+-- One thread, with its status as its runs say it: `interrupted` when the first unfinished run
+-- waits, `busy` when one is queued or running, else `error` when its latest run failed, else
+-- `idle`; and its runs' count.
+SELECT t.*,
+       CASE (SELECT r.status FROM keel_runs AS r
+             WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
+             ORDER BY r.thread_seq LIMIT 1)
+           WHEN 'waiting' THEN 'interrupted'
+           WHEN 'queued' THEN 'busy'
+           WHEN 'running' THEN 'busy'
+           ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
+                      ORDER BY r.thread_seq DESC LIMIT 1)
+                    WHEN 'failed' THEN 'error' ELSE 'idle' END
+       END AS status,
+       (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
+FROM keel_threads AS t WHERE t.thread_id = :thread_id;
+
+-- name: search_threads
+-- Threads, most recently updated first, whose metadata holds every key of `metadata` with its
+-- value (JSON), of one workflow and one status if asked.
+SELECT * FROM (
+    SELECT t.*,
+           CASE (SELECT r.status FROM keel_runs AS r
+                 WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
+                 ORDER BY r.thread_seq LIMIT 1)
+               WHEN 'waiting' THEN 'interrupted'
+               WHEN 'queued' THEN 'busy'
+               WHEN 'running' THEN 'busy'
+               ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
+                          ORDER BY r.thread_seq DESC LIMIT 1)
+                        WHEN 'failed' THEN 'error' ELSE 'idle' END
+           END AS status,
+           (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
+    FROM keel_threads AS t
+    WHERE (:workflow IS NULL OR t.workflow = :workflow)
+      AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
+                      WHERE json_extract(t.metadata, '$."' || m.key || '"') IS NOT m.value))
+WHERE (:status IS NULL OR status = :status)
+ORDER BY updated_at DESC, thread_id
+LIMIT :limit OFFSET :offset;
+
+-- name: update_thread_metadata
+-- Merge keys into a thread's metadata.
+UPDATE keel_threads SET metadata = json_patch(metadata, :metadata), updated_at = keel_now()
+WHERE thread_id = :thread_id
+RETURNING *;
+
+-- name: thread_runs
+-- A thread's runs in their order.
+SELECT * FROM keel_runs WHERE thread_id = :thread_id ORDER BY thread_seq LIMIT :limit;
+
+-- name: thread_unfinished
+-- A thread's runs not finished (queued, running, waiting), in their order.
+SELECT run_id, status, thread_seq FROM keel_runs
+WHERE thread_id = :thread_id AND status IN ('queued', 'running', 'waiting')
+ORDER BY thread_seq;
+
+-- name: next_thread_seq
+-- The place the next run on a thread takes (read under `take_thread`'s hold).
+SELECT COALESCE(MAX(thread_seq), 0) + 1 AS seq FROM keel_runs WHERE thread_id = :thread_id;
+
+-- name: insert_thread_run
+-- moves: new>queued
+-- Admit a run on a thread at its place; no row if the run already exists.
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at, thread_id, thread_seq, command,
+                       checkpoint_id, config, multitask_strategy)
+VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
+        'queued', keel_now(), keel_now(), :thread_id, :thread_seq, :command,
+        :checkpoint_id, :config, :multitask_strategy)
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: set_cancel_reason
+-- Why a run is being stopped by a later one on its thread (interrupted, rolled_back): its end
+-- as cancelled records it as its termination reason.
+UPDATE keel_runs SET cancel_reason = :reason WHERE run_id = :run_id;
+
+-- name: rolled_back_checkpoints
+-- Discard the checkpoints (and their writes) that rolled-back runs of a thread wrote, named by
+-- the run id each carries in its metadata; the runs' rows, timelines and ledgers stay.
+DELETE FROM writes WHERE thread_id = :thread_id AND checkpoint_id IN (
+    SELECT checkpoint_id FROM checkpoints WHERE thread_id = :thread_id
+      AND json_extract(CAST(metadata AS TEXT), '$.keel_run_id') IN (
+          SELECT run_id FROM keel_runs WHERE thread_id = :thread_id AND cancel_reason = 'rolled_back'));
+DELETE FROM checkpoints WHERE thread_id = :thread_id
+  AND json_extract(CAST(metadata AS TEXT), '$.keel_run_id') IN (
+      SELECT run_id FROM keel_runs WHERE thread_id = :thread_id AND cancel_reason = 'rolled_back');
+SELECT changes() AS discarded;
+
+-- name: delete_thread
+-- A thread and its checkpoints (its runs, timelines and ledger stay until retention prunes
+-- them); no row if there was no such thread.
+DELETE FROM writes WHERE thread_id = :thread_id;
+DELETE FROM checkpoints WHERE thread_id = :thread_id;
+DELETE FROM keel_threads WHERE thread_id = :thread_id RETURNING thread_id;
+
+-- name: copy_thread
+-- A new thread `to` with the workflow, metadata and checkpoints of `from` (its runs stay with
+-- `from`); no row if `from` does not exist or `to` does.
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
+SELECT :to_thread, workflow, workflow_version, metadata, keel_now(), keel_now()
+FROM keel_threads WHERE thread_id = :from_thread
+ON CONFLICT (thread_id) DO NOTHING;
+SELECT changes() AS copied;
+INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type,
+                         checkpoint, metadata)
+SELECT :to_thread, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata
+FROM checkpoints WHERE thread_id = :from_thread AND :copied = 1;
+INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel,
+                    type, value)
+SELECT :to_thread, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
+FROM writes WHERE thread_id = :from_thread AND :copied = 1;
+SELECT * FROM keel_threads WHERE thread_id = :to_thread AND :copied = 1;

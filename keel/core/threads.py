@@ -1,0 +1,236 @@
+"""Threads: conversations of many runs over one checkpoint lineage, one active run at a time.
+
+A run on a thread is admitted like any run (durably, before its first step), at the next place
+of the thread's order (`thread_seq`). The database holds the rule "one active run per thread":
+a run is claimable only when every run admitted before it on its thread has finished (the
+`claim_next` query), and admissions on one thread are serialized by the thread's row
+(`take_thread`), so the verdict of a submission's multitask strategy is taken on what every
+earlier admission committed:
+
+- `reject`: refused (ThreadBusy) while the thread has an unfinished run;
+- `enqueue`: admitted behind them; it runs after them, in submission order;
+- `interrupt`: every unfinished run stops (a running one at its next step boundary, its
+  committed steps and effects kept) and ends cancelled, reason `interrupted`; the new run goes
+  on from the thread's latest checkpoint;
+- `rollback`: the same, reason `rolled_back`, and the checkpoints those runs wrote are
+  discarded before the new run starts (`discard_rolled_back`); their ledgers stay, so what they
+  performed is still on record, shown on the thread.
+
+A run waiting on an interrupt is the thread's active run: a resume answers its wait (first
+answer wins, as for every wait); new input follows the strategy.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from keel.core.codec import canonical_json, dumps, loads
+from keel.core.errors import (
+    InputTooLarge,
+    InvalidId,
+    ThreadBusy,
+    ThreadNotFound,
+    UsageError,
+)
+from keel.core.ids import input_hash, run_id, validate_job_id
+from keel.core.lifecycle import TerminationReason
+from keel.core.runs import Admission, stop
+from keel.core.store.base import Row
+from keel.core.store.run_queries import NewRun
+from keel.core.store.store import Store
+from keel.core.store.thread_queries import ThreadPlace
+
+STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
+"""What a submission on a thread with an unfinished run does (`multitask_strategy`)."""
+
+SUPERSEDES = {
+    "interrupt": TerminationReason.INTERRUPTED,
+    "rollback": TerminationReason.ROLLED_BACK,
+}
+
+COMMAND_KEYS = frozenset({"resume", "update", "goto"})
+MAX_THREAD_ID = 128
+
+
+def validate_thread_id(value: object) -> str:
+    """A thread id: up to 128 of letters, digits, '.', '_', '-' (a UUID, a readable name)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidId("thread_id must be a non-empty string")
+    if len(value) > MAX_THREAD_ID:
+        raise InvalidId(f"thread_id is {len(value)} characters long; the limit is {MAX_THREAD_ID}")
+    if (
+        not all(c.isascii() and (c.isalnum() or c in "._-") for c in value)
+        or not value[0].isalnum()
+    ):
+        raise InvalidId(
+            f"thread_id {value[:60]!r} may only contain letters, digits, '.', '_' and '-', and "
+            "must start with a letter or digit"
+        )
+    return value
+
+
+def new_id() -> str:
+    """A fresh run or thread id (a UUID), for what the caller did not name."""
+    return str(uuid.uuid4())
+
+
+def validate_command(command: Any) -> dict[str, Any] | None:
+    """LangGraph's Command as a JSON object: `resume`, or `update` and/or `goto`."""
+    if command is None:
+        return None
+    if not isinstance(command, dict) or not command:
+        raise UsageError("command must be an object with resume, update or goto")
+    unknown = set(command) - COMMAND_KEYS
+    if unknown:
+        raise UsageError(f"command takes resume, update and goto, not {', '.join(sorted(unknown))}")
+    if "resume" in command and len(command) > 1:
+        raise UsageError(
+            "a command resumes an interrupt (resume) or starts a run with update/goto, not both: "
+            "resume first, then submit the update"
+        )
+    return dict(command)
+
+
+async def admit(
+    store: Store,
+    *,
+    workflow: str,
+    version: str,
+    thread_id: str,
+    create: bool,
+    input: Any,
+    command: dict[str, Any] | None,
+    checkpoint_id: str | None,
+    config: dict[str, Any] | None,
+    strategy: str,
+    thread_metadata: dict[str, Any] | None,
+    job_id: str | None,
+    max_input_bytes: int,
+    check: Callable[[Any], None] | None = None,
+) -> Admission:
+    """Admit a run on a thread, in one transaction under the thread's row (see the module).
+
+    With `job_id` the submission is idempotent (the same job, input, thread and command are
+    one run, and its retry is never refused by `reject`); without, each call is a new run."""
+    if strategy not in STRATEGIES:
+        raise UsageError(
+            f"multitask_strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}"
+        )
+    validate_thread_id(thread_id)
+    input_json = canonical_json(input)
+    size = len(input_json.encode())
+    if size > max_input_bytes:
+        raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
+    if check is not None and input is not None:
+        check(loads(input_json))
+    command_json = canonical_json(command) if command is not None else None
+    config_json = canonical_json(config) if config else None
+    if job_id is not None:
+        validate_job_id(job_id)
+        identity = canonical_json([thread_id, input, command, checkpoint_id])
+        rid = run_id(job_id, workflow, version, identity)
+    else:
+        rid = new_id()
+    run = NewRun(
+        run_id=rid,
+        job_id=job_id or _job_of(thread_id),
+        workflow=workflow,
+        workflow_version=version,
+        attempt=1,
+        input_hash=input_hash(workflow, version, input_json),
+        input=input_json,
+    )
+    async with store.transaction() as tx:
+        thread = await store.take_thread(
+            tx,
+            thread_id,
+            create=create,
+            workflow=workflow,
+            version=version,
+            metadata=dumps(thread_metadata or {}),
+        )
+        if thread is None:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        if thread["workflow"] != workflow:
+            raise UsageError(
+                f"thread {thread_id} belongs to workflow {thread['workflow']!r}, not {workflow!r}"
+            )
+        if job_id is not None:
+            found = await store.read_run(tx, rid)
+            if found is not None:
+                return Admission(found, False, [])
+        unfinished = await store.thread_unfinished(tx, thread_id)
+        if unfinished and strategy == "reject":
+            active = unfinished[0]
+            raise ThreadBusy(
+                f"thread {thread_id} has an unfinished run ({active['run_id']}, "
+                f"{active['status']}); submit with multitask_strategy enqueue, interrupt or "
+                "rollback, or wait for it",
+                thread_id=thread_id,
+                active_run=str(active["run_id"]),
+            )
+        if unfinished and strategy in SUPERSEDES:
+            for other in unfinished:
+                locked = await store.lock_run(tx, str(other["run_id"]))
+                assert locked is not None
+                await stop(store, tx, locked, SUPERSEDES[strategy], {"by": f"run {rid}"})
+        place = ThreadPlace(
+            thread_id=thread_id,
+            thread_seq=await store.next_thread_seq(tx, thread_id),
+            command=command_json,
+            checkpoint_id=checkpoint_id,
+            config=config_json,
+            multitask_strategy=strategy,
+        )
+        await store.insert_thread_run(tx, run, place)
+        await store.add_event(
+            tx,
+            rid,
+            "admitted",
+            {
+                "job_id": run.job_id,
+                "workflow": workflow,
+                "version": version,
+                "thread_id": thread_id,
+                "thread_seq": place.thread_seq,
+                "multitask_strategy": strategy,
+                **({"checkpoint_id": checkpoint_id} if checkpoint_id else {}),
+            },
+        )
+        await store.notify_wake(tx, rid)
+        row = await store.read_run(tx, rid)
+    assert row is not None
+    return Admission(row, True, [])
+
+
+def _job_of(thread_id: str) -> str:
+    """The job id a run on a thread gets when none was given: the thread's, made valid."""
+    lowered = thread_id.lower()
+    try:
+        return validate_job_id(lowered[:100])
+    except InvalidId:
+        return "thread"
+
+
+def first_unfinished(runs: list[Row]) -> Row | None:
+    """The thread's active run among its runs in order: the first not finished."""
+    return next((r for r in runs if r["status"] in ("queued", "running", "waiting")), None)
+
+
+def graph_start(run: Row) -> tuple[str, Any]:
+    """What a run on a thread starts with when it has written no checkpoint yet: ("input",
+    value), ("command", {update, goto}) or ("update_state", {values, as_node})."""
+    command = loads(run["command"]) if run.get("command") else None
+    if isinstance(command, dict) and "update_state" in command:
+        return "update_state", command["update_state"]
+    if command:
+        return "command", command
+    return "input", loads(run["input"])
+
+
+def run_config(run: Row) -> dict[str, Any]:
+    """The configurable, context and metadata a run was submitted with."""
+    config = loads(run["config"]) if run.get("config") else None
+    return dict(config) if isinstance(config, dict) else {}

@@ -1,0 +1,396 @@
+"""Threads on `keel.AsyncApp`: a conversation's runs, state, history and interrupts.
+
+The rules live in `keel.core.threads` (admission, strategies) and the store (one active run per
+thread, in the claim); this is their face in LangGraph's words: `get_state` and `get_history`
+return LangGraph's own `StateSnapshot`s, read through the app's saver from the thread's
+checkpoints, and `state_json` is their JSON twin (the HTTP API's and the CLI's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.types import StateSnapshot
+
+from keel.core import threads, waits
+from keel.core.codec import dumps, json_default, loads
+from keel.core.errors import (
+    NoPendingWait,
+    RunNotFound,
+    ThreadBusy,
+    ThreadNotFound,
+    UsageError,
+)
+from keel.core.ids import validate_run_id
+from keel.core.lifecycle import FINISHED, Status
+from keel.core.store.base import Row
+from keel.core.workflows import Workflow
+from keel.langgraph.graphs import compile_graph
+from keel.langgraph.inputs import check_input
+from keel.runtime.records import Submission
+from keel.runtime.runtime import Runtime
+
+SETTLED = FINISHED | {Status.WAITING}
+"""What `wait` returns at: the run ended, or it waits for an answer (a person may take days)."""
+
+
+class ThreadOperations:
+    """The thread operations of `AsyncApp` (mixed into it; `runtime` is the app's)."""
+
+    runtime: Runtime
+
+    async def open(self) -> None: ...  # AsyncApp's
+
+    async def _trace(self, row: Row) -> None: ...  # AsyncApp's
+
+    # -- threads --------------------------------------------------------------------------------
+
+    async def create_thread(
+        self,
+        workflow: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        if_exists: str = "raise",
+    ) -> Row:
+        """A new thread of `workflow` (its id generated unless given). An existing id raises
+        UsageError, or with `if_exists="do_nothing"` returns that thread."""
+        await self.open()
+        if if_exists not in ("raise", "do_nothing"):
+            raise UsageError(f"if_exists must be raise or do_nothing, not {if_exists!r}")
+        wf = self.runtime.workflows.get(workflow, None)
+        tid = threads.validate_thread_id(thread_id) if thread_id else threads.new_id()
+        made = await self.runtime.store.create_thread(
+            tid, workflow=wf.name, version=wf.version, metadata=_metadata_json(metadata)
+        )
+        if made is None and if_exists == "raise":
+            raise UsageError(f"thread {tid} already exists")
+        return await self.get_thread(tid)
+
+    async def get_thread(self, thread_id: str) -> Row:
+        """The thread: workflow, metadata, `status` (idle, busy, interrupted, error, from its
+        runs) and `runs`, how many; ThreadNotFound if there is none."""
+        await self.open()
+        threads.validate_thread_id(thread_id)
+        row = await self.runtime.store.get_thread(thread_id)
+        if row is None:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        return _thread(row)
+
+    async def search_threads(
+        self,
+        *,
+        metadata: dict[str, Any] | None = None,
+        workflow: str | None = None,
+        status: str | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> list[Row]:
+        """Threads whose metadata holds every key of `metadata` with its value, most recently
+        updated first."""
+        await self.open()
+        if status is not None and status not in ("idle", "busy", "interrupted", "error"):
+            raise UsageError(f"status must be idle, busy, interrupted or error, not {status!r}")
+        rows = await self.runtime.store.search_threads(
+            metadata=dict(metadata or {}),
+            workflow=workflow,
+            status=status,
+            limit=max(1, min(int(limit), 1000)),
+            offset=max(0, int(offset)),
+        )
+        return [_thread(r) for r in rows]
+
+    async def update_thread(self, thread_id: str, *, metadata: dict[str, Any]) -> Row:
+        """Merge keys into the thread's metadata."""
+        await self.open()
+        threads.validate_thread_id(thread_id)
+        if await self.runtime.store.update_thread_metadata(thread_id, metadata) is None:
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        return await self.get_thread(thread_id)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread and its checkpoints; ThreadBusy while a run on it is unfinished.
+        Its runs, their timelines and ledgers stay (retention prunes them): what they
+        performed stays on record."""
+        thread = await self.get_thread(thread_id)
+        if thread["status"] in ("busy", "interrupted"):
+            runs = await self.runtime.store.thread_runs(thread_id)
+            active = threads.first_unfinished(runs)
+            raise ThreadBusy(
+                f"thread {thread_id} has an unfinished run; cancel it first",
+                thread_id=thread_id,
+                active_run=str(active["run_id"]) if active else "",
+            )
+        await self.runtime.store.delete_thread(thread_id)
+
+    async def copy_thread(self, thread_id: str, *, to: str | None = None) -> Row:
+        """A new thread holding a copy of the thread's checkpoints (its history); its runs
+        stay with the original."""
+        await self.get_thread(thread_id)
+        target = threads.validate_thread_id(to) if to else threads.new_id()
+        if await self.runtime.store.copy_thread(thread_id, target) is None:
+            raise UsageError(f"thread {target} already exists")
+        return await self.get_thread(target)
+
+    async def thread_runs(self, thread_id: str, limit: int = 1000) -> list[Row]:
+        """The thread's runs in their order (rolled-back and interrupted ones included: their
+        `termination_reason` says so, and their effects stay in their ledgers)."""
+        await self.get_thread(thread_id)
+        return await self.runtime.store.thread_runs(thread_id, limit)
+
+    # -- state ----------------------------------------------------------------------------------
+
+    async def get_state(
+        self, thread_id: str, checkpoint_id: str | None = None, *, subgraphs: bool = False
+    ) -> StateSnapshot:
+        """The thread's state (LangGraph's StateSnapshot: values, next, tasks with their
+        interrupts, config, metadata, created_at, parent_config) at its latest checkpoint, or
+        at `checkpoint_id`. A run without a thread is read by its run id."""
+        graph, config = await self._graph_of(thread_id, checkpoint_id)
+        snapshot: StateSnapshot = await graph.aget_state(config, subgraphs=subgraphs)
+        return snapshot
+
+    async def get_history(
+        self, thread_id: str, limit: int | None = None, before: str | None = None
+    ) -> list[StateSnapshot]:
+        """The thread's checkpoints as StateSnapshots, newest first (every branch a fork made
+        included); `before`: only those older than that checkpoint id."""
+        graph, config = await self._graph_of(thread_id, None)
+        since = None
+        if before:
+            thread = config["configurable"]["thread_id"]
+            since = {"configurable": {"thread_id": thread, "checkpoint_id": before}}
+        return [s async for s in graph.aget_state_history(config, limit=limit, before=since)]
+
+    async def update_state(
+        self,
+        thread_id: str,
+        values: Any,
+        as_node: str | None = None,
+        *,
+        timeout: float | None = 60.0,  # noqa: ASYNC109 - the sync App's callers have no asyncio
+    ) -> Row:
+        """Write `values` to the thread's state as a new checkpoint, as if node `as_node` wrote
+        them (LangGraph's `update_state`). It is a run of its own on the thread: ordered after
+        the runs before it, written under its lease like any step, recorded on its timeline
+        (who did it: `keel_run_id` in the checkpoint's metadata). Returns that run once it
+        ended (its output names the checkpoint); a worker executes it."""
+        thread = await self.get_thread(thread_id)
+        wf = self.runtime.workflows.get(thread["workflow"], None)
+        admitted = await threads.admit(
+            self.runtime.store,
+            workflow=wf.name,
+            version=wf.version,
+            thread_id=thread_id,
+            create=False,
+            input=None,
+            command={"update_state": {"values": values, "as_node": as_node}},
+            checkpoint_id=None,
+            config=None,
+            strategy="enqueue",
+            thread_metadata=None,
+            job_id=None,
+            max_input_bytes=self.runtime.max_input_bytes,
+        )
+        self.runtime.wake()
+        return await self.wait(str(admitted.row["run_id"]), timeout=timeout)
+
+    # -- runs on threads ------------------------------------------------------------------------
+
+    async def _submit_on_thread(
+        self,
+        wf: Workflow,
+        input: Any,
+        *,
+        thread_id: str | None,
+        command: dict[str, Any] | None,
+        config: dict[str, Any],
+        checkpoint_id: str | None,
+        strategy: str,
+        metadata: dict[str, Any] | None,
+        job_id: str | None,
+    ) -> Submission:
+        if checkpoint_id is not None and thread_id is None:
+            raise UsageError("checkpoint_id names a checkpoint of a thread: give thread_id")
+        admitted = await threads.admit(
+            self.runtime.store,
+            workflow=wf.name,
+            version=wf.version,
+            thread_id=thread_id or threads.new_id(),
+            create=True,
+            input=input,
+            command=command,
+            checkpoint_id=checkpoint_id,
+            config=config,
+            strategy=strategy,
+            thread_metadata=metadata,
+            job_id=job_id,
+            max_input_bytes=self.runtime.max_input_bytes,
+            check=None if command else functools.partial(check_input, wf, partial=True),
+        )
+        if admitted.created:
+            await self._trace(admitted.row)
+            self.runtime.wake()
+        return Submission(admitted.row, created=admitted.created)
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - the sync App's callers have no asyncio
+    ) -> Row:
+        """The run's row once it has ended, or waits for an answer (a person, a deadline);
+        TimeoutError past `timeout` seconds (None: no limit)."""
+        await self.open()
+        validate_run_id(run_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            row = await self.runtime.store.get_run(run_id)
+            if row is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            if row["status"] in SETTLED:
+                return row
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id} is still {row['status']} after {timeout} s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    async def resume_thread(
+        self,
+        thread_id: str,
+        value: Any,
+        *,
+        wait_id: str | None = None,
+        by: str | None = None,
+        action_id: str | None = None,
+        channel: str = "api",
+    ) -> waits.DecisionResult:
+        """Answer the interrupt the thread's active run waits on with `value` (what
+        `interrupt()` returns): LangGraph's `Command(resume=value)`. The first answer wins;
+        a later one is told what was recorded (`recorded` False)."""
+        await self.open()
+        threads.validate_thread_id(thread_id)
+        run = await self._waiting_run(thread_id)
+        return await waits.decide(
+            self.runtime.services,
+            str(run["run_id"]),
+            decision=waits.RESUMED,
+            wait_id=wait_id,
+            value={"resume": value},
+            by=by,
+            action_id=action_id,
+            channel=channel,
+        )
+
+    async def _waiting_run(self, thread_id: str) -> Row:
+        store = self.runtime.store
+        if await store.get_thread(thread_id) is None:
+            row = await store.get_run(thread_id)  # a run of its own thread
+            if row is None or row.get("thread_id"):
+                raise ThreadNotFound(f"no thread {thread_id!r}")
+            return row
+        active = threads.first_unfinished(await store.thread_runs(thread_id))
+        if active is None:
+            raise NoPendingWait(f"thread {thread_id} has no run waiting for input")
+        return active
+
+    async def _graph_of(
+        self, thread_id: str, checkpoint_id: str | None
+    ) -> tuple[Any, RunnableConfig]:
+        """The compiled graph of the thread's workflow (the version of its latest run), and the
+        config that reads the thread (at `checkpoint_id`)."""
+        await self.open()
+        threads.validate_thread_id(thread_id)
+        store = self.runtime.store
+        thread = await store.get_thread(thread_id)
+        if thread is not None:
+            runs = await store.thread_runs(thread_id)
+            name = thread["workflow"]
+            version = runs[-1]["workflow_version"] if runs else thread["workflow_version"]
+        else:
+            run = await store.get_run(thread_id)
+            if run is None or run.get("thread_id"):
+                raise ThreadNotFound(f"no thread {thread_id!r}")
+            name, version = run["workflow"], run["workflow_version"]
+        workflow = self.runtime.workflows.get(name, version)
+        configurable: dict[str, Any] = {"thread_id": thread_id, "checkpoint_ns": ""}
+        if checkpoint_id:
+            configurable["checkpoint_id"] = checkpoint_id
+        return self._compiled(workflow), {"configurable": configurable}
+
+    def _compiled(self, workflow: Workflow) -> Any:
+        cache: dict[str, Any] = self.__dict__.setdefault("_thread_graphs", {})
+        if workflow.key not in cache:
+            cache[workflow.key] = compile_graph(workflow, self.runtime.fencing())
+        return cache[workflow.key]
+
+
+def _metadata_json(metadata: dict[str, Any] | None) -> str:
+    if metadata is not None and not isinstance(metadata, dict):
+        raise UsageError("metadata must be an object")
+    return dumps(metadata or {})
+
+
+def _thread(row: Row) -> Row:
+    metadata = row["metadata"]
+    return {**row, "metadata": loads(metadata) if isinstance(metadata, str) else metadata}
+
+
+def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
+    """A StateSnapshot as JSON (the LangGraph Agent Server's thread state shape)."""
+
+    def checkpoint(config: Any) -> dict[str, Any] | None:
+        if not config:
+            return None
+        c = config.get("configurable", {})
+        return {
+            "thread_id": c.get("thread_id"),
+            "checkpoint_ns": c.get("checkpoint_ns", ""),
+            "checkpoint_id": c.get("checkpoint_id"),
+        }
+
+    tasks = [
+        {
+            "id": t.id,
+            "name": t.name,
+            "path": list(t.path),
+            "error": None if t.error is None else repr(t.error),
+            "interrupts": [{"value": i.value, "id": i.id} for i in t.interrupts],
+            "result": t.result,
+        }
+        for t in snapshot.tasks
+    ]
+    current = checkpoint(snapshot.config)
+    parent = checkpoint(snapshot.parent_config)
+    return jsonable(
+        {
+            "values": snapshot.values,
+            "next": list(snapshot.next),
+            "tasks": tasks,
+            "interrupts": [{"value": i.value, "id": i.id} for i in snapshot.interrupts],
+            "metadata": snapshot.metadata,
+            "created_at": snapshot.created_at,
+            "checkpoint": current,
+            "checkpoint_id": current and current["checkpoint_id"],
+            "parent_checkpoint": parent,
+            "parent_checkpoint_id": parent and parent["checkpoint_id"],
+        }
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """`value` with LangChain messages and other models as plain JSON values."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    try:
+        return jsonable(json_default(value))
+    except TypeError:
+        return repr(value)

@@ -1,0 +1,299 @@
+"""Threads: a conversation of many runs over one checkpoint lineage, on both backends.
+
+Each turn starts from the thread's latest checkpoint and merges its input through the graph's
+reducers; an `interrupt()` is answered with any JSON value; state and history read back as
+LangGraph's own; forks branch the history; a state update is a run of its own. The oracle is
+LangGraph itself: the same commands on the same graph with `InMemorySaver`.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.types import Command, interrupt
+
+import keel
+from keel.core.errors import DecisionConflict, NoPendingWait, ThreadBusy, ThreadNotFound
+from tests.support.checks import wait_until
+from tests.support.graphs import notify_effect
+from tests.support.providers import Provider
+from tests.support.workers import drain
+
+AppFactory = Callable[..., keel.App]
+
+
+class Chat(TypedDict, total=False):
+    messages: Annotated[list[Any], add_messages]
+    turns: Annotated[int, operator.add]
+
+
+def chat() -> StateGraph:
+    def reply(state: Chat) -> dict[str, Any]:
+        last = state["messages"][-1].content
+        return {"messages": [("ai", f"echo: {last}")], "turns": 1}
+
+    g = StateGraph(Chat)
+    g.add_node("reply", reply)
+    g.add_edge(START, "reply")
+    g.add_edge("reply", END)
+    return g
+
+
+class Ask(TypedDict, total=False):
+    question: str
+    answer: Any
+    log: Annotated[list[str], operator.add]
+
+
+def asking() -> StateGraph:
+    def ask(state: Ask) -> dict[str, Any]:
+        answer = interrupt({"question": state["question"]})
+        return {"answer": answer, "log": [f"asked {state['question']}"]}
+
+    def done(state: Ask) -> dict[str, Any]:
+        return {"log": ["done"]}
+
+    g = StateGraph(Ask)
+    g.add_node("ask", ask)
+    g.add_node("done", done)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "done")
+    g.add_edge("done", END)
+    return g
+
+
+def texts(values: dict[str, Any]) -> list[str]:
+    return [m.content for m in values["messages"]]
+
+
+def test_turns_on_a_thread_merge_through_reducers_as_langgraph_does(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    runs = []
+    for text in ("hi", "how are you", "bye"):
+        runs.append(app.submit("chat", {"messages": [("user", text)]}, thread_id="t-1").run_id)
+        drain(app)
+    assert len(set(runs)) == 3  # no job id: each submission is a run of its own
+    state = app.get_state("t-1")
+
+    oracle = chat().compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "o"}}
+    for text in ("hi", "how are you", "bye"):
+        oracle.invoke({"messages": [("user", text)]}, config)
+    expected = oracle.get_state(config)
+    assert texts(state.values) == texts(expected.values)
+    assert state.values["turns"] == expected.values["turns"] == 3
+    assert state.next == expected.next == ()
+    assert [r["run_id"] for r in app.thread_runs("t-1")] == runs
+    assert [r["thread_seq"] for r in app.thread_runs("t-1")] == [1, 2, 3]
+    assert app.get_thread("t-1")["status"] == "idle"
+    history = app.get_history("t-1")
+    assert len(history) == len(list(oracle.get_state_history(config)))
+    assert (
+        history[0].config["configurable"]["checkpoint_id"]
+        == (state.config["configurable"]["checkpoint_id"])
+    )
+    # Each checkpoint names the run that wrote it.
+    assert {h.metadata.get("keel_run_id") for h in history} == set(runs)
+
+
+def test_an_interrupt_is_resumed_with_any_value_once(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    run_id = app.submit("ask", {"question": "color?"}, thread_id="t-ask").run_id
+    drain(app)
+    assert app.get_thread("t-ask")["status"] == "interrupted"
+    state = app.get_state("t-ask")
+    assert state.next == ("ask",)
+    assert state.tasks[0].interrupts[0].value == {"question": "color?"}
+
+    row = app.resume("t-ask", {"color": "teal", "shades": [1, 2]}, by="alice")
+    assert row["run_id"] == run_id and row["status"] == "queued"
+    with pytest.raises(DecisionConflict, match="already answered"):
+        app.resume("t-ask", "red", by="bob")
+    drain(app)
+    final = app.get_state("t-ask").values
+    assert final["answer"] == {"color": "teal", "shades": [1, 2]}  # the value itself
+    assert final["log"] == ["asked color?", "done"]
+    assert app.get_run(run_id).status == "completed"
+    with pytest.raises(NoPendingWait):
+        app.resume("t-ask", "late")
+
+
+def test_reject_refuses_a_second_run_while_one_is_unfinished(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    first = app.submit("ask", {"question": "a"}, thread_id="t-busy").run_id
+    with pytest.raises(ThreadBusy, match=first):
+        app.submit("ask", {"question": "b"}, thread_id="t-busy", multitask_strategy="reject")
+    assert len(app.thread_runs("t-busy")) == 1
+
+
+def test_enqueued_runs_wait_for_the_active_one_in_order(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    first = app.submit("ask", {"question": "a"}, thread_id="t-q").run_id
+    second = app.submit("ask", {"question": "b"}, thread_id="t-q").run_id
+    drain(app)
+    # The first waits for its answer; the second stays queued behind it.
+    assert app.get_run(first).status == "waiting"
+    assert app.get_run(second).status == "queued"
+    app.resume("t-q", "A")
+    drain(app)
+    assert app.get_run(first).status == "completed"
+    assert app.get_run(second).status == "waiting"  # now the thread's active run
+    assert app.get_state("t-q").values["question"] == "b"
+
+
+def test_interrupt_strategy_stops_the_waiting_run_and_goes_on(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    first = app.submit("ask", {"question": "a"}, thread_id="t-i").run_id
+    drain(app)
+    second = app.submit(
+        "ask", {"question": "b"}, thread_id="t-i", multitask_strategy="interrupt"
+    ).run_id
+    one = app.get_run(first)
+    assert (one.status, one.termination_reason) == ("cancelled", "interrupted")
+    drain(app)
+    assert app.get_run(second).status == "waiting"
+    assert app.get_state("t-i").tasks[0].interrupts[0].value == {"question": "b"}
+
+
+def test_rollback_discards_the_superseded_runs_checkpoints(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    app.workflow("ask")(asking)
+    app.submit("ask", {"question": "keep"}, thread_id="t-r")
+    drain(app)
+    app.resume("t-r", "kept")
+    drain(app)
+    before = app.get_state("t-r")
+    doomed = app.submit("ask", {"question": "drop"}, thread_id="t-r").run_id
+    drain(app)  # it waits on its interrupt, its checkpoints written
+    app.submit("ask", {"question": "new"}, thread_id="t-r", multitask_strategy="rollback")
+    rolled = app.get_run(doomed)
+    assert (rolled.status, rolled.termination_reason) == ("cancelled", "rolled_back")
+    drain(app)
+    history = app.get_history("t-r")
+    assert doomed not in {h.metadata.get("keel_run_id") for h in history}
+    state = app.get_state("t-r")
+    assert state.values["question"] == "new"
+    assert state.values["log"] == before.values["log"]  # nothing of the rolled-back run
+
+
+def test_a_fork_branches_history_like_langgraph(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    for text in ("one", "two"):
+        app.submit("chat", {"messages": [("user", text)]}, thread_id="t-f")
+        drain(app)
+    after_one = next(h for h in app.get_history("t-f") if h.values.get("turns") == 1 and not h.next)
+    fork_at = after_one.config["configurable"]["checkpoint_id"]
+    app.submit("chat", {"messages": [("user", "other")]}, thread_id="t-f", checkpoint_id=fork_at)
+    drain(app)
+
+    oracle = chat().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "o"}}
+    oracle.invoke({"messages": [("user", "one")]}, config)
+    oracle.invoke({"messages": [("user", "two")]}, config)
+    point = next(
+        h for h in oracle.get_state_history(config) if h.values.get("turns") == 1 and not h.next
+    )
+    oracle.invoke({"messages": [("user", "other")]}, point.config)
+    assert texts(app.get_state("t-f").values) == texts(oracle.get_state(config).values)
+    # Both branches stay readable: the old head is still in the history.
+    history = app.get_history("t-f")
+    assert any(h.values.get("turns") == 2 and "two" in texts(h.values) for h in history)
+    assert len(history) == len(list(oracle.get_state_history(config)))
+
+
+def test_update_state_is_a_run_and_a_checkpoint(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    app.submit("chat", {"messages": [("user", "hi")]}, thread_id="t-u")
+    drain(app)
+    updated: dict[str, Any] = {}
+
+    def update() -> None:
+        updated["row"] = app.update_state("t-u", {"turns": 10}, as_node="reply", timeout=30)
+
+    caller = threading.Thread(target=update)
+    caller.start()
+    wait_until(lambda: len(app.thread_runs("t-u")) == 2, 10, "the update's run")
+    drain(app)
+    caller.join(30)
+    assert updated["row"]["status"] == "completed"
+    state = app.get_state("t-u")
+    assert state.values["turns"] == 11
+    assert state.metadata["keel_run_id"] == updated["row"]["run_id"]
+
+
+def test_a_command_starts_a_run_with_update_and_goto(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    app.submit(
+        "ask", command={"update": {"question": "q", "answer": 1}, "goto": "done"}, thread_id="t-c"
+    )
+    drain(app)
+    values = app.get_state("t-c").values
+    assert values["log"] == ["done"] and values["answer"] == 1
+
+    oracle = asking().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "o"}}
+    oracle.invoke(Command(update={"question": "q", "answer": 1}, goto="done"), config)
+    assert oracle.get_state(config).values == values
+
+
+def test_threads_are_created_found_searched_copied_and_deleted(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    made = app.create_thread("chat", thread_id="t-s", metadata={"user": "ann", "tier": 2})
+    assert (made["status"], made["metadata"]) == ("idle", {"user": "ann", "tier": 2})
+    app.create_thread("chat", metadata={"user": "bob"})
+    assert [t["thread_id"] for t in app.search_threads(metadata={"user": "ann"})] == ["t-s"]
+    assert [t["thread_id"] for t in app.search_threads(metadata={"tier": 2})] == ["t-s"]
+    app.submit("chat", {"messages": [("user", "hi")]}, thread_id="t-s")
+    drain(app)
+    copy = app.copy_thread("t-s", to="t-copy")
+    assert copy["metadata"] == {"user": "ann", "tier": 2}
+    assert texts(app.get_state("t-copy").values) == texts(app.get_state("t-s").values)
+    app.delete_thread("t-s")
+    with pytest.raises(ThreadNotFound):
+        app.get_thread("t-s")
+    assert texts(app.get_state("t-copy").values) == ["hi", "echo: hi"]
+
+
+def test_each_turn_is_a_run_with_its_own_effect_keys(make_app: AppFactory) -> None:
+    provider = Provider()
+    notify = notify_effect(provider)
+
+    def notifying() -> StateGraph:
+        def reply(state: Chat) -> dict[str, Any]:
+            notify(state["messages"][-1].content)
+            return {"turns": 1}
+
+        g = StateGraph(Chat)
+        g.add_node("reply", reply)
+        g.add_edge(START, "reply")
+        g.add_edge("reply", END)
+        return g
+
+    app = make_app()
+    app.workflow("notify-chat")(notifying)
+    runs = []
+    for text in ("same", "same", "same"):  # the same call at the same node, every turn
+        runs.append(app.submit("notify-chat", {"messages": [("user", text)]}, thread_id="t-e"))
+        drain(app)
+    assert len(provider.deliveries) == len(set(provider.deliveries)) == 3
+    for run in runs:
+        effects = app.get_run(run.run_id).effects
+        assert [e["run_id"] for e in effects] == [run.run_id]
+        assert effects[0]["idempotency_key"] in provider.deliveries

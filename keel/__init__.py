@@ -8,6 +8,7 @@ from keel.core.effects.options import KEY, Retry
 from keel.core.effects.outbox import await_effect, await_effects, enqueue
 from keel.core.errors import (
     ClockSkew,
+    DecisionConflict,
     EffectConflict,
     EffectFailed,
     InputTooLarge,
@@ -26,6 +27,8 @@ from keel.core.errors import (
     RunFinished,
     RunNotFound,
     SchemaMismatch,
+    ThreadBusy,
+    ThreadNotFound,
     TransientError,
     UnknownWorkflow,
     WaitNotFound,
@@ -34,7 +37,7 @@ from keel.core.errors import (
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
 from keel.core.lifecycle import Decision, Status, TerminationReason
-from keel.core.waits import ApprovalDecision, approval
+from keel.core.waits import ApprovalDecision, approval, interrupt
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.runtime.records import RunDetails, Submission
@@ -46,6 +49,7 @@ __all__ = [
     "AsyncApp",
     "ClockSkew",
     "Decision",
+    "DecisionConflict",
     "EffectConflict",
     "EffectFailed",
     "InputTooLarge",
@@ -72,6 +76,8 @@ __all__ = [
     "Submission",
     "SystemClock",
     "TerminationReason",
+    "ThreadBusy",
+    "ThreadNotFound",
     "TransientError",
     "UnknownWorkflow",
     "WaitNotFound",
@@ -83,6 +89,7 @@ __all__ = [
     "effect",
     "enqueue",
     "heartbeat",
+    "interrupt",
     "job_id",
     "last_heartbeat",
 ]

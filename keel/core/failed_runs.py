@@ -35,6 +35,14 @@ async def resume(store: Store, run_id: str, *, by: str | None) -> Row:
                     else ""
                 )
             )
+        thread = run.get("thread_id")
+        if thread and await store.next_thread_seq(tx, thread) > run["thread_seq"] + 1:
+            # A later turn already went on from the thread's state (or waits to): the failed
+            # one resumed now would start over on top of it.
+            raise InvalidTransition(
+                f"run {run_id} is not the latest run of thread {run['thread_id']}: a later "
+                "run goes on from the thread's state; submit a new run on the thread instead"
+            )
         previous = {"termination_reason": run["termination_reason"], "error": run["error"]}
         event: dict[str, Any] = {"reason": "resumed", "by": by, "previous": previous}
         reopened = await reopen_expired(store, tx, run_id)

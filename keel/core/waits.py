@@ -90,9 +90,69 @@ def approval(
     App's notifiers; at `timeout` the `on_timeout` policy applies. Code before this call re-runs
     when the run resumes: keep side effects in effects.
     """
+    ctx = current("keel.approval()")
+    spec = wait_spec(
+        WaitKind.APPROVAL,
+        name,
+        payload,
+        timeout=timeout,
+        on_timeout=on_timeout,
+        approvers=approvers,
+        remind_after=remind_after,
+        escalate_after=escalate_after,
+        escalate_to=escalate_to,
+    )
+    return ApprovalDecision.from_value(ctx.pause({"keel_wait": spec}))
+
+
+def interrupt(
+    value: Any,
+    *,
+    name: str = "interrupt",
+    timeout: float | str = DEFAULT_WAIT_TIMEOUT,
+    on_timeout: str = "fail",
+    approvers: Sequence[str] = (),
+    remind_after: float | str | None = None,
+    escalate_after: float | str | None = None,
+    escalate_to: Sequence[str] = (),
+) -> Any:
+    """LangGraph's `interrupt(value)` with a deadline and escalation: pause the run until
+    someone resumes it with any JSON value (`App.resume(thread_id, value)`), which this
+    returns. A plain `langgraph.types.interrupt()` waits the same way, with a 7-day deadline
+    that fails the run. At `timeout` the `on_timeout` policy applies: "fail" or "cancel" end
+    the run; "timeout", "reject" and "escalate" resume it with the recorded decision (a dict
+    with "decision"). Code before this call re-runs when the run resumes."""
+    ctx = current("keel.interrupt()")
+    spec = wait_spec(
+        WaitKind.INTERRUPT,
+        name,
+        value,
+        timeout=timeout,
+        on_timeout=on_timeout,
+        approvers=approvers,
+        remind_after=remind_after,
+        escalate_after=escalate_after,
+        escalate_to=escalate_to,
+    )
+    return ctx.pause({"keel_wait": spec})
+
+
+def wait_spec(
+    kind: WaitKind,
+    name: str,
+    payload: Any,
+    *,
+    timeout: float | str,
+    on_timeout: str,
+    approvers: Sequence[str],
+    remind_after: float | str | None,
+    escalate_after: float | str | None,
+    escalate_to: Sequence[str],
+) -> dict[str, Any]:
+    """The description of a wait a node pauses on (it goes into the checkpoint, read back by
+    any later version: plain strings), with its reminder and escalation stages in order."""
     if on_timeout not in POLICIES:
         raise UsageError(f"on_timeout must be one of {', '.join(POLICIES)}, not {on_timeout!r}")
-    ctx = current("keel.approval()")
     schedule: list[dict[str, Any]] = []
     if remind_after is not None:
         schedule.append({"after": parse_duration(remind_after), "kind": "remind"})
@@ -101,9 +161,8 @@ def approval(
             {"after": parse_duration(escalate_after), "kind": "escalate", "to": list(escalate_to)}
         )
     schedule.sort(key=lambda stage: stage["after"])
-    # Plain strings: the spec goes into the checkpoint, read back by any later version.
-    spec = {
-        "kind": WaitKind.APPROVAL.value,
+    return {
+        "kind": kind.value,
         "name": name,
         "payload": payload,
         "timeout": parse_duration(timeout),
@@ -111,7 +170,6 @@ def approval(
         "approvers": list(approvers),
         "schedule": schedule,
     }
-    return ApprovalDecision.from_value(ctx.pause({"keel_wait": spec}))
 
 
 def wait_id_for(run_id: str, interrupt_id: str) -> str:

@@ -359,7 +359,7 @@ def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
             "name": t.name,
             "path": list(t.path),
             "error": None if t.error is None else repr(t.error),
-            "interrupts": [{"value": i.value, "id": i.id} for i in t.interrupts],
+            "interrupts": [{"value": shown(i.value), "id": i.id} for i in t.interrupts],
             "result": t.result,
         }
         for t in snapshot.tasks
@@ -371,7 +371,7 @@ def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
             "values": snapshot.values,
             "next": list(snapshot.next),
             "tasks": tasks,
-            "interrupts": [{"value": i.value, "id": i.id} for i in snapshot.interrupts],
+            "interrupts": [{"value": shown(i.value), "id": i.id} for i in snapshot.interrupts],
             "metadata": snapshot.metadata,
             "created_at": snapshot.created_at,
             "checkpoint": current,
@@ -380,6 +380,14 @@ def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
             "parent_checkpoint_id": parent and parent["checkpoint_id"],
         }
     )
+
+
+def shown(value: Any) -> Any:
+    """An interrupt's value as its node gave it: `keel.interrupt()` and `keel.approval()`
+    wrap it in their wait's description (deadline, escalation), which clients do not show."""
+    if isinstance(value, dict) and isinstance(value.get("keel_wait"), dict):
+        return value["keel_wait"].get("payload")
+    return value
 
 
 def jsonable(value: Any) -> Any:

@@ -21,10 +21,11 @@ from langgraph.types import Command, interrupt
 
 import keel
 from keel.core.errors import DecisionConflict, NoPendingWait, ThreadBusy, ThreadNotFound
+from keel.runtime.conversations import state_json
 from tests.support.checks import wait_until
 from tests.support.graphs import notify_effect
 from tests.support.providers import Provider
-from tests.support.workers import drain
+from tests.support.workers import drain, sweep
 
 AppFactory = Callable[..., keel.App]
 
@@ -297,3 +298,88 @@ def test_each_turn_is_a_run_with_its_own_effect_keys(make_app: AppFactory) -> No
         effects = app.get_run(run.run_id).effects
         assert [e["run_id"] for e in effects] == [run.run_id]
         assert effects[0]["idempotency_key"] in provider.deliveries
+
+
+class Deadline(TypedDict, total=False):
+    got: Any
+
+
+def deadline_graph() -> StateGraph:
+    def ask(state: Deadline) -> dict[str, Any]:
+        return {"got": keel.interrupt({"q": "size?"}, timeout="1h", on_timeout="timeout")}
+
+    g = StateGraph(Deadline)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g
+
+
+def test_keel_interrupt_has_a_deadline_whose_policy_resumes_it(make_app: AppFactory) -> None:
+    clock = keel.ManualClock()
+    app = make_app(clock=clock)
+    app.workflow("deadline")(deadline_graph)
+    answered = app.submit("deadline", {}, thread_id="t-d1").run_id
+    late = app.submit("deadline", {}, thread_id="t-d2").run_id
+    drain(app)
+    # The value a chat UI shows is the interrupt's own, whatever Keel wraps around it.
+    assert app.get_state("t-d1").tasks[0].interrupts[0].value["keel_wait"]["payload"] == {
+        "q": "size?"
+    }
+    app.resume("t-d1", "XL")
+    clock.advance(3601)
+    assert sweep(app) >= 1
+    drain(app)
+    assert app.get_state("t-d1").values["got"] == "XL"
+    timed_out = app.get_state("t-d2").values["got"]
+    assert timed_out["decision"] == "timed_out"
+    assert app.get_run(answered).status == app.get_run(late).status == "completed"
+
+
+def test_state_json_shows_an_interrupts_own_value(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("deadline")(deadline_graph)
+    app.workflow("ask")(asking)
+    app.submit("deadline", {}, thread_id="t-j1")
+    app.submit("ask", {"question": "why?"}, thread_id="t-j2")
+    drain(app)
+    wrapped = state_json(app.get_state("t-j1"))
+    plain = state_json(app.get_state("t-j2"))
+    assert wrapped["interrupts"][0]["value"] == {"q": "size?"}
+    assert wrapped["tasks"][0]["interrupts"][0]["value"] == {"q": "size?"}
+    assert plain["interrupts"][0]["value"] == {"question": "why?"}
+    assert plain["next"] == ["ask"] and plain["values"] == {"question": "why?", "log": []}
+    assert plain["checkpoint"]["thread_id"] == "t-j2" and plain["parent_checkpoint_id"]
+
+
+def test_a_failed_turn_resumes_only_while_it_is_the_threads_latest(make_app: AppFactory) -> None:
+    broken = [True]
+
+    def flaky() -> StateGraph:
+        def reply(state: Chat) -> dict[str, Any]:
+            if broken[0]:
+                raise RuntimeError("provider down")
+            return {"turns": 1}
+
+        g = StateGraph(Chat)
+        g.add_node("reply", reply)
+        g.add_edge(START, "reply")
+        g.add_edge("reply", END)
+        return g
+
+    app = make_app()
+    app.workflow("flaky")(flaky)
+    first = app.submit("flaky", {"messages": [("user", "a")]}, thread_id="t-fail").run_id
+    drain(app)
+    assert app.get_thread("t-fail")["status"] == "error"
+    broken[0] = False
+    assert app.resume(first)["status"] == "queued"  # the latest turn: it goes on
+    drain(app)
+    broken[0] = True
+    second = app.submit("flaky", {"messages": [("user", "b")]}, thread_id="t-fail").run_id
+    drain(app)
+    app.submit("flaky", {"messages": [("user", "c")]}, thread_id="t-fail")
+    drain(app)
+    with pytest.raises(keel.InvalidTransition, match="not the latest run"):
+        app.resume(second)
+    assert app.get_run(second).status == "failed"

@@ -11,12 +11,15 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
+from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 import keel
@@ -383,3 +386,46 @@ def test_a_failed_turn_resumes_only_while_it_is_the_threads_latest(make_app: App
     with pytest.raises(keel.InvalidTransition, match="not the latest run"):
         app.resume(second)
     assert app.get_run(second).status == "failed"
+
+
+@dataclass
+class Tenant:
+    tenant: str
+
+
+class Seen(TypedDict, total=False):
+    model: str
+    tenant: str
+    thread: str
+
+
+def configured() -> StateGraph:
+    def look(state: Seen, config: RunnableConfig, runtime: Runtime[Tenant]) -> dict[str, Any]:
+        configurable = config["configurable"]
+        return {
+            "model": configurable["model"],
+            "thread": configurable["thread_id"],
+            "tenant": runtime.context.tenant,
+        }
+
+    g = StateGraph(Seen, context_schema=Tenant)
+    g.add_node("look", look)
+    g.add_edge(START, "look")
+    g.add_edge("look", END)
+    return g
+
+
+def test_config_and_context_reach_the_graph_as_in_langgraph(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("configured")(configured)
+    run = app.submit(
+        "configured",
+        {},
+        thread_id="t-cfg",
+        config={"configurable": {"model": "small", "thread_id": "not-this"}},
+        context={"tenant": "acme"},
+    )
+    drain(app)
+    assert app.get_run(run.run_id).status == "completed"
+    # The thread's id is Keel's to set: a configurable thread_id does not move the run.
+    assert app.get_state("t-cfg").values == {"model": "small", "tenant": "acme", "thread": "t-cfg"}

@@ -291,9 +291,11 @@ class Executor:
         """A run on a thread of many runs: it continues from its own latest checkpoint if the
         thread's latest is one it wrote; else it starts (from its input, its command, or a
         state update) on the thread's latest checkpoint, or on the past one it forks from."""
-        if run.get("multitask_strategy") == "rollback":
-            # What the runs it rolled back wrote goes first (fenced: only while it holds the
-            # thread); idempotent, so a restart of this run discards nothing more.
+        if run.get("after_rollback", True):
+            # What rolled-back runs of the thread wrote goes before anything reads the thread
+            # (fenced: only while this run holds it). Whichever run comes next does it, not
+            # only the one that asked for the rollback: that one may have been cancelled
+            # before it ran. Idempotent: a restart of this run discards nothing more.
             async with self.services.store.fenced(lease.run_id, lease.token) as tx:
                 await self.services.store.discard_rolled_back(tx, str(run["thread_id"]))
         saved = await self.saver.aget_tuple(cast(RunnableConfig, config))

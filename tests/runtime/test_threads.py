@@ -429,3 +429,22 @@ def test_config_and_context_reach_the_graph_as_in_langgraph(make_app: AppFactory
     assert app.get_run(run.run_id).status == "completed"
     # The thread's id is Keel's to set: a configurable thread_id does not move the run.
     assert app.get_state("t-cfg").values == {"model": "small", "tenant": "acme", "thread": "t-cfg"}
+
+
+def test_a_rollback_holds_even_when_the_run_that_asked_for_it_never_ran(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    app.submit("ask", {"question": "keep"}, thread_id="t-rr")
+    drain(app)
+    app.resume("t-rr", "kept")
+    drain(app)
+    doomed = app.submit("ask", {"question": "drop"}, thread_id="t-rr").run_id
+    drain(app)
+    asker = app.submit("ask", {"question": "b"}, thread_id="t-rr", multitask_strategy="rollback")
+    app.cancel(asker.run_id)  # cancelled while queued: it never discards anything itself
+    app.submit("ask", {"question": "c"}, thread_id="t-rr")
+    drain(app)
+    assert doomed not in {h.metadata.get("keel_run_id") for h in app.get_history("t-rr")}
+    assert app.get_state("t-rr").values["log"] == ["asked keep", "done"]

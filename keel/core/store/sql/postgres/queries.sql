@@ -162,6 +162,7 @@ SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 -- `first_claim`: the run never ran, so it has no checkpoint to read. `decided_waits`: for a run
 -- that ran before, its answered waits (interrupt_id, status, value as JSON text), oldest first:
 -- what a resume after a decision would read next (its resume map), read in the claim instead.
+-- `after_rollback`: a run of its thread was rolled back, whose checkpoints may still be there.
 -- The oldest queued run and the oldest expired one are each read from their own partial index
 -- (migration 0021), in the order of the claim, and the older of the two is taken: a claim
 -- reads a few index entries however many runs have finished. (One query over both statuses,
@@ -211,7 +212,10 @@ claimed AS (
                                                                 'status', w.status, 'value', w.value)
                                              ORDER BY w.created_at, w.wait_id), '[]'::jsonb)::text
                    FROM keel_waits AS w WHERE w.run_id = r.run_id AND w.status <> 'pending')
-              END AS decided_waits),
+              END AS decided_waits,
+              EXISTS (SELECT 1 FROM keel_runs AS t
+                      WHERE t.thread_id = r.thread_id AND t.cancel_reason = 'rolled_back')
+                  AS after_rollback),
 turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM claimed),
 event AS (
     INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)

@@ -141,6 +141,7 @@ SELECT 1 AS locked;
 -- nothing to claim. `first_claim`: the run never ran, so it has no checkpoint to read.
 -- `decided_waits`: for a run that ran before, its answered waits (interrupt_id, status, value as
 -- JSON text), oldest first: what a resume after a decision would read next, read in the claim.
+-- `after_rollback`: a run of its thread was rolled back, whose checkpoints may still be there.
 -- The oldest queued and the oldest expired run each come from their own partial index
 -- (migration 0021), already in order: a claim reads a few entries however many runs finished.
 SELECT run_id AS candidate_id, status AS previous_status, lease_owner AS previous_owner,
@@ -190,7 +191,10 @@ SELECT CASE WHEN :first_claim = 0 THEN
             FROM (SELECT interrupt_id, status, value FROM keel_waits
                   WHERE run_id = :candidate_id AND status <> 'pending'
                   ORDER BY created_at, wait_id))
-       END AS decided_waits;
+       END AS decided_waits,
+       EXISTS (SELECT 1 FROM keel_runs AS c, keel_runs AS t
+               WHERE c.run_id = :candidate_id AND t.thread_id = c.thread_id
+                 AND t.cancel_reason = 'rolled_back') AS after_rollback;
 
 -- name: renew_lease
 -- Extend a lease this worker still holds.

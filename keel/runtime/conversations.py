@@ -178,8 +178,15 @@ class ThreadOperations:
         them (LangGraph's `update_state`). It is a run of its own on the thread: ordered after
         the runs before it, written under its lease like any step, recorded on its timeline
         (who did it: `keel_run_id` in the checkpoint's metadata). Returns that run once it
-        ended (its output names the checkpoint); a worker executes it."""
+        ended (its output names the checkpoint); a worker executes it.
+
+        On an interrupted thread (its active run waits for input) the update is what answers
+        it, as in LangGraph, where the paused run has already returned: the waiting run ends
+        (cancelled, reason `interrupted`, its committed steps kept, and so do runs queued
+        behind it) and the update goes on from its last checkpoint; submit a run without input
+        to go on from the update."""
         thread = await self.get_thread(thread_id)
+        strategy = "interrupt" if thread["status"] == "interrupted" else "enqueue"
         wf = self.runtime.workflows.get(thread["workflow"], None)
         admitted = await threads.admit(
             self.runtime.store,
@@ -191,7 +198,7 @@ class ThreadOperations:
             command={"update_state": {"values": values, "as_node": as_node}},
             checkpoint_id=None,
             config=None,
-            strategy="enqueue",
+            strategy=strategy,
             thread_metadata=None,
             job_id=None,
             max_input_bytes=self.runtime.max_input_bytes,

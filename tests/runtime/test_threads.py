@@ -448,3 +448,35 @@ def test_a_rollback_holds_even_when_the_run_that_asked_for_it_never_ran(
     drain(app)
     assert doomed not in {h.metadata.get("keel_run_id") for h in app.get_history("t-rr")}
     assert app.get_state("t-rr").values["log"] == ["asked keep", "done"]
+
+
+def test_update_state_on_an_interrupted_thread_answers_it_as_langgraph_does(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("ask")(asking)
+    waiting = app.submit("ask", {"question": "q"}, thread_id="t-ui").run_id
+    drain(app)
+    done: dict[str, Any] = {}
+    caller = threading.Thread(
+        target=lambda: done.update(
+            row=app.update_state("t-ui", {"answer": "edited", "log": ["x"]}, as_node="ask")
+        )
+    )
+    caller.start()
+    wait_until(lambda: len(app.thread_runs("t-ui")) == 2, 10, "the update's run")
+    drain(app)
+    caller.join(30)
+    assert done["row"]["status"] == "completed"
+    ended = app.get_run(waiting)
+    assert (ended.status, ended.termination_reason) == ("cancelled", "interrupted")
+    app.submit("ask", None, thread_id="t-ui")  # go on from the update, as invoke(None) does
+    drain(app)
+
+    oracle = asking().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "o"}}
+    oracle.invoke({"question": "q"}, config)
+    oracle.update_state(config, {"answer": "edited", "log": ["x"]}, as_node="ask")
+    oracle.invoke(None, config)
+    assert app.get_state("t-ui").values == oracle.get_state(config).values
+    assert app.get_thread("t-ui")["status"] == "idle"

@@ -4,7 +4,9 @@ An effect's key is its place in the run: the node's StepRef and its call order a
 task's calls of the same effect. The arguments are not part of it; they are hashed beside it,
 one hash per argument name, so a replay that calls the same place with other arguments is
 recognized as non-determinism (and told which arguments changed) instead of being performed
-as a new effect. `key=` narrows what is compared to the arguments that identify the effect.
+as a new effect. `key=` narrows what is compared to the arguments that identify the effect; on
+a thread of many runs it also makes them the key (`business_key`): the effect happens once per
+thread for those values, whichever run calls it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ SUPPLIED = frozenset({"idempotency_key", "fencing_token", "lease_token"})
 def effect_key(where: StepRef, name: str, call: int) -> str:
     """The key of the `call`-th call (from 0) of effect `name` by the task at `where`."""
     return where.key("effect", name, f"call:{call}")
+
+
+def business_key(thread_id: str, name: str, identity: Identity) -> str:
+    """The key of effect `name` on a thread of many runs when `key=` says which arguments
+    identify it: the thread and those arguments, not the call's place. A fork, a retried turn
+    or a later turn of the thread that calls it with the same values is the same effect (its
+    recorded result returned), never a second call. One run of a thread is active at a time,
+    so the key still has one owner at a time."""
+    return f"effect:{name}:" + digest("thread", thread_id, name, identity.digest)[:32]
 
 
 def legacy_key(where: StepRef, name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:

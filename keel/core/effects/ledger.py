@@ -25,7 +25,7 @@ from keel.core.context import RunContext, current
 from keel.core.effects import in_doubt
 from keel.core.effects.calls import Abandoned, Pending, call_within, token_keyword
 from keel.core.effects.in_doubt import reopen_expired
-from keel.core.effects.keys import Identity, effect_key, legacy_key
+from keel.core.effects.keys import Identity, business_key, effect_key, legacy_key
 from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.effects.rows import (
     SETTLED,
@@ -90,10 +90,13 @@ class Effect(DeclaredEffect[P, R]):
         where = ctx.locate()
         # Numbered now, in the order the node makes its calls, not the order coroutines start.
         index = ctx.calls.next(where, self.name)
+        on_thread = ctx.thread_id and self.arguments.key is not None
         call = Call(
             where,
             index,
-            effect_key(where, self.name, index),
+            business_key(ctx.thread_id, self.name, identity)
+            if on_thread
+            else effect_key(where, self.name, index),
             legacy_key(where, self.name, args, kwargs),
             identity,
             args,

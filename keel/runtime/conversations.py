@@ -273,12 +273,15 @@ class ThreadOperations:
         *,
         wait_id: str | None = None,
         by: str | None = None,
+        principal: str | None = None,
+        comment: str | None = None,
         action_id: str | None = None,
         channel: str = "api",
     ) -> waits.DecisionResult:
         """Answer the interrupt the thread's active run waits on with `value` (what
         `interrupt()` returns): LangGraph's `Command(resume=value)`. The first answer wins;
-        a later one is told what was recorded (`recorded` False)."""
+        a later one is told what was recorded (`recorded` False). `by` is who the caller says
+        answered, `principal` the identity that made the call (recorded for the audit)."""
         await self.open()
         threads.validate_thread_id(thread_id)
         run = await self._waiting_run(thread_id)
@@ -289,6 +292,8 @@ class ThreadOperations:
             wait_id=wait_id,
             value={"resume": value},
             by=by,
+            principal=principal,
+            comment=comment,
             action_id=action_id,
             channel=channel,
         )

@@ -1,4 +1,5 @@
-"""The console's pages: runs, a run, approvals, workers (all reads; see actions.py for writes).
+"""The console's pages: runs, a run, approvals, workers, and the thread pages of thread_pages.py
+(all reads; see actions.py for writes).
 
 Like the API's endpoints these are plain `def`s: FastAPI runs them in its threadpool and they
 call the App's blocking facade, which hands the work to the App's own loop.
@@ -20,6 +21,7 @@ from keel.runtime.app import App
 from keel.runtime.summary import summarize
 from keel.service.console.render import page, pretty
 from keel.service.console.session import Sessions
+from keel.service.console.thread_pages import thread_pages_router
 from keel.service.files import artifact_file
 
 PAGE = 50
@@ -152,6 +154,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             now=keel_app.database_now(),
         )
 
+    router.include_router(thread_pages_router(keel_app, sessions))
     return router
 
 

@@ -49,6 +49,7 @@ from keel.cli.options import (
 )
 from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
+from keel.cli.threads import threads_cli
 from keel.core.waits import DecisionResult
 from keel.runtime.loading import load_app
 
@@ -60,6 +61,7 @@ cli = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 cli.add_typer(runs_cli, name="runs")
+cli.add_typer(threads_cli, name="threads")
 cli.add_typer(approvals_cli, name="approvals")
 cli.add_typer(effects_cli, name="effects")
 cli.command()(dispatcher)

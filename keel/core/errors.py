@@ -119,10 +119,14 @@ class WrongWaitKind(UsageError):
     """An answer a wait of this kind does not take (approve an in-doubt effect, resolve an
     approval, decide an outbox delivery's wait). Nothing is recorded."""
 
-    def __init__(self, message: str, *, wait_id: str, wait_kind: str) -> None:
+    def __init__(
+        self, message: str, *, wait_id: str, wait_kind: str, with_value: bool = False
+    ) -> None:
         super().__init__(message)
         self.wait_id = wait_id
         self.wait_kind = wait_kind
+        self.with_value = with_value
+        """The refused answer was a resume value (for a plain interrupt only)."""
 
 
 class IntentNotFound(KeelError, LookupError):

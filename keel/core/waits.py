@@ -307,6 +307,7 @@ def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
             f"wait {wait_id} is a {wait_kind} wait, not a plain interrupt: answer it with {how}",
             wait_id=wait_id,
             wait_kind=wait_kind,
+            with_value=True,
         )
     if (wait_kind == WaitKind.EFFECT) != is_effect_answer(decision):
         how = "resolve_effect()" if wait_kind == WaitKind.EFFECT else "approve() or reject()"

@@ -322,7 +322,22 @@ class Executor:
         run's lease like any step's, recorded as the run's output."""
         written = update.written
         if written is None:
-            written = await graph.aupdate_state(config, update.values, as_node=update.as_node)
+            try:
+                written = await graph.aupdate_state(config, update.values, as_node=update.as_node)
+            except (LeaseLost, RunCancelled, Released):
+                raise
+            except Exception as exc:
+                if self.services.store.is_keel_fault(exc):
+                    raise
+                # The update itself is wrong (a value the state refuses): final, as a node's
+                # error is, not a crash to retry.
+                return await self._end(
+                    ctx,
+                    Status.FAILED,
+                    TerminationReason.EXECUTION_ERROR,
+                    f"{type(exc).__name__}: {exc}",
+                    failure=failures.describe(exc, {"node": update.as_node or ""}),
+                )
             await self.saver.finish(ctx.run_id, ctx.token)
         checkpoint = written.get("configurable", {}).get("checkpoint_id")
         return await self._end(

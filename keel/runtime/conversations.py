@@ -188,6 +188,10 @@ class ThreadOperations:
         thread = await self.get_thread(thread_id)
         strategy = "interrupt" if thread["status"] == "interrupted" else "enqueue"
         wf = self.runtime.workflows.get(thread["workflow"], None)
+        nodes = self._compiled(wf).nodes
+        if as_node is not None and as_node not in nodes:
+            known = ", ".join(n for n in nodes if not n.startswith("__"))
+            raise UsageError(f"as_node {as_node!r} is not a node of {wf.key} (its nodes: {known})")
         admitted = await threads.admit(
             self.runtime.store,
             workflow=wf.name,

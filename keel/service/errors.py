@@ -120,6 +120,8 @@ def keel_message(exc: core.KeelError) -> str:
         )
     if not isinstance(exc, core.WrongWaitKind) or exc.wait_kind == WaitKind.OUTBOX:
         return str(exc)
+    if exc.with_value:
+        return str(exc)  # a resume value for an approval or an effect: the core's words fit
     wait_id = exc.wait_id
     if exc.wait_kind == WaitKind.EFFECT:
         return (

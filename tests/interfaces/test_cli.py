@@ -492,9 +492,12 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert isinstance(approvals, typer.core.TyperGroup)
     effects = group.commands["effects"]
     assert isinstance(effects, typer.core.TyperGroup)
-    names = [(n,) for n in group.commands if n not in ("runs", "approvals", "effects")]
+    threads = group.commands["threads"]
+    assert isinstance(threads, typer.core.TyperGroup)
+    groups = ("runs", "approvals", "effects", "threads")
+    names = [(n,) for n in group.commands if n not in groups]
     names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
-    names += [("effects", n) for n in effects.commands]
+    names += [("effects", n) for n in effects.commands] + [("threads", n) for n in threads.commands]
     expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune", "dispatcher", "audit"}
     assert {n[0] for n in names if len(n) == 1} == expected
@@ -506,7 +509,9 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     for name in names:
         result = invoke({}, *name, "--help")
         assert result.exit_code == 0, (name, result.output)
-        parent = {"runs": runs, "approvals": approvals, "effects": effects}.get(name[0])
+        parent = {"runs": runs, "approvals": approvals, "effects": effects, "threads": threads}.get(
+            name[0]
+        )
         command = parent.commands[name[1]] if parent and len(name) == 2 else group.commands[name[0]]
         summary = (command.help or "").split(".")[0].split()
         assert len(summary) >= 3, name

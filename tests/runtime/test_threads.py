@@ -480,3 +480,25 @@ def test_update_state_on_an_interrupted_thread_answers_it_as_langgraph_does(
     oracle.invoke(None, config)
     assert app.get_state("t-ui").values == oracle.get_state(config).values
     assert app.get_thread("t-ui")["status"] == "idle"
+
+
+def test_an_update_the_graph_cannot_take_is_refused_or_fails_once(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    app.submit("chat", {"messages": [("user", "hi")]}, thread_id="t-bad")
+    drain(app)
+    with pytest.raises(keel.core.errors.UsageError, match="not a node of chat@1"):
+        app.update_state("t-bad", {"turns": 1}, as_node="nope")
+    assert len(app.thread_runs("t-bad")) == 1  # nothing admitted
+    done: dict[str, Any] = {}
+    caller = threading.Thread(
+        target=lambda: done.update(row=app.update_state("t-bad", {"turns": "x"}, timeout=30))
+    )
+    caller.start()
+    wait_until(lambda: len(app.thread_runs("t-bad")) == 2, 10, "the update's run")
+    drain(app)
+    caller.join(30)
+    failed = app.get_run(done["row"]["run_id"])
+    assert (failed.status, failed.termination_reason) == ("failed", "execution_error")
+    assert [e["kind"] for e in failed.timeline].count("lease.claimed") == 1  # not retried
+    assert app.get_state("t-bad").values["turns"] == 1  # the thread is as it was

@@ -63,6 +63,15 @@ class ThreadBusy(KeelError):
         self.active_run = active_run
 
 
+class RunStillGoing(KeelError, TimeoutError):
+    """The run did not end (or wait for input) within the time given: it goes on."""
+
+    def __init__(self, message: str, *, run_id: str, status: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+
+
 class DecisionConflict(KeelError):
     """Another answer won the wait first: this one changed nothing."""
 

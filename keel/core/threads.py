@@ -176,6 +176,10 @@ async def admit(
                 locked = await store.lock_run(tx, str(other["run_id"]))
                 assert locked is not None
                 await stop(store, tx, locked, SUPERSEDES[strategy], {"by": f"run {rid}"})
+            if strategy == "rollback":
+                # What the stopped runs checkpointed goes at once (a running one's, at its end:
+                # `after_stop`), so no read of the thread meanwhile sees a rolled-back state.
+                await store.discard_rolled_back(tx, thread_id)
         place = ThreadPlace(
             thread_id=thread_id,
             thread_seq=await store.next_thread_seq(tx, thread_id),
@@ -203,6 +207,16 @@ async def admit(
         row = await store.read_run(tx, rid)
     assert row is not None
     return Admission(row, True, [])
+
+
+async def after_stop(store: Store, run_id: str, thread_id: str) -> None:
+    """A run of a thread ended cancelled at a step boundary: if it was rolled back, what it
+    checkpointed goes now, not when the thread's next run starts (which discards it too, if
+    this does not happen: a crash here loses nothing)."""
+    run = await store.get_run(run_id)
+    if run is not None and run.get("cancel_reason") == TerminationReason.ROLLED_BACK:
+        async with store.transaction() as tx:
+            await store.discard_rolled_back(tx, thread_id)
 
 
 def _job_of(thread_id: str) -> str:

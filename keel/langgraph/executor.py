@@ -182,6 +182,10 @@ class Executor:
         )
         entered = enter(ctx)
         try:
+            if run.get("cancel_requested"):
+                # Taken over after a crash with a cancel already asked: it stops at this
+                # boundary rather than start a step (or write a thread's input checkpoint).
+                raise RunCancelled(f"run {lease.run_id} was cancelled")
             graph_input = await self._input(graph, config, run, workflow, lease)
             if isinstance(graph_input, StateUpdate):
                 return await self._update_state(ctx, graph, config, graph_input)
@@ -239,7 +243,10 @@ class Executor:
             )
             return LeaseEnd.LOST
         except RunCancelled:
-            return await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
+            ended = await self._end(ctx, Status.CANCELLED, TerminationReason.CANCELLED, None)
+            if thread and ended == Status.CANCELLED:
+                await threads.after_stop(rt.store, lease.run_id, thread)
+            return ended
         except Released:
             await leases.release(rt.store, lease, "worker stopping")
             return LeaseEnd.RELEASED

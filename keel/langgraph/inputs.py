@@ -132,6 +132,13 @@ def check_input(workflow: Workflow, value: Any, *, partial: bool = False) -> Non
 def _adapter(hint: Any) -> TypeAdapter[Any] | None:
     if hint is None:
         return None
+    if typing.get_origin(hint) is typing.Annotated and any(
+        getattr(extra, "__module__", "") == "langgraph.graph.message" for extra in hint.__metadata__
+    ):
+        # LangGraph's message reducer (`add_messages`) takes what it can make a message of: a
+        # (role, text) tuple, a {"role", "content"} dict, a string, one or a list of them. It
+        # judges its input, as LangGraph lets it; other reducers take the field's own type.
+        return None
     try:
         return TypeAdapter(hint)
     except Exception:  # a type pydantic cannot check (an arbitrary class): the key is enough
@@ -146,4 +153,8 @@ def _errors(adapter: TypeAdapter[Any], value: Any, where: tuple[str, ...]) -> li
             f"{'.'.join(str(p) for p in (*where, *err.get('loc', ())))}: {err.get('msg')}"
             for err in exc.errors()
         ]
+    except (TypeError, ValueError):
+        # The schema's own validator cannot judge the value (a discriminator that raises):
+        # LangGraph would take it, and so does the admission.
+        return []
     return []

@@ -139,10 +139,8 @@ class AsyncApp(ThreadOperations):
         if command is not None and "resume" in command:
             if thread_id is None:
                 raise UsageError("a resume command answers a thread's interrupt: give thread_id")
-            answered = await self.resume_thread(thread_id, command["resume"])
-            row = await self.runtime.store.get_run(str(answered.wait["run_id"]))
-            assert row is not None
-            return Submission(row, created=False)
+            # As `resume`: DecisionConflict if another answer won (nothing hidden from the caller).
+            return Submission(await self.resume(thread_id, command["resume"]), created=False)
         if thread_id is not None or command or config or context is not None or checkpoint_id:
             return await self._submit_on_thread(
                 wf,

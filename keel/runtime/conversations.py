@@ -21,6 +21,7 @@ from keel.core.codec import dumps, json_default, loads
 from keel.core.errors import (
     NoPendingWait,
     RunNotFound,
+    RunStillGoing,
     ThreadBusy,
     ThreadNotFound,
     UsageError,
@@ -63,7 +64,7 @@ class ThreadOperations:
         if if_exists not in ("raise", "do_nothing"):
             raise UsageError(f"if_exists must be raise or do_nothing, not {if_exists!r}")
         wf = self.runtime.workflows.get(workflow, None)
-        tid = threads.validate_thread_id(thread_id) if thread_id else threads.new_id()
+        tid = threads.new_id() if thread_id is None else threads.validate_thread_id(thread_id)
         made = await self.runtime.store.create_thread(
             tid, workflow=wf.name, version=wf.version, metadata=_metadata_json(metadata)
         )
@@ -131,7 +132,7 @@ class ThreadOperations:
         """A new thread holding a copy of the thread's checkpoints (its history); its runs
         stay with the original."""
         await self.get_thread(thread_id)
-        target = threads.validate_thread_id(to) if to else threads.new_id()
+        target = threads.new_id() if to is None else threads.validate_thread_id(to)
         if await self.runtime.store.copy_thread(thread_id, target) is None:
             raise UsageError(f"thread {target} already exists")
         return await self.get_thread(target)
@@ -254,7 +255,8 @@ class ThreadOperations:
         timeout: float | None = None,  # noqa: ASYNC109 - the sync App's callers have no asyncio
     ) -> Row:
         """The run's row once it has ended, or waits for an answer (a person, a deadline);
-        TimeoutError past `timeout` seconds (None: no limit)."""
+        RunStillGoing (a TimeoutError naming the run) past `timeout` seconds (None: no
+        limit)."""
         await self.open()
         validate_run_id(run_id)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -266,7 +268,11 @@ class ThreadOperations:
             if row["status"] in SETTLED:
                 return row
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"run {run_id} is still {row['status']} after {timeout} s")
+                raise RunStillGoing(
+                    f"run {run_id} is still {row['status']} after {timeout} s",
+                    run_id=run_id,
+                    status=str(row["status"]),
+                )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.5)
 

@@ -45,6 +45,7 @@ from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 from keel.service.replay import replay_router
+from keel.service.threads_api import threads_router
 from keel.service.tracing import instrument
 
 log = logging.getLogger("keel.service")
@@ -117,6 +118,7 @@ def create_app(
     api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     api.include_router(health_router(keel_app))
     api.include_router(runs_router(keel_app, auth))
+    api.include_router(threads_router(keel_app, auth))
     api.include_router(events_router(keel_app, auth))
     api.include_router(replay_router(keel_app, auth))
     _metrics_route(api, keel_app)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.messages import AnyMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -502,3 +503,35 @@ def test_an_update_the_graph_cannot_take_is_refused_or_fails_once(make_app: AppF
     assert (failed.status, failed.termination_reason) == ("failed", "execution_error")
     assert [e["kind"] for e in failed.timeline].count("lease.claimed") == 1  # not retried
     assert app.get_state("t-bad").values["turns"] == 1  # the thread is as it was
+
+
+class Messages(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def typed_chat() -> StateGraph:
+    def reply(state: Messages) -> dict[str, Any]:
+        return {"messages": [("ai", f"echo: {state['messages'][-1].content}")]}
+
+    g = StateGraph(Messages)
+    g.add_node("reply", reply)
+    g.add_edge(START, "reply")
+    g.add_edge("reply", END)
+    return g
+
+
+def test_every_message_form_langgraph_takes_is_admitted(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("typed-chat")(typed_chat)
+    forms: list[Any] = [
+        [("user", "a")],
+        [{"role": "user", "content": "b"}],  # what langgraph-sdk clients send
+        ["c"],
+        [{"type": "human", "content": "d"}],
+    ]
+    for form in forms:
+        app.submit("typed-chat", {"messages": form}, thread_id="t-forms")
+        drain(app)
+    assert texts(app.get_state("t-forms").values)[::2] == ["a", "b", "c", "d"]
+    with pytest.raises(keel.InvalidInput, match="not a field"):
+        app.submit("typed-chat", {"mesages": ["typo"]}, thread_id="t-forms")

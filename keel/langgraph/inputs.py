@@ -73,19 +73,22 @@ class _Schema:
 
 
 # Per registered workflow (a frozen dataclass: the same registration, the same entry).
-_schemas: dict[Workflow, _Schema] = {}
+_schemas: dict[Workflow, _Schema | None] = {}
 
 
 def learn_input_schema(workflow: Workflow, graph: Any) -> None:
     """Remember the input schema of `workflow`'s graph, compiled at registration (its builder
     is `graph.builder`), so that submit checks inputs without building the graph again."""
-    builder = getattr(graph, "builder", None)
-    if builder is not None and workflow not in _schemas:
-        _schemas[workflow] = _schema_of(builder)
+    if workflow not in _schemas:
+        _schemas[workflow] = _schema_of(getattr(graph, "builder", graph))
 
 
-def _schema_of(builder: Any) -> _Schema:
-    state = builder.state_schema
+def _schema_of(builder: Any) -> _Schema | None:
+    """None: the graph declares no state schema (the functional API's `@entrypoint` takes any
+    value), so there is nothing to check."""
+    state = getattr(builder, "state_schema", None)
+    if state is None:
+        return None
     declared = getattr(builder, "input_schema", None)
     if declared is None or declared is state:
         return _Schema(state)
@@ -110,8 +113,7 @@ def check_input(workflow: Workflow, value: Any, *, partial: bool = False) -> Non
     """InvalidInput, with one entry per field in `.errors`, unless the graph can take `value`.
     `partial`: a later turn of a thread, whose state already holds what its first run gave,
     so no field is required."""
-    schema = _schemas.get(workflow)
-    if schema is None:
+    if workflow not in _schemas:
         # Not learned at registration (a Workflow registered by other means): build it once.
         try:
             builder = workflow.factory()
@@ -119,7 +121,10 @@ def check_input(workflow: Workflow, value: Any, *, partial: bool = False) -> Non
             # The graph compiled at registration; a factory that fails now fails the run where
             # it executes (with the attempt limits), not the admission: no schema to check.
             return
-        schema = _schemas[workflow] = _schema_of(builder)
+        _schemas[workflow] = _schema_of(getattr(builder, "builder", builder))
+    schema = _schemas[workflow]
+    if schema is None:
+        return
     if not isinstance(value, dict):
         problems = [f"input: expected an object ({schema.name}), got {type(value).__name__}"]
     else:

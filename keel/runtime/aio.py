@@ -28,7 +28,7 @@ from keel.core.ids import validate_run_id
 from keel.core.store.base import Row
 from keel.core.store.run_queries import RunFilters
 from keel.langgraph import traces
-from keel.langgraph.graphs import checkpoint_misfits
+from keel.langgraph.graphs import checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input
 from keel.runtime import replay as replays
 from keel.runtime import stranded
@@ -254,7 +254,7 @@ class AsyncApp(ThreadOperations):
             raise RunNotFound(f"no run {run_id!r}")
         workflow = self.runtime.workflows.get(run["workflow"], to)
         versions.check_upgradable(run, to)
-        graph = workflow.factory().compile(checkpointer=self.runtime.fencing())
+        graph = compile_graph(workflow, self.runtime.fencing())  # a builder or a compiled graph
         thread = str(run.get("thread_id") or run_id)  # a turn of a thread reads the thread
         problems = await checkpoint_misfits(graph, self.runtime.fencing(), thread)
         if problems:

@@ -128,7 +128,7 @@ class Runtime:
     def _learn(self, workflow: Workflow) -> None:
         graph = compile_graph(workflow)
         learn_input_schema(workflow, graph)
-        self.shapes[workflow.key] = graph_shape(graph.builder)
+        self.shapes[workflow.key] = graph_shape(getattr(graph, "builder", graph))
         self._checked.add(workflow.key)
 
     async def hold_shapes(self, worker_id: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 import psycopg
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.func import entrypoint, task
 from langgraph.graph import END, StateGraph
 
 import keel
@@ -153,3 +154,22 @@ def test_a_fault_of_the_nodes_own_database_is_the_graphs_failure_not_keels(
         assert error in details.run["error"]
         assert not [e for e in details.timeline if e["kind"].startswith("attempt.")]
         assert details.run["infra_retries"] == 0
+
+
+@task
+def doubled(x: int) -> int:
+    return x * 2
+
+
+@entrypoint()
+def functional(x: int) -> int:
+    return doubled(x).result() + 1
+
+
+def test_a_functional_api_graph_registers_and_runs(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("functional")(lambda: functional)
+    run_id = app.submit("functional", 20, job_id="f-1").run_id  # any input: no state schema
+    drain(app)
+    details = app.get_run(run_id)
+    assert (details.status, details.run["output"]) == ("completed", "41")

@@ -44,6 +44,12 @@ _compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDicti
 """Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""
 
 
+KEEL_OWNED = frozenset({"thread_id", "checkpoint_id", "checkpoint_ns", "checkpoint_map"})
+"""Configurable keys a run's submitted config does not set: which thread and checkpoint it reads
+(a fork names its checkpoint at submit, `checkpoint_id=`, read only while it has none of its own;
+a config's would send every restart back there)."""
+
+
 @dataclass(frozen=True)
 class StateUpdate:
     """A run that only updates its thread's state (`AsyncApp.update_state`)."""
@@ -142,7 +148,11 @@ class Executor:
         config: dict[str, Any] = {
             # What the run was submitted with first: Keel's own keys are not the caller's to set.
             "configurable": {
-                **(submitted.get("configurable") or {}),
+                **{
+                    key: value
+                    for key, value in (submitted.get("configurable") or {}).items()
+                    if key not in KEEL_OWNED  # where a checkpoint is read is Keel's to say
+                },
                 "thread_id": thread or lease.run_id,
             },
             "recursion_limit": workflow.recursion_limit,

@@ -535,3 +535,17 @@ def test_every_message_form_langgraph_takes_is_admitted(make_app: AppFactory) ->
     assert texts(app.get_state("t-forms").values)[::2] == ["a", "b", "c", "d"]
     with pytest.raises(keel.InvalidInput, match="not a field"):
         app.submit("typed-chat", {"mesages": ["typo"]}, thread_id="t-forms")
+
+
+def test_a_configs_checkpoint_id_does_not_move_the_run(make_app: AppFactory) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    for text in ("one", "two"):
+        app.submit("chat", {"messages": [("user", text)]}, thread_id="t-cp")
+        drain(app)
+    oldest = app.get_history("t-cp")[-1].config["configurable"]["checkpoint_id"]
+    config = {"configurable": {"checkpoint_id": oldest, "checkpoint_ns": "x"}}
+    app.submit("chat", {"messages": [("user", "three")]}, thread_id="t-cp", config=config)
+    drain(app)
+    # A fork is asked with checkpoint_id=; a config's would send every restart back there.
+    assert app.get_state("t-cp").values["turns"] == 3

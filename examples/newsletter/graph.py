@@ -265,7 +265,7 @@ def finalize(state: NewsletterState, config: RunnableConfig) -> dict[str, Any]:
 
 def newsletter_link(run_id: str) -> str:
     base = os.environ.get(BASE_URL_ENV, "http://127.0.0.1:8000").rstrip("/")
-    return f"{base}/runs/{run_id}/artifacts/newsletter.md"
+    return f"{base}/v1/runs/{run_id}/artifacts/newsletter.md"
 
 
 def notify(state: NewsletterState, config: RunnableConfig) -> dict[str, Any]:

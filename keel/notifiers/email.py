@@ -114,7 +114,7 @@ class EmailNotifier:
         timeout: float = 10.0,
     ) -> None:
         """`approval_url`, if given, is formatted with `run_id` and `wait_id` into a link
-        (e.g. "https://keel.internal/approvals/{wait_id}")."""
+        (e.g. the console's inbox, "https://keel.internal/ui/approvals#{wait_id}")."""
         unknown = set(kinds) - set(notifications.KINDS)
         if unknown:
             raise UsageError(f"unknown notification kinds {sorted(unknown)}")

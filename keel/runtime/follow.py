@@ -1,4 +1,4 @@
-"""Following a run's timeline by cursor: what `GET /runs/{id}/events` and `keel runs watch`
+"""Following a run's timeline by cursor: what `GET /v1/runs/{id}/events` and `keel runs watch`
 both do, written once.
 
 Event ids grow in commit order for each run on both backends (see the `events_after` query), so

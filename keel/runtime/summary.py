@@ -253,7 +253,7 @@ def attempts(run: dict[str, Any]) -> int:
 
 
 def to_dict(summary: RunSummary) -> dict[str, Any]:
-    """The summary as JSON-ready data (`GET /runs/{id}/summary`, `keel runs show --json`)."""
+    """The summary as JSON-ready data (`GET /v1/runs/{id}/summary`, `keel runs show --json`)."""
     data = asdict(summary)
     data["effect_counts"] = data.pop("effects")
     data["effects"] = data.pop("effect_lines")

@@ -1,5 +1,9 @@
 """Keel's HTTP API: admit and inspect runs, download artifacts, decide approvals.
 
+Keel's own API is versioned under `/v1` (`API_PREFIX`); the root serves the LangGraph Agent
+Server protocol (keel.service.agent_server, docs/agent-server.md), beside `/healthz`, `/readyz`,
+`/metrics`, `/slack/actions`, the console at `/ui` and the OpenAPI pages.
+
 Keel's async core lives on the App's own event loop (keel.core.portal), not on uvicorn's. So every
 endpoint that touches Keel is a plain `def`: FastAPI runs it in its threadpool, and it calls the
 App's blocking facade, which hands the work to the App's loop. A decision only records itself
@@ -26,11 +30,13 @@ from keel.core.lifecycle import Status
 from keel.core.waits import DecisionResult
 from keel.runtime.summary import to_dict
 from keel.service import models as m
+from keel.service.agent_server import agent_server_router
 from keel.service.auth import Authenticator, FailureLimit, Principal, load_tokens, no_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
 from keel.service.effects_api import effects_router
 from keel.service.errors import (
+    API_PREFIX,
     DECISION_CONFLICT,
     BodyLimit,
     Refused,
@@ -90,6 +96,7 @@ def create_app(
     max_body_bytes: int = 65536,
     slack_signing_secret: str | None = None,
     failure_limit: FailureLimit | None = None,
+    open_loopback: bool = False,
 ) -> FastAPI:
     """The FastAPI app serving `keel_app` (see docs/http.md).
 
@@ -97,17 +104,18 @@ def create_app(
     approvals:write, or * for all); None reads $KEEL_API_TOKENS. A token under 128 bits is
     refused. `failure_limit` bounds failed authentications per client (default: 10 in 60 s,
     then 429 for 60 s). A Slack signing secret (or $KEEL_SLACK_SIGNING_SECRET) adds
-    `POST /slack/actions`.
+    `POST /slack/actions`. `open_loopback` (`keel dev` only) lets a request from this machine
+    that sends no token act with every scope (keel.service.auth.Authenticator).
     """
     known = load_tokens(tokens)
-    if not known:
+    if not known and not open_loopback:
         log.warning(no_tokens(from_env=tokens is None))
-    auth = Authenticator(known, limit=failure_limit)
+    auth = Authenticator(known, limit=failure_limit, open_loopback=open_loopback)
     api = FastAPI(
         title="Keel",
         version=_version(),
         description="Admit and inspect crash-safe LangGraph runs; decide their approvals. "
-        "People use the console at /ui.",
+        f"Keel's own API is under {API_PREFIX}. People use the console at /ui.",
         responses=ERRORS,
         # Served from local assets (keel.service.docs): the defaults load from a CDN.
         docs_url=None,
@@ -117,13 +125,10 @@ def create_app(
     install(api)
     api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     api.include_router(health_router(keel_app))
-    api.include_router(runs_router(keel_app, auth))
-    api.include_router(threads_router(keel_app, auth))
-    api.include_router(events_router(keel_app, auth))
-    api.include_router(replay_router(keel_app, auth))
+    api.include_router(keel_router(keel_app, auth), prefix=API_PREFIX)
+    # The LangGraph Agent Server protocol at the root: a client needs only the base URL.
+    api.include_router(agent_server_router(keel_app, auth))
     _metrics_route(api, keel_app)
-    api.include_router(approvals_router(keel_app, auth))
-    api.include_router(effects_router(keel_app, auth))
     install_docs(api)
     install_console(api, keel_app, auth)
     instrument(api)
@@ -138,6 +143,18 @@ def create_app(
             ) from exc
         api.include_router(slack_router(keel_app, secret))
     return api
+
+
+def keel_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
+    """Keel's own JSON API (runs, threads, approvals, effects), mounted at `API_PREFIX`."""
+    router = APIRouter()
+    router.include_router(runs_router(keel_app, auth))
+    router.include_router(threads_router(keel_app, auth))
+    router.include_router(events_router(keel_app, auth))
+    router.include_router(replay_router(keel_app, auth))
+    router.include_router(approvals_router(keel_app, auth))
+    router.include_router(effects_router(keel_app, auth))
+    return router
 
 
 def _metrics_route(api: FastAPI, keel_app: keel.App) -> None:

@@ -4,7 +4,8 @@ Tokens come from `create_app(tokens=...)` or $KEEL_API_TOKENS
 (`tok1=runs:read,approvals:write;tok2=*`). With no tokens configured every authenticated
 endpoint answers 401: a service started without configuration is closed, not open. A token
 too weak to survive an offline guess (under 128 bits by `weak_token_reason`) is refused at
-start.
+start. A request carries its token as `Authorization: Bearer <token>` or, as langgraph-sdk and
+LangGraph Studio send it, `x-api-key: <token>` (the Bearer header wins when both come).
 
 A token is never stored or shown: a request is labelled `token:<fingerprint>`, 12 hex digits of
 an HMAC-SHA256 of the token keyed by a server secret ($KEEL_TOKEN_SECRET, else a random one per
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import math
 import os
 import secrets
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from keel.core import logs
 from keel.core.errors import UsageError
@@ -78,10 +80,25 @@ class Principal:
 
     fingerprint: str
     scopes: frozenset[str]
+    kind: str = "token"
 
     @property
     def label(self) -> str:
-        return f"token:{self.fingerprint}"
+        return f"{self.kind}:{self.fingerprint}"
+
+
+LOOPBACK = Principal("loopback", frozenset(SCOPES), kind="dev")
+"""Who a tokenless request from this machine is under `keel dev` (`open_loopback`)."""
+
+
+def is_loopback(client: str) -> bool:
+    """Whether `client` (an address from `client_of`) is this machine: 127.0.0.0/8 or ::1."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 # -- token strength -------------------------------------------------------------------------
@@ -295,6 +312,11 @@ def client_of(request: Request) -> str:
 
 _bearer = HTTPBearer(auto_error=False, description="A token from KEEL_API_TOKENS.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+# How langgraph-sdk, LangGraph Studio and agent-chat-ui send a key (`api_key=`).
+_api_key = APIKeyHeader(
+    name="x-api-key", auto_error=False, description="A token from KEEL_API_TOKENS."
+)
+ApiKey = Annotated[str | None, Depends(_api_key)]
 
 
 class Authenticator:
@@ -304,8 +326,12 @@ class Authenticator:
         *,
         secret: bytes | None = None,
         limit: FailureLimit | None = None,
+        open_loopback: bool = False,
     ) -> None:
+        """`open_loopback` (`keel dev` only): a request from a loopback address that sends no
+        token is `LOOPBACK`, with every scope; one that sends a token is judged as always."""
         self._secret = token_secret() if secret is None else secret
+        self.open_loopback = open_loopback
         self.limit = FailureLimit() if limit is None else limit
         # Compared as digests so every candidate costs the same, whatever its length.
         self._tokens: list[tuple[bytes, str, frozenset[str]]] = []
@@ -339,12 +365,20 @@ class Authenticator:
         if scope not in SCOPES:
             raise UsageError(f"unknown scope {scope!r}")
 
-        def dependency(request: Request, credentials: Credentials) -> Principal:
+        def dependency(request: Request, credentials: Credentials, api_key: ApiKey) -> Principal:
             client = client_of(request)
             self.limit.check(client)
-            if credentials is None or credentials.scheme.lower() != "bearer":
-                raise AuthError(401, "unauthenticated", "send `Authorization: Bearer <token>`")
-            principal = self.authenticate(client, credentials.credentials)
+            token = credentials.credentials if credentials is not None else api_key
+            if token is None and self.open_loopback and is_loopback(client):
+                request.state.principal = LOOPBACK
+                return LOOPBACK
+            if token is None:
+                raise AuthError(
+                    401,
+                    "unauthenticated",
+                    "send `Authorization: Bearer <token>` (or `x-api-key: <token>`)",
+                )
+            principal = self.authenticate(client, token)
             if principal is None:
                 raise AuthError(401, "unauthenticated", "unknown token")
             if scope not in principal.scopes:

@@ -28,6 +28,12 @@ from keel.service.auth import AuthError
 
 log = logging.getLogger("keel.service")
 
+API_PREFIX = "/v1"
+"""Where Keel's own API lives: the root belongs to the LangGraph Agent Server protocol."""
+MOVED = ("runs", "approvals", "effects")
+"""The first segments of Keel's released API paths before they moved under `API_PREFIX` (its
+thread endpoints were never released at the root, where the protocol's threads now live)."""
+
 # Most specific first: InputTooLarge is an InvalidInput, both are ValueErrors; WrongWaitKind
 # is a UsageError.
 KEEL_ERRORS: tuple[tuple[type[core.KeelError], int, str], ...] = (
@@ -130,8 +136,17 @@ def keel_message(exc: core.KeelError) -> str:
         )
     return (
         f"{wait_id} is a {exc.wait_kind} wait, not an in-doubt effect: decide it at "
-        f"/approvals/{wait_id}/decision"
+        f"{API_PREFIX}/approvals/{wait_id}/decision"
     )
+
+
+def not_found_message(path: str, detail: str) -> str:
+    """A 404 that no route answered: for one of Keel's API paths of before the move under
+    `API_PREFIX`, where it lives now (a client written against the old paths learns why)."""
+    first = path.lstrip("/").partition("/")[0]
+    if first not in MOVED:
+        return detail
+    return f"{detail}: Keel's own API moved under {API_PREFIX} (try {API_PREFIX}{path})"
 
 
 def _where(loc: Any) -> str:
@@ -181,10 +196,14 @@ def install(api: FastAPI) -> None:
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         codes = {404: "not_found", 405: "method_not_allowed"}
+        message = str(exc.detail)
+        if exc.status_code == 404 and "endpoint" not in request.scope:
+            # No route matched (a route's own 404 has its endpoint in the scope).
+            message = not_found_message(request.url.path, message)
         return problem(
             exc.status_code,
             codes.get(exc.status_code, "http_error"),
-            str(exc.detail),
+            message,
             headers=dict(exc.headers or {}),
         )
 

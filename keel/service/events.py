@@ -1,4 +1,4 @@
-"""Live events: `GET /runs/{id}/events` streams a run's timeline as Server-Sent Events.
+"""Live events: `GET /v1/runs/{id}/events` streams a run's timeline as Server-Sent Events.
 
 Each event's SSE `id` is its timeline id. A client (or a browser's EventSource, on its own)
 that reconnects with `Last-Event-ID: N` (or `?after=N`) gets every event after N and then the

@@ -83,7 +83,7 @@ class Run(BaseModel):
     cancel_requested: bool
     stranded: bool = Field(
         description="The run needs a worker of a version that no worker serves (see "
-        "docs/versions.md); move it with POST /runs/{id}/upgrade."
+        "docs/versions.md); move it with POST /v1/runs/{id}/upgrade."
     )
     stranded_reason: str | None = Field(
         None,
@@ -425,7 +425,7 @@ class SummarySpan(BaseModel):
 
 
 class RunSummary(BaseModel):
-    """What a person asks first about a run: see docs/http.md, "GET /runs/{id}/summary"."""
+    """What a person asks first about a run: see docs/http.md, "GET /v1/runs/{id}/summary"."""
 
     run_id: str
     job_id: str

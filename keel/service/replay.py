@@ -1,4 +1,4 @@
-"""`POST /runs/{id}/replay`: the run re-executed in a throwaway copy, its report returned.
+"""`POST /v1/runs/{id}/replay`: the run re-executed in a throwaway copy, its report returned.
 
 A POST with the `runs:write` scope although nothing of the run is written: a replay runs the
 workflow's nodes again (what they do outside effects, a model call, happens again), which is

@@ -3,12 +3,12 @@
 Each endpoint is one call of the App's thread operations (keel/runtime/conversations.py); the
 shapes follow the LangGraph Agent Server's thread resources (docs/http.md, "Threads"). Reading
 takes `runs:read`, acting `runs:write`: answering a thread's plain `interrupt()` is a turn of
-the conversation, while an approval still takes `approvals:write` at /approvals (the core
+the conversation, while an approval still takes `approvals:write` at /v1/approvals (the core
 refuses a resume value for an approval's wait).
 
 A request never runs a graph. Two endpoints wait for a worker, bounded: `POST
-/threads/{id}/state` (a state update is a run of its own, fenced like any step: it answers 202
-with that run when no worker wrote it within its `timeout`) and `GET /runs/{id}/wait`. Each
+/v1/threads/{id}/state` (a state update is a run of its own, fenced like any step: it answers 202
+with that run when no worker wrote it within its `timeout`) and `GET /v1/runs/{id}/wait`. Each
 holds a threadpool thread while it waits, hence their bounds.
 
 (No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
@@ -32,7 +32,7 @@ from keel.service.auth import Authenticator, Principal
 from keel.service.errors import DECISION_CONFLICT, Refused
 
 MAX_WAIT = 300.0
-"""The longest `GET /runs/{id}/wait` holds its request (and a threadpool thread), in seconds."""
+"""The longest `GET /v1/runs/{id}/wait` holds its request (and a threadpool thread), in seconds."""
 
 
 def _problem(description: str) -> dict[str, Any]:
@@ -305,7 +305,7 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
             **UNKNOWN,
             409: _problem(
                 "The thread is busy and the strategy is `reject` (`thread_busy`); a "
-                "`command.resume` refused as on /resume."
+                "`command.resume` refused as on /v1/threads/{thread_id}/resume."
             ),
         },
     )

@@ -153,7 +153,7 @@ def test_an_approved_newsletter_is_finalized_and_announced_once(
     assert announcements(sink) == 1 and sink.count() == 1
     (mail,) = sink.messages
     assert mail.rcpt_tos == ("team@example.com",)
-    assert f"/runs/{run_id}/artifacts/newsletter.md" in mail.message.get_content()
+    assert f"/v1/runs/{run_id}/artifacts/newsletter.md" in mail.message.get_content()
     (intent,) = done.intents  # through the outbox, under its rate limit
     assert (intent["effect"], intent["status"]) == ("announce", "delivered")
     assert mail.message_id == message_id_for(intent["intent_id"])

@@ -78,13 +78,15 @@ def test_a_decision_is_labelled_by_an_hmac_keyed_by_the_server_secret(
         svc = serve()
         run_id, approval_id = svc.waiting_run(job)
         approver = svc.as_(APPROVER)
-        decided = approver.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+        decided = approver.post(
+            f"/v1/approvals/{approval_id}/decision", json={"decision": "approve"}
+        )
         assert decided.status_code == 200, decided.text
         label = decided.json()["decided_by"]
         assert label == decided.json()["principal"] == hmac_label(secret, APPROVER)
         # Not the bare hash a review reversed offline, and nowhere in the run's record.
         assert label != sha256_label(APPROVER)
-        shown = svc.http.get(f"/runs/{run_id}").text
+        shown = svc.http.get(f"/v1/runs/{run_id}").text
         assert sha256_label(APPROVER) not in shown and APPROVER not in shown
         labels.append(label)
     # The same token, another secret: another label.
@@ -174,22 +176,22 @@ def test_failed_attempts_block_the_client_then_the_block_lifts(
     client = svc.as_(None)
     # Successes in between reset nothing: the tenth failure still counts as the tenth.
     for attempt in range(10):
-        assert client.get("/runs", headers=bearer(ADMIN)).status_code == 200
-        wrong = client.get("/runs", headers=bearer(f"guess-{attempt}"))
+        assert client.get("/v1/runs", headers=bearer(ADMIN)).status_code == 200
+        wrong = client.get("/v1/runs", headers=bearer(f"guess-{attempt}"))
         assert wrong.status_code == 401, (attempt, wrong.text)
         clock.now += 1
     for headers in (bearer("guess-11"), bearer(ADMIN), {}):
-        blocked = client.get("/runs", headers=headers)
+        blocked = client.get("/v1/runs", headers=headers)
         assert blocked.status_code == 429, blocked.text
         assert blocked.json()["error"] == "too_many_failures"
         assert set(blocked.json()) == {"error", "message"}
         assert blocked.headers["Retry-After"] == "59"  # blocked at t=9 for 60 s; now t=10
     clock.now += 58.5
-    assert client.get("/runs", headers=bearer(ADMIN)).headers["Retry-After"] == "1"
+    assert client.get("/v1/runs", headers=bearer(ADMIN)).headers["Retry-After"] == "1"
     clock.now += 0.5
-    assert client.get("/runs", headers=bearer(ADMIN)).status_code == 200
+    assert client.get("/v1/runs", headers=bearer(ADMIN)).status_code == 200
     # A fresh count: one failure is a 401 again, not a 429.
-    assert client.get("/runs", headers=bearer("guess-12")).status_code == 401
+    assert client.get("/v1/runs", headers=bearer("guess-12")).status_code == 401
 
 
 def test_the_limit_is_per_client_address(serve: Callable[..., Service]) -> None:
@@ -198,12 +200,12 @@ def test_the_limit_is_per_client_address(serve: Callable[..., Service]) -> None:
     here = svc.as_(None)
     there = svc.as_(None, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
     for _ in range(3):
-        assert here.get("/runs", headers=bearer("guess")).status_code == 401
-    assert here.get("/runs", headers=bearer(ADMIN)).status_code == 429
+        assert here.get("/v1/runs", headers=bearer("guess")).status_code == 401
+    assert here.get("/v1/runs", headers=bearer(ADMIN)).status_code == 429
     # Another address is neither blocked nor able to lift the block by succeeding.
-    assert there.get("/runs", headers=bearer(ADMIN)).status_code == 200
-    assert there.get("/runs", headers=bearer("guess")).status_code == 401
-    assert here.get("/runs", headers=bearer(ADMIN)).status_code == 429
+    assert there.get("/v1/runs", headers=bearer(ADMIN)).status_code == 200
+    assert there.get("/v1/runs", headers=bearer("guess")).status_code == 401
+    assert here.get("/v1/runs", headers=bearer(ADMIN)).status_code == 429
 
 
 def test_the_console_login_and_cookie_share_the_limit(serve: Callable[..., Service]) -> None:

@@ -1,6 +1,6 @@
 """A failed run keeps its evidence: where it failed (node, task path, step) and a bounded
 traceback with the user's frames first, shown by `get_run`, the summary, `keel runs show` and
-`GET /runs/{id}` — not only `KeyError: 'recipients'`."""
+`GET /v1/runs/{id}` — not only `KeyError: 'recipients'`."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_failed_run_keeps_where_and_the_traceback(make_app: Callable[..., keel
         LiveServer(create_app(app, tokens=TOKENS)) as server,
         httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30) as http,
     ):
-        body = http.get(f"/runs/{run_id}").json()
+        body = http.get(f"/v1/runs/{run_id}").json()
     assert body["failure"]["node"] == "draft" and "address_of" in body["failure"]["traceback"]
 
 

@@ -58,7 +58,7 @@ def test_a_connection_that_sends_nothing_is_cut_off(served: str) -> None:
 def test_a_body_shorter_than_announced_is_cut_off(served: str) -> None:
     with connect(served) as conn:
         conn.sendall(
-            b"POST /runs HTTP/1.1\r\nHost: keel\r\nContent-Type: application/json\r\n"
+            b"POST /v1/runs HTTP/1.1\r\nHost: keel\r\nContent-Type: application/json\r\n"
             b'Content-Length: 100\r\n\r\n{"workflow":'
         )
         assert closed_without_answer(conn)

@@ -141,9 +141,9 @@ def test_server_and_failing_worker_print_no_secret(db_url: str, tmp_path: Path) 
             assert server.poll() is None and time.monotonic() < deadline, out.read_text()
             time.sleep(0.05)
         auth = {"Authorization": f"Bearer {observed.API_TOKEN}"}
-        assert httpx.get(f"{url}/runs", headers=auth).status_code == 200
-        httpx.get(f"{url}/runs?token={observed.API_TOKEN}")
-        httpx.get(f"{url}/runs/{observed.API_TOKEN}", headers=auth)
+        assert httpx.get(f"{url}/v1/runs", headers=auth).status_code == 200
+        httpx.get(f"{url}/v1/runs?token={observed.API_TOKEN}")
+        httpx.get(f"{url}/v1/runs/{observed.API_TOKEN}", headers=auth)
         assert httpx.get(f"{url}/metrics").status_code == 200
     finally:
         server.terminate()
@@ -158,7 +158,7 @@ def test_server_and_failing_worker_print_no_secret(db_url: str, tmp_path: Path) 
     )
     assert bad.wait(timeout=60) != 0
     text = out.read_text() + (tmp_path / "bad.log").read_text()
-    assert "GET /runs" in text and "postgresql://keel:***@127.0.0.1" in text
+    assert "GET /v1/runs" in text and "postgresql://keel:***@127.0.0.1" in text
     for secret in SECRETS:
         assert secret not in text
 

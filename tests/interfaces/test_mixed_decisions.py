@@ -32,7 +32,7 @@ def test_hundred_mixed_http_and_slack_decisions_record_one(
             if i % 4 < 2:  # half of them over the HTTP API
                 gate.wait()
                 return http.post(
-                    f"/approvals/{approval_id}/decision",
+                    f"/v1/approvals/{approval_id}/decision",
                     json={"decision": "approve" if approve else "reject", "by": f"web-{i}"},
                     headers={**bearer(ADMIN), "Idempotency-Key": f"web-{i}"},
                 ).status_code
@@ -49,7 +49,7 @@ def test_hundred_mixed_http_and_slack_decisions_record_one(
         with ThreadPoolExecutor(n) as pool:
             codes = list(pool.map(decide, range(n)))
 
-    run = svc.http.get(f"/runs/{run_id}").json()
+    run = svc.http.get(f"/v1/runs/{run_id}").json()
     recorded = [e for e in run["timeline"] if e["kind"] == "decision.recorded"]
     assert len(recorded) == 1, recorded
     (wait,) = run["waits"]
@@ -59,11 +59,11 @@ def test_hundred_mixed_http_and_slack_decisions_record_one(
     expected = [200 if i % 4 >= 2 or verdicts[i] == wait["decision"] else 409 for i in range(n)]
     assert codes == expected
     # Everyone asking now is told the one recorded decision.
-    again = svc.http.get(f"/approvals/{approval_id}").json()
+    again = svc.http.get(f"/v1/approvals/{approval_id}").json()
     assert (again["decision"], again["decided_by"]) == (wait["decision"], wait["decided_by"])
 
     svc.work()
-    done = svc.http.get(f"/runs/{run_id}").json()
+    done = svc.http.get(f"/v1/runs/{run_id}").json()
     assert (done["status"], done["decision"]) == ("completed", wait["decision"])
     after = [e["kind"] for e in done["timeline"] if e["event_id"] > recorded[0]["event_id"]]
     assert after.count("lease.claimed") == 1, "resumed once"

@@ -45,7 +45,7 @@ def test_sse_replays_then_streams_and_resumes_after_a_drop_without_gaps_or_repea
 ) -> None:
     app = svc.app
     run = svc.http.post(
-        "/runs", json={"workflow": "review", "job_id": "sse-1", "input": {"topic": "t"}}
+        "/v1/runs", json={"workflow": "review", "job_id": "sse-1", "input": {"topic": "t"}}
     )
     run_id = run.json()["run_id"]
     drain(app)
@@ -53,7 +53,7 @@ def test_sse_replays_then_streams_and_resumes_after_a_drop_without_gaps_or_repea
     seen: list[dict[str, str]] = []
     headers = bearer(ADMIN)
     with httpx.Client(base_url=svc.url, timeout=10) as client:
-        with client.stream("GET", f"/runs/{run_id}/events", headers=headers) as first:
+        with client.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as first:
             assert first.status_code == 200
             assert first.headers["content-type"].startswith("text/event-stream")
             for event in sse(first):
@@ -66,7 +66,7 @@ def test_sse_replays_then_streams_and_resumes_after_a_drop_without_gaps_or_repea
         worker = threading.Thread(target=drain, args=(app,))
         worker.start()
         with client.stream(
-            "GET", f"/runs/{run_id}/events", headers={**headers, "Last-Event-ID": seen[-1]["id"]}
+            "GET", f"/v1/runs/{run_id}/events", headers={**headers, "Last-Event-ID": seen[-1]["id"]}
         ) as second:
             for event in sse(second):
                 seen.append(event)
@@ -83,21 +83,21 @@ def test_sse_replays_then_streams_and_resumes_after_a_drop_without_gaps_or_repea
     with (
         httpx.Client(base_url=svc.url, timeout=10) as client,
         client.stream(
-            "GET", f"/runs/{run_id}/events", headers={**headers, "Last-Event-ID": str(ids[-1])}
+            "GET", f"/v1/runs/{run_id}/events", headers={**headers, "Last-Event-ID": str(ids[-1])}
         ) as again,
     ):
         assert [e["event"] for e in sse(again)] == ["end"]
 
 
 def test_sse_refuses_unknown_runs_bad_cursors_and_missing_tokens(svc: Service) -> None:
-    assert svc.http.get("/runs/nope-0123456789abcdef/events").status_code == 404
+    assert svc.http.get("/v1/runs/nope-0123456789abcdef/events").status_code == 404
     run = svc.http.post(
-        "/runs", json={"workflow": "review", "job_id": "sse-2", "input": {"topic": "t"}}
+        "/v1/runs", json={"workflow": "review", "job_id": "sse-2", "input": {"topic": "t"}}
     )
     run_id = run.json()["run_id"]
-    bad = svc.http.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": "ten"})
+    bad = svc.http.get(f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "ten"})
     assert bad.status_code == 400
-    assert httpx.get(f"{svc.url}/runs/{run_id}/events").status_code == 401
+    assert httpx.get(f"{svc.url}/v1/runs/{run_id}/events").status_code == 401
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -1,5 +1,5 @@
 """Replay from the outside: `keel runs replay RUN [--from STEP] [--json]` (a table or JSON, exit
-code 3 on divergence, 2 for a step the run does not have) and `POST /runs/{id}/replay`; the
+code 3 on divergence, 2 for a step the run does not have) and `POST /v1/runs/{id}/replay`; the
 provider (a real HTTP sink) sees nothing of either."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_post_replay_returns_the_report_and_needs_the_write_scope(
     monkeypatch.setenv("REPLAY_SINK_URL", sink.url)
     app, run_id = charged(make_app)
     with LiveServer(create_app(app, tokens=TOKENS)) as server:
-        url = f"{server.url}/runs/{run_id}/replay"
+        url = f"{server.url}/v1/runs/{run_id}/replay"
         refused = httpx.post(url, headers=bearer(READER), timeout=30)
         assert refused.status_code == 403
         answer = httpx.post(url, headers=bearer(RUNS_WRITER), timeout=30)
@@ -106,6 +106,6 @@ def test_post_replay_returns_the_report_and_needs_the_write_scope(
         assert (from_two.status_code, from_two.json()["from_step"]) == (200, 2)
         bad = httpx.post(url, params={"from": 9}, headers=bearer(RUNS_WRITER))
         assert bad.status_code == 400 and "has no step 9" in bad.text
-        missing = httpx.post(f"{server.url}/runs/nope-0000/replay", headers=bearer(RUNS_WRITER))
+        missing = httpx.post(f"{server.url}/v1/runs/nope-0000/replay", headers=bearer(RUNS_WRITER))
         assert missing.status_code == 404
     assert len(sink.requests) == 1

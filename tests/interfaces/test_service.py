@@ -51,7 +51,7 @@ def test_healthz_and_readyz_need_no_token(svc: Service) -> None:
     assert body["status"] == "ready"
     assert body["schema_version"] == body["expected_schema_version"] >= 3
     assert body["database"] in ("sqlite", "postgres")
-    assert anonymous.get("/openapi.json").json()["paths"]["/approvals/{approval_id}/decision"]
+    assert anonymous.get("/openapi.json").json()["paths"]["/v1/approvals/{approval_id}/decision"]
 
 
 @pytest.fixture
@@ -73,11 +73,11 @@ def test_readyz_is_503_until_the_database_is_migrated(unmigrated_url: str, tmp_p
             assert "keel migrate" in not_ready.json()["reason"]
             assert not_ready.json()["schema_version"] == 0
             # Keel's own endpoints say the same, as a 503 rather than a crash.
-            listed = http.get("/runs")
+            listed = http.get("/v1/runs")
             assert (listed.status_code, listed.json()["error"]) == (503, "schema_mismatch")
             app.migrate()
             assert http.get("/readyz").status_code == 200
-            assert http.get("/runs").json()["runs"] == []
+            assert http.get("/v1/runs").json()["runs"] == []
     finally:
         app.close()
 
@@ -126,17 +126,17 @@ def test_readyz_on_an_unreachable_database_is_503_and_leaks_no_pool(
 def test_every_endpoint_but_health_needs_a_token_with_its_scope(svc: Service) -> None:
     run_id, approval_id = svc.waiting_run("auth-1")
     endpoints: list[tuple[str, str, dict[str, Any] | None, str]] = [
-        ("POST", "/runs", {"workflow": WORKFLOW, "job_id": "x", "input": {}}, "runs:write"),
-        ("GET", "/runs", None, "runs:read"),
-        ("GET", f"/runs/{run_id}", None, "runs:read"),
-        ("GET", f"/runs/{run_id}/artifacts/draft.md", None, "runs:read"),
-        ("POST", f"/runs/{run_id}/cancel", None, "runs:write"),
-        ("POST", f"/runs/{run_id}/resume", None, "runs:write"),
-        ("GET", "/approvals", None, "approvals:read"),
-        ("GET", f"/approvals/{approval_id}", None, "approvals:read"),
+        ("POST", "/v1/runs", {"workflow": WORKFLOW, "job_id": "x", "input": {}}, "runs:write"),
+        ("GET", "/v1/runs", None, "runs:read"),
+        ("GET", f"/v1/runs/{run_id}", None, "runs:read"),
+        ("GET", f"/v1/runs/{run_id}/artifacts/draft.md", None, "runs:read"),
+        ("POST", f"/v1/runs/{run_id}/cancel", None, "runs:write"),
+        ("POST", f"/v1/runs/{run_id}/resume", None, "runs:write"),
+        ("GET", "/v1/approvals", None, "approvals:read"),
+        ("GET", f"/v1/approvals/{approval_id}", None, "approvals:read"),
         (
             "POST",
-            f"/approvals/{approval_id}/decision",
+            f"/v1/approvals/{approval_id}/decision",
             {"decision": "approve"},
             "approvals:write",
         ),
@@ -161,15 +161,15 @@ def test_every_endpoint_but_health_needs_a_token_with_its_scope(svc: Service) ->
             assert answer.status_code == 403, (method, path, token, answer.text)
             assert scope in answer.json()["message"]
     # Nothing the refused requests asked for happened.
-    details = svc.http.get(f"/runs/{run_id}").json()
+    details = svc.http.get(f"/v1/runs/{run_id}").json()
     assert details["status"] == "waiting"
     assert details["waits"][0]["status"] == "pending"
-    assert svc.http.get("/runs", params={"job_id": "x"}).json()["runs"] == []
+    assert svc.http.get("/v1/runs", params={"job_id": "x"}).json()["runs"] == []
     # A token with the scope gets through.
     reader = svc.as_(READER)
-    assert reader.get(f"/runs/{run_id}").status_code == 200
+    assert reader.get(f"/v1/runs/{run_id}").status_code == 200
     approver = svc.as_(APPROVER)
-    decided = approver.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+    decided = approver.post(f"/v1/approvals/{approval_id}/decision", json={"decision": "approve"})
     assert decided.status_code == 200, decided.text
     # Without `by`, the token's fingerprint decides, never the token itself.
     assert decided.json()["decided_by"].startswith("token:")
@@ -184,13 +184,13 @@ def test_tokens_come_from_the_environment(
     monkeypatch.setenv("KEEL_API_TOKENS", f"{env_reader}=runs:read ; {env_admin}=*")
     app = register(make_app())
     with LiveServer(create_app(app)) as server:
-        assert httpx.get(f"{server.url}/runs", headers=bearer(env_reader)).status_code == 200
+        assert httpx.get(f"{server.url}/v1/runs", headers=bearer(env_reader)).status_code == 200
         body = {"workflow": WORKFLOW, "job_id": "env-1", "input": {"topic": "t"}}
-        refused = httpx.post(f"{server.url}/runs", json=body, headers=bearer(env_reader))
+        refused = httpx.post(f"{server.url}/v1/runs", json=body, headers=bearer(env_reader))
         assert refused.status_code == 403
-        admitted = httpx.post(f"{server.url}/runs", json=body, headers=bearer(env_admin))
+        admitted = httpx.post(f"{server.url}/v1/runs", json=body, headers=bearer(env_admin))
         assert admitted.status_code == 201
-        assert httpx.get(f"{server.url}/runs", headers=bearer(ADMIN)).status_code == 401
+        assert httpx.get(f"{server.url}/v1/runs", headers=bearer(ADMIN)).status_code == 401
     monkeypatch.setenv("KEEL_API_TOKENS", "tok=runs:reed")
     with pytest.raises(keel.KeelError, match="runs:reed"):
         create_app(app)
@@ -198,7 +198,7 @@ def test_tokens_come_from_the_environment(
 
 def test_without_tokens_everything_but_health_is_closed(serve: Callable[..., Service]) -> None:
     svc = serve(tokens={})
-    assert svc.http.get("/runs").status_code == 401
+    assert svc.http.get("/v1/runs").status_code == 401
     assert svc.http.get("/healthz").status_code == 200
 
 
@@ -215,14 +215,14 @@ def test_submit_is_idempotent_201_then_200(svc: Service) -> None:
     assert again.status_code == 200
     assert again.json()["run_id"] == run["run_id"]
     body = {"workflow": WORKFLOW, "job_id": "ticket-1", "input": {"topic": "different"}}
-    other_input = svc.http.post("/runs", json={**body, "if_exists": "new"})
+    other_input = svc.http.post("/v1/runs", json={**body, "if_exists": "new"})
     assert other_input.status_code == 201
     assert other_input.json()["run_id"] != run["run_id"]
     body = {"workflow": WORKFLOW, "job_id": "ticket-1", "input": {"topic": "ai"}, "rerun": True}
-    rerun = svc.http.post("/runs", json=body)
+    rerun = svc.http.post("/v1/runs", json=body)
     assert rerun.status_code == 201
     assert rerun.json()["attempt"] == 2
-    assert len(svc.http.get("/runs", params={"job_id": "ticket-1"}).json()["runs"]) == 3
+    assert len(svc.http.get("/v1/runs", params={"job_id": "ticket-1"}).json()["runs"]) == 3
 
 
 def test_submit_refuses_bad_bodies(serve: Callable[..., Service]) -> None:
@@ -237,18 +237,18 @@ def test_submit_refuses_bad_bodies(serve: Callable[..., Service]) -> None:
         ({**ok, "input": {"t": "x" * 3000}}, 413, "body_too_large", "2048 bytes"),
     ]
     for body, status, code, text in cases:
-        answer = svc.http.post("/runs", json=body)
+        answer = svc.http.post("/v1/runs", json=body)
         assert answer.status_code == status, (body, answer.text)
         assert answer.json()["error"] == code
         assert text in answer.json()["message"]
-    not_json = svc.http.post("/runs", content=b"{not json", headers={"Content-Type": "a/json"})
+    not_json = svc.http.post("/v1/runs", content=b"{not json", headers={"Content-Type": "a/json"})
     assert not_json.status_code == 415
     not_json = svc.http.post(
-        "/runs", content=b"{not json", headers={"Content-Type": "application/json"}
+        "/v1/runs", content=b"{not json", headers={"Content-Type": "application/json"}
     )
     assert not_json.status_code == 422
     assert "JSON" in not_json.json()["message"]
-    assert svc.http.get("/runs").json()["runs"] == []
+    assert svc.http.get("/v1/runs").json()["runs"] == []
 
 
 def test_streamed_body_over_the_limit_is_413_without_content_length(
@@ -261,54 +261,56 @@ def test_streamed_body_over_the_limit_is_413_without_content_length(
         for i in range(0, len(payload), 500):
             yield payload[i : i + 500]
 
-    answer = svc.http.post("/runs", content=chunks(), headers={"Content-Type": "application/json"})
+    answer = svc.http.post(
+        "/v1/runs", content=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert "content-length" not in answer.request.headers
     assert answer.request.headers["transfer-encoding"] == "chunked"
     assert answer.status_code == 413
     small = b'{"workflow": "review", "job_id": "small", "input": {"topic": "t"}}'
     streamed_ok = svc.http.post(
-        "/runs",
+        "/v1/runs",
         content=iter([small[:20], small[20:]]),
         headers={"Content-Type": "application/json"},
     )
     assert streamed_ok.status_code == 201, streamed_ok.text
-    assert [r["job_id"] for r in svc.http.get("/runs").json()["runs"]] == ["small"]
+    assert [r["job_id"] for r in svc.http.get("/v1/runs").json()["runs"]] == ["small"]
 
 
 def test_list_runs_filters_and_pages(svc: Service) -> None:
     made = [svc.submit(f"job-{i}", topic=f"t{i}").json()["run_id"] for i in range(5)]
     other = svc.http.post(
-        "/runs", json={"workflow": "other", "job_id": "job-x", "input": {"topic": "x"}}
+        "/v1/runs", json={"workflow": "other", "job_id": "job-x", "input": {"topic": "x"}}
     ).json()["run_id"]
     seen: list[str] = []
     offset: int | None = 0
     pages = 0
     while offset is not None:
-        page = svc.http.get("/runs", params={"limit": 2, "offset": offset}).json()
+        page = svc.http.get("/v1/runs", params={"limit": 2, "offset": offset}).json()
         assert len(page["runs"]) <= 2
         seen += [r["run_id"] for r in page["runs"]]
         offset = page["next_offset"]
         pages += 1
     assert pages == 3
     assert sorted(seen) == sorted([*made, other])
-    only = svc.http.get("/runs", params={"workflow": "other"}).json()["runs"]
+    only = svc.http.get("/v1/runs", params={"workflow": "other"}).json()["runs"]
     assert [r["run_id"] for r in only] == [other]
     assert [
-        r["run_id"] for r in svc.http.get("/runs", params={"job_id": "job-3"}).json()["runs"]
+        r["run_id"] for r in svc.http.get("/v1/runs", params={"job_id": "job-3"}).json()["runs"]
     ] == [made[3]]
-    assert len(svc.http.get("/runs", params={"status": "queued"}).json()["runs"]) == 6
-    assert svc.http.get("/runs", params={"status": "waiting"}).json()["runs"] == []
+    assert len(svc.http.get("/v1/runs", params={"status": "queued"}).json()["runs"]) == 6
+    assert svc.http.get("/v1/runs", params={"status": "waiting"}).json()["runs"] == []
     svc.work()
-    assert len(svc.http.get("/runs", params={"status": "waiting"}).json()["runs"]) == 6
+    assert len(svc.http.get("/v1/runs", params={"status": "waiting"}).json()["runs"]) == 6
     for bad in ({"status": "sleeping"}, {"limit": 0}, {"limit": 501}, {"offset": -1}):
-        answer = svc.http.get("/runs", params=bad)
+        answer = svc.http.get("/v1/runs", params=bad)
         assert answer.status_code == 422, bad
         assert answer.json()["message"].startswith("query.")
 
 
 def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None:
     run_id, approval_id = svc.waiting_run("details-1", topic="rust")
-    run = svc.http.get(f"/runs/{run_id}").json()
+    run = svc.http.get(f"/v1/runs/{run_id}").json()
     assert (run["status"], run["decision"], run["termination_reason"]) == (
         "waiting",
         "not_decided",
@@ -335,7 +337,7 @@ def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None
     (root / run_id / ".hidden").write_text("HIDDEN-CONTENT")
     folder = root / run_id
     (folder / "link.txt").symlink_to(tmp_path / "outside.txt")
-    base = f"/runs/{run_id}/artifacts/"
+    base = f"/v1/runs/{run_id}/artifacts/"
     for name in (
         "..",
         "%2e%2e",
@@ -351,14 +353,14 @@ def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None
         status, text = svc.raw_get(base + name)
         assert status in (400, 404), (name, status, text)
         assert "-CONTENT" not in text, name
-    missing = svc.http.get(f"/runs/{run_id}/artifacts/report.json")
+    missing = svc.http.get(f"/v1/runs/{run_id}/artifacts/report.json")
     assert (missing.status_code, missing.json()["error"]) == (404, "artifact_not_found")
-    no_run = svc.http.get("/runs/no-such-run/artifacts/draft.md")
+    no_run = svc.http.get("/v1/runs/no-such-run/artifacts/draft.md")
     assert (no_run.status_code, no_run.json()["error"]) == (404, "run_not_found")
-    assert svc.http.get("/runs/no-such-run").status_code == 404
-    malformed = svc.http.get("/runs/Not_A_Run!")
+    assert svc.http.get("/v1/runs/no-such-run").status_code == 404
+    malformed = svc.http.get("/v1/runs/Not_A_Run!")
     assert (malformed.status_code, malformed.json()["error"]) == (400, "invalid_id")
-    assert svc.http.get(f"/approvals/{approval_id}").json()["status"] == "pending"
+    assert svc.http.get(f"/v1/approvals/{approval_id}").json()["status"] == "pending"
 
 
 # -- approvals ------------------------------------------------------------------------------
@@ -366,21 +368,21 @@ def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None
 
 def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
     run_id, approval_id = svc.waiting_run("approve-1")
-    listed = svc.http.get("/approvals").json()["approvals"]
+    listed = svc.http.get("/v1/approvals").json()["approvals"]
     assert [a["approval_id"] for a in listed] == [approval_id]
-    assert listed[0]["run_url"].endswith(f"/runs/{run_id}")
-    assert svc.http.get("/approvals", params={"kind": "effect"}).json()["approvals"] == []
-    assert len(svc.http.get("/approvals", params={"kind": "all"}).json()["approvals"]) == 1
-    assert svc.http.get("/approvals", params={"status": "decided"}).status_code == 422
+    assert listed[0]["run_url"].endswith(f"/v1/runs/{run_id}")
+    assert svc.http.get("/v1/approvals", params={"kind": "effect"}).json()["approvals"] == []
+    assert len(svc.http.get("/v1/approvals", params={"kind": "all"}).json()["approvals"]) == 1
+    assert svc.http.get("/v1/approvals", params={"status": "decided"}).status_code == 422
     # An approval takes no effect resolution: refused, with the wait, and nothing recorded.
-    wrong = svc.http.post(f"/approvals/{approval_id}/resolution", json={"performed": True})
+    wrong = svc.http.post(f"/v1/approvals/{approval_id}/resolution", json={"performed": True})
     assert (wrong.status_code, wrong.json()["error"]) == (409, "wrong_kind")
-    assert wrong.json()["message"].endswith(f"decide it at /approvals/{approval_id}/decision")
+    assert wrong.json()["message"].endswith(f"decide it at /v1/approvals/{approval_id}/decision")
     assert wrong.json()["approval"]["status"] == "pending"
 
     body = {"decision": "approve", "comment": "ship it", "by": "alice"}
     first = svc.http.post(
-        f"/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
+        f"/v1/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
     )
     assert first.status_code == 200, first.text
     assert first.json()["recorded"] is True
@@ -389,10 +391,10 @@ def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
     assert first.json()["comment"] == "ship it"
     # The same click again, and a second approver approving too: told what was recorded.
     retry = svc.http.post(
-        f"/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
+        f"/v1/approvals/{approval_id}/decision", json=body, headers={"Idempotency-Key": "click-1"}
     )
     same = svc.http.post(
-        f"/approvals/{approval_id}/decision",
+        f"/v1/approvals/{approval_id}/decision",
         json={"decision": "approve", "by": "carol", "action_id": "click-3"},
     )
     for answer in (retry, same):
@@ -404,18 +406,18 @@ def test_approve_through_http_then_the_worker_finishes(svc: Service) -> None:
         }
     # A second approver rejecting is refused, as in the CLI: 409, with what was recorded.
     late = svc.http.post(
-        f"/approvals/{approval_id}/decision",
+        f"/v1/approvals/{approval_id}/decision",
         json={"decision": "reject", "by": "bob", "action_id": "click-2"},
     )
     assert (late.status_code, late.json()["error"]) == (409, "decision_conflict"), late.text
     assert late.json()["message"].startswith("not rejected: ")
     assert "already approved by alice" in late.json()["message"]
     assert late.json()["approval"] == {k: v for k, v in first.json().items() if k != "recorded"}
-    assert svc.http.get("/approvals").json()["approvals"] == []
-    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "queued"
+    assert svc.http.get("/v1/approvals").json()["approvals"] == []
+    assert svc.http.get(f"/v1/runs/{run_id}").json()["status"] == "queued"
     assert len(PERFORMED) == 0  # the request recorded; it did not run the graph
     svc.work()
-    run = svc.http.get(f"/runs/{run_id}").json()
+    run = svc.http.get(f"/v1/runs/{run_id}").json()
     assert (run["status"], run["decision"], run["termination_reason"]) == (
         "completed",
         "approved",
@@ -429,11 +431,11 @@ def test_a_decision_on_a_finished_runs_decided_approval_is_409_run_finished(
     svc: Service,
 ) -> None:
     run_id, approval_id = svc.waiting_run("late-1")
-    path = f"/approvals/{approval_id}/decision"
+    path = f"/v1/approvals/{approval_id}/decision"
     won = svc.http.post(path, json={"decision": "approve"}, headers={"Idempotency-Key": "k-1"})
     assert won.status_code == 200, won.text
     svc.work()
-    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "completed"
+    assert svc.http.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
     late = svc.http.post(path, json={"decision": "reject", "by": "bob"})
     assert (late.status_code, late.json()["error"]) == (409, "run_finished"), late.text
     assert late.json()["approval"]["decision"] == "approved"
@@ -444,44 +446,44 @@ def test_a_decision_on_a_finished_runs_decided_approval_is_409_run_finished(
 def test_a_decision_records_the_calling_token_beside_the_by_it_typed(svc: Service) -> None:
     run_id, approval_id = svc.waiting_run("who-1")
     answer = svc.http.post(
-        f"/approvals/{approval_id}/decision", json={"decision": "approve", "by": "alice"}
+        f"/v1/approvals/{approval_id}/decision", json={"decision": "approve", "by": "alice"}
     )
     assert answer.status_code == 200, answer.text
     token = answer.json()["principal"]
     assert token.startswith("token:") and answer.json()["decided_by"] == "alice"
-    assert svc.http.get(f"/approvals/{approval_id}").json()["principal"] == token
-    timeline = svc.http.get(f"/runs/{run_id}").json()["timeline"]
+    assert svc.http.get(f"/v1/approvals/{approval_id}").json()["principal"] == token
+    timeline = svc.http.get(f"/v1/runs/{run_id}").json()["timeline"]
     (recorded,) = [e for e in timeline if e["kind"] == "decision.recorded"]
     assert (recorded["data"]["by"], recorded["data"]["principal"]) == ("alice", token)
 
 
 def test_an_input_the_graph_cannot_take_is_422_with_field_errors(svc: Service) -> None:
     body = {"workflow": WORKFLOW, "job_id": "bad-input", "input": "hello"}
-    answer = svc.http.post("/runs", json=body)
+    answer = svc.http.post("/v1/runs", json=body)
     assert (answer.status_code, answer.json()["error"]) == (422, "invalid_input"), answer.text
     assert answer.json()["errors"] == [answer.json()["errors"][0]]
     assert answer.json()["errors"][0].startswith("input: expected an object")
-    typo = svc.http.post("/runs", json={**body, "input": {"topik": "ai"}})
+    typo = svc.http.post("/v1/runs", json={**body, "input": {"topik": "ai"}})
     assert typo.status_code == 422
     assert typo.json()["errors"][0].startswith("input.topik: not a field of")
-    assert svc.http.get("/runs").json()["runs"] == []
+    assert svc.http.get("/v1/runs").json()["runs"] == []
 
 
 def test_a_job_with_other_input_is_told_and_can_be_refused(svc: Service) -> None:
     first = svc.submit("job-if")
     assert (first.status_code, first.json()["other_runs"]) == (201, [])
     body = {"workflow": WORKFLOW, "job_id": "job-if", "input": {"topic": "other"}}
-    refused = svc.http.post("/runs", json={**body, "if_exists": "error"})
+    refused = svc.http.post("/v1/runs", json={**body, "if_exists": "error"})
     assert (refused.status_code, refused.json()["error"]) == (409, "job_exists"), refused.text
     # In the API's own words, not Python's.
     message = refused.json()["message"]
     assert '"if_exists": "new"' in message and "if_exists='new'" not in message, message
-    reused = svc.http.post("/runs", json={**body, "if_exists": "reuse"})
+    reused = svc.http.post("/v1/runs", json={**body, "if_exists": "reuse"})
     assert (reused.status_code, reused.json()["run_id"]) == (200, first.json()["run_id"])
     # The job id is an idempotency key by default: a retried webhook gets the job's run.
-    retried = svc.http.post("/runs", json=body)
+    retried = svc.http.post("/v1/runs", json=body)
     assert (retried.status_code, retried.json()["run_id"]) == (200, first.json()["run_id"])
-    new = svc.http.post("/runs", json={**body, "if_exists": "new"})
+    new = svc.http.post("/v1/runs", json={**body, "if_exists": "new"})
     assert new.status_code == 201
     assert new.json()["other_runs"] == [first.json()["run_id"]]
 
@@ -490,10 +492,10 @@ def test_a_body_that_is_not_json_is_415_saying_so(svc: Service) -> None:
     body = '{"workflow": "x", "job_id": "j", "input": {}}'
     for kind in ("text/plain", "application/x-www-form-urlencoded"):
         headers = {"Content-Type": kind}
-        answer = svc.http.post("/runs", content=body, headers=headers)
+        answer = svc.http.post("/v1/runs", content=body, headers=headers)
         assert (answer.status_code, answer.json()["error"]) == (415, "unsupported_media_type")
         assert "application/json" in answer.json()["message"]
-    assert svc.http.get("/runs").json()["runs"] == []
+    assert svc.http.get("/v1/runs").json()["runs"] == []
     # The console's pages post HTML forms: not refused for their type.
     login = svc.http.post("/ui/login", data={"token": "nope"}, follow_redirects=False)
     assert login.status_code != 415
@@ -508,9 +510,9 @@ def test_an_in_doubt_effect_is_resolved_over_http_once(
     with LiveServer(create_app(app, tokens=TOKENS)) as server:
         svc = Service(app, server.url)
         try:
-            path = f"/approvals/{wait['wait_id']}/resolution"
+            path = f"/v1/approvals/{wait['wait_id']}/resolution"
             wrong = svc.http.post(
-                f"/approvals/{wait['wait_id']}/decision", json={"decision": "approve"}
+                f"/v1/approvals/{wait['wait_id']}/decision", json={"decision": "approve"}
             )
             assert (wrong.status_code, wrong.json()["error"]) == (409, "wrong_kind")
             answer = svc.http.post(path, json={"performed": True, "result": {"charged": 5}})
@@ -533,7 +535,7 @@ def test_an_in_doubt_effect_is_resolved_over_http_once(
 
 def test_decision_errors(svc: Service) -> None:
     _, approval_id = svc.waiting_run("errors-1")
-    path = f"/approvals/{approval_id}/decision"
+    path = f"/v1/approvals/{approval_id}/decision"
     for body, text in (
         ({"decision": "maybe"}, "body.decision"),
         ({}, "body.decision: Field required"),
@@ -543,32 +545,32 @@ def test_decision_errors(svc: Service) -> None:
         assert answer.status_code == 422, body
         assert text in answer.json()["message"]
     unknown = svc.http.post(
-        "/approvals/w-000000000000000000000000/decision", json={"decision": "approve"}
+        "/v1/approvals/w-000000000000000000000000/decision", json={"decision": "approve"}
     )
     assert (unknown.status_code, unknown.json()["error"]) == (404, "approval_not_found")
-    malformed = svc.http.post("/approvals/W..X!/decision", json={"decision": "approve"})
+    malformed = svc.http.post("/v1/approvals/W..X!/decision", json={"decision": "approve"})
     assert (malformed.status_code, malformed.json()["error"]) == (400, "invalid_id")
-    assert svc.http.get("/approvals/w-nope").status_code == 404
-    assert svc.http.get(f"/approvals/{approval_id}").json()["status"] == "pending"
+    assert svc.http.get("/v1/approvals/w-nope").status_code == 404
+    assert svc.http.get(f"/v1/approvals/{approval_id}").json()["status"] == "pending"
 
 
 def test_cancel_then_a_decision_is_409_with_what_was_recorded(svc: Service) -> None:
     queued = svc.submit("cancel-queued").json()["run_id"]
-    cancelled = svc.http.post(f"/runs/{queued}/cancel")
+    cancelled = svc.http.post(f"/v1/runs/{queued}/cancel")
     assert cancelled.status_code == 200, cancelled.text
     assert (cancelled.json()["status"], cancelled.json()["termination_reason"]) == (
         "cancelled",
         "cancelled",
     )
-    again = svc.http.post(f"/runs/{queued}/cancel", json={"by": "ops"})
+    again = svc.http.post(f"/v1/runs/{queued}/cancel", json={"by": "ops"})
     assert (again.status_code, again.json()["error"]) == (409, "run_finished")
-    assert svc.http.post("/runs/no-such-run/cancel").status_code == 404
+    assert svc.http.post("/v1/runs/no-such-run/cancel").status_code == 404
 
     run_id, approval_id = svc.waiting_run("cancel-waiting")
-    by_ops = svc.http.post(f"/runs/{run_id}/cancel", json={"by": "ops"})
+    by_ops = svc.http.post(f"/v1/runs/{run_id}/cancel", json={"by": "ops"})
     assert by_ops.json()["status"] == "cancelled"
     assert svc.events(run_id, "status.cancelled")[0]["data"]["by"] == "ops"
-    late = svc.http.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+    late = svc.http.post(f"/v1/approvals/{approval_id}/decision", json={"decision": "approve"})
     assert late.status_code == 409, late.text
     assert late.json()["error"] == "run_finished"
     assert late.json()["approval"]["status"] == "expired"
@@ -608,19 +610,19 @@ def test_resume_of_a_failed_run_continues_it_without_a_second_send(svc: Service)
     run_id = svc.app.submit("resumable", job_id="resume-1", input={"text": "x"}).run_id
     waiting, _ = svc.waiting_run("resume-2")
     svc.work()
-    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "failed"
-    not_failed = svc.http.post(f"/runs/{waiting}/resume")
+    assert svc.http.get(f"/v1/runs/{run_id}").json()["status"] == "failed"
+    not_failed = svc.http.post(f"/v1/runs/{waiting}/resume")
     assert not_failed.status_code == 409, not_failed.text
     assert "only a failed run can be resumed" in not_failed.json()["message"]
-    assert svc.http.post("/runs/nope-0000000000000000/resume").status_code == 404
+    assert svc.http.post("/v1/runs/nope-0000000000000000/resume").status_code == 404
 
     broken[0] = False
-    resumed = svc.http.post(f"/runs/{run_id}/resume", json={"by": "ops"})
+    resumed = svc.http.post(f"/v1/runs/{run_id}/resume", json={"by": "ops"})
     assert resumed.status_code == 200, resumed.text
     assert (resumed.json()["status"], resumed.json()["error"]) == ("queued", None)
-    assert svc.http.post(f"/runs/{run_id}/resume").status_code == 409  # queued now
+    assert svc.http.post(f"/v1/runs/{run_id}/resume").status_code == 409  # queued now
     svc.work()
-    assert svc.http.get(f"/runs/{run_id}").json()["status"] == "completed"
+    assert svc.http.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
     assert len(sent) == 1
     assert svc.events(run_id, "status.queued")[-1]["data"]["by"] == "ops"
 
@@ -635,12 +637,12 @@ def test_a_decision_after_the_deadline_policy_is_409(serve: Callable[..., Servic
         return await svc.app.aio.runtime.sweep()
 
     assert svc.app.aio.runtime.portal.call(sweep()) == 1
-    late = svc.http.post(f"/approvals/{approval_id}/decision", json={"decision": "approve"})
+    late = svc.http.post(f"/v1/approvals/{approval_id}/decision", json={"decision": "approve"})
     assert (late.status_code, late.json()["error"]) == (409, "run_finished")
     assert late.json()["approval"]["decision"] == "rejected"
     assert late.json()["approval"]["channel"] == "deadline"
     svc.work()
-    run = svc.http.get(f"/runs/{run_id}").json()
+    run = svc.http.get(f"/v1/runs/{run_id}").json()
     assert (run["status"], run["decision"]) == ("completed", "rejected")
     assert svc.events(run_id, "decision.recorded") == []
     assert [p["decision"] for p in PERFORMED] == ["rejected"]
@@ -658,7 +660,7 @@ def test_hundred_concurrent_decisions_record_one(svc: Service) -> None:
         def decide(i: int) -> httpx.Response:
             gate.wait()
             return http.post(
-                f"/approvals/{approval_id}/decision",
+                f"/v1/approvals/{approval_id}/decision",
                 json={"decision": wanted[i], "by": f"user-{i}"},
                 headers={"Idempotency-Key": f"key-{i}"},
             )
@@ -687,7 +689,7 @@ def test_hundred_concurrent_decisions_record_one(svc: Service) -> None:
     assert recorded[0]["data"]["action_id"] == f"key-{winner}"
 
     svc.work()
-    run = svc.http.get(f"/runs/{run_id}").json()
+    run = svc.http.get(f"/v1/runs/{run_id}").json()
     assert (run["status"], run["decision"]) == ("completed", decision)
     # Resumed once: one wake-up after the decision, one claim after it.
     decided_at = recorded[0]["event_id"]
@@ -710,15 +712,15 @@ def test_an_in_doubt_effect_is_listed_but_not_approvable(make_app: Callable[...,
         LiveServer(create_app(app, tokens=TOKENS)) as server,
         httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30) as http,
     ):
-        assert http.get("/approvals").json()["approvals"] == []
-        (wait,) = http.get("/approvals", params={"kind": "effect"}).json()["approvals"]
+        assert http.get("/v1/approvals").json()["approvals"] == []
+        (wait,) = http.get("/v1/approvals", params={"kind": "effect"}).json()["approvals"]
         assert (wait["run_id"], wait["name"]) == (run_id, "charge")
-        path = f"/approvals/{wait['approval_id']}/decision"
+        path = f"/v1/approvals/{wait['approval_id']}/decision"
         refused = http.post(path, json={"decision": "approve"})
         assert (refused.status_code, refused.json()["error"]) == (409, "wrong_kind")
         assert refused.json()["approval"]["status"] == "pending"
         assert "in-doubt effect, not an approval" in refused.json()["message"]
-        assert http.get(f"/approvals/{wait['approval_id']}").json()["status"] == "pending"
+        assert http.get(f"/v1/approvals/{wait['approval_id']}").json()["status"] == "pending"
     assert len(provider.calls) == 1
 
 
@@ -729,7 +731,7 @@ def test_serve_runs_uvicorn_until_sigterm(db_url: str, tmp_path: Path) -> None:
     proc, url = start_serve(db_url, tmp_path / "artifacts")
     try:
         admitted = httpx.post(
-            f"{url}/runs",
+            f"{url}/v1/runs",
             json={"workflow": WORKFLOW, "job_id": "served-1", "input": {"topic": "t"}},
             headers=bearer(ADMIN),
         )
@@ -751,7 +753,7 @@ def test_serve_runs_uvicorn_until_sigterm(db_url: str, tmp_path: Path) -> None:
 def test_slack_actions_only_with_a_signing_secret(make_app: Callable[..., keel.App]) -> None:
     app = register(make_app())
     paths = create_app(app, tokens=TOKENS).openapi()["paths"]
-    assert "/runs" in paths
+    assert "/v1/runs" in paths
     assert "/slack/actions" not in paths
     try:
         import keel.service.slack  # noqa: F401
@@ -776,10 +778,10 @@ def test_a_stranded_run_is_shown_and_upgraded_with_write_scope(make_app: Any) ->
         admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
         reader = httpx.Client(base_url=server.url, headers=bearer(READER), timeout=30)
         with admin, reader:
-            [listed] = admin.get("/runs").json()["runs"]
+            [listed] = admin.get("/v1/runs").json()["runs"]
             assert (listed["status"], listed["stranded"]) == ("waiting", True)
-            assert admin.get(f"/runs/{run_id}").json()["stranded"] is True
-            path = f"/runs/{run_id}/upgrade"
+            assert admin.get(f"/v1/runs/{run_id}").json()["stranded"] is True
+            path = f"/v1/runs/{run_id}/upgrade"
             assert reader.post(path, json={"to": "2"}).status_code == 403
             misfit = admin.post(path, json={"to": "3"})
             assert (misfit.status_code, misfit.json()["error"]) == (409, "version_mismatch")

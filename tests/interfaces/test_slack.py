@@ -216,7 +216,9 @@ def test_a_dispatcher_that_died_after_posting_or_updating_is_not_repeated(
     from keel.service import create_app
 
     with uvicorn_server(create_app(app, tokens={API_TOKEN: ["*"]})) as url:
-        page = httpx.get(f"{url}/runs/{run_id}", headers={"Authorization": f"Bearer {API_TOKEN}"})
+        page = httpx.get(
+            f"{url}/v1/runs/{run_id}", headers={"Authorization": f"Bearer {API_TOKEN}"}
+        )
     assert page.status_code == 200, page.text
     shown = page.json()["notifications"]
     assert shown and all(set(n) == NOTIFICATION_FIELDS for n in shown)

@@ -1,5 +1,5 @@
-"""The run summary where people read it: `GET /runs/{id}/summary`, `keel runs show`, and the
-duration, attempts and time-range filters of `keel runs list` and `GET /runs`."""
+"""The run summary where people read it: `GET /v1/runs/{id}/summary`, `keel runs show`, and the
+duration, attempts and time-range filters of `keel runs list` and `GET /v1/runs`."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def test_the_summary_of_a_run_taken_over_twice_and_resolved_by_a_person(
     assert len(provider.calls) == 2  # the lost first call, then the one the person allowed
 
     with LiveServer(create_app(app, tokens=TOKENS)) as server:
-        got = httpx.get(f"{server.url}/runs/{run_id}/summary", headers=bearer(ADMIN), timeout=10)
+        got = httpx.get(f"{server.url}/v1/runs/{run_id}/summary", headers=bearer(ADMIN), timeout=10)
         missing = httpx.get(
-            f"{server.url}/runs/nope-0123456789abcdef/summary", headers=bearer(ADMIN), timeout=10
+            f"{server.url}/v1/runs/nope-0123456789abcdef/summary", headers=bearer(ADMIN), timeout=10
         )
     assert got.status_code == 200, got.text
     assert missing.status_code == 404 and missing.json()["error"] == "run_not_found"
@@ -121,14 +121,14 @@ def test_runs_list_shows_duration_and_attempts_and_filters_by_admission_time(
     bad = invoke("runs", "list", "--db", db_url, "--since", "yesterday-ish")
     assert bad.exit_code == 2 and "neither an age" in bad.output
 
-    page = svc.http.get("/runs", params={"since": str(between)}).json()
+    page = svc.http.get("/v1/runs", params={"since": str(between)}).json()
     assert [r["run_id"] for r in page["runs"]] == [second]
-    page = svc.http.get("/runs", params={"until": "2000-01-01T00:00"}).json()
+    page = svc.http.get("/v1/runs", params={"until": "2000-01-01T00:00"}).json()
     assert page["runs"] == []
     everything = {
-        r["run_id"]: r for r in svc.http.get("/runs", params={"since": "7d"}).json()["runs"]
+        r["run_id"]: r for r in svc.http.get("/v1/runs", params={"since": "7d"}).json()["runs"]
     }
     assert everything[first]["attempts"] == 2 and everything[first]["duration"] > 0
-    refused = svc.http.get("/runs", params={"since": "soonish"})
+    refused = svc.http.get("/v1/runs", params={"since": "soonish"})
     assert refused.status_code == 400 and refused.json()["error"] == "bad_request"
     assert "neither an age" in refused.json()["message"]

@@ -24,7 +24,7 @@ def test_a_run_is_one_trace_of_its_attempts_steps_and_effect_linked_to_its_reque
     spans = collected()
     app = svc.app
     created = svc.http.post(
-        "/runs", json={"workflow": "review", "job_id": "traced-1", "input": {"topic": "t"}}
+        "/v1/runs", json={"workflow": "review", "job_id": "traced-1", "input": {"topic": "t"}}
     )
     run_id = created.json()["run_id"]
     drain(app)
@@ -68,7 +68,7 @@ def test_a_run_is_one_trace_of_its_attempts_steps_and_effect_linked_to_its_reque
     )
     assert outcomes == ["ok", "ok", "ok", "waiting"]
     # The HTTP request that submitted the run is traced, in its own trace, linked from the run.
-    (request,) = [s for s in got if s["name"] == "POST /runs"]
+    (request,) = [s for s in got if s["name"] == "POST /v1/runs"]
     assert request["trace_id"] != tid and root["links"] == [request["trace_id"]]
 
 

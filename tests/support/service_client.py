@@ -65,7 +65,7 @@ class Service:
 
     def submit(self, job_id: str, topic: str = "ai", **extra: Any) -> httpx.Response:
         body = {"workflow": WORKFLOW, "job_id": job_id, "input": {"topic": topic, **extra}}
-        return self.http.post("/runs", json=body)
+        return self.http.post("/v1/runs", json=body)
 
     def work(self) -> None:
         self.app.run_worker(stop_when_idle=True, handle_signals=False)
@@ -74,13 +74,13 @@ class Service:
         """Admit a run and drive it to its approval; return (run_id, approval_id)."""
         run_id = self.submit(job_id, **extra).json()["run_id"]
         self.work()
-        run = self.http.get(f"/runs/{run_id}").json()
+        run = self.http.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "waiting", run
         (wait,) = run["waits"]
         return run_id, wait["approval_id"]
 
     def events(self, run_id: str, kind: str) -> list[dict[str, Any]]:
-        timeline = self.http.get(f"/runs/{run_id}").json()["timeline"]
+        timeline = self.http.get(f"/v1/runs/{run_id}").json()["timeline"]
         return [e for e in timeline if e["kind"] == kind]
 
     def raw_get(self, path: str) -> tuple[int, str]:

@@ -1106,12 +1106,18 @@ LIMIT 1;
 -- name: take_thread
 -- A thread for an admission on it, created if `create` and missing, and locked until the
 -- transaction ends: admissions on one thread are serialized, so its places and its strategy's
--- verdict are decided one at a time. No row: no such thread and `create` is 0.
+-- verdict are decided one at a time. No row: no such thread and `create` is 0. A thread with
+-- no workflow yet ('': made through the Agent Server protocol before any run) takes the
+-- admitted run's.
 WITH made AS (
     INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
     SELECT %(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now()
     WHERE %(create)s::int = 1
-    ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now()
+    ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now(),
+        workflow = CASE WHEN keel_threads.workflow = '' THEN EXCLUDED.workflow
+                        ELSE keel_threads.workflow END,
+        workflow_version = CASE WHEN keel_threads.workflow = '' THEN EXCLUDED.workflow_version
+                                ELSE keel_threads.workflow_version END
     RETURNING *),
 touched AS (
     UPDATE keel_threads SET updated_at = keel_now()

@@ -1012,11 +1012,16 @@ LIMIT 1;
 -- A thread for an admission on it, created if `create` and missing, and held until the
 -- transaction ends (SQLite: BEGIN IMMEDIATE already holds the write lock; PostgreSQL locks the
 -- row): admissions on one thread are serialized, so its places and its strategy's verdict are
--- decided one at a time. No row: no such thread and `create` is 0.
+-- decided one at a time. No row: no such thread and `create` is 0. A thread with no workflow
+-- yet ('': made through the Agent Server protocol before any run) takes the admitted run's.
 INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
 SELECT :thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now()
 WHERE :create = 1
-ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now();
+ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now(),
+    workflow = CASE WHEN keel_threads.workflow = '' THEN excluded.workflow
+                    ELSE keel_threads.workflow END,
+    workflow_version = CASE WHEN keel_threads.workflow = '' THEN excluded.workflow_version
+                            ELSE keel_threads.workflow_version END;
 SELECT * FROM keel_threads WHERE thread_id = :thread_id;
 
 -- name: create_thread

@@ -1,0 +1,33 @@
+"""The LangGraph Agent Server protocol on Keel: what langgraph-sdk, LangGraph Studio and
+agent-chat-ui speak, served at the root of Keel's HTTP API (docs/agent-server.md).
+
+`agent_server_router` combines its parts: `/ok` and `/info` (info.py), assistants
+(assistants.py: one default assistant per registered workflow), threads with their state and
+history (threads.py), runs and their streams (runs.py, stream.py). The JSON shapes of
+assistants, threads, states and runs are in shapes.py.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from keel.runtime.app import App
+from keel.service.agent_server.assistants import assistants_router
+from keel.service.agent_server.info import info_router
+from keel.service.agent_server.runs import runs_router
+from keel.service.agent_server.threads import threads_router
+from keel.service.auth import Authenticator
+
+
+def agent_server_router(keel_app: App, auth: Authenticator) -> APIRouter:
+    """Every endpoint of the Agent Server protocol Keel serves, for `keel_app`, under `auth`
+    (Keel's tokens, sent as `x-api-key` or `Authorization: Bearer`)."""
+    router = APIRouter()
+    router.include_router(info_router())
+    router.include_router(assistants_router(keel_app, auth))
+    router.include_router(threads_router(keel_app, auth))
+    router.include_router(runs_router(keel_app, auth))
+    return router
+
+
+__all__ = ["agent_server_router"]

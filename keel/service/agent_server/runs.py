@@ -1,0 +1,479 @@
+"""The Agent Server's runs: on a thread and stateless, in the background, waited for, streamed.
+
+Each run is a Keel run on a thread, admitted by `App.submit` before any answer leaves: a run
+whose `create` was answered is durable (a kill -9 of every process right after loses nothing).
+Workers execute it; a request never runs a graph. Where the protocol and Keel differ:
+
+- `command.resume` answers the pause of the thread's waiting run: the same Keel run goes on
+  (LangGraph starts a new run). The answer is that run, `pending` again; a second answer to the
+  same pause is refused (409 `decision_conflict`).
+- Streams are told from committed steps (stream.py): `values` and `updates`; the live-only
+  modes are accepted and send nothing. `interrupt_before`/`interrupt_after`, `webhook` and
+  `after_seconds` are refused (422 `unsupported`) rather than ignored; `durability` is accepted
+  (Keel checkpoints every step durably), `stream_subgraphs` streams the graph's own steps.
+- Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
+  the run itself stays on record (termination reason `rolled_back`), as do its effects.
+- A run cannot be deleted (409 `run_kept`): Keel keeps finished runs (their timeline and
+  effect ledger) until `keel prune` removes them by age.
+- A stateless run gets a thread of its own; with `on_completion: delete` (the default) the
+  thread goes once the run finished, by the server that admitted it (a restart meanwhile keeps
+  the thread).
+
+The protocol's options a Keel run has no field for (the stream modes asked, which
+`join_stream` streams by default) are kept in the config Keel stores with the run, under
+`keel_kwargs`, and shown in the run's `kwargs`.
+
+(No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sse_starlette.sse import EventSourceResponse
+
+from keel.core import runs as core_runs
+from keel.core.errors import KeelError, RunFinished, RunNotFound, RunStillGoing, ThreadNotFound
+from keel.core.lifecycle import FINISHED, Status, TerminationReason
+from keel.core.store.base import Row
+from keel.core.threads import first_unfinished, new_id
+from keel.runtime.aio import AsyncApp
+from keel.runtime.app import App
+from keel.service.agent_server import stream
+from keel.service.agent_server.assistants import resolve_assistant
+from keel.service.agent_server.shapes import assistant_id_of, run_shape, run_status, selected
+from keel.service.agent_server.stream import Feed, Graphs, Position, on_app
+from keel.service.auth import Authenticator, Principal
+from keel.service.errors import Refused
+
+log = logging.getLogger("keel.service")
+
+KWARGS = "keel_kwargs"
+"""Where a run's config keeps the protocol's options Keel's run has no field for."""
+WAIT_SLICE = 5.0
+"""Seconds between checks that a waiting request's client is still there."""
+PING_SECONDS = 15
+MAX_LIST = 1000
+
+
+class RunIn(BaseModel):
+    """A run as langgraph-sdk sends it (`RunCreate`); fields newer SDKs add are ignored."""
+
+    model_config = {"extra": "ignore"}
+
+    assistant_id: str = Field(min_length=1, max_length=200)
+    input: Any = None
+    command: dict[str, Any] | None = None
+    stream_mode: str | list[str] | None = None
+    stream_subgraphs: bool | None = None
+    stream_resumable: bool | None = None
+    metadata: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    context: Any = None
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_id: str | None = Field(None, max_length=200)
+    checkpoint_during: bool | None = None
+    interrupt_before: str | list[str] | None = None
+    interrupt_after: str | list[str] | None = None
+    feedback_keys: list[str] | None = None
+    on_disconnect: Literal["cancel", "continue"] | None = None
+    on_completion: Literal["delete", "keep"] | None = None
+    webhook: str | None = None
+    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] | None = None
+    if_not_exists: Literal["create", "reject"] | None = None
+    after_seconds: float | None = None
+    durability: Literal["sync", "async", "exit"] | None = None
+
+
+def unsupported(message: str) -> Refused:
+    return Refused(422, "unsupported", message)
+
+
+def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
+    router = APIRouter(tags=["runs"])
+    Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
+    Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
+    ThreadId = Annotated[str, Path(description="The thread's id.", max_length=200)]
+    RunId = Annotated[str, Path(description="The run's id.", max_length=200)]
+    graphs = Graphs(keel_app)
+    cleaning: set[concurrent.futures.Future[None]] = set()
+
+    def call(work: Coroutine[Any, Any, Any]) -> Any:
+        return keel_app.aio.runtime.portal.call(work)
+
+    # -- admission --------------------------------------------------------------------------
+
+    def admit(body: RunIn, thread_id: str | None) -> tuple[Row, str, list[str]]:
+        """Admit the run `body` asks for (on a new thread when `thread_id` is None); the
+        run's row, its thread, and the stream modes asked."""
+        graph, version = resolve_assistant(keel_app, body.assistant_id)
+        try:
+            modes = stream.parse_modes(body.stream_mode, ["values"])
+        except ValueError as exc:
+            raise Refused(422, "invalid_request", str(exc)) from None
+        if body.interrupt_before or body.interrupt_after:
+            raise unsupported(
+                "interrupt_before/interrupt_after are not supported: call interrupt() in the "
+                "node, or compile the graph with them"
+            )
+        if body.webhook:
+            raise unsupported("webhook is not supported: nothing would call it")
+        if body.after_seconds:
+            raise unsupported("after_seconds is not supported: submit the run when it is due")
+        stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
+        thread = None
+        stateless = thread_id is None
+        if thread_id is None:
+            thread_id = new_id()
+        else:
+            try:
+                thread = keel_app.get_thread(thread_id)
+            except ThreadNotFound:
+                if body.if_not_exists != "create":
+                    raise
+        config = dict(body.config or {})
+        given = dict(config.get("configurable") or {})
+        # Where the run reads and writes is the thread's, not the caller's to set: a
+        # checkpoint there would be where every execution of the run started over from.
+        fork = given.pop("checkpoint_id", None)
+        for key in ("thread_id", "checkpoint_ns", "checkpoint_map"):
+            given.pop(key, None)
+        config["configurable"] = {**given, **stamp}
+        config["metadata"] = {**(config.get("metadata") or {}), **(body.metadata or {}), **stamp}
+        config[KWARGS] = {
+            "stream_mode": modes,
+            "subgraphs": bool(body.stream_subgraphs),
+            "temporary": stateless,
+            "durability": body.durability or "sync",
+        }
+        checkpoint_id = (
+            body.checkpoint_id or (body.checkpoint or {}).get("checkpoint_id") or fork or None
+        )
+        row = keel_app.submit(
+            graph,
+            body.input,
+            thread_id=thread_id,
+            command=body.command,
+            config=config,
+            context=body.context,
+            checkpoint_id=checkpoint_id,
+            multitask_strategy=body.multitask_strategy or "enqueue",
+            metadata=stamp,
+            version=version,
+        )
+        if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
+            keel_app.update_thread(thread_id, metadata=stamp)
+        return dict(row), thread_id, modes
+
+    def on_thread(thread_id: str, run_id: str) -> Row:
+        """The run, if it is one of the thread's (404 otherwise)."""
+        row = keel_app.get_run(run_id).run
+        if (row.get("thread_id") or row["run_id"]) != thread_id:
+            raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
+        return row
+
+    def shape(row: Row) -> dict[str, Any]:
+        body = run_shape(row)
+        kwargs = body["kwargs"]
+        kept = kwargs["config"].pop(KWARGS, None) or {}
+        kwargs.update(
+            {
+                "stream_mode": ["values"],
+                "context": kwargs.get("context") or {},
+                "interrupt_before": None,
+                "interrupt_after": None,
+                "webhook": None,
+                "feedback_keys": None,
+                "resumable": True,  # every Keel stream resumes by event id
+                **kept,
+            }
+        )
+        configurable = kwargs["config"].setdefault("configurable", {})
+        configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
+        body.setdefault("langsmith_session_name", None)
+        return body
+
+    def locations(row: Row, stateless: bool, tail: str) -> dict[str, str]:
+        run_path = f"/threads/{row.get('thread_id') or row['run_id']}/runs/{row['run_id']}"
+        headers = {"Content-Location": f"/runs/{row['run_id']}" if stateless else run_path}
+        if tail:
+            headers["Location"] = f"{run_path}/{tail}"
+        return headers
+
+    # -- stateless runs' threads ------------------------------------------------------------
+
+    def clean_now(body: RunIn, row: Row) -> None:
+        """Delete a stateless run's thread now that the run was waited for."""
+        if (body.on_completion or "delete") == "delete":
+            call(_delete_thread(keel_app.aio, row["run_id"], row["thread_id"], wait=False))
+
+    def clean_later(body: RunIn, row: Row) -> None:
+        """Delete a stateless run's thread once the run has finished (a task of this server's)."""
+        if (body.on_completion or "delete") != "delete":
+            return
+        work = _delete_thread(keel_app.aio, row["run_id"], row["thread_id"], wait=True)
+        task = asyncio.run_coroutine_threadsafe(work, keel_app.aio.runtime.portal.loop)
+        cleaning.add(task)
+        task.add_done_callback(cleaning.discard)
+
+    # -- outcomes ---------------------------------------------------------------------------
+
+    async def settle(request: Request, run_id: str) -> Row:
+        """The run once it has ended or paused, polled in slices while the client is there."""
+        while True:
+            try:
+                return await on_app(keel_app, keel_app.aio.wait(run_id, timeout=WAIT_SLICE))
+            except RunStillGoing:
+                if await request.is_disconnected():
+                    raise Refused(499, "client_gone", "the client went away") from None
+
+    async def outcome(request: Request, row: Row, headers: dict[str, str]) -> Response:
+        settled = await settle(request, str(row["run_id"]))
+        body = await on_app(keel_app, stream.outcome(keel_app, graphs, settled))
+        return _json(body, headers)
+
+    def feed(run_id: str, after: Position | None) -> Feed:
+        return call(Feed.open(keel_app, graphs, run_id, after))
+
+    def sse(
+        events_of: Feed,
+        modes: list[str],
+        headers: dict[str, str],
+        *,
+        metadata: bool,
+        cancel: bool,
+        then: Callable[[], None] | None = None,
+        gone: Callable[[], None] | None = None,
+    ) -> EventSourceResponse:
+        """The feed's events as SSE; `then` once the stream ended, `gone` if the client went
+        away first (after the run's cancel, with `cancel`)."""
+        run_id = events_of.run_id
+
+        def on_disconnect() -> None:
+            if cancel:
+                try:
+                    keel_app.cancel(run_id, by="client disconnected")
+                except KeelError as exc:
+                    log.info("run %s: not cancelled on disconnect: %s", run_id, exc)
+            if gone is not None:
+                gone()
+
+        async def body() -> Any:
+            async for event in stream.events(
+                keel_app, events_of, modes, metadata=metadata, on_disconnect=on_disconnect
+            ):
+                yield event
+            if then is not None:
+                await asyncio.to_thread(then)
+
+        return EventSourceResponse(body(), headers=headers, ping=PING_SECONDS)
+
+    def stream_new(body: RunIn, thread_id: str | None) -> EventSourceResponse:
+        """Admit a run and stream it from its start (a resume: from where it paused)."""
+        resume = body.command is not None and "resume" in body.command
+        waiting = None
+        if resume and thread_id is not None:
+            # Where the paused run's events stand, read before the answer lets it go on.
+            active = first_unfinished(keel_app.thread_runs(thread_id))
+            if active is not None:
+                waiting = feed(str(active["run_id"]), None)
+        row, _thread, modes = admit(body, thread_id)
+        if waiting is not None and waiting.run_id == row["run_id"]:
+            events_of = waiting
+        else:
+            events_of = feed(str(row["run_id"]), None if resume else Position())
+        stateless = thread_id is None
+        return sse(
+            events_of,
+            modes,
+            locations(row, stateless, "stream"),
+            metadata=True,
+            cancel=body.on_disconnect == "cancel",
+            # A stateless run's thread goes once its stream read it all.
+            then=(lambda: clean_now(body, row)) if stateless else None,
+            gone=(lambda: clean_later(body, row)) if stateless else None,
+        )
+
+    # -- runs on a thread -------------------------------------------------------------------
+
+    @router.post("/threads/{thread_id}/runs")
+    def create_run(thread_id: ThreadId, body: RunIn, _: Writer) -> Response:
+        """Admit a run on the thread, durably, before answering (`pending`); a worker executes
+        it. `command.resume` answers the thread's pause instead: that run goes on."""
+        row, _thread, _modes = admit(body, thread_id)
+        return _json(shape(row), locations(row, False, ""))
+
+    @router.post("/threads/{thread_id}/runs/stream", response_class=EventSourceResponse)
+    def stream_run(thread_id: ThreadId, body: RunIn, _: Writer) -> EventSourceResponse:
+        """Admit a run on the thread and stream its committed steps (Server-Sent Events)."""
+        return stream_new(body, thread_id)
+
+    @router.post("/threads/{thread_id}/runs/wait")
+    async def wait_run(thread_id: ThreadId, body: RunIn, request: Request, _: Writer) -> Response:
+        """Admit a run on the thread and answer its final state values once it ended (with
+        `__interrupt__` when it paused, `__error__` when it failed)."""
+        row, _thread, _modes = await asyncio.to_thread(admit, body, thread_id)
+        return await outcome(request, row, locations(row, False, "join"))
+
+    @router.get("/threads/{thread_id}/runs")
+    def list_runs(
+        thread_id: ThreadId,
+        _: Reader,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 10,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        status: Annotated[
+            Literal["pending", "running", "success", "error", "timeout", "interrupted"] | None,
+            Query(),
+        ] = None,
+        select: Annotated[list[str] | None, Query()] = None,
+    ) -> list[dict[str, Any]]:
+        """The thread's runs, newest first (of its first 1000)."""
+        rows = keel_app.thread_runs(thread_id, MAX_LIST)[::-1]
+        if status is not None:
+            rows = [r for r in rows if run_status(r) == status]
+        return [selected(shape(r), select) for r in rows[offset : offset + limit]]
+
+    @router.get("/threads/{thread_id}/runs/{run_id}")
+    def get_run(thread_id: ThreadId, run_id: RunId, _: Reader) -> dict[str, Any]:
+        """The run (status `success` also for a run paused on an interrupt)."""
+        return shape(on_thread(thread_id, run_id))
+
+    @router.get("/threads/{thread_id}/runs/{run_id}/join")
+    async def join_run(thread_id: ThreadId, run_id: RunId, request: Request, _: Reader) -> Response:
+        """Wait for the run to end or pause; its final state values, as `wait` answers them."""
+        row = await asyncio.to_thread(on_thread, thread_id, run_id)
+        return await outcome(request, row, locations(row, False, "join"))
+
+    @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventSourceResponse)
+    def join_stream(
+        thread_id: ThreadId,
+        run_id: RunId,
+        _: Reader,
+        stream_mode: Annotated[list[str] | None, Query()] = None,
+        cancel_on_disconnect: bool = False,
+        last_event_id: Annotated[str | None, Header(max_length=300)] = None,
+    ) -> EventSourceResponse:
+        """The run's events after `Last-Event-ID` (each committed step's events once, across
+        server and worker restarts), or from now without it, until it ends or pauses."""
+        row = on_thread(thread_id, run_id)
+        after = None
+        if last_event_id:
+            try:
+                after = Position.parse(last_event_id)
+            except ValueError as exc:
+                raise Refused(400, "invalid_id", str(exc)) from None
+        asked = [m for m in stream_mode or [] if m]
+        try:
+            modes = stream.parse_modes(asked or None, shape(row)["kwargs"]["stream_mode"])
+        except ValueError as exc:
+            raise Refused(422, "invalid_request", str(exc)) from None
+        headers = locations(row, False, "stream")
+        return sse(feed(run_id, after), modes, headers, metadata=False, cancel=cancel_on_disconnect)
+
+    @router.post("/threads/{thread_id}/runs/{run_id}/cancel")
+    async def cancel_run(
+        thread_id: ThreadId,
+        run_id: RunId,
+        request: Request,
+        principal: Writer,
+        wait: bool = False,
+        action: Literal["interrupt", "rollback"] = "interrupt",
+    ) -> Response:
+        """Cancel the run: a queued or paused one at once, a running one at its next step
+        boundary. `rollback` also discards what it checkpointed. With `wait`, answer once it
+        ended (its final values), else 202 at once."""
+        row = await asyncio.to_thread(on_thread, thread_id, run_id)
+        if action == "rollback":
+            await on_app(keel_app, _roll_back(keel_app.aio, run_id, principal.label))
+        else:
+            await asyncio.to_thread(keel_app.cancel, run_id, by=principal.label)
+        if not wait:
+            return Response(status_code=202)
+        return await outcome(request, row, locations(row, False, "join"))
+
+    @router.delete("/threads/{thread_id}/runs/{run_id}")
+    def delete_run(thread_id: ThreadId, run_id: RunId, _: Writer) -> Response:
+        """Refused: Keel keeps runs (409 `run_kept`)."""
+        row = on_thread(thread_id, run_id)
+        active = Status(row["status"]) not in FINISHED
+        raise Refused(
+            409,
+            "run_kept",
+            f"run {run_id} is "
+            + ("unfinished: cancel it first; " if active else "finished: ")
+            + "Keel keeps runs as records (their timeline and effect ledger) until `keel prune` "
+            "deletes finished runs by age",
+        )
+
+    # -- stateless runs ---------------------------------------------------------------------
+
+    @router.post("/runs")
+    def create_stateless(body: RunIn, _: Writer) -> Response:
+        """Admit a run on a thread of its own, durably, before answering."""
+        if body.command and "resume" in body.command:
+            raise Refused(400, "bad_request", "a stateless run has no pause to resume")
+        row, _thread, _modes = admit(body, None)
+        clean_later(body, row)
+        return _json(shape(row), locations(row, True, ""))
+
+    @router.post("/runs/stream", response_class=EventSourceResponse)
+    def stream_stateless(body: RunIn, _: Writer) -> EventSourceResponse:
+        """Admit a run on a thread of its own and stream its committed steps."""
+        if body.command and "resume" in body.command:
+            raise Refused(400, "bad_request", "a stateless run has no pause to resume")
+        return stream_new(body, None)
+
+    @router.post("/runs/wait")
+    async def wait_stateless(body: RunIn, request: Request, _: Writer) -> Response:
+        """Admit a run on a thread of its own and answer its final values once it ended."""
+        if body.command and "resume" in body.command:
+            raise Refused(400, "bad_request", "a stateless run has no pause to resume")
+        row, _thread, _modes = await asyncio.to_thread(admit, body, None)
+        try:
+            answer = await outcome(request, row, locations(row, True, "join"))
+        except BaseException:
+            await asyncio.to_thread(clean_later, body, row)
+            raise
+        await asyncio.to_thread(clean_now, body, row)
+        return answer
+
+    return router
+
+
+def _json(body: Any, headers: dict[str, str]) -> Response:
+    return JSONResponse(body, headers=headers)
+
+
+async def _delete_thread(app: AsyncApp, run_id: str, thread_id: str, *, wait: bool) -> None:
+    """Delete a stateless run's thread once the run finished (a paused one keeps it)."""
+    row = await app.wait(run_id) if wait else await app.runtime.store.get_run(run_id)
+    if row is None or Status(row["status"]) not in FINISHED:
+        return
+    try:
+        await app.delete_thread(thread_id)
+    except KeelError as exc:
+        log.info("thread %s of stateless run %s kept: %s", thread_id, run_id, exc)
+
+
+async def _roll_back(app: AsyncApp, run_id: str, by: str) -> Row:
+    """Cancel the run as a rollback: it ends `rolled_back` and what it checkpointed goes (a
+    running one's at its next step boundary, as a `rollback` strategy's does)."""
+    await app.open()
+    store = app.runtime.store
+    async with store.transaction() as tx:
+        run = await store.lock_run(tx, run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if Status(run["status"]) in FINISHED:
+            raise RunFinished(f"run {run_id} is already {run['status']}")
+        await core_runs.stop(store, tx, run, TerminationReason.ROLLED_BACK, {"by": by})
+        if run["status"] != Status.RUNNING and run.get("thread_id"):
+            await store.discard_rolled_back(tx, str(run["thread_id"]))
+        row = await store.read_run(tx, run_id)
+    assert row is not None
+    return row

@@ -1,0 +1,202 @@
+"""Keel's rows in the LangGraph Agent Server's JSON shapes: assistants, threads, thread states
+and runs, as langgraph-sdk types them (`langgraph_sdk.schema`).
+
+Timestamps are ISO 8601 strings (Keel stores seconds since the epoch). A graph is a Keel
+workflow (graph id = workflow name) and its default assistant has a stable id
+(`assistant_id_of`). A thread made through the protocol before any run has no workflow yet
+(`NO_GRAPH`): LangGraph threads exist before a run names their graph, while every Keel thread
+belongs to one workflow; the first run admitted on it gives it that run's (the store's
+`take_thread`), in the transaction that admits the run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from langgraph.types import StateSnapshot
+
+from keel.core.codec import loads
+from keel.core.lifecycle import Status, TerminationReason
+from keel.core.store.base import Row
+from keel.runtime.conversations import state_json
+
+NO_GRAPH = ""
+"""The workflow (and version) of a thread no run has named a graph for yet."""
+
+EMPTY_STATE: dict[str, Any] = {
+    "values": {},
+    "next": [],
+    "tasks": [],
+    "metadata": None,
+    "created_at": None,
+    "checkpoint": None,
+    "parent_checkpoint": None,
+    "interrupts": [],
+    "checkpoint_id": None,
+    "parent_checkpoint_id": None,
+}
+"""A thread's state before its first checkpoint, as the Agent Server answers it."""
+
+RUN_STATUS = {
+    Status.QUEUED: "pending",
+    Status.RUNNING: "running",
+    Status.COMPLETED: "success",
+    # Paused on interrupt(): LangGraph's run has returned; its thread reads `interrupted`.
+    Status.WAITING: "success",
+    Status.FAILED: "error",
+    Status.CANCELLED: "interrupted",
+}
+
+
+def iso(seconds: float | None) -> str | None:
+    """Seconds since the epoch as ISO 8601 in UTC (`2026-01-02T03:04:05.123456+00:00`)."""
+    if seconds is None:
+        return None
+    return dt.datetime.fromtimestamp(float(seconds), dt.UTC).isoformat()
+
+
+def assistant_id_of(graph_id: str) -> str:
+    """The id of a graph's default assistant: the same on every server and every restart."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"keel://assistants/{graph_id}"))
+
+
+def assistant_shape(graph_id: str, version: str, created_at: str) -> dict[str, Any]:
+    """A workflow's default assistant (its latest registered version)."""
+    return {
+        "assistant_id": assistant_id_of(graph_id),
+        "graph_id": graph_id,
+        "config": {},
+        "context": {},
+        "metadata": {"created_by": "system", "keel_workflow_version": version},
+        "name": graph_id,
+        "description": None,
+        "version": 1,
+        "created_at": created_at,
+        "updated_at": created_at,
+    }
+
+
+def state_shape(snapshot: StateSnapshot | None) -> dict[str, Any]:
+    """A StateSnapshot as the Agent Server's thread state: `state_json`'s fields, each task's
+    subgraph `checkpoint` (or its whole `state` when subgraphs were asked for), and the empty
+    state before the first checkpoint."""
+    if snapshot is None or snapshot.created_at is None:
+        return {**EMPTY_STATE, "values": {}, "next": [], "tasks": [], "interrupts": []}
+    body = state_json(snapshot)
+    for shown, task in zip(body["tasks"], snapshot.tasks, strict=True):
+        sub = task.state
+        shown["checkpoint"] = _checkpoint(sub) if isinstance(sub, dict) else None
+        shown["state"] = state_shape(sub) if isinstance(sub, StateSnapshot) else None
+    return body
+
+
+def _checkpoint(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    c = config.get("configurable") or {}
+    if "thread_id" not in c:
+        return None
+    return {
+        "thread_id": c["thread_id"],
+        "checkpoint_ns": c.get("checkpoint_ns", ""),
+        "checkpoint_id": c.get("checkpoint_id"),
+        "checkpoint_map": c.get("checkpoint_map"),
+    }
+
+
+def graph_of(thread: Row) -> str | None:
+    """The graph (workflow) a thread belongs to; None before a run named one."""
+    workflow = str(thread["workflow"])
+    return None if workflow == NO_GRAPH else workflow
+
+
+def thread_shape(
+    thread: Row, state: dict[str, Any] | None = None, error: str | None = None
+) -> dict[str, Any]:
+    """A thread (`App.get_thread`'s row) as the Agent Server's: `state` (its `state_shape`)
+    gives `values` and `interrupts`; `error` is what its failed last run raised.
+
+    The metadata shows `graph_id` and `assistant_id` for every thread of a workflow, as the
+    Agent Server stamps them at a thread's first run: a thread Keel's own API or `App.submit`
+    made is found by them too (`search_filter`)."""
+    graph = graph_of(thread)
+    metadata = dict(thread["metadata"] or {})
+    if graph is not None:
+        metadata = {"graph_id": graph, "assistant_id": assistant_id_of(graph), **metadata}
+    stamped = state is not None and state.get("created_at") is not None
+    interrupts: dict[str, list[dict[str, Any]]] = {}
+    if stamped and state is not None:
+        interrupts = {t["id"]: t["interrupts"] for t in state["tasks"] if t["interrupts"]}
+    updated = iso(thread["updated_at"])
+    return {
+        "thread_id": thread["thread_id"],
+        "created_at": iso(thread["created_at"]),
+        "updated_at": updated,
+        "state_updated_at": state["created_at"] if stamped and state is not None else updated,
+        "metadata": metadata,
+        "status": thread["status"],
+        "config": {},
+        "values": state["values"] if stamped and state is not None else None,
+        "interrupts": interrupts,
+        "error": error,
+    }
+
+
+def run_status(row: Row) -> str:
+    """A Keel run's status in the protocol's words (pending, running, success, error,
+    timeout, interrupted)."""
+    if row.get("termination_reason") == TerminationReason.TIMED_OUT:
+        return "timeout"
+    return RUN_STATUS[Status(row["status"])]
+
+
+def run_shape(row: Row) -> dict[str, Any]:
+    """A Keel run on a thread as the Agent Server's run: its metadata is the `metadata` of the
+    config it was submitted with, its `kwargs` what it was started with."""
+    config = loads(row["config"]) if row.get("config") else {}
+    config = config if isinstance(config, dict) else {}
+    command = loads(row["command"]) if row.get("command") else None
+    context = config.pop("context", None)
+    metadata = config.get("metadata") or {}
+    return {
+        "run_id": row["run_id"],
+        "thread_id": row.get("thread_id") or row["run_id"],
+        "assistant_id": assistant_id_of(row["workflow"]),
+        "created_at": iso(row["created_at"]),
+        "updated_at": iso(row["updated_at"]),
+        "status": run_status(row),
+        "metadata": metadata,
+        "kwargs": {
+            "input": loads(row["input"]) if row.get("input") else None,
+            "command": command,
+            "config": config,
+            "context": context,
+            "checkpoint_id": row.get("checkpoint_id"),
+        },
+        "multitask_strategy": row.get("multitask_strategy") or "enqueue",
+    }
+
+
+def contains(value: Any, pattern: Any) -> bool:
+    """Whether JSON `value` holds `pattern` as PostgreSQL's `@>` decides it: an object holds
+    each key of the pattern with a value holding its value, an array holds each element of
+    the pattern in one of its own, anything else equals it."""
+    if isinstance(pattern, dict):
+        return isinstance(value, dict) and all(
+            k in value and contains(value[k], v) for k, v in pattern.items()
+        )
+    if isinstance(pattern, list):
+        return isinstance(value, list) and all(any(contains(x, p) for x in value) for p in pattern)
+    return bool(value == pattern and type(value) is type(pattern)) or (
+        isinstance(value, int | float)
+        and isinstance(pattern, int | float)
+        and not isinstance(value, bool)
+        and not isinstance(pattern, bool)
+        and value == pattern
+    )
+
+
+def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
+    """Only the `select`ed fields of a body (all of them without a selection)."""
+    return body if not select else {k: v for k, v in body.items() if k in select}

@@ -1,0 +1,425 @@
+"""A run's stream in the Agent Server protocol, derived from what committed.
+
+A worker does not talk to the server: everything a stream says is read back from the database,
+so it says only what is durable. Each checkpoint a run commits on its thread (its metadata
+carries `keel_run_id`) is one block of events, as LangGraph's own `stream` would have produced
+them for that step:
+
+- `updates`: `{node: writes}` for each task that ran from the previous checkpoint (read from
+  that checkpoint's pending writes, named by its tasks), `None` for a task that wrote nothing;
+  a task whose writes were kept from before a pause is marked `"__metadata__": {"cached": true}`;
+- `values`: the state at the checkpoint (none for the run's input checkpoint, nor after a step
+  that wrote nothing to the state, as LangGraph);
+- after a pause on `interrupt()`: `updates` of the tasks that finished beside it,
+  `{"__interrupt__": [...]}`, then `values` with `__interrupt__`; when the run is resumed (in
+  Keel the same run goes on) the next block starts with the `values` it goes on from, as
+  LangGraph's resuming run does.
+
+Every event's SSE id is its place in that sequence, `<checkpoint id>/<n>` (`-/0` before the
+first checkpoint): the same on every server, at every read, so a client that reconnects with
+`Last-Event-ID` gets exactly the events after it, across server and worker crashes. A step that
+did not commit produced no event; its re-execution produces its events once. The events that
+frame a stream (`metadata` first, `error`, `end`) carry the place they were sent at plus their
+name (`<checkpoint id>/<n>/end`), so no two events of a stream share an id and a reconnect
+from one of them resumes at that place.
+
+Only `values` and `updates` can be told from committed data. `messages`, `messages-tuple`,
+`custom`, `events`, `debug`, `tasks` and `checkpoints` are accepted (chat UIs ask for
+`messages-tuple` beside `values`) and send nothing: they need a live channel from workers.
+
+A stream polls: the run's row and its timeline (a step's timeline events commit with its
+checkpoint) every 50 ms, backing off to 500 ms while nothing happens, and the checkpoints only
+when the timeline moved (or every few seconds, for a step that wrote no event). It ends at the
+run's end, or when it pauses on an interrupt (the run's protocol status is then `success`),
+or when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
+from langgraph.types import StateSnapshot
+from sse_starlette.sse import ServerSentEvent
+
+from keel.core.codec import dumps
+from keel.core.errors import RunNotFound
+from keel.core.lifecycle import FINISHED, Status
+from keel.core.store.base import Row
+from keel.langgraph.graphs import compile_graph
+from keel.runtime.app import App
+from keel.runtime.conversations import jsonable, shown
+
+T = TypeVar("T")
+
+STREAMED = ("values", "updates")
+"""The stream modes told from committed data."""
+UNSTREAMED = ("messages", "messages-tuple", "custom", "events", "debug", "tasks", "checkpoints")
+"""Accepted, but nothing is sent for them: they need a live channel from workers."""
+MODES = STREAMED + UNSTREAMED
+
+INTERRUPT = "__interrupt__"
+FIRST_POLL = 0.05
+LAST_POLL = 0.5
+CHECKPOINTS_EVERY = 3.0
+"""Seconds between reads of the checkpoints when the timeline did not move (a step whose tasks
+wrote nothing commits no timeline event)."""
+_POSITION = re.compile(r"(-|[0-9A-Za-z][0-9A-Za-z._-]{0,99})/(\d{1,9})(?:/[a-z]{1,20})?")
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A place in a run's sequence of events: after event `n` of the block of `checkpoint`
+    (`""`: before the run's first checkpoint). Checkpoint ids grow with time (LangGraph's own
+    order of a thread's checkpoints), so positions compare as (checkpoint, n)."""
+
+    checkpoint: str = ""
+    n: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint or '-'}/{self.n}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """The position an event id names (a framing event's name is dropped); ValueError if
+        it is no id of this server's."""
+        found = _POSITION.fullmatch(text.strip())
+        if found is None:
+            raise ValueError(f"{text[:80]!r} is not an event id of this server")
+        checkpoint = "" if found[1] == "-" else found[1]
+        return cls(checkpoint, int(found[2]))
+
+
+@dataclass(frozen=True)
+class Event:
+    event: str
+    data: Any
+    position: Position
+    name: str = ""
+    """A framing event's name (metadata, error, end): it is part of the event's id."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.position}/{self.name}" if self.name else str(self.position)
+
+    def sse(self) -> ServerSentEvent:
+        return ServerSentEvent(data=dumps(self.data), event=self.event, id=self.id)
+
+
+@dataclass
+class _Seen:
+    """The newest checkpoint of the run read so far."""
+
+    id: str
+    values: Any
+    regular: int
+    """How many events its own block has (its pause's events come after them)."""
+
+
+def parse_modes(given: str | list[str] | None, default: list[str]) -> list[str]:
+    """The stream modes asked for, as a list; ValueError naming the known ones for another."""
+    modes = default if given is None else [given] if isinstance(given, str) else list(given)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(
+            f"unknown stream_mode {', '.join(map(repr, unknown))}: Keel streams "
+            f"{' and '.join(STREAMED)} from committed steps, and accepts "
+            f"{', '.join(UNSTREAMED)} without sending events for them"
+        )
+    return modes
+
+
+def error_body(error: str | None) -> dict[str, str]:
+    """A failed run's error as the protocol shows it: `{"error": type, "message": text}` (Keel
+    records `Type: message`)."""
+    text = error or "the run failed"
+    kind, sep, message = text.partition(": ")
+    if sep and kind.isidentifier():
+        return {"error": kind, "message": message}
+    return {"error": "Error", "message": text}
+
+
+def interrupt_json(item: Any) -> dict[str, Any]:
+    """An Interrupt as the protocol's streams show it (`value`, `id`, ...), its value as the
+    node gave it."""
+    plain = dataclasses.is_dataclass(item) and not isinstance(item, type)
+    body = jsonable(dataclasses.asdict(item)) if plain else {}
+    return {**body, "value": jsonable(shown(getattr(item, "value", None)))}
+
+
+async def on_app(keel_app: App, work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` on the App's own event loop (where Keel's async core lives) from another
+    loop's task (uvicorn's); cancelling the awaiting task cancels it there too."""
+    loop = keel_app.aio.runtime.portal.loop
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
+
+
+class Graphs:
+    """Each workflow version's graph compiled once, on the App's fenced saver: the reader of a
+    run's checkpoints."""
+
+    def __init__(self, keel_app: App) -> None:
+        self.app = keel_app
+        self._compiled: dict[str, Any] = {}
+
+    async def of(self, run: Row) -> Any:
+        runtime = self.app.aio.runtime
+        await self.app.aio.open()
+        workflow = runtime.workflows.get(run["workflow"], run["workflow_version"])
+        if workflow.key not in self._compiled:
+            self._compiled[workflow.key] = compile_graph(workflow, runtime.fencing())
+        return self._compiled[workflow.key]
+
+
+class Feed:
+    """The events of one run after a position, as they commit (its coroutines run on the App's
+    loop: `on_app`)."""
+
+    def __init__(self, keel_app: App, graph: Any, run: Row, after: Position) -> None:
+        self.app = keel_app
+        self.graph = graph
+        self.run = run
+        self.run_id = str(run["run_id"])
+        self.thread_id = str(run.get("thread_id") or run["run_id"])
+        self.sent = after
+        self._last: _Seen | None = None
+        self._timeline = 0
+        self._read_at = 0.0
+
+    @classmethod
+    async def open(cls, keel_app: App, graphs: Graphs, run_id: str, after: Position | None) -> Feed:
+        """The feed of the run after `after`; None: after every event committed so far."""
+        run = await cls._row(keel_app, run_id)
+        feed = cls(keel_app, await graphs.of(run), run, after or Position())
+        if after is None:
+            await feed.catch_up()
+        return feed
+
+    @staticmethod
+    async def _row(keel_app: App, run_id: str) -> Row:
+        await keel_app.aio.open()
+        row = await keel_app.aio.runtime.store.get_run(run_id)
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return row
+
+    @property
+    def settled(self) -> bool:
+        """Whether the run has ended or waits for an answer: its stream is over."""
+        return Status(self.run["status"]) in FINISHED | {Status.WAITING}
+
+    async def catch_up(self) -> None:
+        """Move past every event committed so far (a stream "from now")."""
+        self.sent = max([self.sent, *(e.position for e in await self._read(force=True))])
+
+    async def poll(self) -> list[Event]:
+        """The events committed since the last poll that come after `sent`; then `settled`
+        says whether the run's stream is over."""
+        return self._unsent(await self._read(force=False))
+
+    def _unsent(self, events: list[Event]) -> list[Event]:
+        fresh = [e for e in events if e.position > self.sent]
+        if fresh:
+            self.sent = fresh[-1].position
+        return fresh
+
+    async def _read(self, *, force: bool) -> list[Event]:
+        store = self.app.aio.runtime.store
+        # The status first: a run's end commits with its last checkpoint, so the checkpoints
+        # read after it hold everything it wrote.
+        self.run = await self._row(self.app, self.run_id)
+        moved = await store.events_after(self.run_id, self._timeline, 500)
+        if moved:
+            self._timeline = int(moved[-1]["event_id"])
+        due = time.monotonic() - self._read_at >= CHECKPOINTS_EVERY
+        if not (force or moved or due or self.settled):
+            return []
+        self._read_at = time.monotonic()
+        events: list[Event] = []
+        for checkpoint_id in await self._newer():
+            events += await self._block(checkpoint_id)
+        if self.settled and self._last is not None:
+            events += self._pause(self._last, await self._state(self._last.id))
+        return events
+
+    async def _newer(self) -> list[str]:
+        """Ids of the run's checkpoints (its graph's, not its subgraphs') newer than the last
+        one read, oldest first."""
+        saver = self.app.aio.runtime.fencing()
+        newer: list[str] = []
+        seen = self._last.id if self._last else ""
+        # Closed at once when left early: the saver holds its connection while it lists.
+        async with _listing(saver, self.thread_id, self.run_id) as found:
+            async for saved in found:
+                checkpoint_id = str(saved.config["configurable"]["checkpoint_id"])
+                if checkpoint_id <= seen:
+                    break
+                newer.append(checkpoint_id)
+        return newer[::-1]
+
+    async def _state(self, checkpoint_id: str) -> StateSnapshot:
+        config: RunnableConfig = {
+            "configurable": {
+                "thread_id": self.thread_id,
+                "checkpoint_ns": "",
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+        state: StateSnapshot = await self.graph.aget_state(config)
+        return state
+
+    async def _block(self, checkpoint_id: str) -> list[Event]:
+        """The events of the previous checkpoint's pause (if it paused), then this one's."""
+        out: list[Event] = []
+        block: list[tuple[str, Any]] = []
+        last = self._last
+        wrote = True  # the run's first checkpoint (not its input's) shows its state
+        if last is not None:
+            before = await self._state(last.id)  # again: its tasks' writes committed since
+            out += self._pause(last, before)
+            paused = _paused(before)
+            if paused:
+                block.append(("values", last.values))
+            for task in before.tasks:
+                update = _update(task, cached=paused and not task.interrupts)
+                if update is not None:
+                    block.append(("updates", update))
+            # As LangGraph: a step that wrote nothing to the state streams no values.
+            wrote = any(task.result not in (None, {}) for task in before.tasks)
+        state = await self._state(checkpoint_id)
+        values = jsonable(state.values)
+        if wrote and (state.metadata or {}).get("source") != "input":
+            block.append(("values", values))
+        out += [
+            Event(kind, data, Position(checkpoint_id, n))
+            for n, (kind, data) in enumerate(block, start=1)
+        ]
+        self._last = _Seen(checkpoint_id, values, len(block))
+        return out
+
+    def _pause(self, seen: _Seen, state: StateSnapshot) -> list[Event]:
+        """The events of a pause on `interrupt()` at checkpoint `seen` (none if it did not
+        pause there): the updates of the tasks that finished beside it, the interrupts, and the
+        state with them."""
+        interrupts = [interrupt_json(i) for task in state.tasks for i in task.interrupts]
+        if not interrupts:
+            return []
+        block: list[tuple[str, Any]] = []
+        for task in state.tasks:
+            if not task.interrupts:
+                update = _update(task, cached=False)
+                if update is not None:
+                    block.append(("updates", update))
+        block.append(("updates", {INTERRUPT: interrupts}))
+        block.append(("values", {**_dict(seen.values), INTERRUPT: interrupts}))
+        return [
+            Event(kind, data, Position(seen.id, seen.regular + n))
+            for n, (kind, data) in enumerate(block, start=1)
+        ]
+
+    def ending(self) -> list[Event]:
+        """The events that end a settled run's stream: `error` for a failed run, then `end`."""
+        events: list[Event] = []
+        if self.run["status"] == Status.FAILED:
+            events.append(Event("error", error_body(self.run.get("error")), self.sent, "error"))
+        events.append(Event("end", None, self.sent, "end"))
+        return events
+
+    def metadata(self) -> Event:
+        """The event a new stream starts with (LangGraph's `{run_id, attempt}`)."""
+        attempt = int(self.run.get("attempt") or 1)
+        return Event("metadata", {"run_id": self.run_id, "attempt": attempt}, self.sent, "metadata")
+
+
+def _listing(
+    saver: Any, thread_id: str, run_id: str, limit: int | None = None
+) -> aclosing[AsyncGenerator[CheckpointTuple, None]]:
+    """The run's checkpoints on its thread (its graph's, not its subgraphs'), newest first."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    listed = saver.alist(config, filter={"keel_run_id": run_id}, limit=limit)
+    return aclosing(cast(AsyncGenerator[CheckpointTuple, None], listed))
+
+
+def _paused(state: StateSnapshot) -> bool:
+    return any(task.interrupts for task in state.tasks)
+
+
+def _dict(values: Any) -> dict[str, Any]:
+    return dict(values) if isinstance(values, dict) else {"__root__": values}
+
+
+def _update(task: Any, *, cached: bool) -> dict[str, Any] | None:
+    """A finished task's `updates` event (`{name: writes}`), as LangGraph streams it; None for
+    a task that did not finish or is LangGraph's own (`__start__`)."""
+    if task.result is None or (task.name.startswith("__") and task.name.endswith("__")):
+        return None
+    # A task that wrote nothing to the state streams None (its result here is {}).
+    update: dict[str, Any] = {task.name: jsonable(task.result) if task.result != {} else None}
+    if cached:
+        update["__metadata__"] = {"cached": True}
+    return update
+
+
+async def events(
+    keel_app: App,
+    feed: Feed,
+    modes: list[str],
+    *,
+    metadata: bool,
+    on_disconnect: Callable[[], None] | None = None,
+) -> AsyncIterator[ServerSentEvent]:
+    """The SSE events of `feed` in `modes` until the run's stream is over; `on_disconnect` is
+    called (in a thread) if the client goes away first."""
+    wanted = set(modes)
+    over = False
+    try:
+        if metadata:
+            yield feed.metadata().sse()
+        pause = FIRST_POLL
+        while True:
+            fresh = await on_app(keel_app, feed.poll())
+            for event in fresh:
+                if event.event in wanted:
+                    yield event.sse()
+            if feed.settled:
+                over = True
+                for event in feed.ending():
+                    yield event.sse()
+                return
+            pause = FIRST_POLL if fresh else min(pause * 1.5, LAST_POLL)
+            await asyncio.sleep(pause)
+    finally:
+        if not over and on_disconnect is not None:
+            # Not awaited: the client's going away cancelled this generator's task.
+            asyncio.get_running_loop().run_in_executor(None, on_disconnect)
+
+
+async def outcome(keel_app: App, graphs: Graphs, run: Row) -> Any:
+    """What `wait` and `join` answer for a run that ended or paused: the state values at its
+    last checkpoint (with `__interrupt__` when it paused there), `{"__error__": {error,
+    message}}` when it failed, `{}` when it wrote no checkpoint."""
+    if run["status"] == Status.FAILED:
+        return {"__error__": error_body(run.get("error"))}
+    graph = await graphs.of(run)
+    thread = str(run.get("thread_id") or run["run_id"])
+    saver = keel_app.aio.runtime.fencing()
+    newest = None
+    async with _listing(saver, thread, str(run["run_id"]), limit=1) as found:
+        async for saved in found:
+            newest = saved.config
+    if newest is None:
+        return {}
+    state: StateSnapshot = await graph.aget_state(newest)
+    values = jsonable(state.values)
+    interrupts = [interrupt_json(i) for task in state.tasks for i in task.interrupts]
+    if run["status"] == Status.WAITING and interrupts:
+        return {**_dict(values), INTERRUPT: interrupts}
+    return values

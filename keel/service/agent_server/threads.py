@@ -1,0 +1,430 @@
+"""The Agent Server's threads, their state and history, on Keel's threads.
+
+Each endpoint is one or two calls of the App's thread operations (keel/runtime/conversations.py)
+answered in the protocol's shapes (`shapes`). Where the protocol and Keel differ:
+
+- A thread made before any run has no graph yet unless its metadata names one (`graph_id`, as
+  the SDK's `threads.create(graph_id=...)` sends it): it belongs to no workflow (`NO_GRAPH`)
+  until its first run, whose admission gives it that run's. Its state is empty meanwhile, and
+  a state update is refused (400 `no_graph`), as the Agent Server refuses it.
+- A state update is a run of its own, executed by a worker (its checkpoint is written under a
+  lease like any step): the request waits for it, at most `UPDATE_WAIT` seconds, then answers
+  202 with that run's id and no checkpoint yet.
+- Deleting a thread whose run is unfinished is refused (409 `thread_busy`): cancel the run
+  first; what it did stays on record.
+- A search by `values`, by `ids`, or sorted otherwise than most recently updated first reads
+  at most `MAX_SCAN` threads.
+
+(No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
+"""
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
+from pydantic import BaseModel, Field
+
+from keel.core.codec import dumps, loads
+from keel.core.errors import InvalidId, RunStillGoing, ThreadNotFound, UnknownWorkflow
+from keel.core.lifecycle import Status
+from keel.core.store.base import Row
+from keel.core.threads import new_id, validate_thread_id
+from keel.runtime.app import App
+from keel.service.agent_server.assistants import resolve_assistant, workflows_of
+from keel.service.agent_server.shapes import (
+    NO_GRAPH,
+    contains,
+    graph_of,
+    selected,
+    state_shape,
+    thread_shape,
+)
+from keel.service.auth import Authenticator, Principal
+from keel.service.errors import Refused
+
+MAX_PAGE = 1000
+MAX_SCAN = 10_000
+"""The most threads a search that Keel's store cannot page for (`values`, another sort) reads."""
+UPDATE_WAIT = 30.0
+"""Seconds a state update's request waits for a worker to write it."""
+
+ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
+
+
+# -- bodies ----------------------------------------------------------------------------------
+
+
+class Body(BaseModel):
+    model_config = {"extra": "ignore"}
+
+
+class ThreadCreate(Body):
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    if_exists: Literal["raise", "do_nothing"] | None = None
+    graph_id: str | None = None
+    supersteps: list[Any] | None = None
+    ttl: Any = None
+
+
+class ThreadPatch(Body):
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    ttl: Any = None
+
+
+class ThreadCount(Body):
+    metadata: dict[str, Any] | None = None
+    values: dict[str, Any] | None = None
+    status: ThreadStatus | None = None
+
+
+class ThreadSearch(ThreadCount):
+    ids: list[str] | None = None
+    limit: int = Field(10, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0)
+    sort_by: (
+        Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"] | None
+    ) = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: list[str] | None = None
+    extract: dict[str, Any] | None = None
+
+
+class StateUpdate(Body):
+    values: Any = None
+    as_node: str | None = Field(None, min_length=1, max_length=200)
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_id: str | None = None
+
+
+class StateAt(Body):
+    checkpoint: dict[str, Any]
+    subgraphs: bool = False
+    select: list[str] | None = None
+
+
+class HistoryIn(Body):
+    limit: int = Field(10, ge=1, le=MAX_PAGE)
+    before: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    select: list[str] | None = None
+
+
+def not_implemented(what: str) -> Refused:
+    return Refused(501, "not_implemented", f"{what} is not implemented by Keel yet")
+
+
+def checkpoint_id_of(ref: str | dict[str, Any] | None) -> str | None:
+    """A checkpoint id given as itself, as a Checkpoint, or as a config holding one."""
+    if ref is None or isinstance(ref, str):
+        return ref or None
+    if ref.get("checkpoint_ns"):
+        raise not_implemented("reading a subgraph's checkpoint by its namespace")
+    found = ref.get("checkpoint_id") or (ref.get("configurable") or {}).get("checkpoint_id")
+    if found is not None and not isinstance(found, str):
+        raise Refused(422, "invalid_request", "checkpoint_id must be a string")
+    return found
+
+
+# -- the router ------------------------------------------------------------------------------
+
+
+def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
+    router = APIRouter(tags=["threads"])
+    Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
+    Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
+    ThreadId = Annotated[str, Path(max_length=200, description="The thread's id.")]
+
+    def state(thread: Row, checkpoint_id: str | None = None, subgraphs: bool = False) -> Any:
+        if graph_of(thread) is None:
+            return state_shape(None)
+        snapshot = keel_app.get_state(thread["thread_id"], checkpoint_id, subgraphs=subgraphs)
+        return state_shape(snapshot)
+
+    def shape(thread: Row) -> dict[str, Any]:
+        try:
+            current = state(thread)
+        except UnknownWorkflow:  # a workflow this server does not register: no values to show
+            current = None
+        error = None
+        if thread["status"] == "error":
+            runs = keel_app.thread_runs(thread["thread_id"])
+            error = runs[-1]["error"] if runs else None
+        return thread_shape(thread, current, error)
+
+    def create(thread_id: str, graph: str | None, metadata: dict[str, Any]) -> Row | None:
+        """A new thread (of `graph`, or of no workflow yet); None if one of that id exists."""
+        workflow = keel_app.aio.runtime.workflows.get(graph) if graph else None
+
+        async def made() -> Row | None:
+            await keel_app.aio.open()
+            return await keel_app.aio.runtime.store.create_thread(
+                thread_id,
+                workflow=workflow.name if workflow else NO_GRAPH,
+                version=workflow.version if workflow else NO_GRAPH,
+                metadata=dumps(metadata),
+            )
+
+        row: Row | None = keel_app.aio.runtime.portal.call(made())
+        return row
+
+    def store_filter(metadata: dict[str, Any] | None) -> tuple[dict[str, Any], str | None, bool]:
+        """A metadata filter as Keel's store reads it: `graph_id` and `assistant_id` (shown on
+        every thread of a workflow, stamped on few) name the thread's workflow. Also whether
+        anything can match (they may name two workflows)."""
+        rest = dict(metadata or {})
+        names = {w.name for w in workflows_of(keel_app)}
+        workflow = None
+        if isinstance(rest.get("graph_id"), str) and rest["graph_id"] in names:
+            workflow = rest.pop("graph_id")
+        if isinstance(rest.get("assistant_id"), str):
+            try:
+                named = resolve_assistant(keel_app, rest["assistant_id"])[0]
+            except Refused:
+                named = None
+            if named is not None:
+                rest.pop("assistant_id")
+                if workflow not in (None, named):
+                    return rest, workflow, False
+                workflow = named
+        return rest, workflow, True
+
+    def scan(metadata: dict[str, Any] | None, status: str | None) -> list[Row]:
+        rest, workflow, possible = store_filter(metadata)
+        rows: list[Row] = []
+        while possible and len(rows) < MAX_SCAN:
+            page = keel_app.search_threads(
+                metadata=rest, workflow=workflow, status=status, limit=1000, offset=len(rows)
+            )
+            rows.extend(page)
+            if len(page) < 1000:
+                break
+        return rows[:MAX_SCAN]
+
+    def by_ids(ids: list[str], metadata: dict[str, Any] | None, status: str | None) -> list[Row]:
+        rows = []
+        for thread_id in dict.fromkeys(ids):
+            try:
+                row = keel_app.get_thread(thread_id)
+            except (ThreadNotFound, InvalidId):
+                continue
+            if (status is None or row["status"] == status) and contains(
+                thread_shape(row)["metadata"], metadata or {}
+            ):
+                rows.append(row)
+        return rows
+
+    def count_of(metadata: dict[str, Any] | None, status: str | None) -> int:
+        return len(scan(metadata, status))
+
+    # -- threads ----------------------------------------------------------------------------
+
+    @router.post("/threads")
+    def create_thread(body: ThreadCreate, response: Response, _: Writer) -> dict[str, Any]:
+        """A thread, of the graph its metadata's `graph_id` names, or of none until its first
+        run. An existing id: 409, or with `if_exists: do_nothing` that thread."""
+        if body.supersteps:
+            raise not_implemented("creating a thread with supersteps")
+        if body.ttl is not None:
+            raise not_implemented("a thread's time to live (ttl)")
+        metadata = dict(body.metadata or {})
+        if body.graph_id is not None:
+            metadata.setdefault("graph_id", body.graph_id)
+        graph = metadata.get("graph_id")
+        registered = {w.name for w in workflows_of(keel_app)}
+        thread_id = new_id() if body.thread_id is None else validate_thread_id(body.thread_id)
+        made = create(thread_id, graph if graph in registered else None, metadata)
+        if made is None and body.if_exists != "do_nothing":
+            raise Refused(409, "thread_exists", f"thread {thread_id} already exists")
+        return shape(keel_app.get_thread(thread_id))
+
+    @router.post("/threads/search")
+    def search_threads(body: ThreadSearch, _: Reader) -> list[dict[str, Any]]:
+        """Threads by metadata, values (each key holding its value), status or ids; most
+        recently updated first unless `sort_by` says otherwise."""
+        if body.extract:
+            raise not_implemented("extracting values in a thread search")
+        default_order = body.sort_by in (None, "updated_at") and body.sort_order != "asc"
+        if body.ids is None and body.values is None and default_order:
+            rest, workflow, possible = store_filter(body.metadata)
+            rows = (
+                keel_app.search_threads(
+                    metadata=rest,
+                    workflow=workflow,
+                    status=body.status,
+                    limit=body.limit,
+                    offset=body.offset,
+                )
+                if possible
+                else []
+            )
+            return [selected(shape(r), body.select) for r in rows]
+        rows = (
+            by_ids(body.ids, body.metadata, body.status)
+            if body.ids is not None
+            else scan(body.metadata, body.status)
+        )
+        shapes = [shape(r) for r in rows]
+        if body.values is not None:
+            shapes = [s for s in shapes if contains(s["values"], body.values)]
+        key = body.sort_by or "updated_at"
+        shapes.sort(key=lambda s: (str(s[key]), s["thread_id"]), reverse=body.sort_order != "asc")
+        page = shapes[body.offset : body.offset + body.limit]
+        return [selected(s, body.select) for s in page]
+
+    @router.post("/threads/count")
+    def count_threads(body: ThreadCount, _: Reader) -> int:
+        """How many threads match (as `search`)."""
+        if body.values is None:
+            return count_of(body.metadata, body.status)
+        rows = scan(body.metadata, body.status)
+        return sum(1 for r in rows if contains(shape(r)["values"], body.values))
+
+    @router.get("/threads/{thread_id}")
+    def get_thread(thread_id: ThreadId, _: Reader) -> dict[str, Any]:
+        """The thread: metadata, status (from its runs), its current values and interrupts."""
+        return shape(keel_app.get_thread(thread_id))
+
+    @router.patch("/threads/{thread_id}", response_model=None)
+    def update_thread(
+        thread_id: ThreadId,
+        body: ThreadPatch,
+        _: Writer,
+        prefer: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any] | Response:
+        """Merge keys into the thread's metadata."""
+        if body.ttl is not None:
+            raise not_implemented("a thread's time to live (ttl)")
+        row = keel_app.update_thread(thread_id, metadata=body.metadata)
+        if prefer and "return=minimal" in prefer.replace(" ", ""):
+            return Response(status_code=204)
+        return shape(row)
+
+    @router.delete("/threads/{thread_id}", status_code=204, response_class=Response)
+    def delete_thread(thread_id: ThreadId, _: Writer) -> Response:
+        """Delete the thread and its checkpoints; 409 `thread_busy` while a run of it is
+        unfinished. Its runs, their timelines and ledgers stay."""
+        keel_app.delete_thread(thread_id)
+        return Response(status_code=204)
+
+    @router.post("/threads/{thread_id}/copy")
+    def copy_thread(thread_id: ThreadId, _: Writer) -> dict[str, Any]:
+        """A new thread with a copy of the thread's checkpoints; its runs stay with it."""
+        return shape(keel_app.copy_thread(thread_id))
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_at(thread_id: str, checkpoint_id: str, subgraphs: bool) -> dict[str, Any]:
+        found: dict[str, Any] = state(keel_app.get_thread(thread_id), checkpoint_id, subgraphs)
+        if found["created_at"] is None:
+            raise Refused(
+                404,
+                "checkpoint_not_found",
+                f"thread {thread_id} has no checkpoint {checkpoint_id[:80]!r}",
+            )
+        return found
+
+    Select = Annotated[list[str] | None, Query()]
+
+    @router.get("/threads/{thread_id}/state")
+    def get_state(
+        thread_id: ThreadId, _: Reader, subgraphs: bool = False, select: Select = None
+    ) -> dict[str, Any]:
+        """The thread's state at its latest checkpoint: values, next nodes, tasks with their
+        interrupts, checkpoint and parent (empty before the first)."""
+        return selected(state(keel_app.get_thread(thread_id), None, subgraphs), select)
+
+    @router.get("/threads/{thread_id}/state/{checkpoint_id}")
+    def get_state_at(
+        thread_id: ThreadId,
+        checkpoint_id: Annotated[str, Path(max_length=200)],
+        _: Reader,
+        subgraphs: bool = False,
+        select: Select = None,
+    ) -> dict[str, Any]:
+        """The thread's state at one of its checkpoints; 404 `checkpoint_not_found`."""
+        return selected(state_at(thread_id, checkpoint_id, subgraphs), select)
+
+    @router.post("/threads/{thread_id}/state/checkpoint")
+    def post_state_at(thread_id: ThreadId, body: StateAt, _: Reader) -> dict[str, Any]:
+        """The thread's state at the checkpoint the body names."""
+        checkpoint_id = checkpoint_id_of(body.checkpoint)
+        if checkpoint_id is None:
+            latest = state(keel_app.get_thread(thread_id), None, body.subgraphs)
+            return selected(latest, body.select)
+        return selected(state_at(thread_id, checkpoint_id, body.subgraphs), body.select)
+
+    @router.post("/threads/{thread_id}/state")
+    def update_state(
+        thread_id: ThreadId, body: StateUpdate, response: Response, _: Writer
+    ) -> dict[str, Any]:
+        """Write values to the thread's state as a new checkpoint, as if `as_node` wrote them.
+        A worker writes it (a run of its own, after the thread's earlier runs): the answer
+        names the checkpoint, or, if no worker wrote it within `UPDATE_WAIT` seconds, is 202
+        with the run's id. On an interrupted thread the update answers the interrupt: the
+        waiting run ends (`interrupted`) and the thread goes on from the update."""
+        thread = keel_app.get_thread(thread_id)
+        if graph_of(thread) is None:
+            raise Refused(
+                400,
+                "no_graph",
+                f"thread {thread_id} has no graph yet: run it first, or create it with a "
+                "graph_id, before updating its state",
+            )
+        if body.checkpoint or body.checkpoint_id:
+            raise not_implemented("updating the state of a past checkpoint")
+        try:
+            row = keel_app.update_state(thread_id, body.values, body.as_node, timeout=UPDATE_WAIT)
+        except RunStillGoing as going:
+            response.status_code = 202
+            return {"checkpoint": None, "checkpoint_id": None, "run_id": going.run_id}
+        if row["status"] != Status.COMPLETED:
+            raise Refused(
+                422 if row["status"] == Status.FAILED else 409,
+                "state_update_failed",
+                f"the state update (run {row['run_id']}) ended {row['status']}: "
+                f"{row['error'] or row['termination_reason']}",
+            )
+        checkpoint_id = loads(row["output"])["checkpoint_id"]
+        checkpoint = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+        return {
+            "checkpoint": checkpoint,
+            "configurable": dict(checkpoint),
+            "checkpoint_id": checkpoint_id,
+        }
+
+    # -- history ----------------------------------------------------------------------------
+
+    def history(thread_id: str, body: HistoryIn) -> list[dict[str, Any]]:
+        thread = keel_app.get_thread(thread_id)
+        if graph_of(thread) is None:
+            return []
+        at = checkpoint_id_of(body.checkpoint)
+        if at is not None:
+            snapshots = [keel_app.get_state(thread_id, at)]
+            snapshots = [s for s in snapshots if s.created_at is not None]
+        else:
+            # A metadata filter is applied here, after LangGraph listed the checkpoints.
+            limit = None if body.metadata else body.limit
+            snapshots = keel_app.get_history(thread_id, limit, checkpoint_id_of(body.before))
+        wanted = body.metadata or {}
+        states = [state_shape(s) for s in snapshots if contains(s.metadata or {}, wanted)]
+        return [selected(s, body.select) for s in states[: body.limit]]
+
+    @router.post("/threads/{thread_id}/history")
+    def post_history(thread_id: ThreadId, body: HistoryIn, _: Reader) -> list[dict[str, Any]]:
+        """The thread's checkpoints as states, newest first: at most `limit`, older than
+        `before`, whose metadata holds each key of `metadata` with its value."""
+        return history(thread_id, body)
+
+    @router.get("/threads/{thread_id}/history")
+    def get_history(
+        thread_id: ThreadId,
+        _: Reader,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 10,
+        before: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> list[dict[str, Any]]:
+        """The thread's checkpoints as states, newest first (`limit`, `before`)."""
+        return history(thread_id, HistoryIn(limit=limit, before=before))
+
+    return router

@@ -1,0 +1,529 @@
+"""The Agent Server protocol's runs and streams, on both backends, driven only through
+langgraph-sdk: a real uvicorn server on 127.0.0.1, a real worker in this process.
+
+What a stream sends is compared with what LangGraph's own `graph.stream` sends for the same
+graph and input on an InMemorySaver (message and interrupt ids aside: they are random).
+Background runs, waits, joins, cancels (interrupt and rollback), strategies, stateless runs,
+and `join_stream` resumed from any event's id: each event once, none missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from fastapi import FastAPI
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.config import get_config
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
+from langgraph_sdk import get_sync_client
+from langgraph_sdk.client import SyncLangGraphClient
+from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
+
+import keel
+from keel.runtime.conversations import jsonable
+from keel.runtime.worker import Worker
+from keel.service.agent_server import agent_server_router
+from keel.service.agent_server.runs import runs_router
+from keel.service.agent_server.shapes import assistant_id_of
+from keel.service.auth import Authenticator, load_tokens
+from keel.service.errors import install
+from tests.support.apps.service import LiveServer
+from tests.support.checks import wait_until
+from tests.support.service_client import ADMIN, TOKENS
+from tests.support.thread_graphs import asking, chat, register
+
+Part = tuple[str, Any]
+
+
+# -- graphs beyond the thread tests' `chat` and `ask` -----------------------------------------
+
+
+class Log(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+    n: int
+
+
+def three_steps() -> StateGraph:
+    """first -> quiet (writes nothing) -> last."""
+    g = StateGraph(Log)
+    g.add_node("first", lambda s: {"log": ["first"], "n": 1})
+    g.add_node("quiet", lambda s: None)
+    g.add_node("last", lambda s: {"log": ["last"]})
+    g.add_edge(START, "first")
+    g.add_edge("first", "quiet")
+    g.add_edge("quiet", "last")
+    g.add_edge("last", END)
+    return g
+
+
+GATES: dict[str, threading.Event] = {}
+"""The gate a `gated` run's `hold` node waits at, by thread id (opened by the test); a thread
+without one passes."""
+
+
+def gated() -> StateGraph:
+    """before -> hold (waits at its thread's gate) -> after."""
+
+    def hold(state: Log) -> dict[str, Any]:
+        gate = GATES.get(get_config()["configurable"]["thread_id"])
+        assert gate is None or gate.wait(60), "the test never opened the gate"
+        return {"log": ["held"]}
+
+    g = StateGraph(Log)
+    g.add_node("before", lambda s: {"log": ["before"]})
+    g.add_node("hold", hold)
+    g.add_node("after", lambda s: {"log": ["after"]})
+    g.add_edge(START, "before")
+    g.add_edge("before", "hold")
+    g.add_edge("hold", "after")
+    g.add_edge("after", END)
+    return g
+
+
+def failing() -> StateGraph:
+    def ok(state: Log) -> dict[str, Any]:
+        return {"log": ["ok"]}
+
+    def boom(state: Log) -> dict[str, Any]:
+        raise ValueError("boom")
+
+    g = StateGraph(Log)
+    g.add_node("ok", ok)
+    g.add_node("boom", boom)
+    g.add_edge(START, "ok")
+    g.add_edge("ok", "boom")
+    g.add_edge("boom", END)
+    return g
+
+
+# -- a server, a worker, a client ---------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    app: keel.App
+    url: str
+    client: SyncLangGraphClient
+
+
+@pytest.fixture
+def served(make_app: Callable[..., keel.App]) -> Iterator[Served]:
+    app = register(make_app(lease_ttl=5))
+    for name, factory in [("steps", three_steps), ("gated", gated), ("failing", failing)]:
+        app.workflow(name)(factory)
+    api = FastAPI()
+    install(api)
+    auth = Authenticator(load_tokens(TOKENS))
+    protocol = agent_server_router(app, auth)
+    api.include_router(protocol)
+    if not any(getattr(r, "path", "") == "/runs/stream" for r in protocol.routes):
+        api.include_router(runs_router(app, auth))
+    with LiveServer(api) as live:
+        client = get_sync_client(url=live.url, api_key=ADMIN)
+        try:
+            yield Served(app, live.url, client)
+        finally:
+            for gate in GATES.values():
+                gate.set()
+            GATES.clear()
+
+
+@contextmanager
+def live_worker(app: keel.App) -> Iterator[None]:
+    """A worker executing runs as they come."""
+    worker = Worker(app.aio.runtime, concurrency=2)
+    loop = app.aio.runtime.portal.loop
+    done = asyncio.run_coroutine_threadsafe(worker.run(), loop)
+    try:
+        yield
+    finally:
+        for gate in GATES.values():
+            gate.set()
+        loop.call_soon_threadsafe(worker.stop)
+        done.result(timeout=30)
+
+
+@pytest.fixture
+def svc(served: Served) -> Iterator[Served]:
+    """The served App with a worker running."""
+    with live_worker(served.app):
+        yield served
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def without_ids(value: Any) -> Any:
+    """`value` without `id` keys: message and interrupt ids are random in each run."""
+    if isinstance(value, dict):
+        return {k: without_ids(v) for k, v in value.items() if k != "id"}
+    if isinstance(value, list):
+        return [without_ids(v) for v in value]
+    return value
+
+
+def langgraph_parts(factory: Callable[[], StateGraph], turns: list[Any], modes: list[str]) -> Any:
+    """What LangGraph's own `stream` sends for each turn on one thread (InMemorySaver)."""
+    graph = factory().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    return [
+        [
+            (mode, without_ids(jsonable(chunk)))
+            for mode, chunk in graph.stream(i, config, stream_mode=modes)
+        ]
+        for i in turns
+    ]
+
+
+def parts(stream: Any) -> list[Any]:
+    return list(stream)
+
+
+def data_parts(streamed: list[Any]) -> list[Part]:
+    """The data events of a stream (no metadata, end), ids aside."""
+    return [(p.event, without_ids(p.data)) for p in streamed if p.event not in ("metadata", "end")]
+
+
+def new_thread(served: Served) -> str:
+    return str(served.client.threads.create()["thread_id"])
+
+
+# -- background runs ---------------------------------------------------------------------------
+
+
+def test_a_background_run_is_admitted_then_joined(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    run = client.runs.create(thread, "chat", input=say("hi"), metadata={"purpose": "test"})
+    assert (run["thread_id"], run["assistant_id"]) == (thread, assistant_id_of("chat"))
+    assert run["status"] in ("pending", "running", "success")
+    assert run["metadata"]["purpose"] == "test"
+    assert run["kwargs"]["input"] == say("hi")
+    # The fields langgraph dev (langgraph-api 0.16.7) answers for a run, and its kwargs'.
+    assert set(run) >= {"run_id", "created_at", "updated_at", "multitask_strategy", "kwargs"}
+    assert set(run["kwargs"]) >= {
+        "input",
+        "command",
+        "config",
+        "context",
+        "stream_mode",
+        "interrupt_before",
+        "interrupt_after",
+        "webhook",
+        "feedback_keys",
+        "temporary",
+        "subgraphs",
+        "resumable",
+        "durability",
+    }
+    assert run["created_at"].endswith("+00:00") and run["multitask_strategy"] == "enqueue"
+    # Admitted before the answer: Keel has the run, durably.
+    assert svc.app.get_run(run["run_id"]).run["thread_id"] == thread
+    final = client.runs.join(thread, run["run_id"])
+    assert [m["content"] for m in final["messages"]] == ["hi", "echo: hi"]
+    assert final["turns"] == 1
+    got = client.runs.get(thread, run["run_id"])
+    assert (got["run_id"], got["status"]) == (run["run_id"], "success")
+    # The run stamped its graph and assistant into the thread's metadata.
+    meta = client.threads.get(thread)["metadata"]
+    assert (meta["graph_id"], meta["assistant_id"]) == ("chat", assistant_id_of("chat"))
+    second = client.runs.create(thread, assistant_id_of("chat"), input=say("again"))
+    client.runs.join(thread, second["run_id"])
+    listed = client.runs.list(thread)
+    assert [r["run_id"] for r in listed] == [second["run_id"], run["run_id"]]  # newest first
+    assert [r["run_id"] for r in client.runs.list(thread, limit=1, offset=1)] == [run["run_id"]]
+    assert client.runs.list(thread, status="error") == []
+    assert client.threads.get_state(thread)["values"]["turns"] == 2
+
+
+def test_a_run_forks_from_a_past_checkpoint(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    client.runs.wait(thread, "chat", input=say("one"))
+    first = client.threads.get_state(thread)["checkpoint_id"]
+    client.runs.wait(thread, "chat", input=say("two"))
+
+    def texts(values: dict[str, Any]) -> list[str]:
+        return [m["content"] for m in values["messages"]]
+
+    forked = client.runs.wait(thread, "chat", input=say("alt"), checkpoint_id=first)
+    assert texts(forked) == ["one", "echo: one", "alt", "echo: alt"]
+    # A checkpoint named in the config's configurable is a fork point too; a thread named
+    # there changes nothing (the run is the thread's).
+    config = {"configurable": {"checkpoint_id": first, "thread_id": "elsewhere"}}
+    again = client.runs.wait(thread, "chat", input=say("alt2"), config=config)  # type: ignore[arg-type]
+    assert texts(again) == ["one", "echo: one", "alt2", "echo: alt2"]
+    assert texts(client.threads.get_state(thread)["values"])[-1] == "echo: alt2"
+
+
+def test_wait_answers_the_final_values_the_interrupt_or_the_error(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    done = client.runs.wait(thread, "chat", input=say("w"))
+    assert [m["content"] for m in done["messages"]] == ["w", "echo: w"]
+
+    asked = new_thread(svc)
+    paused = client.runs.wait(asked, "ask", input={"question": "color?"})
+    (interrupt,) = paused.pop("__interrupt__")
+    assert paused == {"question": "color?", "log": []}
+    assert interrupt["value"] == {"question": "color?"} and interrupt["id"]
+    (run,) = client.runs.list(asked)
+    assert run["status"] == "success"  # paused: LangGraph's run has returned
+    assert client.threads.get(asked)["status"] == "interrupted"
+
+    failed = new_thread(svc)
+    answer = client.runs.wait(failed, "failing", input={"log": []}, raise_error=False)
+    assert answer == {"__error__": {"error": "ValueError", "message": "boom"}}
+    with pytest.raises(Exception, match="ValueError: boom"):  # the SDK raises it by default
+        client.runs.wait(failed, "failing", input={"log": []})
+    assert [r["status"] for r in client.runs.list(failed)] == ["error", "error"]
+
+
+# -- streams -----------------------------------------------------------------------------------
+
+
+def test_streams_send_what_langgraph_sends(svc: Served) -> None:
+    client = svc.client
+    modes = ["values", "updates"]
+    thread = new_thread(svc)
+    turns = [say("hi"), say("how are you")]
+    ours = [
+        data_parts(parts(client.runs.stream(thread, "chat", input=i, stream_mode=modes)))
+        for i in turns
+    ]
+    assert ours == langgraph_parts(chat, turns, modes)
+
+    steps = new_thread(svc)
+    streamed = parts(client.runs.stream(steps, "steps", input={"log": []}, stream_mode=modes))
+    assert data_parts(streamed) == langgraph_parts(three_steps, [{"log": []}], modes)[0]
+    assert ("updates", {"quiet": None}) in data_parts(streamed)
+    (metadata,) = [p for p in streamed if p.event == "metadata"]
+    assert streamed[0] is metadata and streamed[-1].event == "end"
+    (run,) = client.runs.list(steps)
+    assert metadata.data == {"run_id": run["run_id"], "attempt": 1}
+    ids = [p.id for p in streamed]
+    assert len(set(ids)) == len(ids) and all(ids)
+
+    # One mode only: the same events of that mode.
+    only = new_thread(svc)
+    values = parts(client.runs.stream(only, "steps", input={"log": []}, stream_mode="values"))
+    assert data_parts(values) == langgraph_parts(three_steps, [{"log": []}], ["values"])[0]
+
+
+def test_an_interrupt_and_its_resume_stream_as_in_langgraph(svc: Served) -> None:
+    client = svc.client
+    modes = ["values", "updates"]
+    thread = new_thread(svc)
+    first = parts(client.runs.stream(thread, "ask", input={"question": "q?"}, stream_mode=modes))
+    resumed = parts(
+        client.runs.stream(thread, "ask", command={"resume": "teal"}, stream_mode=modes)
+    )
+    expected = langgraph_parts(asking, [{"question": "q?"}, Command(resume="teal")], modes)
+    assert [data_parts(first), data_parts(resumed)] == expected
+    assert first[-2].data["__interrupt__"][0]["value"] == {"question": "q?"}
+    # The same Keel run went on: one run on the thread, ended.
+    (run,) = client.runs.list(thread)
+    assert first[0].data["run_id"] == resumed[0].data["run_id"] == run["run_id"]
+    assert run["status"] == "success"
+    assert client.threads.get_state(thread)["values"]["log"] == ["asked q?", "done"]
+    # No event id of the first stream comes again in the second.
+    assert not {p.id for p in first} & {p.id for p in resumed}
+
+
+def test_a_failing_run_streams_its_committed_steps_then_the_error(svc: Served) -> None:
+    streamed = parts(
+        svc.client.runs.stream(new_thread(svc), "failing", input={"log": []}, stream_mode="updates")
+    )
+    assert [(p.event, p.data) for p in streamed[1:]] == [
+        ("updates", {"ok": {"log": ["ok"]}}),
+        ("error", {"error": "ValueError", "message": "boom"}),
+        ("end", None),
+    ]
+
+
+def test_join_stream_resumes_after_any_event_id(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    GATES[thread] = threading.Event()
+    modes = ["values", "updates"]
+    seen = []
+    for part in client.runs.stream(thread, "gated", input={"log": []}, stream_mode=modes):
+        seen.append(part)
+        if part.event == "updates" and "before" in part.data:
+            break  # the client goes away mid-run; the run goes on
+    run_id = seen[0].data["run_id"]
+    assert client.runs.get(thread, run_id)["status"] == "running"
+    GATES[thread].set()
+    rest = parts(client.runs.join_stream(thread, run_id, last_event_id=seen[-1].id))
+    assert rest[-1].event == "end" and all(p.event != "metadata" for p in rest)
+    whole = seen + rest
+    assert data_parts(whole) == langgraph_parts(gated, [{"log": []}], modes)[0]
+    ids = [p.id for p in whole]
+    assert len(ids) == len(set(ids))
+    # From every event's id, the stream goes on with exactly the events after it.
+    for n, part in enumerate(whole[:-1]):
+        again = parts(client.runs.join_stream(thread, run_id, last_event_id=part.id))
+        assert [p.id for p in again[:-1]] == ids[n + 1 : -1], part.id
+        assert data_parts(again) == data_parts(whole[n + 1 :])
+    # Without an id: from now on (here: nothing more, the run has ended).
+    assert [p.event for p in parts(client.runs.join_stream(thread, run_id))] == ["end"]
+    # In another mode than the run's.
+    only = parts(
+        client.runs.join_stream(thread, run_id, stream_mode="updates", last_event_id=ids[0])
+    )
+    assert {p.event for p in only} == {"updates", "end"}
+
+
+# -- strategies, cancel, refusals ----------------------------------------------------------------
+
+
+def test_reject_on_a_busy_thread_is_409_and_admits_nothing(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    client.runs.wait(thread, "ask", input={"question": "a"})  # paused: the thread's run is open
+    for attempt in (
+        lambda: client.runs.create(
+            thread, "ask", input={"question": "b"}, multitask_strategy="reject"
+        ),
+        lambda: parts(
+            client.runs.stream(thread, "ask", input={"question": "b"}, multitask_strategy="reject")
+        ),
+    ):
+        with pytest.raises(ConflictError) as refused:
+            attempt()
+        assert refused.value.body["error"] == "thread_busy"  # type: ignore[index]
+    assert len(client.runs.list(thread)) == 1
+    # A second answer to the same pause loses.
+    client.runs.create(thread, "ask", command={"resume": "first"})
+    with pytest.raises(ConflictError):
+        client.runs.create(thread, "ask", command={"resume": "second"})
+
+
+def test_cancel_stops_a_running_run_at_its_next_step(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    GATES[thread] = threading.Event()
+    run = client.runs.create(thread, "gated", input={"log": []})
+    for part in client.runs.join_stream(
+        thread, run["run_id"], stream_mode="updates", last_event_id="-/0"
+    ):
+        if part.event == "updates" and "before" in part.data:
+            break
+    assert client.runs.cancel(thread, run["run_id"]) is None  # 202: asked
+    GATES[thread].set()
+    final = client.runs.join(thread, run["run_id"])
+    assert final["log"] == ["before", "held"]  # its step boundary; `after` never ran
+    assert client.runs.get(thread, run["run_id"])["status"] == "interrupted"
+    with pytest.raises(ConflictError):
+        client.runs.cancel(thread, run["run_id"])  # already ended
+
+
+def test_a_stream_whose_client_goes_away_cancels_its_run_if_asked(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    GATES[thread] = threading.Event()
+    stream = client.runs.stream(
+        thread, "gated", input={"log": []}, stream_mode="updates", on_disconnect="cancel"
+    )
+    run_id = ""
+    for part in stream:
+        if part.event == "metadata":
+            run_id = part.data["run_id"]
+        if part.event == "updates":
+            break
+    stream.close()  # the client goes away mid-run
+
+    def cancel_asked() -> bool:
+        return bool(svc.app.get_run(run_id).run["cancel_requested"])
+
+    wait_until(cancel_asked, 30, "the server to cancel the run of a stream left")
+    GATES[thread].set()
+    assert client.runs.join(thread, run_id)["log"] == ["before", "held"]
+    assert client.runs.get(thread, run_id)["status"] == "interrupted"
+
+
+def test_cancel_with_rollback_discards_what_the_run_checkpointed(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    client.runs.wait(thread, "chat", input=say("kept"))
+    before = client.threads.get_state(thread)
+    paused = new_thread(svc)
+    client.runs.wait(paused, "ask", input={"question": "q"})
+    (run,) = client.runs.list(paused)
+    ended = client.runs.cancel(paused, run["run_id"], wait=True, action="rollback")
+    assert ended == {}  # nothing of it is left
+    assert client.runs.get(paused, run["run_id"])["status"] == "interrupted"
+    assert client.threads.get_state(paused)["values"] == {}
+    assert svc.app.get_run(run["run_id"]).run["termination_reason"] == "rolled_back"
+    # The other thread is untouched; an interrupt-cancel keeps what a run wrote.
+    assert client.threads.get_state(thread) == before
+    again = client.runs.create(paused, "ask", input={"question": "r"})
+    client.runs.join(paused, again["run_id"])
+    client.runs.cancel(paused, again["run_id"], wait=True)
+    assert client.threads.get_state(paused)["values"]["question"] == "r"
+
+
+def test_runs_are_not_deleted_and_belong_to_their_thread(svc: Served) -> None:
+    client = svc.client
+    thread, other = new_thread(svc), new_thread(svc)
+    run = client.runs.create(thread, "chat", input=say("x"))
+    client.runs.join(thread, run["run_id"])
+    with pytest.raises(ConflictError) as refused:
+        client.runs.delete(thread, run["run_id"])
+    assert refused.value.body["error"] == "run_kept"  # type: ignore[index]
+    assert client.runs.get(thread, run["run_id"])["status"] == "success"
+    with pytest.raises(NotFoundError):
+        client.runs.get(other, run["run_id"])
+    with pytest.raises(NotFoundError):
+        client.runs.create("no-such-thread", "chat", input=say("x"))
+    with pytest.raises(NotFoundError):
+        client.runs.create(thread, "no-such-graph", input=say("x"))
+    made = client.runs.wait("made-here", "chat", input=say("x"), if_not_exists="create")
+    assert made["turns"] == 1 and client.threads.get("made-here")["status"] == "idle"
+
+
+def test_what_keel_cannot_do_is_refused_with_a_reason(served: Served) -> None:
+    client = served.client
+    thread = new_thread(served)
+    for options, word in [
+        ({"interrupt_before": ["reply"]}, "interrupt_before"),
+        ({"webhook": "http://127.0.0.1:9/hook"}, "webhook"),
+        ({"stream_mode": ["values", "telepathy"]}, "telepathy"),
+    ]:
+        with pytest.raises(UnprocessableEntityError) as refused:
+            client.runs.create(thread, "chat", input=say("x"), **options)
+        assert word in refused.value.body["message"]  # type: ignore[index]
+    # The modes a live channel would need are accepted: nothing is sent for them.
+    run = client.runs.create(thread, "chat", input=say("x"), stream_mode=["messages-tuple"])
+    assert run["kwargs"]["stream_mode"] == ["messages-tuple"]
+    assert len(client.runs.list(thread)) == 1
+
+
+# -- stateless runs -----------------------------------------------------------------------------
+
+
+def test_stateless_runs_get_a_thread_of_their_own(svc: Served) -> None:
+    client = svc.client
+    final = client.runs.wait(None, "chat", input=say("solo"))
+    assert [m["content"] for m in final["messages"]] == ["solo", "echo: solo"]
+    streamed = parts(client.runs.stream(None, "steps", input={"log": []}, stream_mode="updates"))
+    assert data_parts(streamed) == langgraph_parts(three_steps, [{"log": []}], ["updates"])[0]
+    run_id = streamed[0].data["run_id"]
+    # Deleted with its thread once it finished (on_completion defaults to delete)...
+    gone = svc.app.get_run(run_id).run["thread_id"]
+    with pytest.raises(NotFoundError):
+        client.threads.get(gone)
+    # ... or kept.
+    kept = client.runs.create(None, "chat", input=say("keep"), on_completion="keep")
+    assert kept["thread_id"] != gone
+    assert client.runs.join(kept["thread_id"], kept["run_id"])["turns"] == 1
+    assert client.threads.get(kept["thread_id"])["status"] == "idle"

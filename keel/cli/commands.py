@@ -21,6 +21,14 @@ import typer
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import observe, render
 from keel.cli.audit import audit_command
+from keel.cli.dev import (
+    PROJECT_HINT,
+    ConfigOption,
+    ProjectDbOption,
+    chosen_app,
+    dev,
+    serve_with_workers,
+)
 from keel.cli.effects import dispatcher, effects_cli
 from keel.cli.guard import (
     APP_HINT,
@@ -51,7 +59,6 @@ from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.cli.threads import threads_cli
 from keel.core.waits import DecisionResult
-from keel.runtime.loading import load_app
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -120,7 +127,11 @@ def demo(
 @guarded
 @observe.logged
 def worker(
-    app: str = typer.Argument(..., help="MODULE:ATTRIBUTE of a keel.App"),
+    app: str | None = typer.Argument(
+        None, help="MODULE:ATTRIBUTE of a keel.App (or --config).", show_default=False
+    ),
+    config: ConfigOption = None,
+    db: ProjectDbOption = None,
     concurrency: int = typer.Option(4, min=1),
     stop_when_idle: bool = typer.Option(False, help="Exit when no run is queued or running."),
     grace: float = typer.Option(30.0, help="Seconds running runs get to finish on SIGTERM."),
@@ -148,10 +159,11 @@ def worker(
         "the database's (default $KEEL_MAX_CLOCK_SKEW, else 300; 0: no limit).",
     ),
 ) -> None:
-    """Execute runs of APP's workflows until stopped (SIGTERM drains; twice stops now)."""
-    loaded = load_app(app)
+    """Execute runs of APP's workflows (or a langgraph.json project's graphs) until stopped
+    (SIGTERM drains; twice stops now)."""
+    loaded = chosen_app(app, config, db)
     try:
-        check_database(loaded, hint=APP_HINT)
+        check_database(loaded, hint=APP_HINT if config is None else PROJECT_HINT)
         if metrics_port is not None:
             from keel.service.metrics import metrics_for
 
@@ -173,7 +185,10 @@ def worker(
 @guarded
 @observe.logged
 def serve(
-    app: Annotated[str, typer.Argument(help="MODULE:ATTRIBUTE of a keel.App")],
+    app: Annotated[
+        str | None,
+        typer.Argument(help="MODULE:ATTRIBUTE of a keel.App (or --config).", show_default=False),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     header_timeout: Annotated[
@@ -192,6 +207,8 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    config: ConfigOption = None,
+    db: ProjectDbOption = None,
 ) -> None:
     """Serve APP's HTTP API (runs, approvals, health) until SIGINT/SIGTERM; see docs/http.md.
 
@@ -200,7 +217,15 @@ def serve(
     """
     from keel.service.server import serve as serve_http
 
-    check_database(load_app(app), hint=APP_HINT)
+    loaded = chosen_app(app, config, db)
+    if config is not None:  # a langgraph.json project (docs/projects.md)
+        check_database(loaded, hint=PROJECT_HINT)
+        serve_with_workers(
+            loaded, host=host, port=port, header_timeout=header_timeout, body_timeout=body_timeout
+        )
+        return
+    assert app is not None
+    check_database(loaded, hint=APP_HINT)
     # Tokens are read and checked, and their absence warned of once, by create_app.
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
     serve_http(
@@ -389,6 +414,8 @@ def workers(as_json: JsonOption = False, app: AppOption = None, db: DbOption = N
 cli.command("chaos")(bad_spec_is_usage(observe.logged(chaos_command)))
 # Before a deploy: effects, waits, versions, lease and tokens (docs/chaos.md).
 cli.command("audit")(guarded(audit_command))
+# A langgraph.json project served and executed by one durable process (docs/projects.md).
+cli.command("dev")(guarded(observe.logged(dev)))
 
 
 @cli.command()

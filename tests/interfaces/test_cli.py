@@ -498,7 +498,7 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     names = [(n,) for n in group.commands if n not in groups]
     names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
     names += [("effects", n) for n in effects.commands] + [("threads", n) for n in threads.commands]
-    expected = {"migrate", "demo", "worker", "serve", "submit", "approve", "reject"}
+    expected = {"migrate", "demo", "dev", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune", "dispatcher", "audit"}
     assert {n[0] for n in names if len(n) == 1} == expected
     runs_commands = {"list", "show", "cancel", "resume", "upgrade", "watch", "replay"}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.store.base import BaseStore
 from langgraph.types import Command, interrupt
 
 from keel.core import attempts, failures, leases, logs, threads, waits
@@ -68,11 +69,19 @@ class Executor:
     """Executes claimed runs of the registered workflows with the fenced saver."""
 
     def __init__(
-        self, services: Services, workflows: Workflows, saver: FencedSaver, worker_id: str
+        self,
+        services: Services,
+        workflows: Workflows,
+        saver: FencedSaver,
+        worker_id: str,
+        *,
+        store: BaseStore | None = None,
     ) -> None:
         self.services = services
         self.workflows = workflows
         self.saver = saver
+        self.store = store
+        """The LangGraph store the nodes get (keel.langgraph.stores), one per saver."""
         self.worker_id = worker_id
         # Shared by every executor on this saver: a worker started later (a drain, a restart
         # of the loop's worker) does not compile each graph again on the loop (~5 ms each).
@@ -81,7 +90,7 @@ class Executor:
     def graph(self, workflow: Workflow) -> Any:
         key = workflow.key
         if key not in self._graphs:
-            self._graphs[key] = compile_graph(workflow, self.saver)
+            self._graphs[key] = compile_graph(workflow, self.saver, self.store)
         return self._graphs[key]
 
     async def execute(self, lease: Lease, run: Row) -> Outcome:

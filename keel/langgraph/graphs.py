@@ -47,8 +47,10 @@ def locate() -> StepRef:
     )
 
 
-def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
-    """Build and compile the workflow's graph; InvalidWorkflow, naming it, if that fails."""
+def compile_graph(workflow: Workflow, checkpointer: Any = None, store: Any = None) -> Any:
+    """Build and compile the workflow's graph; InvalidWorkflow, naming it, if that fails.
+    `store`: the LangGraph store its nodes get (keel.langgraph.stores); None keeps a compiled
+    graph's own."""
     try:
         builder = workflow.factory()
     except Exception as exc:
@@ -56,16 +58,19 @@ def compile_graph(workflow: Workflow, checkpointer: Any = None) -> Any:
             f"workflow {workflow.key}: its factory raised {type(exc).__name__}: {exc}"
         ) from exc
     if isinstance(builder, Pregel):
-        # A compiled graph (what a langgraph.json project exports): Keel's saver in place of
-        # whatever checkpointer it was compiled with, everything else as compiled.
-        return builder.copy(update={"checkpointer": checkpointer})
+        # A compiled graph (what a langgraph.json project exports): Keel's saver (and store)
+        # in place of whatever it was compiled with, everything else as compiled.
+        update: dict[str, Any] = {"checkpointer": checkpointer}
+        if store is not None:
+            update["store"] = store
+        return builder.copy(update=update)
     if not callable(getattr(builder, "compile", None)):
         raise InvalidWorkflow(
             f"workflow {workflow.key}: the factory must return a LangGraph builder (a "
             f"StateGraph) or a compiled graph, not {type(builder).__name__}"
         )
     try:
-        return builder.compile(checkpointer=checkpointer)
+        return builder.compile(checkpointer=checkpointer, store=store)
     except Exception as exc:
         raise InvalidWorkflow(
             f"workflow {workflow.key}: its graph does not compile: {type(exc).__name__}: {exc}"

@@ -347,7 +347,10 @@ class ThreadOperations:
     def _compiled(self, workflow: Workflow) -> Any:
         cache: dict[str, Any] = self.__dict__.setdefault("_thread_graphs", {})
         if workflow.key not in cache:
-            cache[workflow.key] = compile_graph(workflow, self.runtime.fencing())
+            runtime = self.runtime
+            cache[workflow.key] = compile_graph(
+                workflow, runtime.fencing(), runtime.langgraph_store
+            )
         return cache[workflow.key]
 
 

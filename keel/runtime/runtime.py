@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from langgraph.store.base import BaseStore
+
 from keel.backends import connect
 from keel.core import notification_outbox
 from keel.core.clock import Clock, SystemClock, database_override, parse_duration
@@ -27,6 +29,7 @@ from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import learn_input_schema
 from keel.langgraph.savers import FencedSaver, make_saver
 from keel.langgraph.shape import describe_change, graph_shape, shape_digest
+from keel.langgraph.stores import make_store, setup_store
 from keel.runtime.handoff import Claim, Taker
 from keel.runtime.records import RunDetails as RunDetails
 from keel.runtime.records import Submission as Submission
@@ -66,6 +69,7 @@ class Runtime:
         )
         self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None
+        self._langgraph_store: BaseStore | None = None
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self._wakers: list[asyncio.Event] = []
@@ -157,6 +161,15 @@ class Runtime:
             raise RuntimeError("the runtime is not open")
         return self.saver
 
+    @property
+    def langgraph_store(self) -> BaseStore:
+        """The open runtime's LangGraph store (keel.langgraph.stores): nodes get it as their
+        `store`, the Agent Server's `/store` endpoints read and write it. Named so beside
+        `store`, Keel's own."""
+        if self._langgraph_store is None:
+            raise RuntimeError("the runtime is not open")
+        return self._langgraph_store
+
     def set_draining(self, draining: bool) -> None:
         """Runs give their lease back at their next step boundary while draining."""
         if self.saver is not None:
@@ -175,11 +188,17 @@ class Runtime:
                 await self.store.check_schema()
             saver = make_saver(self.connector, self.store)
             await self.connector.attach_saver(saver.setup, saver.alone)
+            # Made here, on the loop that serves it: upstream batches its calls on that loop.
+            store = make_store(self.connector)
+            if self.dialect == "sqlite":
+                await setup_store(store)  # as the saver's; on PostgreSQL, `migrate` sets it up
+            self._langgraph_store = store
             self.saver = saver
             self._opened = True
 
     async def close(self) -> None:
         await self.connector.close()
+        self._langgraph_store = None
         self._opened = False
 
     async def schema_version(self) -> int:
@@ -208,12 +227,15 @@ class Runtime:
                 if attempt == 5:
                     raise
                 await asyncio.sleep(0.05 * attempt)
+        await setup_store(make_store(self.connector))
         return applied
 
     # -- the worker's parts, for a worker and for tests that drive them one by one -------------
 
     def executor(self, worker_id: str) -> Executor:
-        return Executor(self.services, self.workflows, self.fencing(), worker_id)
+        return Executor(
+            self.services, self.workflows, self.fencing(), worker_id, store=self.langgraph_store
+        )
 
     async def sweep(self, limit: int = 100) -> int:
         """Apply due reminders, escalations and deadline policies; return how many."""

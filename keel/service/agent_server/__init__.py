@@ -3,8 +3,8 @@ agent-chat-ui speak, served at the root of Keel's HTTP API (docs/agent-server.md
 
 `agent_server_router` combines its parts: `/ok` and `/info` (info.py), assistants
 (assistants.py: one default assistant per registered workflow), threads with their state and
-history (threads.py), runs and their streams (runs.py, stream.py). The JSON shapes of
-assistants, threads, states and runs are in shapes.py.
+history (threads.py), runs and their streams (runs.py, stream.py), the store (store.py). The
+JSON shapes of assistants, threads, states and runs are in shapes.py.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from keel.runtime.app import App
 from keel.service.agent_server.assistants import assistants_router
 from keel.service.agent_server.info import info_router
 from keel.service.agent_server.runs import runs_router
+from keel.service.agent_server.store import store_router
 from keel.service.agent_server.threads import threads_router
 from keel.service.auth import Authenticator
 
@@ -27,6 +28,7 @@ def agent_server_router(keel_app: App, auth: Authenticator) -> APIRouter:
     router.include_router(assistants_router(keel_app, auth))
     router.include_router(threads_router(keel_app, auth))
     router.include_router(runs_router(keel_app, auth))
+    router.include_router(store_router(keel_app, auth))
     return router
 
 

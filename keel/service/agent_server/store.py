@@ -1,0 +1,178 @@
+"""The Agent Server's store: long-term memory items under namespaces, in Keel's own database.
+
+Every endpoint is one call of the runtime's LangGraph store (keel.langgraph.stores: upstream's
+`AsyncSqliteStore` or `AsyncPostgresStore` on Keel's connections), the same store the graphs'
+nodes get as their `store` parameter or through `get_store()`: what a node puts during a run,
+a client reads here, and the other way round.
+
+Where the protocol leaves a choice: a missing item is answered with `null` (200), as the SDKs
+expect (`getItem` resolves to `Item | null`); a namespace label may not contain a period (the
+SDKs join a namespace with periods in a query string); `query` (semantic search) needs an
+embedding index, which Keel does not configure, so a search with one filters and pages as
+without it. Reading needs the `runs:read` scope, writing `runs:write`.
+
+(No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
+"""
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Response
+from langgraph.store.base import BaseStore, InvalidNamespaceError
+from pydantic import BaseModel, Field
+
+from keel.runtime.app import App
+from keel.service.auth import Authenticator, Principal
+from keel.service.errors import Refused
+
+T = TypeVar("T")
+MAX_PAGE = 1000
+MAX_LABELS = 100
+Namespace = list[Annotated[str, Field(min_length=1, max_length=200)]]
+
+
+class Body(BaseModel):
+    model_config = {"extra": "ignore"}
+
+
+class ItemPut(Body):
+    namespace: Namespace = Field(min_length=1, max_length=MAX_LABELS)
+    key: str = Field(min_length=1, max_length=1000)
+    value: dict[str, Any]
+    index: Literal[False] | list[str] | None = None
+    ttl: float | None = Field(None, gt=0)
+    """Minutes the item lives unless read again (with `refresh_ttl`)."""
+
+
+class ItemDelete(Body):
+    namespace: Namespace = Field(min_length=1, max_length=MAX_LABELS)
+    key: str = Field(min_length=1, max_length=1000)
+
+
+class ItemSearch(Body):
+    namespace_prefix: Namespace = Field(default_factory=list, max_length=MAX_LABELS)
+    filter: dict[str, Any] | None = None
+    limit: int = Field(10, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0)
+    query: str | None = None
+    refresh_ttl: bool | None = None
+
+
+class NamespaceList(Body):
+    prefix: Namespace | None = Field(None, max_length=MAX_LABELS)
+    suffix: Namespace | None = Field(None, max_length=MAX_LABELS)
+    max_depth: int | None = Field(None, ge=1)
+    limit: int = Field(100, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0)
+
+
+def checked(namespace: list[str]) -> tuple[str, ...]:
+    """The namespace as the store takes it; 422 if a label holds a period."""
+    for label in namespace:
+        if "." in label:
+            raise Refused(
+                422,
+                "invalid_namespace",
+                f"namespace label {label!r} contains a period, which the protocol cannot carry",
+            )
+    return tuple(namespace)
+
+
+def store_router(keel_app: App, auth: Authenticator) -> APIRouter:
+    router = APIRouter(tags=["store"])
+    Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
+    Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
+
+    def call(work: Callable[[BaseStore], Awaitable[T]]) -> T:
+        """`work` on the runtime's store, on the App's own event loop (the store batches its
+        calls on the loop it was made on)."""
+
+        async def on_loop() -> T:
+            await keel_app.aio.open()
+            return await work(keel_app.aio.runtime.langgraph_store)
+
+        try:
+            return keel_app.aio.runtime.portal.call(on_loop())
+        except InvalidNamespaceError as exc:
+            raise Refused(422, "invalid_namespace", str(exc)) from None
+
+    @router.put("/store/items", status_code=204, response_class=Response)
+    def put_item(body: ItemPut, _: Writer) -> Response:
+        """Store an item under its namespace and key (replacing one there)."""
+        namespace = checked(body.namespace)
+
+        async def put(store: BaseStore) -> None:
+            kwargs: dict[str, Any] = {"index": body.index}
+            if body.ttl is not None:
+                kwargs["ttl"] = body.ttl
+            await store.aput(namespace, body.key, body.value, **kwargs)
+
+        call(put)
+        return Response(status_code=204)
+
+    @router.get("/store/items")
+    def get_item(
+        _: Reader,
+        key: Annotated[str, Query(min_length=1, max_length=1000)],
+        namespace: Annotated[str, Query(max_length=20_000)] = "",
+        refresh_ttl: bool | None = None,
+    ) -> dict[str, Any] | None:
+        """The item, or null if there is none. `namespace`: its labels joined with periods."""
+        labels = tuple(namespace.split(".")) if namespace else ()
+
+        async def get(store: BaseStore) -> dict[str, Any] | None:
+            item = await store.aget(labels, key, refresh_ttl=refresh_ttl)
+            return None if item is None else item.dict()
+
+        return call(get)
+
+    @router.delete("/store/items", status_code=204, response_class=Response)
+    def delete_item(body: ItemDelete, _: Writer) -> Response:
+        """Delete the item (nothing happens if there is none)."""
+        namespace = checked(body.namespace)
+
+        async def delete(store: BaseStore) -> None:
+            await store.adelete(namespace, body.key)
+
+        call(delete)
+        return Response(status_code=204)
+
+    @router.post("/store/items/search")
+    def search_items(body: ItemSearch, _: Reader) -> dict[str, Any]:
+        """Items under a namespace prefix whose values match `filter` (exact values, or
+        operators `$eq`, `$ne`, `$gt`, `$gte`, `$lt`, `$lte`), most recently updated first."""
+        prefix = checked(body.namespace_prefix)
+
+        async def search(store: BaseStore) -> list[dict[str, Any]]:
+            found = await store.asearch(
+                prefix,
+                query=body.query,
+                filter=body.filter,
+                limit=body.limit,
+                offset=body.offset,
+                refresh_ttl=body.refresh_ttl,
+            )
+            return [item.dict() for item in found]
+
+        return {"items": call(search)}
+
+    @router.post("/store/namespaces")
+    def list_namespaces(body: NamespaceList, _: Reader) -> dict[str, Any]:
+        """The namespaces holding items, matching `prefix` and `suffix` (`*` matches any one
+        label), cut to `max_depth` labels."""
+        prefix = checked(body.prefix) if body.prefix else None
+        suffix = checked(body.suffix) if body.suffix else None
+
+        async def namespaces(store: BaseStore) -> list[list[str]]:
+            found = await store.alist_namespaces(
+                prefix=prefix,
+                suffix=suffix,
+                max_depth=body.max_depth,
+                limit=body.limit,
+                offset=body.offset,
+            )
+            return [list(namespace) for namespace in found]
+
+        return {"namespaces": call(namespaces)}
+
+    return router

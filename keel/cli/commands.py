@@ -24,6 +24,7 @@ from keel.cli.audit import audit_command
 from keel.cli.dev import (
     PROJECT_HINT,
     ConfigOption,
+    CorsOption,
     ProjectDbOption,
     chosen_app,
     dev,
@@ -209,6 +210,7 @@ def serve(
     ] = None,
     config: ConfigOption = None,
     db: ProjectDbOption = None,
+    cors_origin: CorsOption = None,
 ) -> None:
     """Serve APP's HTTP API (runs, approvals, health) until SIGINT/SIGTERM; see docs/http.md.
 
@@ -221,7 +223,12 @@ def serve(
     if config is not None:  # a langgraph.json project (docs/projects.md)
         check_database(loaded, hint=PROJECT_HINT)
         serve_with_workers(
-            loaded, host=host, port=port, header_timeout=header_timeout, body_timeout=body_timeout
+            loaded,
+            host=host,
+            port=port,
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            cors_origins=cors_origin or None,
         )
         return
     assert app is not None
@@ -235,6 +242,7 @@ def serve(
         log_level=logging.getLevelName(logging.getLogger().level).lower(),
         header_timeout=header_timeout,
         body_timeout=body_timeout,
+        cors_origins=cors_origin or None,
     )
 
 

@@ -48,6 +48,19 @@ ProjectDbOption = Annotated[
         "sqlite:///<config folder>/.keel/keel.db).",
     ),
 ]
+CorsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--cors-origin",
+        metavar="ORIGIN",
+        show_default=False,
+        help="A browser origin whose pages may call the API (repeatable; `*` for any; "
+        "env: KEEL_CORS_ORIGINS, comma separated). Default: same origin only.",
+    ),
+]
+DEV_CORS_ORIGINS = ("https://smith.langchain.com", "http://localhost:3000")
+"""The origins `keel dev` lets call it when none is given: LangGraph Studio, and agent-chat-ui's
+development server."""
 PROJECT_HINT = "with --db URL, or start `keel dev` on the project once"
 """What to do when a project's database is not there yet (`check_database`'s hint)."""
 
@@ -85,6 +98,17 @@ def dev(
             "at the next start."
         ),
     ] = 5.0,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--cors-origin",
+            metavar="ORIGIN",
+            show_default=False,
+            help="A browser origin whose pages may call the API (repeatable; `*` for any; "
+            "env: KEEL_CORS_ORIGINS). Default: Studio (https://smith.langchain.com) and "
+            "agent-chat-ui (http://localhost:3000).",
+        ),
+    ] = None,
 ) -> None:
     """Serve a langgraph.json project and execute its runs, in this one process: durable.
 
@@ -138,7 +162,16 @@ def dev(
         open_loopback=True,
         started=started,
         first_worker_id=worker_id,
+        cors_origins=cors_origin or dev_cors_origins(),
     )
+
+
+def dev_cors_origins() -> list[str]:
+    """`keel dev`'s CORS origins without --cors-origin: $KEEL_CORS_ORIGINS's when set, else
+    Studio's and agent-chat-ui's (`DEV_CORS_ORIGINS`)."""
+    from keel.service.api import cors_origins_from  # FastAPI only when serving
+
+    return cors_origins_from(None) or list(DEV_CORS_ORIGINS)
 
 
 def serve_with_workers(
@@ -154,6 +187,7 @@ def serve_with_workers(
     body_timeout: str | None = None,
     started: Callable[[], None] | None = None,
     first_worker_id: str | None = None,
+    cors_origins: list[str] | None = None,
 ) -> None:
     """Serve `keel_app`'s HTTP API on uvicorn with `workers` Workers on the App's own loop,
     until SIGINT/SIGTERM; then the workers drain (`grace`) and the App closes.
@@ -166,7 +200,7 @@ def serve_with_workers(
     from keel.service.api import create_app
     from keel.service.read_timeouts import protocol_with, read_timeouts
 
-    api = create_app(keel_app, open_loopback=open_loopback)
+    api = create_app(keel_app, open_loopback=open_loopback, cors_origins=cors_origins)
     server = uvicorn.Server(
         uvicorn.Config(
             api,

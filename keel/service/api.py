@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse
+from starlette.middleware.cors import CORSMiddleware
 
 import keel
 from keel.core.errors import InvalidId, RunFinished, WrongWaitKind
@@ -56,6 +57,7 @@ from keel.service.tracing import instrument
 
 log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
+CORS_ENV = "KEEL_CORS_ORIGINS"
 MAX_PAGE = 500
 _APPROVAL_ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
@@ -97,6 +99,7 @@ def create_app(
     slack_signing_secret: str | None = None,
     failure_limit: FailureLimit | None = None,
     open_loopback: bool = False,
+    cors_origins: Iterable[str] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `keel_app` (see docs/http.md).
 
@@ -106,6 +109,8 @@ def create_app(
     then 429 for 60 s). A Slack signing secret (or $KEEL_SLACK_SIGNING_SECRET) adds
     `POST /slack/actions`. `open_loopback` (`keel dev` only) lets a request from this machine
     that sends no token act with every scope (keel.service.auth.Authenticator).
+    `cors_origins` are the browser origins (`https://smith.langchain.com`, or `*`) whose pages
+    may call the API; None reads $KEEL_CORS_ORIGINS (comma separated); none: same origin only.
     """
     known = load_tokens(tokens)
     if not known and not open_loopback:
@@ -124,6 +129,19 @@ def create_app(
     api.state.keel = keel_app
     install(api)
     api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    origins = cors_origins_from(cors_origins)
+    if origins:
+        # Added after BodyLimit, so outside it: a preflight is answered before any other
+        # check, and a refusal (413, 401) still carries the headers a browser needs to read it.
+        api.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            # The SDKs send x-api-key or Authorization, and Last-Event-ID to resume a stream.
+            allow_headers=["*"],
+            # The JS SDK reads a new run's id from Content-Location.
+            expose_headers=["Content-Location", "Location"],
+        )
     api.include_router(health_router(keel_app))
     api.include_router(keel_router(keel_app, auth), prefix=API_PREFIX)
     # The LangGraph Agent Server protocol at the root: a client needs only the base URL.
@@ -143,6 +161,13 @@ def create_app(
             ) from exc
         api.include_router(slack_router(keel_app, secret))
     return api
+
+
+def cors_origins_from(given: Iterable[str] | None) -> list[str]:
+    """The CORS origins: `given`, or $KEEL_CORS_ORIGINS (comma separated) when None."""
+    if given is None:
+        given = os.environ.get(CORS_ENV, "").split(",")
+    return [origin.strip().rstrip("/") for origin in given if origin.strip()]
 
 
 def keel_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:

@@ -20,7 +20,7 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 
 CASES = (
     "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
-    "memory", "console", "prune", "idle", "retention",
+    "memory", "console", "prune", "idle", "retention", "thread",
 )  # fmt: skip
 
 
@@ -38,6 +38,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_state,
         case_step,
         case_takeover,
+        case_thread,
     )
 
     table: dict[str, Callable[[Settings, Databases, dict[str, float]], CaseResult]] = {
@@ -55,6 +56,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "prune": lambda s, d, f: case_prune.run(s, d),
         "retention": lambda s, d, f: case_retention.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
+        "thread": lambda s, d, f: case_thread.run(s, d),
     }
     return table[case]
 

@@ -168,4 +168,11 @@ def draw(results: dict[str, CaseResult], folder: Path) -> dict[str, list[tuple[s
         ax.grid(alpha=0.3)
         save(fig, "memory", "memory.png", "worker RSS over completed runs")
 
+    if thread := results.get("thread"):
+        from bench.case_thread import plot
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        plot(ax, thread)
+        save(fig, "thread", "thread.png", "ms per step along one long thread")
+
     return out

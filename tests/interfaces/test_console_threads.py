@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import html
 import json
-import operator
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from langgraph.graph import END, START, StateGraph
-from langgraph.types import interrupt
 
 import keel
 from keel.runtime.conversations import jsonable
@@ -32,37 +29,13 @@ from tests.support import REPO
 from tests.support.apps.service import LiveServer
 from tests.support.apps.service import register as register_review
 from tests.support.checks import event_kinds
+from tests.support.thread_graphs import asking
 from tests.support.workers import drain
 
 ADMIN = "admin-Qm3v8WfB0yT1kZpN4sRj7uXc2eHd6gLa9oVi5nKt_wE"  # secrets.token_urlsafe(32)
 READER = "reader-Lp4Xw9qTz2Nc7Vb1Mh6Kd3Rj8Fs0Gy5Ua_eOiYtQnWm"
 RUNNER = "runner-Bn8Zr2Tq6Wy0Lc4Xv9Mk1Hp7Ds3Fj5Ga_uEoIeRtYw"
 TOKENS = {ADMIN: ["*"], READER: ["runs:read", "approvals:read"], RUNNER: ["runs:write"]}
-
-
-class Ask(TypedDict, total=False):
-    question: str
-    answer: Any
-    log: Annotated[list[str], operator.add]
-
-
-def asking() -> StateGraph:
-    """Ask a question with a plain `interrupt()`, keep what it returns, then finish."""
-
-    def ask(state: Ask) -> dict[str, Any]:
-        answer = interrupt({"question": state["question"]})
-        return {"answer": answer, "log": [f"asked {state['question']}"]}
-
-    def done(state: Ask) -> dict[str, Any]:
-        return {"log": ["done"]}
-
-    g = StateGraph(Ask)
-    g.add_node("ask", ask)
-    g.add_node("done", done)
-    g.add_edge(START, "ask")
-    g.add_edge("ask", "done")
-    g.add_edge("done", END)
-    return g
 
 
 class Console:

@@ -8,7 +8,6 @@ LangGraph itself: the same commands on the same graph with `InMemorySaver`.
 
 from __future__ import annotations
 
-import operator
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
-from langgraph.types import Command, interrupt
+from langgraph.types import Command
 
 import keel
 from keel.core.errors import DecisionConflict, NoPendingWait, ThreadBusy, ThreadNotFound
@@ -29,49 +28,10 @@ from keel.runtime.conversations import state_json
 from tests.support.checks import wait_until
 from tests.support.graphs import notify_effect
 from tests.support.providers import Provider
+from tests.support.thread_graphs import Chat, asking, chat
 from tests.support.workers import drain, sweep
 
 AppFactory = Callable[..., keel.App]
-
-
-class Chat(TypedDict, total=False):
-    messages: Annotated[list[Any], add_messages]
-    turns: Annotated[int, operator.add]
-
-
-def chat() -> StateGraph:
-    def reply(state: Chat) -> dict[str, Any]:
-        last = state["messages"][-1].content
-        return {"messages": [("ai", f"echo: {last}")], "turns": 1}
-
-    g = StateGraph(Chat)
-    g.add_node("reply", reply)
-    g.add_edge(START, "reply")
-    g.add_edge("reply", END)
-    return g
-
-
-class Ask(TypedDict, total=False):
-    question: str
-    answer: Any
-    log: Annotated[list[str], operator.add]
-
-
-def asking() -> StateGraph:
-    def ask(state: Ask) -> dict[str, Any]:
-        answer = interrupt({"question": state["question"]})
-        return {"answer": answer, "log": [f"asked {state['question']}"]}
-
-    def done(state: Ask) -> dict[str, Any]:
-        return {"log": ["done"]}
-
-    g = StateGraph(Ask)
-    g.add_node("ask", ask)
-    g.add_node("done", done)
-    g.add_edge(START, "ask")
-    g.add_edge("ask", "done")
-    g.add_edge("done", END)
-    return g
 
 
 def texts(values: dict[str, Any]) -> list[str]:

@@ -1032,45 +1032,18 @@ ON CONFLICT (thread_id) DO NOTHING
 RETURNING *;
 
 -- name: get_thread
--- One thread, with its status as its runs say it: `interrupted` when the first unfinished run
--- waits, `busy` when one is queued or running, else `error` when its latest run failed, else
--- `idle`; and its runs' count.
-SELECT t.*,
-       CASE (SELECT r.status FROM keel_runs AS r
-             WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
-             ORDER BY r.thread_seq LIMIT 1)
-           WHEN 'waiting' THEN 'interrupted'
-           WHEN 'queued' THEN 'busy'
-           WHEN 'running' THEN 'busy'
-           ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
-                      ORDER BY r.thread_seq DESC LIMIT 1)
-                    WHEN 'failed' THEN 'error' ELSE 'idle' END
-       END AS status,
-       (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
-FROM keel_threads AS t WHERE t.thread_id = :thread_id;
+-- One thread, with its status as its runs say it (the view `keel_thread_view`, migration 0024).
+SELECT * FROM keel_thread_view WHERE thread_id = :thread_id;
 
 -- name: search_threads
 -- Threads, most recently updated first, whose metadata holds every key of `metadata` with its
 -- value (JSON), of one workflow and one status if asked.
-SELECT * FROM (
-    SELECT t.*,
-           CASE (SELECT r.status FROM keel_runs AS r
-                 WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
-                 ORDER BY r.thread_seq LIMIT 1)
-               WHEN 'waiting' THEN 'interrupted'
-               WHEN 'queued' THEN 'busy'
-               WHEN 'running' THEN 'busy'
-               ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
-                          ORDER BY r.thread_seq DESC LIMIT 1)
-                        WHEN 'failed' THEN 'error' ELSE 'idle' END
-           END AS status,
-           (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
-    FROM keel_threads AS t
-    WHERE (:workflow IS NULL OR t.workflow = :workflow)
-      AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
-                      WHERE json_extract(t.metadata, '$."' || m.key || '"') IS NOT m.value))
-WHERE (:status IS NULL OR status = :status)
-ORDER BY updated_at DESC, thread_id
+SELECT * FROM keel_thread_view AS t
+WHERE (:workflow IS NULL OR t.workflow = :workflow)
+  AND (:status IS NULL OR t.status = :status)
+  AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
+                  WHERE json_extract(t.metadata, '$."' || m.key || '"') IS NOT m.value)
+ORDER BY t.updated_at DESC, t.thread_id
 LIMIT :limit OFFSET :offset;
 
 -- name: update_thread_metadata

@@ -25,3 +25,21 @@ CREATE TABLE keel_threads (
     updated_at REAL NOT NULL
 );
 CREATE INDEX keel_threads_updated ON keel_threads (updated_at);
+
+-- A thread as it is read: its status is never stored but derived from its runs, here, the one
+-- place of that rule: `interrupted` when its first unfinished run waits, `busy` when it is
+-- queued or running, else `error` when its latest run failed, else `idle`; and its runs' count.
+CREATE VIEW keel_thread_view AS
+SELECT t.*,
+       CASE (SELECT r.status FROM keel_runs AS r
+             WHERE r.thread_id = t.thread_id AND r.status IN ('queued', 'running', 'waiting')
+             ORDER BY r.thread_seq LIMIT 1)
+           WHEN 'waiting' THEN 'interrupted'
+           WHEN 'queued' THEN 'busy'
+           WHEN 'running' THEN 'busy'
+           ELSE CASE (SELECT r.status FROM keel_runs AS r WHERE r.thread_id = t.thread_id
+                      ORDER BY r.thread_seq DESC LIMIT 1)
+                    WHEN 'failed' THEN 'error' ELSE 'idle' END
+       END AS status,
+       (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
+FROM keel_threads AS t;

@@ -333,6 +333,9 @@ class Executor:
             return await self._continue(config, run, saved, started)
         if run.get("checkpoint_id"):
             config["configurable"]["checkpoint_id"] = run["checkpoint_id"]
+        elif saved is not None:
+            # The turn starts on the checkpoint just read: LangGraph's loop gets this read.
+            self.saver.read_ahead(thread, saved)
         fault_point("run.before_first_checkpoint", workflow.name)
         _resumed(run, f"on thread {thread} from its {how}", started, "run.start")
         if how == "update_state":

@@ -330,9 +330,7 @@ class ThreadOperations:
         store = self.runtime.store
         thread = await store.get_thread(thread_id)
         if thread is not None:
-            runs = await store.thread_runs(thread_id)
-            name = thread["workflow"]
-            version = runs[-1]["workflow_version"] if runs else thread["workflow_version"]
+            name, version = thread["workflow"], thread["latest_version"]
         else:
             run = await store.get_run(thread_id)
             if run is None or run.get("thread_id"):

@@ -28,7 +28,8 @@ CREATE INDEX keel_threads_updated ON keel_threads (updated_at);
 
 -- A thread as it is read: its status is never stored but derived from its runs, here, the one
 -- place of that rule: `interrupted` when its first unfinished run waits, `busy` when it is
--- queued or running, else `error` when its latest run failed, else `idle`; and its runs' count.
+-- queued or running, else `error` when its latest run failed, else `idle`; its runs' count; and
+-- the workflow version of its latest run (its state is read with that version's graph).
 CREATE VIEW keel_thread_view AS
 SELECT t.*,
        CASE (SELECT r.status FROM keel_runs AS r
@@ -41,5 +42,7 @@ SELECT t.*,
                       ORDER BY r.thread_seq DESC LIMIT 1)
                     WHEN 'failed' THEN 'error' ELSE 'idle' END
        END AS status,
-       (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs
+       (SELECT COUNT(*) FROM keel_runs AS r WHERE r.thread_id = t.thread_id) AS runs,
+       COALESCE((SELECT r.workflow_version FROM keel_runs AS r WHERE r.thread_id = t.thread_id
+                 ORDER BY r.thread_seq DESC LIMIT 1), t.workflow_version) AS latest_version
 FROM keel_threads AS t;

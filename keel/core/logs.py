@@ -252,6 +252,20 @@ class JsonFormatter(logging.Formatter):
         return redact(json.dumps(doc, default=str))
 
 
+class CurrentStderr(logging.StreamHandler):
+    """Writes to `sys.stderr` as it is when a record is written, not as it was when logging was
+    configured: after a redirect ends (a test runner's capture, `contextlib.redirect_stderr`)
+    records from any thread still reach the live stderr instead of a closed stream."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current stderr
+
+
 def configure(
     level: str | None = None, fmt: str | None = None, *, stream: Any = None
 ) -> logging.Handler:
@@ -265,7 +279,7 @@ def configure(
     if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {', '.join(FORMATS)}")
     secrets_from_env()
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else CurrentStderr()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())
     handler.set_name("keel")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,11 +75,17 @@ def as_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(ok(env, *args, "--json").stdout)
 
 
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+"""The start of a log record as Keel's text format writes it."""
+
+
 def refused(env: dict[str, str], code: int, *args: str) -> str:
     """The one red line a refused command prints (no traceback), with its exit code."""
     result = invoke(env, *args)
     assert result.exit_code == code, (args, result.output)
-    lines = result.stderr.strip().splitlines()
+    # Log records are not the command's own output: in this one test process, other threads
+    # (a server of an earlier test) may log while it runs.
+    lines = [line for line in result.stderr.strip().splitlines() if not LOG_RECORD.match(line)]
     assert len(lines) == 1 and lines[0].startswith("error: "), (args, result.stderr)
     return lines[0]
 

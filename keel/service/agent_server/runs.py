@@ -42,6 +42,7 @@ from keel.core.errors import KeelError, RunFinished, RunNotFound, RunStillGoing,
 from keel.core.lifecycle import FINISHED, Status, TerminationReason
 from keel.core.store.base import Row
 from keel.core.threads import first_unfinished, new_id
+from keel.langgraph import chunks
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.service.agent_server import stream
@@ -53,7 +54,7 @@ from keel.service.errors import Refused
 
 log = logging.getLogger("keel.service")
 
-KWARGS = "keel_kwargs"
+KWARGS = chunks.KWARGS
 """Where a run's config keeps the protocol's options Keel's run has no field for."""
 WAIT_SLICE = 5.0
 """Seconds between checks that a waiting request's client is still there."""

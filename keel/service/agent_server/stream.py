@@ -166,6 +166,7 @@ class Feed:
         """The lease token of the last chunk sent: a chunk of another asks whether those
         were superseded."""
         self._marks: list[Event] = []
+        self._told: set[int] = set()
 
     @classmethod
     async def open(cls, keel_app: App, graphs: Graphs, run_id: str, after: Position | None) -> Feed:
@@ -219,6 +220,9 @@ class Feed:
         if self.token is None:
             return
         token, self.token = self.token, None
+        if token in self._told:
+            return
+        self._told.add(token)
         count = await self.app.aio.runtime.store.superseded_count(self.run_id, token)
         if count:
             self._marks.append(superseded(self.sent, token, count))
@@ -233,12 +237,15 @@ class Feed:
             if anchor and anchor not in self._regular:
                 self._relist = True
                 break
+            self._chunk = int(row["chunk_id"])
+            event = chunk_event(row, self._regular)
+            if event.position <= self.sent:
+                continue  # sent before (a reconnect reads the chunks again from the start)
             token = int(row["lease_token"])
             if self.token is not None and token != self.token:
                 await self._superseded()
             self.token = token
-            self._chunk = int(row["chunk_id"])
-            out.append(chunk_event(row, self._regular))
+            out.append(event)
         return out
 
     async def _read(self, *, force: bool) -> list[Event]:
@@ -246,8 +253,6 @@ class Feed:
         # The status first: a run's end commits with its last checkpoint, so the checkpoints
         # read after it hold everything it wrote.
         self.run = await self._row(self.app, self.run_id)
-        if self.token is not None and self.run.get("lease_token") not in (None, self.token):
-            await self._superseded()  # taken over: did the new execution re-run a step?
         moved = await store.events_after(self.run_id, self._timeline, 500)
         if moved:
             self._timeline = int(moved[-1]["event_id"])

@@ -23,9 +23,15 @@ frame a stream (`metadata` first, `error`, `end`) carry the place they were sent
 name (`<checkpoint id>/<n>/end`), so no two events of a stream share an id and a reconnect
 from one of them resumes at that place.
 
-Only `values` and `updates` can be told from committed data. `messages`, `messages-tuple`,
-`custom`, `events`, `debug`, `tasks` and `checkpoints` are accepted (chat UIs ask for
-`messages-tuple` beside `values`) and send nothing: they need a live channel from workers.
+`values` and `updates` are told from committed data. `messages` (`messages-tuple`), `custom`,
+`tasks`, `checkpoints`, `debug` and a subgraph's `values`/`updates` are captured by the worker
+(keel.langgraph.chunks) into `keel_stream_chunks`, fenced by its lease token and anchored at the
+run's last committed checkpoint: a chunk's event comes after that checkpoint's own events, with
+id `<checkpoint id>/<n>/<chunk id>` (keel.service.agent_server.stream_chunks). Chunks are read
+after the checkpoints (a chunk commits before the checkpoint after it), up to the first one
+anchored at a checkpoint not listed yet. Chunks of a step a takeover re-ran are superseded and
+never sent again; a stream that sent some sends `keel/superseded` before the re-execution's.
+`events` is accepted and sends nothing.
 
 A stream polls: the run's row and its timeline (a step's timeline events commit with its
 checkpoint) every 50 ms, backing off to 500 ms while nothing happens, and the checkpoints only

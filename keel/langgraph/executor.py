@@ -34,7 +34,7 @@ from keel.core.store.base import Row
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph import traces
+from keel.langgraph import chunks, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 
@@ -209,13 +209,19 @@ class Executor:
             if isinstance(graph_input, StateUpdate):
                 return await self._update_state(ctx, graph, config, graph_input)
             context = submitted.get("context")
+            extra = {"context": context} if context is not None else {}
+            capture = chunks.capture_for(rt.store, self.saver, lease.run_id, lease.token, submitted)
+            if capture is not None:  # a client streams modes only the live graph produces
+                await capture.begin(graph_input, first=bool(run.get("first_claim")))
             try:
-                output = await graph.ainvoke(
-                    graph_input,
-                    config,
-                    durability=workflow.durability,
-                    **({"context": context} if context is not None else {}),
-                )
+                if capture is not None:
+                    output = await capture.run(
+                        graph, graph_input, config, durability=workflow.durability, **extra
+                    )
+                else:
+                    output = await graph.ainvoke(
+                        graph_input, config, durability=workflow.durability, **extra
+                    )
             except (LeaseLost, RunCancelled, Released):
                 raise
             except Exception as exc:

@@ -107,6 +107,14 @@ class Fencing(StepTimeline):
         self.threads: dict[str, str] = {}
         """thread id -> the run of this process executing on it (a run on a thread of many runs;
         a run of its own thread is named by its id)."""
+        self.roots: dict[tuple[str, int], str] = {}
+        """(run, token) -> the id of the last root checkpoint the execution saved."""
+        self.anchors: dict[tuple[str, int], str] = {}
+        """(run, token) -> the id of its last root checkpoint known committed (where a stream
+        chunk produced now is placed: keel.langgraph.chunks)."""
+        self.before_commit: dict[tuple[str, int], Callable[[], Awaitable[None]]] = {}
+        """(run, token) -> what commits before each of its step transactions (its captured
+        stream chunks: a chunk is durable before the step after it)."""
         self.sends: dict[str, list[str]] = {}
         """Per checkpoint id, the nodes its pending `Send`s go to: a push task's path names
         only its index, and the timeline should name the node."""
@@ -155,6 +163,8 @@ class Fencing(StepTimeline):
         self.unwritten.discard((run_id, token))
         self.plain_starts.discard((run_id, token))
         self.triggers.pop((run_id, token), None)
+        for kept in (self.roots, self.anchors, self.before_commit):
+            kept.pop((run_id, token), None)
         # Only our own hold: this process may already run the same run again under a newer token.
         if self.holders.get(run_id, (None,))[0] == token:
             del self.holders[run_id]
@@ -261,6 +271,8 @@ class Fencing(StepTimeline):
         run_id = self._run_of(config)
         token, worker_id, ctx = self._held(run_id)
         self.remember_sends(checkpoint)
+        if not config["configurable"].get("checkpoint_ns"):
+            self.roots[(run_id, token)] = checkpoint["id"]
         recorder: list[Statement] = []
         with recorded(recorder):
             next_config: RunnableConfig = await super().aput(  # type: ignore[misc]
@@ -379,6 +391,9 @@ class Fencing(StepTimeline):
         `token` still holds the run. The fence's row, and `then`'s."""
         # From here on (even if this commit's outcome is unknown) reads go to the database.
         self.unwritten.discard((run_id, token))
+        earlier = self.before_commit.get((run_id, token))
+        if earlier is not None:
+            await earlier()
         if checkpoint is not None:
             fault_point("checkpoint.before_write", "", "")
         stale = [w for w in writes if w.token != token]
@@ -427,6 +442,8 @@ class Fencing(StepTimeline):
             writing.reset(size)
         if checkpoint is not None:
             self.progressed.add((run_id, token))
+        if (checkpoint is not None or deferred) and (run_id, token) in self.roots:
+            self.anchors[(run_id, token)] = self.roots[(run_id, token)]
         return await fence(), (await ended() if ended is not None else None)
 
     async def _record_writes(
@@ -477,6 +494,15 @@ class Fencing(StepTimeline):
         it again as it starts, gets this one (once, in this execution) instead of a second
         read."""
         _read_ahead.set([(thread_id, found)])
+        ctx = _running.get()
+        if ctx is not None and (found.metadata or {}).get("keel_run_id") == ctx.run_id:
+            # Its own checkpoint (a thread's turn starting on an earlier run's is none).
+            self.anchors.setdefault((ctx.run_id, ctx.token), str(found.checkpoint["id"]))
+
+    def anchor(self, run_id: str, token: int) -> str:
+        """The id of the last root checkpoint the execution under `token` knows committed:
+        its own last, or the one it started from (`""`: none)."""
+        return self.anchors.get((run_id, token), "")
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         ahead = _read_ahead.get()

@@ -24,6 +24,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from fastapi import FastAPI
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph_sdk import get_sync_client
 
@@ -57,6 +58,7 @@ def _step(name: str) -> Any:
         markers = Path(os.environ[MARKERS])
         with (markers / "ran").open("a") as ran:
             ran.write(f"{name}\n")
+        get_stream_writer()({"step": name})  # sent only to a stream of `custom`
         if name == HELD:
             (markers / "held").touch()
             deadline = time.monotonic() + 60
@@ -189,3 +191,79 @@ def test_a_stream_survives_its_worker_killed_mid_step(
     assert [p.id for p in rest[:-1]] == ids[len(before_kill) : -1]
     assert data(before_kill) + data(rest) == expected
     assert client.runs.get(thread, run_id)["status"] == "success"
+
+
+def test_a_stream_of_custom_chunks_survives_its_worker_killed_mid_step(
+    db_url: str, tmp_path: Path, markers: Path, server: str
+) -> None:
+    """The killed execution's chunk of step 3 was streamed live; its step never committed, so
+    the stream says `keel/superseded` before the re-execution's chunks, and each committed
+    step's chunks come exactly once, on the open stream and on a reconnect."""
+    client = get_sync_client(url=server, api_key=ADMIN)
+    thread = client.threads.create()["thread_id"]
+    first = worker(db_url, tmp_path, markers, 1)
+    modes = ["custom", "updates"]
+    streamed: list[Any] = []
+
+    def follow() -> None:
+        for part in client.runs.stream(thread, "five", input={"log": []}, stream_mode=modes):
+            streamed.append(part)
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+
+        def live_chunk_of_step_3() -> bool:
+            return any(p.event == "custom" and p.data == {"step": HELD} for p in streamed)
+
+        wait_until(live_chunk_of_step_3, WORKER_TIMEOUT, "step 3's chunk, live")
+        before_kill = list(streamed)
+        first.proc.kill()
+        assert first.wait() == KILLED
+        (markers / "go").touch()
+        second = worker(db_url, tmp_path, markers, 2, "--stop-when-idle")
+        assert second.wait() == 0, second.output()
+        reader.join(WORKER_TIMEOUT)
+        assert not reader.is_alive(), "the stream did not end"
+    finally:
+        first.proc.kill()
+        (markers / "go").touch()
+
+    assert (markers / "ran").read_text().split() == ["s1", "s2", "s3", "s3", "s4", "s5"]
+
+    def data(parts: list[Any]) -> list[tuple[str, Any]]:
+        return [(p.event, p.data) for p in parts if p.event not in ("metadata", "end")]
+
+    def committed(parts: list[Any]) -> list[tuple[str, Any]]:
+        return [(e, d) for e, d in data(parts) if e != "keel/superseded"]
+
+    graph = five_steps().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    expected = [
+        (mode, jsonable(chunk))
+        for mode, chunk in graph.stream({"log": []}, config, stream_mode=modes)
+    ]
+    # The open stream: what it saw before the kill (step 3's chunk included), the marker,
+    # then the re-execution from step 3 on; each id once.
+    events = [e for e, _ in data(streamed)]
+    assert events.count("keel/superseded") == 1
+    cut = events.index("keel/superseded")
+    assert data(streamed)[:cut] == expected[:cut]
+    assert data(streamed)[cut - 1] == ("custom", {"step": HELD})
+    assert committed(streamed)[: cut - 1] + data(streamed)[cut + 1 :] == expected
+    marker = data(streamed)[cut][1]
+    assert marker["superseded_chunks"] == 1 and marker["lease_token"] >= 1
+    ids = [p.id for p in streamed]
+    assert len(ids) == len(set(ids))
+    # Counted: five custom chunks and five updates committed, each once.
+    shown = committed(streamed)[: cut - 1] + data(streamed)[cut + 1 :]
+    assert sum(e == "custom" for e, _ in shown) == sum(e == "updates" for e, _ in shown) == 5
+    # A reconnect from the superseded chunk's id: the marker, then the rest, no gap.
+    run_id = streamed[0].data["run_id"]
+    rest = list(client.runs.join_stream(thread, run_id, last_event_id=before_kill[-1].id))
+    assert data(rest)[0][0] == "keel/superseded", [(p.id, p.event) for p in rest]
+    assert [e for e, _ in data(rest)].count("keel/superseded") == 1, [(p.id, p.event) for p in rest]
+    assert committed(before_kill)[:-1] + committed(rest) == expected
+    # From the last event committed before it: no marker, nothing twice.
+    clean = list(client.runs.join_stream(thread, run_id, last_event_id=before_kill[-2].id))
+    assert committed(before_kill)[:-1] + data(clean) == expected

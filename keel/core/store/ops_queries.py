@@ -21,6 +21,7 @@ PRUNED_TABLES = {
     "checkpoints": "prune_checkpoints",
     "checkpoint_writes": "prune_checkpoint_writes",
     "checkpoint_blobs": "prune_checkpoint_blobs",
+    "stream_chunks": "prune_stream_chunks",
 }
 
 

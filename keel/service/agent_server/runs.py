@@ -7,10 +7,11 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
 - `command.resume` answers the pause of the thread's waiting run: the same Keel run goes on
   (LangGraph starts a new run). The answer is that run, `pending` again; a second answer to the
   same pause is refused (409 `decision_conflict`).
-- Streams are told from committed steps (stream.py): `values` and `updates`; the live-only
-  modes are accepted and send nothing. `interrupt_before`/`interrupt_after`, `webhook` and
+- Streams (stream.py): `values` and `updates` told from committed steps; `messages`,
+  `custom`, `tasks`, `checkpoints`, `debug` captured by the worker; `events` accepted and sends
+  nothing. `interrupt_before`/`interrupt_after`, `webhook` and
   `after_seconds` are refused (422 `unsupported`) rather than ignored; `durability` is accepted
-  (Keel checkpoints every step durably), `stream_subgraphs` streams the graph's own steps.
+  (Keel checkpoints every step durably), `stream_subgraphs` adds subgraphs' namespaced events.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
 - A run cannot be deleted (409 `run_kept`): Keel keeps finished runs (their timeline and
@@ -42,6 +43,7 @@ from keel.core.errors import KeelError, RunFinished, RunNotFound, RunStillGoing,
 from keel.core.lifecycle import FINISHED, Status, TerminationReason
 from keel.core.store.base import Row
 from keel.core.threads import first_unfinished, new_id
+from keel.langgraph import chunks
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.service.agent_server import stream
@@ -53,7 +55,7 @@ from keel.service.errors import Refused
 
 log = logging.getLogger("keel.service")
 
-KWARGS = "keel_kwargs"
+KWARGS = chunks.KWARGS
 """Where a run's config keeps the protocol's options Keel's run has no field for."""
 WAIT_SLICE = 5.0
 """Seconds between checks that a waiting request's client is still there."""

@@ -23,9 +23,15 @@ frame a stream (`metadata` first, `error`, `end`) carry the place they were sent
 name (`<checkpoint id>/<n>/end`), so no two events of a stream share an id and a reconnect
 from one of them resumes at that place.
 
-Only `values` and `updates` can be told from committed data. `messages`, `messages-tuple`,
-`custom`, `events`, `debug`, `tasks` and `checkpoints` are accepted (chat UIs ask for
-`messages-tuple` beside `values`) and send nothing: they need a live channel from workers.
+`values` and `updates` are told from committed data. `messages` (`messages-tuple`), `custom`,
+`tasks`, `checkpoints`, `debug` and a subgraph's `values`/`updates` are captured by the worker
+(keel.langgraph.chunks) into `keel_stream_chunks`, fenced by its lease token and anchored at the
+run's last committed checkpoint: a chunk's event comes after that checkpoint's own events, with
+id `<checkpoint id>/<n>/<chunk id>` (keel.service.agent_server.stream_chunks). Chunks are read
+after the checkpoints (a chunk commits before the checkpoint after it), up to the first one
+anchored at a checkpoint not listed yet. Chunks of a step a takeover re-ran are superseded and
+never sent again; a stream that sent some sends `keel/superseded` before the re-execution's.
+`events` is accepted and sends nothing.
 
 A stream polls: the run's row and its timeline (a step's timeline events commit with its
 checkpoint) every 50 ms, backing off to 500 ms while nothing happens, and the checkpoints only
@@ -38,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
@@ -50,21 +55,25 @@ from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.types import StateSnapshot
 from sse_starlette.sse import ServerSentEvent
 
-from keel.core.codec import dumps
 from keel.core.errors import RunNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable, shown
+from keel.service.agent_server.positions import Event, Position
+from keel.service.agent_server.stream_chunks import Messages, chunk_event, superseded
 
 T = TypeVar("T")
 
 STREAMED = ("values", "updates")
 """The stream modes told from committed data."""
-UNSTREAMED = ("messages", "messages-tuple", "custom", "events", "debug", "tasks", "checkpoints")
-"""Accepted, but nothing is sent for them: they need a live channel from workers."""
-MODES = STREAMED + UNSTREAMED
+CAPTURED = ("messages", "messages-tuple", "custom", "debug", "tasks", "checkpoints")
+"""The stream modes the run's worker captures live (keel.langgraph.chunks)."""
+UNSTREAMED = ("events",)
+"""Accepted, but nothing is sent for it (LangChain's callback events are not captured)."""
+MODES = STREAMED + CAPTURED + UNSTREAMED
+__all__ = ["Event", "Position"]
 
 INTERRUPT = "__interrupt__"
 FIRST_POLL = 0.05
@@ -72,46 +81,6 @@ LAST_POLL = 0.5
 CHECKPOINTS_EVERY = 3.0
 """Seconds between reads of the checkpoints when the timeline did not move (a step whose tasks
 wrote nothing commits no timeline event)."""
-_POSITION = re.compile(r"(-|[0-9A-Za-z][0-9A-Za-z._-]{0,99})/(\d{1,9})(?:/[a-z]{1,20})?")
-
-
-@dataclass(frozen=True, order=True)
-class Position:
-    """A place in a run's sequence of events: after event `n` of the block of `checkpoint`
-    (`""`: before the run's first checkpoint). Checkpoint ids grow with time (LangGraph's own
-    order of a thread's checkpoints), so positions compare as (checkpoint, n)."""
-
-    checkpoint: str = ""
-    n: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.checkpoint or '-'}/{self.n}"
-
-    @classmethod
-    def parse(cls, text: str) -> Position:
-        """The position an event id names (a framing event's name is dropped); ValueError if
-        it is no id of this server's."""
-        found = _POSITION.fullmatch(text.strip())
-        if found is None:
-            raise ValueError(f"{text[:80]!r} is not an event id of this server")
-        checkpoint = "" if found[1] == "-" else found[1]
-        return cls(checkpoint, int(found[2]))
-
-
-@dataclass(frozen=True)
-class Event:
-    event: str
-    data: Any
-    position: Position
-    name: str = ""
-    """A framing event's name (metadata, error, end): it is part of the event's id."""
-
-    @property
-    def id(self) -> str:
-        return f"{self.position}/{self.name}" if self.name else str(self.position)
-
-    def sse(self) -> ServerSentEvent:
-        return ServerSentEvent(data=dumps(self.data), event=self.event, id=self.id)
 
 
 @dataclass
@@ -131,8 +100,8 @@ def parse_modes(given: str | list[str] | None, default: list[str]) -> list[str]:
     if unknown:
         raise ValueError(
             f"unknown stream_mode {', '.join(map(repr, unknown))}: Keel streams "
-            f"{' and '.join(STREAMED)} from committed steps, and accepts "
-            f"{', '.join(UNSTREAMED)} without sending events for them"
+            f"{', '.join(STREAMED + CAPTURED)}, and accepts "
+            f"{', '.join(UNSTREAMED)} without sending events for it"
         )
     return modes
 
@@ -193,6 +162,17 @@ class Feed:
         self._last: _Seen | None = None
         self._timeline = 0
         self._read_at = 0.0
+        self._chunk = 0
+        """The id of the last stream chunk read."""
+        self._regular: dict[str, int] = {}
+        """How many events each of the run's checkpoints has in its own block."""
+        self._relist = False
+        """A chunk read names a checkpoint not listed yet: list them at the next poll."""
+        self.token: int | None = None
+        """The lease token of the last chunk sent: a chunk of another asks whether those
+        were superseded."""
+        self._marks: list[Event] = []
+        self._told: set[int] = set()
 
     @classmethod
     async def open(cls, keel_app: App, graphs: Graphs, run_id: str, after: Position | None) -> Feed:
@@ -201,6 +181,14 @@ class Feed:
         feed = cls(keel_app, await graphs.of(run), run, after or Position())
         if after is None:
             await feed.catch_up()
+        elif after.chunk:
+            # A reconnect after a chunk: if it was superseded since, the client hears so first.
+            store = keel_app.aio.runtime.store
+            found = await store.chunk_state(feed.run_id, after.chunk)
+            if found is not None:
+                feed.token = int(found["lease_token"])
+                if found["superseded"]:
+                    await feed._superseded()
         return feed
 
     @staticmethod
@@ -226,10 +214,45 @@ class Feed:
         return self._unsent(await self._read(force=False))
 
     def _unsent(self, events: list[Event]) -> list[Event]:
-        fresh = [e for e in events if e.position > self.sent]
+        fresh = sorted((e for e in events if e.position > self.sent), key=lambda e: e.position)
+        marks, self._marks = self._marks, []
         if fresh:
             self.sent = fresh[-1].position
-        return fresh
+        return marks + fresh
+
+    async def _superseded(self) -> None:
+        """If the chunks of the execution last heard from (`token`) were superseded, the
+        marker that says so goes out before what comes next; the check is made once."""
+        if self.token is None:
+            return
+        token, self.token = self.token, None
+        if token in self._told:
+            return
+        self._told.add(token)
+        count = await self.app.aio.runtime.store.superseded_count(self.run_id, token)
+        if count:
+            self._marks.append(superseded(self.sent, token, count))
+
+    async def _chunks(self) -> list[Event]:
+        """The chunks committed since the last read, up to the first one placed at a
+        checkpoint not listed yet (listed at the next poll)."""
+        rows = await self.app.aio.runtime.store.chunks_after(self.run_id, self._chunk)
+        out: list[Event] = []
+        for row in rows:
+            anchor = str(row["anchor"])
+            if anchor and anchor not in self._regular:
+                self._relist = True
+                break
+            self._chunk = int(row["chunk_id"])
+            event = chunk_event(row, self._regular)
+            if event.position <= self.sent:
+                continue  # sent before (a reconnect reads the chunks again from the start)
+            token = int(row["lease_token"])
+            if self.token is not None and token != self.token:
+                await self._superseded()
+            self.token = token
+            out.append(event)
+        return out
 
     async def _read(self, *, force: bool) -> list[Event]:
         store = self.app.aio.runtime.store
@@ -240,12 +263,14 @@ class Feed:
         if moved:
             self._timeline = int(moved[-1]["event_id"])
         due = time.monotonic() - self._read_at >= CHECKPOINTS_EVERY
-        if not (force or moved or due or self.settled):
-            return []
-        self._read_at = time.monotonic()
         events: list[Event] = []
-        for checkpoint_id in await self._newer():
-            events += await self._block(checkpoint_id)
+        if force or moved or due or self.settled or self._relist:
+            self._read_at = time.monotonic()
+            self._relist = False
+            for checkpoint_id in await self._newer():
+                events += await self._block(checkpoint_id)
+        # After the checkpoints: a chunk is written before the checkpoint after it commits.
+        events += await self._chunks()
         if self.settled and self._last is not None:
             events += self._pause(self._last, await self._state(self._last.id))
         return events
@@ -303,6 +328,7 @@ class Feed:
             for n, (kind, data) in enumerate(block, start=1)
         ]
         self._last = _Seen(checkpoint_id, values, len(block))
+        self._regular[checkpoint_id] = len(block)
         return out
 
     def _pause(self, seen: _Seen, state: StateSnapshot) -> list[Event]:
@@ -379,6 +405,7 @@ async def events(
     """The SSE events of `feed` in `modes` until the run's stream is over; `on_disconnect` is
     called (in a thread) if the client goes away first."""
     wanted = set(modes)
+    messages = Messages() if "messages" in wanted else None
     over = False
     try:
         if metadata:
@@ -387,8 +414,11 @@ async def events(
         while True:
             fresh = await on_app(keel_app, feed.poll())
             for event in fresh:
-                if event.event in wanted:
+                if event.name or (event.mode or event.event) in wanted:
                     yield event.sse()
+                if messages is not None and event.mode == "messages-tuple":
+                    for part in messages.of(event):
+                        yield part.sse()
             if feed.settled:
                 over = True
                 for event in feed.ending():

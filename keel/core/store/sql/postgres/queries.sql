@@ -1235,3 +1235,45 @@ writes AS (
     SELECT %(to_thread)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
     FROM checkpoint_writes WHERE thread_id = %(from_thread)s AND EXISTS (SELECT 1 FROM made))
 SELECT * FROM made;
+
+-- Stream chunks (keel.langgraph.chunks, keel.service.agent_server.stream) ----------------------
+
+-- name: insert_chunks
+-- A batch of one execution's chunks, in order (`rows`: a JSON array of {anchor, resumed, ns,
+-- mode, data}); the caller's fenced transaction holds the run. One writer of a run's chunks at a
+-- time until it commits (a transaction lock on the run): ids grow in commit order, so a reader
+-- following them by id never skips one committed late.
+WITH turn AS (SELECT pg_advisory_xact_lock(74213029, hashtext(%(run_id)s)))
+INSERT INTO keel_stream_chunks (run_id, lease_token, anchor, resumed, ns, mode, data)
+SELECT %(run_id)s, %(lease_token)s, r.item->>'anchor', (r.item->>'resumed')::INTEGER,
+       r.item->>'ns', r.item->>'mode', r.item->>'data'
+FROM turn, jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS r(item, n)
+ORDER BY r.n;
+
+-- name: supersede_chunks
+-- An execution under `lease_token` re-runs the steps after checkpoint `anchor`: older tokens'
+-- chunks of them never committed (with `keep_paused`, those produced before a pause at `anchor`
+-- did: the pause committed).
+UPDATE keel_stream_chunks SET superseded = 1
+WHERE run_id = %(run_id)s AND lease_token < %(lease_token)s AND superseded = 0
+  AND (anchor > %(anchor)s OR (anchor = %(anchor)s AND (%(keep_paused)s = 0 OR resumed = 1)));
+
+-- name: chunks_after
+-- A run's chunks after `after` (0: from the start) that were not superseded, in order.
+SELECT * FROM keel_stream_chunks
+WHERE run_id = %(run_id)s AND chunk_id > %(after)s AND superseded = 0
+ORDER BY chunk_id LIMIT %(limit)s;
+
+-- name: chunk_superseded
+-- Whether the chunk `chunk_id` of the run was superseded (no row: no such chunk).
+SELECT superseded, lease_token, anchor FROM keel_stream_chunks
+WHERE run_id = %(run_id)s AND chunk_id = %(chunk_id)s;
+
+-- name: superseded_of_token
+-- How many chunks of the run's execution under `lease_token` were superseded.
+SELECT COUNT(*) AS n FROM keel_stream_chunks
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND superseded = 1;
+
+-- name: prune_stream_chunks
+DELETE FROM keel_stream_chunks
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));

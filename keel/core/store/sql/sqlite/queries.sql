@@ -1119,3 +1119,40 @@ INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
 SELECT :to_thread, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
 FROM writes WHERE thread_id = :from_thread AND :copied = 1;
 SELECT * FROM keel_threads WHERE thread_id = :to_thread AND :copied = 1;
+
+-- Stream chunks (keel.langgraph.chunks, keel.service.agent_server.stream) ----------------------
+
+-- name: insert_chunks
+-- A batch of one execution's chunks, in order (`rows`: a JSON array of {anchor, resumed, ns,
+-- mode, data}); the caller's fenced transaction holds the run. Writes are serialized (BEGIN
+-- IMMEDIATE): ids grow in commit order.
+INSERT INTO keel_stream_chunks (run_id, lease_token, anchor, resumed, ns, mode, data)
+SELECT :run_id, :lease_token, json_extract(value, '$.anchor'), json_extract(value, '$.resumed'),
+       json_extract(value, '$.ns'), json_extract(value, '$.mode'), json_extract(value, '$.data')
+FROM json_each(:rows) ORDER BY key;
+
+-- name: supersede_chunks
+-- An execution under `lease_token` re-runs the steps after checkpoint `anchor`: older tokens'
+-- chunks of them never committed (with `keep_paused`, those produced before a pause at `anchor`
+-- did: the pause committed).
+UPDATE keel_stream_chunks SET superseded = 1
+WHERE run_id = :run_id AND lease_token < :lease_token AND superseded = 0
+  AND (anchor > :anchor OR (anchor = :anchor AND (:keep_paused = 0 OR resumed = 1)));
+
+-- name: chunks_after
+-- A run's chunks after `after` (0: from the start) that were not superseded, in order.
+SELECT * FROM keel_stream_chunks WHERE run_id = :run_id AND chunk_id > :after AND superseded = 0
+ORDER BY chunk_id LIMIT :limit;
+
+-- name: chunk_superseded
+-- Whether the chunk `chunk_id` of the run was superseded (no row: no such chunk).
+SELECT superseded, lease_token, anchor FROM keel_stream_chunks
+WHERE run_id = :run_id AND chunk_id = :chunk_id;
+
+-- name: superseded_of_token
+-- How many chunks of the run's execution under `lease_token` were superseded.
+SELECT COUNT(*) AS n FROM keel_stream_chunks
+WHERE run_id = :run_id AND lease_token = :lease_token AND superseded = 1;
+
+-- name: prune_stream_chunks
+DELETE FROM keel_stream_chunks WHERE run_id IN (SELECT value FROM json_each(:run_ids));

@@ -1,0 +1,84 @@
+"""The stream modes a run's worker captured live (keel.langgraph.chunks), as protocol events.
+
+A chunk row is placed after the events of the checkpoint it is anchored at (the run's last
+committed one when the chunk was produced): `Position(anchor, n, chunk id)` with `n` the
+number of that checkpoint's own events, or `RESUMED` for a chunk produced resuming a pause
+there (after the pause's events). Its event is named as LangGraph's server names it: the mode,
+`|`-joined with the subgraph namespace when it came from a subgraph (`updates|sub:<task id>`).
+A `messages` chunk is sent as `messages` (`[message, metadata]`) to a `messages-tuple` stream,
+and as `messages/metadata` then `messages/partial` (the message so far) to a `messages` one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from keel.core.store.base import Row
+from keel.service.agent_server.positions import RESUMED, Event, Position
+
+SUPERSEDED = "keel/superseded"
+"""The event a stream sends before the events of an execution that re-runs a step whose
+chunks it already sent (the step never committed)."""
+
+
+def chunk_event(row: Row, regular: Mapping[str, int]) -> Event:
+    """The event of a chunk row; `regular`: how many events each checkpoint's block has."""
+    anchor = str(row["anchor"])
+    n = RESUMED if int(row["resumed"]) else regular.get(anchor, 0)
+    mode = str(row["mode"])
+    ns = str(row["ns"] or "")
+    position = Position(anchor, n, int(row["chunk_id"]))
+    name = f"{mode}|{ns}" if ns else mode
+    data = json.loads(row["data"])
+    if mode == "messages":
+        return Event(name, data, position, mode="messages-tuple")
+    return Event(name, data, position, mode=mode)
+
+
+def superseded(position: Position, token: int, count: int) -> Event:
+    """The marker that the chunks an execution under `token` sent were superseded."""
+    body = {"lease_token": token, "superseded_chunks": count}
+    return Event(SUPERSEDED, body, position, name="superseded")
+
+
+class Messages:
+    """A `messages` stream's view of `messages-tuple` events: the metadata of each message
+    once, then the message as streamed so far."""
+
+    def __init__(self) -> None:
+        self.so_far: dict[str, Any] = {}
+
+    def of(self, event: Event) -> list[Event]:
+        message, metadata = [*list(event.data), None, None][:2]
+        if not isinstance(message, dict):
+            return []
+        ns = event.event.partition("|")[2]
+        suffix = f"|{ns}" if ns else ""
+        key = str(message.get("id") or "")
+        out: list[Event] = []
+        if key not in self.so_far:
+            body = {key: {"metadata": metadata or {}}}
+            out.append(Event(f"messages/metadata{suffix}", body, event.position, "metadata"))
+            self.so_far[key] = message
+        else:
+            self.so_far[key] = _joined(self.so_far[key], message)
+        out.append(Event(f"messages/partial{suffix}", [self.so_far[key]], event.position))
+        return out
+
+
+def _joined(left: dict[str, Any], right: dict[str, Any]) -> dict[str, Any]:
+    """Two chunks of one message as one (LangChain's own `+` of message chunks)."""
+    try:
+        from langchain_core.messages import AIMessageChunk
+
+        fields = {k: v for k, v in left.items() if k != "type"}
+        more = {k: v for k, v in right.items() if k != "type"}
+        total = AIMessageChunk(**fields) + AIMessageChunk(**more)
+        return dict(total.model_dump())
+    except Exception:  # not an AI message chunk: its text, at least
+        joined = dict(left)
+        if isinstance(left.get("content"), str) and isinstance(right.get("content"), str):
+            joined["content"] = left["content"] + right["content"]
+        return joined

@@ -1,0 +1,191 @@
+"""The stream modes a run's worker captures live (`messages-tuple`, `messages`, `custom`,
+`tasks`, `checkpoints`, `debug`) and subgraph namespaces, driven only through langgraph-sdk
+against a real uvicorn server and a real worker, on both backends; compared with what
+LangGraph's own `graph.stream` yields for the same graph and input."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage, AnyMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.config import get_stream_writer
+from langgraph.graph import END, START, StateGraph, add_messages
+
+from keel.runtime.conversations import jsonable
+from tests.interfaces.test_agent_server_runs import (  # the same server and worker
+    Served,
+    live_worker,
+    new_thread,
+    parts,
+    served,
+)
+
+__all__ = ["served"]
+REPLY = "the quick brown fox jumps"
+
+
+class Chat(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def talking() -> StateGraph:
+    """One node whose chat model streams its reply token by token."""
+
+    def model(state: Chat) -> dict[str, Any]:
+        llm = GenericFakeChatModel(messages=iter([AIMessage(REPLY)]))
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    g = StateGraph(Chat)
+    g.add_node("model", model)
+    g.add_edge(START, "model")
+    g.add_edge("model", END)
+    return g
+
+
+class Log(TypedDict, total=False):
+    log: Annotated[list[str], operator.add]
+
+
+def nested() -> StateGraph:
+    """outer (a subgraph: inner writes custom data) -> after (custom data too)."""
+
+    def inner(state: Log) -> dict[str, Any]:
+        write = get_stream_writer()
+        for n in range(3):
+            write({"inner": n})
+        return {"log": ["inner"]}
+
+    def after(state: Log) -> dict[str, Any]:
+        get_stream_writer()({"after": True})
+        return {"log": ["after"]}
+
+    sub = StateGraph(Log)
+    sub.add_node("inner", inner)
+    sub.add_edge(START, "inner")
+    sub.add_edge("inner", END)
+    g = StateGraph(Log)
+    g.add_node("outer", sub.compile())
+    g.add_node("after", after)
+    g.add_edge(START, "outer")
+    g.add_edge("outer", "after")
+    g.add_edge("after", END)
+    return g
+
+
+@pytest.fixture
+def live(served: Served) -> Iterator[Served]:
+    served.app.workflow("talk")(talking)
+    served.app.workflow("nested")(nested)
+    with live_worker(served.app):
+        yield served
+
+
+def langgraph_stream(factory: Any, given: Any, modes: list[str], subgraphs: bool) -> list[Any]:
+    """What LangGraph's own `stream` yields: (namespace, mode, data)."""
+    graph = factory().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    return [
+        (ns, mode, jsonable(data))
+        for ns, mode, data in graph.stream(given, config, stream_mode=modes, subgraphs=True)
+        if subgraphs or not ns
+    ]
+
+
+def test_messages_tuple_streams_each_token_with_its_metadata(live: Served) -> None:
+    streamed = parts(
+        live.client.runs.stream(
+            new_thread(live),
+            "talk",
+            input={"messages": [{"role": "user", "content": "hi"}]},
+            stream_mode=["messages-tuple", "values"],
+        )
+    )
+    tokens = [p.data for p in streamed if p.event == "messages"]
+    expected = [
+        d
+        for _, m, d in langgraph_stream(
+            talking, {"messages": [("user", "hi")]}, ["messages"], False
+        )
+    ]
+    assert len(tokens) == len(expected) == len(REPLY.split()) * 2 - 1  # words and spaces
+    assert "".join(message["content"] for message, _ in tokens) == REPLY
+    for (message, metadata), (their_message, their_metadata) in zip(tokens, expected, strict=True):
+        assert message["type"] == their_message["type"] == "AIMessageChunk"
+        assert message["content"] == their_message["content"]
+        assert metadata["langgraph_node"] == their_metadata["langgraph_node"] == "model"
+        assert metadata["langgraph_step"] == their_metadata["langgraph_step"]
+    # agent-chat-ui reads the reply from `values` too: the whole message, at the end.
+    values = [p.data for p in streamed if p.event == "values"]
+    assert values[-1]["messages"][-1]["content"] == REPLY
+    ids = [p.id for p in streamed]
+    assert len(ids) == len(set(ids))
+    # Every token comes before the `values` of its step's checkpoint.
+    assert max(i for i, p in enumerate(streamed) if p.event == "messages") < len(streamed) - 2
+
+    # `messages`: the metadata once, then the message so far.
+    whole = parts(
+        live.client.runs.stream(
+            new_thread(live),
+            "talk",
+            input={"messages": [{"role": "user", "content": "hi"}]},
+            stream_mode="messages",
+        )
+    )
+    events = [p.event for p in whole]
+    assert events.count("messages/metadata") == 1
+    partial = [p.data for p in whole if p.event == "messages/partial"]
+    assert len(partial) == len(tokens) and partial[-1][0]["content"] == REPLY
+
+
+def test_custom_and_subgraph_namespaces_as_langgraph_streams_them(live: Served) -> None:
+    client = live.client
+    modes = ["custom", "updates"]
+    streamed = parts(
+        client.runs.stream(
+            new_thread(live), "nested", input={"log": []}, stream_mode=modes, stream_subgraphs=True
+        )
+    )
+    ours = [(p.event, p.data) for p in streamed if p.event not in ("metadata", "end")]
+    theirs = langgraph_stream(nested, {"log": []}, modes, True)
+    names = [mode + "".join(f"|{part.split(':')[0]}" for part in ns) for ns, mode, _ in theirs]
+    assert [(e.split(":")[0] if "|" in e else e) for e, _ in ours] == names
+    assert [d for _, d in ours] == [d for _, _, d in theirs]
+    # The namespace is the subgraph's task: `outer:<task id>`, as LangGraph names it.
+    sub = [e for e, _ in ours if "|" in e]
+    assert sub and all(e.startswith(("custom|outer:", "updates|outer:")) for e in sub)
+
+    # Without stream_subgraphs: the graph's own, as LangGraph.
+    flat = parts(
+        client.runs.stream(new_thread(live), "nested", input={"log": []}, stream_mode=modes)
+    )
+    assert [(p.event, p.data) for p in flat if p.event not in ("metadata", "end")] == [
+        (mode, data) for _, mode, data in langgraph_stream(nested, {"log": []}, modes, False)
+    ]
+    assert [p.data for p in flat if p.event == "custom"] == [{"after": True}]
+    assert all("|" not in p.event for p in flat)
+
+
+@pytest.mark.parametrize("mode", ["tasks", "checkpoints", "debug"])
+def test_tasks_checkpoints_and_debug_carry_langgraphs_payloads(live: Served, mode: str) -> None:
+    streamed = parts(
+        live.client.runs.stream(new_thread(live), "nested", input={"log": []}, stream_mode=mode)
+    )
+    ours = [p.data for p in streamed if p.event == mode]
+    theirs = [d for _, _, d in langgraph_stream(nested, {"log": []}, [mode], False)]
+    assert len(ours) == len(theirs) > 0
+    # Every field LangGraph sends (a task's also carries Keel's run metadata).
+    assert all(set(t) <= set(o) for o, t in zip(ours, theirs, strict=True))
+    if mode == "tasks":
+        assert [(d["name"], "result" in d) for d in ours] == [
+            (d["name"], "result" in d) for d in theirs
+        ]
+    if mode == "checkpoints":
+        assert [d["values"] for d in ours] == [d["values"] for d in theirs]
+        assert [d["next"] for d in ours] == [d["next"] for d in theirs]
+    if mode == "debug":
+        assert [(d["type"], d["step"]) for d in ours] == [(d["type"], d["step"]) for d in theirs]

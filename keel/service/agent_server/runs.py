@@ -8,8 +8,9 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   (LangGraph starts a new run). The answer is that run, `pending` again; a second answer to the
   same pause is refused (409 `decision_conflict`).
 - Streams are told from committed steps (stream.py): `values` and `updates`; the live-only
-  modes are accepted and send nothing. `interrupt_before`/`interrupt_after`, `webhook` and
-  `after_seconds` are refused (422 `unsupported`) rather than ignored; `durability` is accepted
+  modes are accepted and send nothing. `interrupt_before`/`interrupt_after` and `webhook` are
+  refused (422 `unsupported`) rather than ignored; `after_seconds` delays the run (admitted at
+  once, `pending`, claimed once the database's clock reaches it); `durability` is accepted
   (Keel checkpoints every step durably), `stream_subgraphs` streams the graph's own steps.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
@@ -123,8 +124,8 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             )
         if body.webhook:
             raise unsupported("webhook is not supported: nothing would call it")
-        if body.after_seconds:
-            raise unsupported("after_seconds is not supported: submit the run when it is due")
+        if body.after_seconds is not None and not body.after_seconds >= 0:
+            raise Refused(422, "invalid_request", "after_seconds cannot be negative")
         stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
         thread = None
         stateless = thread_id is None
@@ -165,6 +166,8 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             multitask_strategy=body.multitask_strategy or "enqueue",
             metadata=stamp,
             version=version,
+            # Admitted now, claimed once the database's clock reaches it (keel.core.timers).
+            after=body.after_seconds or None,
         )
         if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
             keel_app.update_thread(thread_id, metadata=stamp)

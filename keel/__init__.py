@@ -37,6 +37,7 @@ from keel.core.errors import (
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
 from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.timers import asleep, sleep
 from keel.core.waits import ApprovalDecision, approval, interrupt
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
@@ -84,6 +85,7 @@ __all__ = [
     "WorkflowVersionMismatch",
     "approval",
     "artifacts",
+    "asleep",
     "await_effect",
     "await_effects",
     "effect",
@@ -92,4 +94,5 @@ __all__ = [
     "interrupt",
     "job_id",
     "last_heartbeat",
+    "sleep",
 ]

@@ -45,6 +45,7 @@ from keel.cli.guard import (
 )
 from keel.cli.options import (
     ActionOption,
+    AfterOption,
     AppOption,
     ByOption,
     CommentOption,
@@ -276,6 +277,7 @@ def submit(
             "(error).",
         ),
     ] = IfExists.REUSE,
+    after: AfterOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
@@ -288,9 +290,18 @@ def submit(
             version=version,
             rerun=rerun,
             if_exists=if_exists.value,
+            after=after,
         )
     if as_json:
-        keys = ("run_id", "job_id", "workflow", "workflow_version", "attempt", "status")
+        keys: tuple[str, ...] = (
+            "run_id",
+            "job_id",
+            "workflow",
+            "workflow_version",
+            "attempt",
+            "status",
+        )
+        keys += ("not_before",)
         typer.echo(
             render.to_json(
                 {"created": row.created, **{k: row[k] for k in keys}, "other_runs": row.other_runs}

@@ -41,6 +41,15 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+AfterOption = Annotated[
+    str | None,
+    typer.Option(
+        "--after",
+        help="Delay the run: seconds or a duration (90s, 5m, 2h). It is admitted now and no "
+        "worker claims it before that time, by the database's clock.",
+        show_default=False,
+    ),
+]
 
 ByOption = Annotated[
     str | None,

@@ -424,7 +424,7 @@ def submitted_lines(row: Submission) -> list[str]:
             f"version; status {row['status']} (use --rerun for a new attempt)"
         ]
     attempt = f", attempt {row['attempt']}" if row["attempt"] > 1 else ""
-    lines = [f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker"]
+    lines = [f"admitted run {row['run_id']} ({what}{attempt}): queued for a worker{_delay(row)}"]
     if row.other_runs:
         lines.append(
             f"note: job {row.job_id} already had {len(row.other_runs)} run(s) with other "
@@ -440,3 +440,10 @@ def decided_line(wait: dict[str, Any]) -> str:
         f"already decided by {by}{channel} at {when(wait.get('decided_at'))}: "
         f"{wait['decision']} (wait {wait['wait_id']} of run {wait['run_id']})"
     )
+
+
+def _delay(row: Submission) -> str:
+    """ ", not before <time>" for a delayed run (keel.core.timers)."""
+    if row.get("not_before") is None:
+        return ""
+    return f", not before {clock_time(row['not_before'])}"

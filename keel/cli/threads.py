@@ -20,6 +20,7 @@ from keel.cli import render, thread_view
 from keel.cli.guard import BAD_USAGE, fail, guarded, login, read_input, say
 from keel.cli.options import (
     ActionOption,
+    AfterOption,
     AppOption,
     ByOption,
     CommentOption,
@@ -338,6 +339,7 @@ def threads_submit(
         str | None,
         typer.Option(help="The thread's metadata if this creates it (JSON).", show_default=False),
     ] = None,
+    after: AfterOption = None,
     as_json: JsonOption = False,
     app: AppOption = None,
     db: DbOption = None,
@@ -368,6 +370,7 @@ def threads_submit(
                 checkpoint_id=checkpoint,
                 multitask_strategy=strategy.value,
                 metadata=thread_metadata,
+                after=after,
             )
         except ThreadBusy as exc:
             fail(
@@ -377,7 +380,15 @@ def threads_submit(
             )
         active = first_unfinished(loaded.thread_runs(thread_id)) if row.created else None
     if as_json:
-        keys = ("run_id", "thread_id", "thread_seq", "job_id", "workflow", "workflow_version")
+        keys: tuple[str, ...] = (
+            "run_id",
+            "thread_id",
+            "thread_seq",
+            "job_id",
+            "workflow",
+            "workflow_version",
+        )
+        keys += ("not_before",)
         fields = {k: row[k] for k in keys} | {"multitask_strategy": strategy.value}
         typer.echo(render.to_json({"created": row.created, **fields, "status": row["status"]}))
         return

@@ -7,7 +7,8 @@ conditional UPDATE on the wait, so when several sweepers race only one applies i
 Policies (`on_timeout`): `reject` resumes the graph with a rejection, `timeout` resumes it with a
 `timed_out` decision, `cancel` cancels the run, `fail` fails it (termination reason timed_out),
 `escalate` first extends the deadline once (a `wait.escalated` event and notification), then
-rejects. Before the deadline, a wait's schedule (`remind_after`, `escalate_after`) sends its
+rejects; `wake` (a timer wait of `keel.sleep()`) resumes the run, its deadline being its wake
+time. Before the deadline, a wait's schedule (`remind_after`, `escalate_after`) sends its
 reminders and escalations through the outbox, each once.
 """
 
@@ -29,6 +30,7 @@ DECISION_ON_TIMEOUT = {
     "timeout": ExpiryDecision.TIMED_OUT,
     "cancel": ExpiryDecision.CANCELLED,
     "fail": ExpiryDecision.TIMED_OUT,
+    "wake": ExpiryDecision.WOKE,  # a timer wait (keel.core.timers): its deadline is its wake time
 }
 
 
@@ -135,7 +137,10 @@ async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
     )
     if run is None or Status(run["status"]).finished:
         return True
-    await notification_outbox.record(services, tx, run, row, "expired", details={"policy": policy})
+    if wait["kind"] != WaitKind.TIMER:  # a sleep's end is nobody's news
+        await notification_outbox.record(
+            services, tx, run, row, "expired", details={"policy": policy}
+        )
     if policy in ("cancel", "fail") and run["status"] == Status.WAITING:
         target = Status.CANCELLED if policy == "cancel" else Status.FAILED
         reason = TerminationReason.CANCELLED if policy == "cancel" else TerminationReason.TIMED_OUT

@@ -69,8 +69,13 @@ async def admit(
     if_exists: str = "reuse",
     check: Callable[[Any], None] | None = None,
     then: Callable[[Tx], Awaitable[Later]] | None = None,
+    delay: float | None = None,
+    not_before: float | None = None,
 ) -> Admission:
     """Write the run before anything executes it; the same job+input+version is one run.
+
+    `delay` (seconds from the database's now) or `not_before` (epoch seconds) delay its first
+    claim (keel.core.timers); a run found already admitted keeps its own.
 
     `then`, a write of the same store whose row is read after the commit, is sent and
     committed with a first attempt's admission, whether that created the run or found it (a
@@ -95,6 +100,8 @@ async def admit(
         attempt=1,
         input_hash=input_hash(workflow, version, input_json),
         input=input_json,
+        delay=delay,
+        not_before=not_before,
     )
     if not rerun:
         return await _admit_once(store, first, if_exists, then)

@@ -109,8 +109,12 @@ async def admit(
     job_id: str | None,
     max_input_bytes: int,
     check: Callable[[Any], None] | None = None,
+    delay: float | None = None,
+    not_before: float | None = None,
 ) -> Admission:
     """Admit a run on a thread, in one transaction under the thread's row (see the module).
+    A delayed run (`delay`, `not_before`: keel.core.timers) takes its place in the thread's
+    order at once; the runs after it wait for it.
 
     With `job_id` the submission is idempotent (the same job, input, thread and command are
     one run, and its retry is never refused by `reject`); without, each call is a new run."""
@@ -141,6 +145,8 @@ async def admit(
         attempt=1,
         input_hash=input_hash(workflow, version, input_json),
         input=input_json,
+        delay=delay,
+        not_before=not_before,
     )
     async with store.transaction() as tx:
         thread = await store.take_thread(

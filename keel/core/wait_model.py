@@ -14,6 +14,8 @@ class WaitKind(StrEnum):
     """`keel.await_effect()`: the dispatcher answers it when the intent is delivered."""
     INTERRUPT = "interrupt"
     """A plain `interrupt()` from user code."""
+    TIMER = "timer"
+    """`keel.sleep()`: its deadline is its wake time; nobody answers it (keel.core.timers)."""
 
 
 class WaitStatus(StrEnum):
@@ -37,3 +39,5 @@ class ExpiryDecision(StrEnum):
     REJECTED = "rejected"
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
+    WOKE = "woke"
+    """A timer wait (`keel.sleep()`) whose wake time came."""

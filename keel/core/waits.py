@@ -291,9 +291,17 @@ async def claimed_answers(store: Store, run: Row) -> list[Row]:
 def check_answer(wait_kind: str, decision: str, *, wait_id: str) -> None:
     """Raise WrongWaitKind unless `decision` is an answer a wait of `wait_kind` takes.
 
+    A timer takes none (it wakes at its time), nor does an outbox wait (its delivery ends it).
     An in-doubt effect takes only performed/not_performed, every other wait anything else:
     approving an in-doubt effect would resume it without `performed`, that is a second send.
     """
+    if wait_kind == WaitKind.TIMER:
+        raise WrongWaitKind(
+            f"wait {wait_id} is a timer (keel.sleep()): nobody answers it, the run wakes at its "
+            "time by the database's clock (cancel the run to stop it)",
+            wait_id=wait_id,
+            wait_kind=wait_kind,
+        )
     if wait_kind == WaitKind.OUTBOX:
         raise WrongWaitKind(
             f"wait {wait_id} waits for an outbox intent's delivery: it ends when the intent is "

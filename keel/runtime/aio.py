@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from keel.core import failed_runs, leases, retention, runs, threads, versions, waits
+from keel.core import failed_runs, leases, retention, runs, threads, timers, versions, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.effects import dispatch as effect_dispatch
 from keel.core.effects.outbox import IntentStatus, public
@@ -114,6 +115,8 @@ class AsyncApp(ThreadOperations):
         version: str | None = None,
         rerun: bool = False,
         if_exists: str = "reuse",
+        after: timers.Duration | None = None,
+        not_before: datetime | float | None = None,
     ) -> Submission:
         """Admit a run, durably, before any of it executes.
 
@@ -131,7 +134,12 @@ class AsyncApp(ThreadOperations):
         unfinished: "enqueue" (run after it), "reject" (ThreadBusy), "interrupt" (stop it at
         its next step boundary and go on from there) or "rollback" (stop it and discard its
         checkpoints). `config` (its `configurable` and `metadata`) and `context` reach the
-        graph as in LangGraph."""
+        graph as in LangGraph.
+
+        `after` (seconds, a timedelta or "5m") or `not_before` (an aware datetime or epoch
+        seconds) delay the run: admitted now, durable and queued, it is not claimed before that
+        time by the database's clock; on a thread it keeps its place in the thread's order."""
+        delay, start_at = timers.start_time(after, not_before)
         await self.open()
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
@@ -155,10 +163,13 @@ class AsyncApp(ThreadOperations):
                 strategy=multitask_strategy,
                 metadata=metadata,
                 job_id=job_id,
+                delay=delay,
+                not_before=start_at,
             )
         if job_id is None:
             job_id = threads.new_id()
-        taker, claim = self.runtime.taker()
+        # A delayed run is not handed to a worker of this process: no claim can take it yet.
+        taker, claim = self.runtime.taker() if delay is None and start_at is None else (None, None)
         slot = Reserved(taker) if taker is not None else None
         try:
             admitted = await runs.admit(
@@ -172,6 +183,8 @@ class AsyncApp(ThreadOperations):
                 if_exists=if_exists,
                 check=functools.partial(check_input, wf),
                 then=claim,
+                delay=delay,
+                not_before=start_at,
             )
             if admitted.created:
                 await self._trace(admitted.row)  # before the worker it goes to can start it

@@ -225,6 +225,8 @@ class ThreadOperations:
         strategy: str,
         metadata: dict[str, Any] | None,
         job_id: str | None,
+        delay: float | None = None,
+        not_before: float | None = None,
     ) -> Submission:
         if checkpoint_id is not None and thread_id is None:
             raise UsageError("checkpoint_id names a checkpoint of a thread: give thread_id")
@@ -243,6 +245,8 @@ class ThreadOperations:
             job_id=job_id,
             max_input_bytes=self.runtime.max_input_bytes,
             check=None if command else functools.partial(check_input, wf, partial=True),
+            delay=delay,
+            not_before=not_before,
         )
         if admitted.created:
             await self._trace(admitted.row)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from keel.core.codec import loads
@@ -170,7 +171,7 @@ def summarize(details: Details, now: float) -> RunSummary:
     pending = [w for w in details.waits if w["status"] == "pending"]
     started, finished = run["started_at"], run["finished_at"]
     intents = Counter(str(i["status"]) for i in getattr(details, "intents", []))
-    outcome, why = _explain(details, pending)
+    outcome, why = _explain(details, pending, now)
     undelivered = sum(n for state, n in intents.items() if state != "delivered")
     if undelivered and run["status"] in ("completed", "failed", "cancelled"):
         # Finished steps, unfinished effects: the summary does not claim everything is done.
@@ -272,6 +273,7 @@ def _timing(
     attempts: list[Attempt] = []
     cursor: float | None = None  # the last recorded moment of the current attempt
     waiting_since: float | None = None
+    waiting_for = "waiting for a person"  # or "sleeping": the kind of the wait it paused on
     why = "first claim"  # why the next attempt begins, from what came before it
     for event in timeline:
         kind, at = event["kind"], event["at"]
@@ -304,6 +306,8 @@ def _timing(
             why = f"retry {data.get('attempt', '?')} of {data.get('limit', '?')} after a crash"
         elif kind == "attempt.interrupted":
             why = "resumed after an infrastructure fault"
+        elif kind == "wait.registered":
+            waiting_for = "sleeping" if data.get("kind") == "timer" else "waiting for a person"
         elif kind == "status.waiting":
             waiting_since = at
             _close(attempts, at, kind)
@@ -314,13 +318,13 @@ def _timing(
             elif kind == "status.queued" and data.get("reason") == "worker stopping":
                 why = "given back by its stopping worker"
             if waiting_since is not None:
-                spans.append(Span("waiting for a person", "waiting", waiting_since, at))
+                spans.append(Span(waiting_for, "waiting", waiting_since, at))
                 waiting_since = None
             if kind != "status.running":
                 _close(attempts, at, kind)
                 cursor = None
     if waiting_since is not None:
-        spans.append(Span("waiting for a person", "waiting", waiting_since, now))
+        spans.append(Span(waiting_for, "waiting", waiting_since, now))
     if status == "running" and cursor is not None and attempts:
         current = attempts[-1]
         spans.append(
@@ -357,7 +361,7 @@ def _close(attempts: list[Attempt], at: float, by: str) -> None:
         attempts[-1].ended_at, attempts[-1].ended_by = at, by
 
 
-def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]:
+def _explain(details: Details, pending: list[dict[str, Any]], now: float) -> tuple[str, str]:
     """A headline and the sentence that says why, from the recorded facts only."""
     run = details.run
     status = run["status"]
@@ -389,6 +393,11 @@ def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]
                 f"waiting for {wait['name']} to be delivered",
                 f"outbox intent {payload.get('intent_id')} is not delivered yet",
             )
+        if wait["kind"] == "timer":
+            return "sleeping", (
+                f"keel.sleep(): wakes at {_utc(wait['deadline'])} by the database's clock; "
+                "no worker is held meanwhile"
+            )
         if wait["kind"] == "effect":
             payload = loads(wait["payload"]) or {}
             name = payload.get("effect") or payload.get("name") or wait["name"]
@@ -414,8 +423,16 @@ def _explain(details: Details, pending: list[dict[str, Any]]) -> tuple[str, str]
     if status == "queued":
         if last is not None and run["decision"] != "not_decided":
             return "queued", _decision_sentence(last) + "; a worker will resume it"
+        if run.get("not_before") is not None and float(run["not_before"]) > now:
+            when = _utc(run["not_before"])
+            return "queued, delayed", f"admitted; no worker takes it before {when}"
         return "queued", "admitted; waiting for a worker to claim it"
     return status, ""
+
+
+def _utc(at: Any) -> str:
+    """An epoch time as people read it (UTC, to the second)."""
+    return datetime.fromtimestamp(float(at), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _awaiting_deadline(timeline: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -244,6 +244,8 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             version=body.version,
             rerun=body.rerun,
             if_exists=body.if_exists,
+            after=body.after,
+            not_before=body.not_before,
         )
         url = _run_url(request, row["run_id"])
         response.status_code = 201 if row.created else 200

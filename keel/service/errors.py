@@ -124,7 +124,9 @@ def keel_message(exc: core.KeelError) -> str:
         return job_exists_message(
             exc.job_id, exc.runs[0], new='"if_exists": "new"', reuse='"if_exists": "reuse"'
         )
-    if not isinstance(exc, core.WrongWaitKind) or exc.wait_kind == WaitKind.OUTBOX:
+    if not isinstance(exc, core.WrongWaitKind):
+        return str(exc)
+    if exc.wait_kind in (WaitKind.OUTBOX, WaitKind.TIMER):  # nobody decides these
         return str(exc)
     if exc.with_value:
         return str(exc)  # a resume value for an approval or an effect: the core's words fit

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from keel.core.codec import loads
 from keel.core.lifecycle import Status
@@ -34,6 +34,14 @@ class SubmitIn(Body):
         description="When the job already has a run with other input: give back the job's "
         "latest run (the default: a job id is an idempotency key), admit a new run, or refuse "
         "(409 job_exists).",
+    )
+    after: float | str | None = Field(
+        None,
+        description='Delay the run: seconds, or a duration such as "90s", "5m", "2h". '
+        "It is admitted now and claimed once the database's clock reaches that time.",
+    )
+    not_before: AwareDatetime | None = Field(
+        None, description="Delay the run until this instant (with its timezone); not with after."
     )
 
 
@@ -94,6 +102,9 @@ class Run(BaseModel):
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    not_before: float | None = Field(
+        None, description="A delayed run: no worker claims it before this time (epoch seconds)."
+    )
     duration: float | None = Field(
         None,
         description="Seconds from the first claim to the finish (to now while unfinished); "
@@ -291,6 +302,7 @@ def _run_fields(row: Row, now: float | None = None) -> dict[str, Any]:
         "updated_at": row["updated_at"],
         "started_at": row["started_at"],
         "finished_at": row["finished_at"],
+        "not_before": row.get("not_before"),
     }
 
 

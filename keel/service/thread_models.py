@@ -98,6 +98,11 @@ class ThreadRunIn(Body):
         description="Idempotency key: the same job, input and command on the thread are one run.",
     )
     version: str | None = Field(None, description="Workflow version; the latest when omitted.")
+    after: float | str | None = Field(
+        None,
+        description='Delay the run: seconds, or a duration such as "5m". It takes its place '
+        "on the thread now and is claimed once the database's clock reaches that time.",
+    )
 
 
 class ResumeValueIn(Body):

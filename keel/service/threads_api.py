@@ -336,6 +336,7 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
             metadata=body.metadata,
             job_id=body.job_id,
             version=body.version,
+            after=body.after,
         )
         url = run_url(request, row.run_id)
         response.status_code = 201 if row.created else 200

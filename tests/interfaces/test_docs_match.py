@@ -194,6 +194,7 @@ def same_default(written: str, real: Any) -> bool:
         ("keel.approval", keel.approval),
         ("keel.heartbeat", keel.heartbeat),
         ("keel.Retry", keel.Retry),
+        ("keel.sleep", keel.sleep),
     ],
 )
 def test_a_keel_function_has_the_documented_parameters(call: str, function: Any) -> None:

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 
 import keel
-from keel.core import runs
+from keel.core.codec import canonical_json
 from keel.core.effects.keys import legacy_key
 from keel.core.errors import SchemaMismatch
-from keel.core.ids import StepRef
+from keel.core.ids import StepRef, input_hash, run_id
 from keel.core.store.base import load_migrations
 from keel.testing.postgres import drop_database
 from tests.support.graphs import echo_graph, notify_effect
@@ -77,6 +77,28 @@ def execute(url: str, sql: str) -> list[Any]:
         return cur.fetchall() if cur.description else []
 
 
+def admit_by_hand(app: keel.App, workflow: str, job_id: str, value: Any) -> dict[str, Any]:
+    """A run as an old schema admitted it, written by hand in its columns of version 1 (today's
+    admission writes columns that old schemas lack: not_before, migration 0026)."""
+    text = canonical_json(value)
+    rid = run_id(job_id, workflow, "1", text, 1)
+    execute(
+        app.url,
+        "INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, "
+        f"input, status, created_at, updated_at) VALUES ('{rid}', '{job_id}', '{workflow}', '1', "
+        f"1, '{input_hash(workflow, '1', text)}', '{text}', 'queued', 1.7e9, 1.7e9)",
+    )
+    execute(
+        app.url,
+        f"INSERT INTO keel_events (run_id, at, kind, data) VALUES ('{rid}', 1.7e9, 'admitted', "
+        "'{}')",
+    )
+    rt = app.aio.runtime
+    row = rt.portal.call(rt.store.get_run(rid))
+    assert row is not None
+    return dict(row)
+
+
 def recorded_versions(app: keel.App) -> list[int]:
     return sorted(r[0] for r in execute(app.url, "SELECT version FROM keel_schema_migrations"))
 
@@ -109,26 +131,7 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     rt.portal.call(rt.connector.open())
     assert rt.portal.call(rt.store.migrate(target=1)) == NAMES[:1]
     assert version(old) == 1
-    if rt.dialect == "postgres":
-        # Today's admission reads the database's clock through keel_now(), which PostgreSQL
-        # gets from migration 0005 (SQLite's is defined on the connection): define it early.
-        [defined] = [
-            s for m in load_migrations("postgres") for s in m.statements if "keel_now()" in s
-        ]
-        execute(old.url, defined)
-    admitted = rt.portal.call(
-        runs.admit(
-            rt.store,
-            workflow="echo",
-            version="1",
-            job_id="legacy-1",
-            input={"text": "from v1"},
-            rerun=False,
-            max_input_bytes=1000,
-        )
-    )
-    row = admitted.row
-    assert admitted.created
+    row = admit_by_hand(old, "echo", "legacy-1", {"text": "from v1"})
     old.close()
 
     new = apps()
@@ -205,17 +208,7 @@ def test_effects_recorded_before_0006_are_served_by_their_old_keys(apps: Any) ->
     rt.portal.call(rt.connector.open())
     before = max(v for v in VERSIONS if v < 6)
     rt.portal.call(rt.store.migrate(target=before))
-    row = rt.portal.call(
-        runs.admit(
-            rt.store,
-            workflow="notify",
-            version="1",
-            job_id="legacy-effect-1",
-            input={"text": "hi"},
-            rerun=False,
-            max_input_bytes=1000,
-        )
-    ).row
+    row = admit_by_hand(old, "notify", "legacy-effect-1", {"text": "hi"})
     where = StepRef(row["run_id"], "echo", 1, "__pregel_pull/echo", namespace="echo")
     key = legacy_key(where, "notify", ("a@x",), {})
     execute(

@@ -61,6 +61,10 @@ class NewRun:
     input_hash: str
     input: str
     """The input as canonical JSON."""
+    delay: float | None = None
+    """Seconds after admission, by the database's clock, before a claim may take it."""
+    not_before: float | None = None
+    """Epoch seconds before which no claim takes it (wins over `delay`)."""
 
 
 class RunQueries:

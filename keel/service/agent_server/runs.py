@@ -9,9 +9,10 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   same pause is refused (409 `decision_conflict`).
 - Streams (stream.py): `values` and `updates` told from committed steps; `messages`,
   `custom`, `tasks`, `checkpoints`, `debug` captured by the worker; `events` accepted and sends
-  nothing. `interrupt_before`/`interrupt_after`, `webhook` and
-  `after_seconds` are refused (422 `unsupported`) rather than ignored; `durability` is accepted
-  (Keel checkpoints every step durably), `stream_subgraphs` adds subgraphs' namespaced events.
+  nothing. `interrupt_before`/`interrupt_after` and `webhook` are refused (422 `unsupported`)
+  rather than ignored; `after_seconds` delays the run (admitted at once, `pending`, claimed once
+  the database's clock reaches it); `durability` is accepted (Keel checkpoints every step
+  durably), `stream_subgraphs` adds subgraphs' namespaced events.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
 - A run cannot be deleted (409 `run_kept`): Keel keeps finished runs (their timeline and
@@ -125,8 +126,8 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             )
         if body.webhook:
             raise unsupported("webhook is not supported: nothing would call it")
-        if body.after_seconds:
-            raise unsupported("after_seconds is not supported: submit the run when it is due")
+        if body.after_seconds is not None and not body.after_seconds >= 0:
+            raise Refused(422, "invalid_request", "after_seconds cannot be negative")
         stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
         thread = None
         stateless = thread_id is None
@@ -167,6 +168,8 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             multitask_strategy=body.multitask_strategy or "enqueue",
             metadata=stamp,
             version=version,
+            # Admitted now, claimed once the database's clock reaches it (keel.core.timers).
+            after=body.after_seconds or None,
         )
         if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
             keel_app.update_thread(thread_id, metadata=stamp)

@@ -70,9 +70,9 @@ FROM fence AS f;
 -- moves: new>queued
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
-                       status, created_at, updated_at)
+                       status, created_at, updated_at, not_before)
 VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s, %(input)s,
-        'queued', keel_now(), keel_now())
+        'queued', keel_now(), keel_now(), COALESCE(%(not_before)s::double precision, keel_now() + %(delay)s::double precision))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
@@ -97,9 +97,9 @@ verdict AS (
                 THEN 1 ELSE 0 END AS refused),
 inserted AS (
     INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
-                           status, created_at, updated_at)
+                           status, created_at, updated_at, not_before)
     SELECT %(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s,
-           %(input)s, 'queued', keel_now(), keel_now()
+           %(input)s, 'queued', keel_now(), keel_now(), COALESCE(%(not_before)s::double precision, keel_now() + %(delay)s::double precision)
     FROM verdict WHERE refused = 0
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *),
@@ -162,6 +162,7 @@ SELECT pg_advisory_xact_lock(74213002) IS NOT NULL AS locked;
 -- `first_claim`: the run never ran, so it has no checkpoint to read. `decided_waits`: for a run
 -- that ran before, its answered waits (interrupt_id, status, value as JSON text), oldest first:
 -- what a resume after a decision would read next (its resume map), read in the claim instead.
+-- A delayed run is not claimable before its `not_before` (database clock, migration 0026).
 -- `after_rollback`: a run of its thread was rolled back, whose checkpoints may still be there.
 -- The oldest queued run and the oldest expired one are each read from their own partial index
 -- (migration 0021), in the order of the claim, and the older of the two is taken: a claim
@@ -179,6 +180,7 @@ queued AS (
           WHERE l.key = q.workflow || '@' || q.workflow_version
             AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
                  AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value::int)
+      AND (q.not_before IS NULL OR q.not_before <= (SELECT keel_now()))
       AND (q.thread_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM keel_runs AS t WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
             AND t.status IN ('queued', 'running', 'waiting')))
@@ -436,7 +438,7 @@ intent AS (
                              i.approvers, i.deadline, '{"stage": 0}'),
            'queued', keel_now(), keel_now(), keel_now()
     FROM inserted AS i, run AS r, jsonb_array_elements_text(%(notifiers)s::jsonb) AS n (name)
-    WHERE i.kind <> 'outbox'
+    WHERE i.kind NOT IN ('outbox', 'timer')
     ON CONFLICT (intent_id) DO NOTHING)
 SELECT * FROM inserted;
 
@@ -504,7 +506,7 @@ SELECT * FROM keel_waits WHERE run_id = %(run_id)s ORDER BY created_at, wait_id;
 -- name: list_pending_waits
 -- Every open wait a person can answer, oldest deadline first (an outbox wait is the
 -- dispatcher's: a dead intent is retried or resolved with `keel effects`, not decided).
-SELECT * FROM keel_waits WHERE status = 'pending' AND kind <> 'outbox' ORDER BY deadline, created_at LIMIT %(limit)s;
+SELECT * FROM keel_waits WHERE status = 'pending' AND kind NOT IN ('outbox', 'timer') ORDER BY deadline, created_at LIMIT %(limit)s;
 
 -- name: decide_wait
 -- The first decision wins: only a pending wait can be decided.
@@ -549,7 +551,7 @@ decided AS (
     FROM target AS t, run AS r
     WHERE w.wait_id = t.wait_id AND w.status = 'pending'
       AND r.status NOT IN ('completed', 'failed', 'cancelled')
-      AND t.kind <> 'outbox' AND (t.kind = 'effect') = (%(effect_answer)s = 1)
+      AND t.kind NOT IN ('outbox', 'timer') AND (t.kind = 'effect') = (%(effect_answer)s = 1)
       AND (%(decision)s::text <> 'resumed' OR t.kind = 'interrupt')
     RETURNING w.*),
 moved AS (
@@ -613,18 +615,27 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NU
 
 -- name: next_due
 -- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
--- then): whether a run is queued for it, when the earliest lease of a running run expires (a
--- claim takes it over), and when the sweeper's next work falls due: a wait's deadline or next
--- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
+-- then): whether a run is queued for it (and due: a delayed run's time has come), when a claim
+-- next finds a run that is not there yet (`lease_at`: the earliest lease of a running run
+-- expires, a takeover, or a delayed run's not-before time comes), and when the sweeper's next
+-- work falls due: a wait's deadline (a sleeping run's wake time among them) or next schedule
+-- stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
 -- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
 SELECT keel_now() AS now,
        EXISTS (SELECT 1 FROM keel_runs AS q WHERE status = 'queued'
+               AND (q.not_before IS NULL OR q.not_before <= (SELECT keel_now()))
                AND (q.thread_id IS NULL OR NOT EXISTS (SELECT 1 FROM keel_runs AS t
                     WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
                       AND t.status IN ('queued', 'running', 'waiting')))
                AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))) AS queued,
-       (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
-        AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))) AS lease_at,
+       (SELECT MIN(t) FROM (
+            SELECT MIN(lease_expires_at) AS t FROM keel_runs WHERE status = 'running'
+            AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+            UNION ALL
+            SELECT MIN(not_before) FROM keel_runs WHERE status = 'queued'
+            AND not_before > (SELECT keel_now())
+            AND workflow || '@' || workflow_version IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+        ) AS claimable) AS lease_at,
        (SELECT MIN(t) FROM (
             SELECT MIN(deadline) AS t FROM keel_waits WHERE status = 'pending'
             UNION ALL
@@ -825,7 +836,7 @@ GROUP BY run_id;
 -- name: browse_pending_waits
 -- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND ((%(kind)s::text IS NULL AND kind <> 'outbox') OR kind = %(kind)s::text)
+WHERE status = 'pending' AND ((%(kind)s::text IS NULL AND kind NOT IN ('outbox', 'timer')) OR kind = %(kind)s::text)
 ORDER BY deadline, created_at, wait_id
 LIMIT %(limit)s OFFSET %(offset)s;
 
@@ -1172,10 +1183,10 @@ SELECT COALESCE(MAX(thread_seq), 0) + 1 AS seq FROM keel_runs WHERE thread_id = 
 -- Admit a run on a thread at its place; no row if the run already exists.
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
                        status, created_at, updated_at, thread_id, thread_seq, command,
-                       checkpoint_id, config, multitask_strategy)
+                       checkpoint_id, config, multitask_strategy, not_before)
 VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s, %(input_hash)s,
         %(input)s, 'queued', keel_now(), keel_now(), %(thread_id)s, %(thread_seq)s, %(command)s,
-        %(checkpoint_id)s, %(config)s, %(multitask_strategy)s)
+        %(checkpoint_id)s, %(config)s, %(multitask_strategy)s, COALESCE(%(not_before)s::double precision, keel_now() + %(delay)s::double precision))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 

@@ -63,9 +63,9 @@ SELECT changes() AS armed;
 -- moves: new>queued
 -- Admit a run unless it already exists (admission is idempotent).
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
-                       status, created_at, updated_at)
+                       status, created_at, updated_at, not_before)
 VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
-        'queued', keel_now(), keel_now())
+        'queued', keel_now(), keel_now(), COALESCE(:not_before, keel_now() + :delay))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
@@ -86,9 +86,9 @@ SELECT COALESCE((SELECT json_group_array(run_id) FROM (
                              AND input_hash = :input_hash)
             THEN 1 ELSE 0 END AS refused;
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
-                       status, created_at, updated_at)
+                       status, created_at, updated_at, not_before)
 SELECT :run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
-       'queued', keel_now(), keel_now()
+       'queued', keel_now(), keel_now(), COALESCE(:not_before, keel_now() + :delay)
 WHERE :refused = 0
 ON CONFLICT (run_id) DO NOTHING;
 -- SQLite sends no wake-ups (its workers poll): `woken` is 0 whatever `wake` asks.
@@ -141,6 +141,7 @@ SELECT 1 AS locked;
 -- nothing to claim. `first_claim`: the run never ran, so it has no checkpoint to read.
 -- `decided_waits`: for a run that ran before, its answered waits (interrupt_id, status, value as
 -- JSON text), oldest first: what a resume after a decision would read next, read in the claim.
+-- A delayed run is not claimable before its `not_before` (database clock, migration 0026).
 -- `after_rollback`: a run of its thread was rolled back, whose checkpoints may still be there.
 -- The oldest queued and the oldest expired run each come from their own partial index
 -- (migration 0021), already in order: a claim reads a few entries however many runs finished.
@@ -156,6 +157,7 @@ FROM (
               WHERE l.key = q.workflow || '@' || q.workflow_version
                 AND (SELECT COUNT(*) FROM keel_runs AS o WHERE o.status = 'running'
                      AND o.workflow = q.workflow AND o.workflow_version = q.workflow_version) >= l.value)
+          AND (q.not_before IS NULL OR q.not_before <= (SELECT keel_now()))
           AND (q.thread_id IS NULL OR NOT EXISTS (
               SELECT 1 FROM keel_runs AS t WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
                 AND t.status IN ('queued', 'running', 'waiting')))
@@ -371,7 +373,7 @@ SELECT 'n:' || substr(keel_digest(:run_id, w.wait_id, 'request', '0', n.value), 
                          w.approvers, w.deadline, '{"stage": 0}'),
        'queued', keel_now(), keel_now(), keel_now()
 FROM keel_waits AS w, json_each(:notifiers) AS n
-WHERE w.wait_id = :wait_id AND :inserted = 1 AND w.kind <> 'outbox'
+WHERE w.wait_id = :wait_id AND :inserted = 1 AND w.kind NOT IN ('outbox', 'timer')
 ON CONFLICT (intent_id) DO NOTHING;
 SELECT w.* FROM keel_waits AS w WHERE w.wait_id = :wait_id AND :inserted = 1;
 
@@ -428,7 +430,7 @@ SELECT * FROM keel_waits WHERE run_id = :run_id ORDER BY created_at, wait_id;
 -- name: list_pending_waits
 -- Every open wait a person can answer, oldest deadline first (an outbox wait is the
 -- dispatcher's: a dead intent is retried or resolved with `keel effects`, not decided).
-SELECT * FROM keel_waits WHERE status = 'pending' AND kind <> 'outbox' ORDER BY deadline, created_at LIMIT :limit;
+SELECT * FROM keel_waits WHERE status = 'pending' AND kind NOT IN ('outbox', 'timer') ORDER BY deadline, created_at LIMIT :limit;
 
 -- name: decide_wait
 -- The first decision wins: only a pending wait can be decided.
@@ -474,7 +476,7 @@ SET status = 'decided', decision = :decision,
     decided_at = keel_now()
 WHERE wait_id = :target_id AND status = 'pending'
   AND :run_status NOT IN ('completed', 'failed', 'cancelled')
-  AND kind <> 'outbox' AND (kind = 'effect') = (:effect_answer = 1)
+  AND kind NOT IN ('outbox', 'timer') AND (kind = 'effect') = (:effect_answer = 1)
   AND (:decision <> 'resumed' OR kind = 'interrupt');
 SELECT changes() AS recorded;
 UPDATE keel_runs
@@ -526,18 +528,27 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = keel_now(), stopped_at = NU
 
 -- name: next_due
 -- What an idle worker of these workflows has to do, by the database's clock (it sleeps until
--- then): whether a run is queued for it, when the earliest lease of a running run expires (a
--- claim takes it over), and when the sweeper's next work falls due: a wait's deadline or next
--- schedule stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
+-- then): whether a run is queued for it (and due: a delayed run's time has come), when a claim
+-- next finds a run that is not there yet (`lease_at`: the earliest lease of a running run
+-- expires, a takeover, or a delayed run's not-before time comes), and when the sweeper's next
+-- work falls due: a wait's deadline (a sleeping run's wake time among them) or next schedule
+-- stage, an outbox intent becoming deliverable or its sender's claim expiring (for a
 -- worker that delivers them, `outbox`). NULL: nothing of that kind is pending.
 SELECT keel_now() AS now,
        EXISTS (SELECT 1 FROM keel_runs AS q WHERE status = 'queued'
+               AND (q.not_before IS NULL OR q.not_before <= (SELECT keel_now()))
                AND (q.thread_id IS NULL OR NOT EXISTS (SELECT 1 FROM keel_runs AS t
                     WHERE t.thread_id = q.thread_id AND t.thread_seq < q.thread_seq
                       AND t.status IN ('queued', 'running', 'waiting')))
                AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS queued,
-       (SELECT MIN(lease_expires_at) FROM keel_runs WHERE status = 'running'
-        AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))) AS lease_at,
+       (SELECT MIN(t) FROM (
+            SELECT MIN(lease_expires_at) AS t FROM keel_runs WHERE status = 'running'
+            AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))
+            UNION ALL
+            SELECT MIN(not_before) FROM keel_runs WHERE status = 'queued'
+            AND not_before > (SELECT keel_now())
+            AND workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows))
+        ) AS claimable) AS lease_at,
        (SELECT MIN(t) FROM (
             SELECT MIN(deadline) AS t FROM keel_waits WHERE status = 'pending'
             UNION ALL
@@ -733,7 +744,7 @@ GROUP BY run_id;
 -- name: browse_pending_waits
 -- Open waits of one kind (or all), oldest deadline first, paged (the approvals inbox).
 SELECT * FROM keel_waits
-WHERE status = 'pending' AND ((:kind IS NULL AND kind <> 'outbox') OR kind = :kind)
+WHERE status = 'pending' AND ((:kind IS NULL AND kind NOT IN ('outbox', 'timer')) OR kind = :kind)
 ORDER BY deadline, created_at, wait_id
 LIMIT :limit OFFSET :offset;
 
@@ -1071,10 +1082,10 @@ SELECT COALESCE(MAX(thread_seq), 0) + 1 AS seq FROM keel_runs WHERE thread_id = 
 -- Admit a run on a thread at its place; no row if the run already exists.
 INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
                        status, created_at, updated_at, thread_id, thread_seq, command,
-                       checkpoint_id, config, multitask_strategy)
+                       checkpoint_id, config, multitask_strategy, not_before)
 VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :input,
         'queued', keel_now(), keel_now(), :thread_id, :thread_seq, :command,
-        :checkpoint_id, :config, :multitask_strategy)
+        :checkpoint_id, :config, :multitask_strategy, COALESCE(:not_before, keel_now() + :delay))
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 

@@ -42,6 +42,7 @@ from keel.runtime.dispatcher import SAFETY_POLL_INTERVAL, deliver_effects
 from keel.runtime.handoff import Handoff
 from keel.runtime.ports import WorkerHost
 from keel.runtime.records import WorkerStats as WorkerStats
+from keel.runtime.schedules import AsyncSchedules, run_scheduler
 from keel.runtime.stranded import live_window, report_stranded
 from keel.runtime.watchdog import BlockRecorder, LoopWatchdog, default_threshold
 
@@ -181,6 +182,11 @@ class Worker:
                 safety_poll=self.safety_poll_interval,
             )
         )
+        # Schedules of the workflows served here: each worker fires due ticks, exactly once
+        # between them all (keel.core.schedules).
+        scheduler = asyncio.create_task(
+            run_scheduler(rt, self.serving, self._stopping, AsyncSchedules(rt))
+        )
         await self._guarded(self._announce())
         log.info(
             "worker %s started: concurrency %d, workflows %s",
@@ -241,7 +247,7 @@ class Worker:
         finally:
             rt.remove_taker(self._handoff.close())
             await self._drain()
-            background = [heartbeat, listener, deliverer, *([pruner] if pruner else [])]
+            background = [heartbeat, listener, deliverer, scheduler, *([pruner] if pruner else [])]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

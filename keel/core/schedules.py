@@ -211,8 +211,9 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
                 outcome = "skipped"
             if outcome is not None:
                 recorded = await store.record_tick(tx, sid, tick, outcome, None)
-                queued += outcome == "queued" and recorded is not None
-                done.append(_tick(name, tick, outcome, None, recorded))
+                if recorded is not None:  # else: recorded before, by a scheduler this one raced
+                    queued += outcome == "queued"
+                    done.append(_tick(name, tick, outcome, None, recorded))
                 continue
             rid = await _admit_tick(store, tx, row, version, tick)
             recorded = await store.record_tick(tx, sid, tick, "fired", rid)

@@ -327,6 +327,7 @@ class Schedules:
 
 async def fire_due(runtime: WorkerHost, workflows: Workflows) -> list[rules.Tick]:
     """One scheduler pass: the due ticks of these workflows' schedules fired."""
+    await runtime.open()
     versions = {name: workflows.get(name).version for name in {w.name for w in workflows.all()}}
     fired = await rules.fire_due(runtime.services.store, versions, timing_of)
     if any(t.run_id for t in fired):

@@ -32,6 +32,7 @@ from keel.runtime.ports import WorkerHost
 log = logging.getLogger("keel.schedules")
 
 MAX_NAME = 128
+_SETTINGS = ("cron", "every_seconds", "timezone", "input", "catch_up", "overlap", "metadata")
 MAX_SLEEP = 1.0
 """Longest a scheduler sleeps between looks at the next due tick."""
 
@@ -208,23 +209,30 @@ class AsyncSchedules:
         ticks missed while paused are not caught up."""
         row = await self._row(key)
         retimed = cron is not None or every is not None or timezone is not None
-        if cron is not None or every is not None:
-            new_cron, new_every = cron, every
-        else:
-            new_cron, new_every = row["cron"], row["every_seconds"]
         kept = loads(row["metadata"])
-        values = self._values(
-            str(row["name"]),
-            str(row["workflow"]),
-            new_cron,
-            new_every,
-            timezone or str(row["timezone"]),
-            loads(row["input"]) if input is rules.UNCHANGED else input,
-            row["thread_id"],
-            catch_up or str(row["catch_up"]),
-            overlap or str(row["overlap"]),
-            {**kept, **metadata} if metadata is not None else kept,
-        )
+        merged = {**kept, **metadata} if metadata is not None else kept
+        changed = retimed or input is not rules.UNCHANGED or catch_up or overlap
+        if not changed:
+            # A pause, a resume, metadata: nothing to check against the workflow, which this
+            # process may not register (`keel schedules pause --db ...`).
+            values = {k: row[k] for k in _SETTINGS} | {"metadata": dumps(merged)}
+        else:
+            if cron is not None or every is not None:
+                new_cron, new_every = cron, every
+            else:
+                new_cron, new_every = row["cron"], row["every_seconds"]
+            values = self._values(
+                str(row["name"]),
+                str(row["workflow"]),
+                new_cron,
+                new_every,
+                timezone or str(row["timezone"]),
+                loads(row["input"]) if input is rules.UNCHANGED else input,
+                row["thread_id"],
+                catch_up or str(row["catch_up"]),
+                overlap or str(row["overlap"]),
+                merged,
+            )
         resumed = paused is False and bool(row["paused"])
         async with self._store.transaction() as tx:
             now = await self._store.db_now(tx)

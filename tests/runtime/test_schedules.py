@@ -116,7 +116,7 @@ def test_overlap_allow_fires_beside_an_unfinished_run(make_app: AppFactory) -> N
     clock.advance(60)
     (second,) = _fire(app)
     assert second.outcome == "fired" and second.run_id != first.run_id
-    assert app.get_run(first.run_id).run["status"] == "queued"
+    assert app.get_run(str(first.run_id)).run["status"] == "queued"
 
 
 def test_a_thread_schedule_starts_turns_of_the_thread(make_app: AppFactory) -> None:

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import keel
+from keel.core.clock import Clock
 from keel.core.schedules import Tick
 from keel.runtime.schedules import fire_due
 from tests.support.graphs import echo_graph
@@ -20,7 +21,7 @@ def _fire(app: keel.App) -> list[Tick]:
     return rt.portal.call(fire_due(rt, rt.workflows))
 
 
-def _app(make_app: AppFactory, clock: keel.Clock) -> keel.App:
+def _app(make_app: AppFactory, clock: Clock) -> keel.App:
     app = make_app(clock=clock)
     app.workflow("echo")(echo_graph)
     return app
@@ -46,7 +47,7 @@ def test_a_due_tick_fires_once_and_moves_the_schedule_on(make_app: AppFactory) -
     after = app.schedules.get("every-10")
     assert after["next_tick"] == made["next_tick"] + 10
     assert after["last_tick"] == made["next_tick"] and after["last_run_id"] == fired[0].run_id
-    run = app.get_run(fired[0].run_id).run
+    run = app.get_run(str(fired[0].run_id)).run
     assert run["status"] == "queued" and run["workflow"] == "echo"
     assert app.schedules.ticks("every-10")[0]["run_id"] == fired[0].run_id
 

@@ -27,7 +27,7 @@ from tests.support.service_client import ADMIN, READER, TOKENS, Service
 from tests.support.thread_graphs import register
 
 APP = "tests.support.thread_graphs:fresh_app"
-CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
 ORACLE_CRON = {
     "cron_id",
     "assistant_id",
@@ -130,12 +130,20 @@ def _fire(app: keel.App) -> list[Any]:
 
 def test_langgraph_sdk_crons(served: Service) -> None:
     client = get_sync_client(url=served.url, api_key=ADMIN)
-    cron = client.crons.create("chat", schedule="*/1 * * * * *", input=CHAT, metadata={"k": 1})
+    cron: dict[str, Any] = dict(
+        client.crons.create("chat", schedule="*/1 * * * * *", input=CHAT, metadata={"k": 1})
+    )
     assert set(cron) == ORACLE_CRON
     assert cron["assistant_id"] == assistant_id_of("chat") and cron["enabled"] is True
     thread = client.threads.create()
-    on_thread = client.crons.create_for_thread(
-        thread["thread_id"], "chat", schedule="0 9 * * *", timezone="America/New_York", input=CHAT
+    on_thread: dict[str, Any] = dict(
+        client.crons.create_for_thread(
+            thread["thread_id"],
+            "chat",
+            schedule="0 9 * * *",
+            timezone="America/New_York",
+            input=CHAT,
+        )
     )
     assert on_thread["thread_id"] == thread["thread_id"]
     assert on_thread["timezone"] == "America/New_York"

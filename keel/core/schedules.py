@@ -54,6 +54,8 @@ ON_TIME = 5.0
 """Seconds after its time within which a tick is the tick of now, not a missed one."""
 UNCHANGED: Any = object()
 """An update's `input` when not given (None is an input)."""
+SCHEDULE_WAKE = "schedule:"
+"""The prefix of the wake-up a schedule's change sends its schedulers (`keel_wake`)."""
 CLAIM_BATCH = 50
 """Due schedules one scheduler's transaction takes at most."""
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import dataclasses
 import datetime
 import logging
@@ -34,7 +33,10 @@ log = logging.getLogger("keel.schedules")
 MAX_NAME = 128
 _SETTINGS = ("cron", "every_seconds", "timezone", "input", "catch_up", "overlap", "metadata")
 MAX_SLEEP = 1.0
-"""Longest a scheduler sleeps between looks at the next due tick."""
+"""Longest a scheduler sleeps between looks at the next due tick, unless woken by changes."""
+QUIET_SLEEP = 5.0
+"""Longest it sleeps where a schedule's change wakes it (PostgreSQL's NOTIFY): an idle worker
+then looks once in five seconds, or at its next tick."""
 
 
 def validate_name(value: object) -> str:
@@ -117,6 +119,7 @@ class AsyncSchedules:
                 next_tick=timing(values["cron"], values["every_seconds"], timezone, now).after(now),
             )
             row = await self._store.insert_schedule(tx, values)
+            await self._store.notify_wake(tx, rules.SCHEDULE_WAKE + values["schedule_id"])
         if row is None:
             raise ScheduleExists(f"a schedule named {name!r} exists")
         return public(row)
@@ -246,6 +249,7 @@ class AsyncSchedules:
                 next_tick=next_tick,
             )
             written = await self._store.write_schedule(tx, values)
+            await self._store.notify_wake(tx, rules.SCHEDULE_WAKE + str(row["schedule_id"]))
         if written is None:
             raise ScheduleNotFound(f"no schedule {key!r}")
         return public(written)
@@ -303,6 +307,8 @@ class AsyncSchedules:
                     ).after(now),
                 )
                 row = await self._store.declare_schedule(tx, values)
+                if row is not None:
+                    await self._store.notify_wake(tx, rules.SCHEDULE_WAKE + str(row["schedule_id"]))
             if row is None:
                 log.warning(
                     "workflow %s declares schedule %s, but one of that name was made by hand: "
@@ -344,9 +350,14 @@ async def fire_due(runtime: WorkerHost, workflows: Workflows) -> list[rules.Tick
 
 
 async def run_scheduler(
-    runtime: WorkerHost, workflows: Workflows, stopping: asyncio.Event, schedules: AsyncSchedules
+    runtime: WorkerHost,
+    workflows: Workflows,
+    stopping: asyncio.Event,
+    schedules: AsyncSchedules,
+    wake: asyncio.Event | None = None,
 ) -> None:
-    """Fire these workflows' due ticks until `stopping` (a worker's background task)."""
+    """Fire these workflows' due ticks until `stopping` (a worker's background task). `wake`,
+    set when a schedule changes (a NOTIFY), lets it sleep longer when nothing is due."""
     names = sorted({w.name for w in workflows.all()})
     if not names:
         return
@@ -362,14 +373,21 @@ async def run_scheduler(
             due = wait is not None and wait <= 0
             if due or queued:
                 await fire_due(runtime, workflows)
-            delay = 0.0 if due else min(MAX_SLEEP, MAX_SLEEP if wait is None else wait)
+            cap = QUIET_SLEEP if wake is not None else MAX_SLEEP
+            delay = 0.0 if due else min(cap, cap if wait is None else wait)
         except Exception as exc:
             if not store.is_infrastructure(exc):
                 log.exception("the scheduler failed a pass; it tries again in a second")
             # A database away: the worker's own loop reports it; try again in a second.
         if delay > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
+            waiters = [asyncio.ensure_future(stopping.wait())]
+            if wake is not None:
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+        if wake is not None:
+            wake.clear()
 
 
 def schedule_spec(value: Any) -> rules.ScheduleSpec:

@@ -33,6 +33,7 @@ from keel.core.effects import dispatch as effect_dispatch
 from keel.core.errors import ClockSkew, WorkflowVersionMismatch
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED
+from keel.core.schedules import SCHEDULE_WAKE
 from keel.core.store.base import Row
 from keel.core.store.intent_queries import OUTBOX_WAKE
 from keel.core.store.store import Lease
@@ -161,6 +162,7 @@ class Worker:
         wake = self._slot_freed = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
         effects_wake = asyncio.Event()  # the dispatcher's own: the claim loop clears `wake`
+        schedules_wake = asyncio.Event()  # the scheduler's: a schedule changed
 
         def woken_by_notify(payload: str | None) -> None:
             # An intent's wake-up is the dispatcher's alone: a claim loop woken for it would
@@ -169,6 +171,8 @@ class Worker:
                 wake.set()
             if payload is None or payload.startswith(OUTBOX_WAKE):
                 effects_wake.set()
+            if payload is None or payload.startswith(SCHEDULE_WAKE):
+                schedules_wake.set()
 
         listener = asyncio.create_task(rt.connector.listen("keel_wake", woken_by_notify))
         pruner = asyncio.create_task(self._prune()) if self.prune_older_than else None
@@ -185,7 +189,13 @@ class Worker:
         # Schedules of the workflows served here: each worker fires due ticks, exactly once
         # between them all (keel.core.schedules).
         scheduler = asyncio.create_task(
-            run_scheduler(rt, self.serving, self._stopping, AsyncSchedules(rt))
+            run_scheduler(
+                rt,
+                self.serving,
+                self._stopping,
+                AsyncSchedules(rt),
+                wake=schedules_wake if quiet else None,
+            )
         )
         await self._guarded(self._announce())
         log.info(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +167,21 @@ def test_langgraph_sdk_crons(served: Service) -> None:
     assert client.crons.count() == 0
     with pytest.raises(NotFoundError):
         client.crons.delete(cron["cron_id"])
+
+
+def test_the_console_lists_schedules_with_their_ticks(served: Service) -> None:
+    app = served.app
+    app.schedules.create("pulse", "chat", every=60, input=CHAT)
+    app.schedules.create("quiet", "chat", cron="0 9 * * *", input=CHAT, paused=True)
+    app.aio.runtime.clock.advance(60)  # type: ignore[attr-defined]
+    (tick,) = _fire(app)
+    client = served.as_(None)
+    assert client.get("/ui/login").status_code == 200
+    nonce = client.cookies["keel_login_csrf"]
+    assert client.post("/ui/login", data={"token": ADMIN, "csrf": nonce}).status_code == 303
+    page = client.get("/ui/schedules").text
+    rows = re.findall(r'<tr class="schedule">(.*?)</tr>', page, re.S)
+    assert len(rows) == 2
+    pulse, quiet = rows
+    assert "every 60.0 s" in pulse and f'href="/ui/runs/{tick.run_id}"' in pulse
+    assert "paused" in quiet and "never" in quiet and "0 9 * * * (UTC)" in quiet

@@ -26,6 +26,8 @@ from keel.core.errors import (
     NotInRun,
     RunFinished,
     RunNotFound,
+    ScheduleExists,
+    ScheduleNotFound,
     SchemaMismatch,
     ThreadBusy,
     ThreadNotFound,
@@ -37,6 +39,7 @@ from keel.core.errors import (
 from keel.core.heartbeat import heartbeat, last_heartbeat
 from keel.core.ids import job_id
 from keel.core.lifecycle import Decision, Status, TerminationReason
+from keel.core.schedules import ScheduleSpec
 from keel.core.timers import asleep, sleep
 from keel.core.waits import ApprovalDecision, approval, interrupt
 from keel.runtime.aio import AsyncApp
@@ -72,6 +75,9 @@ __all__ = [
     "RunDetails",
     "RunFinished",
     "RunNotFound",
+    "ScheduleExists",
+    "ScheduleNotFound",
+    "ScheduleSpec",
     "SchemaMismatch",
     "Status",
     "Submission",

@@ -59,6 +59,7 @@ from keel.cli.options import (
 )
 from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
+from keel.cli.schedules import schedules_cli
 from keel.cli.threads import threads_cli
 from keel.core.waits import DecisionResult
 
@@ -71,6 +72,7 @@ cli = typer.Typer(
 )
 cli.add_typer(runs_cli, name="runs")
 cli.add_typer(threads_cli, name="threads")
+cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(approvals_cli, name="approvals")
 cli.add_typer(effects_cli, name="effects")
 cli.command()(dispatcher)

@@ -54,6 +54,14 @@ class ThreadNotFound(KeelError, LookupError):
     """No thread with that id."""
 
 
+class ScheduleNotFound(KeelError, LookupError):
+    """No schedule with that id or name."""
+
+
+class ScheduleExists(KeelError):
+    """A schedule of that name exists."""
+
+
 class ThreadBusy(KeelError):
     """The thread has an unfinished run and the submission's strategy is `reject`."""
 

@@ -21,6 +21,8 @@ class Workflow:
     recursion_limit: int = 100
     max_concurrency: int | None = None
     """At most this many runs of this workflow execute at once, across all workers."""
+    schedule: Any = field(default=None, compare=False)
+    """A `keel.core.schedules.ScheduleSpec` its workers upsert at start, or None."""
 
     @property
     def key(self) -> str:

@@ -40,6 +40,7 @@ from keel.runtime.handoff import Reserved
 from keel.runtime.records import RunDetails, Submission
 from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
+from keel.runtime.schedules import AsyncSchedules
 from keel.runtime.summary import RunSummary, summarize
 from keel.runtime.worker import Worker, WorkerStats, new_worker_id
 
@@ -72,6 +73,8 @@ class AsyncApp(ThreadOperations):
         """`url` and the options of `keel.runtime.runtime.Runtime` (clock, artifacts_root,
         lease_ttl, heartbeat_interval, max_input_bytes, portal, attempts, effect_timeout)."""
         self.runtime = Runtime(url, **options)
+        self.schedules = AsyncSchedules(self.runtime)
+        """Crons and intervals that start runs (docs/schedules.md)."""
 
     # -- lifetime and schema ------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
 from keel.runtime.facade import sync_of
 from keel.runtime.runtime import DEFAULT_URL
+from keel.runtime.schedules import Schedules, schedule_spec
 
 F = TypeVar("F", bound=Callable[[], Any])
 
@@ -65,6 +66,8 @@ class App:
             effect_timeout=effect_timeout,
         )
         self._portal = self.aio.runtime.portal
+        self.schedules = Schedules(self.aio.schedules)
+        """Crons and intervals that start runs (docs/schedules.md)."""
         # A script that never calls close() would otherwise end with its pool's tasks destroyed
         # mid-flight ("Task was destroyed but it is pending!"); the weak reference keeps the
         # exit hook from keeping the App alive.
@@ -90,13 +93,18 @@ class App:
         termination: Callable[[Any], str | None] | None = None,
         recursion_limit: int = 100,
         max_concurrency: int | None = None,
+        schedule: Any = None,
     ) -> Callable[[F], F]:
         """Register a function returning an uncompiled LangGraph builder (a StateGraph).
 
         `termination(final_state)` may name the run's termination reason (e.g.
         "max_revisions_exceeded"); `max_concurrency` caps running runs across all workers.
         The graph is built and compiled here: one that cannot compile raises InvalidWorkflow.
+        `schedule` (a cron expression, seconds between ticks, or a dict of
+        `app.schedules.create`'s options) starts a run at each tick: the schedule, named after
+        the workflow, is upserted by every worker at its start (docs/schedules.md).
         """
+        spec = None if schedule is None else schedule_spec(schedule)
 
         def register(factory: F) -> F:
             self.aio.runtime.register(
@@ -108,6 +116,7 @@ class App:
                     termination,
                     recursion_limit,
                     max_concurrency,
+                    spec,
                 )
             )
             return factory

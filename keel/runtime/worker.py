@@ -33,6 +33,7 @@ from keel.core.effects import dispatch as effect_dispatch
 from keel.core.errors import ClockSkew, WorkflowVersionMismatch
 from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import FINISHED
+from keel.core.schedules import SCHEDULE_WAKE
 from keel.core.store.base import Row
 from keel.core.store.intent_queries import OUTBOX_WAKE
 from keel.core.store.store import Lease
@@ -42,6 +43,7 @@ from keel.runtime.dispatcher import SAFETY_POLL_INTERVAL, deliver_effects
 from keel.runtime.handoff import Handoff
 from keel.runtime.ports import WorkerHost
 from keel.runtime.records import WorkerStats as WorkerStats
+from keel.runtime.schedules import AsyncSchedules, run_scheduler
 from keel.runtime.stranded import live_window, report_stranded
 from keel.runtime.watchdog import BlockRecorder, LoopWatchdog, default_threshold
 
@@ -160,6 +162,7 @@ class Worker:
         wake = self._slot_freed = rt.waker()
         heartbeat = asyncio.create_task(self._heartbeat())
         effects_wake = asyncio.Event()  # the dispatcher's own: the claim loop clears `wake`
+        schedules_wake = asyncio.Event()  # the scheduler's: a schedule changed
 
         def woken_by_notify(payload: str | None) -> None:
             # An intent's wake-up is the dispatcher's alone: a claim loop woken for it would
@@ -168,6 +171,8 @@ class Worker:
                 wake.set()
             if payload is None or payload.startswith(OUTBOX_WAKE):
                 effects_wake.set()
+            if payload is None or payload.startswith(SCHEDULE_WAKE):
+                schedules_wake.set()
 
         listener = asyncio.create_task(rt.connector.listen("keel_wake", woken_by_notify))
         pruner = asyncio.create_task(self._prune()) if self.prune_older_than else None
@@ -179,6 +184,17 @@ class Worker:
                 self._stopping,
                 wake=effects_wake if quiet else None,
                 safety_poll=self.safety_poll_interval,
+            )
+        )
+        # Schedules of the workflows served here: each worker fires due ticks, exactly once
+        # between them all (keel.core.schedules).
+        scheduler = asyncio.create_task(
+            run_scheduler(
+                rt,
+                self.serving,
+                self._stopping,
+                AsyncSchedules(rt),
+                wake=schedules_wake if quiet else None,
             )
         )
         await self._guarded(self._announce())
@@ -241,7 +257,7 @@ class Worker:
         finally:
             rt.remove_taker(self._handoff.close())
             await self._drain()
-            background = [heartbeat, listener, deliverer, *([pruner] if pruner else [])]
+            background = [heartbeat, listener, deliverer, scheduler, *([pruner] if pruner else [])]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

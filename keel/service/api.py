@@ -52,6 +52,7 @@ from keel.service.files import artifact_file
 from keel.service.health import health_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 from keel.service.replay import replay_router
+from keel.service.schedules_api import schedules_router
 from keel.service.threads_api import threads_router
 from keel.service.tracing import instrument
 
@@ -175,6 +176,7 @@ def keel_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     router = APIRouter()
     router.include_router(runs_router(keel_app, auth))
     router.include_router(threads_router(keel_app, auth))
+    router.include_router(schedules_router(keel_app, auth))
     router.include_router(events_router(keel_app, auth))
     router.include_router(replay_router(keel_app, auth))
     router.include_router(approvals_router(keel_app, auth))

@@ -235,6 +235,17 @@ class Metrics(logging.Handler):
             "Database errors seen by this process, by exception class.",
             "kind",
         )
+        self.ticks = counter(
+            "keel_schedule_ticks",
+            "Schedule ticks this process's scheduler handled, by outcome (fired, skipped, "
+            "queued, triggered).",
+            "outcome",
+        )
+        self.tick_lateness = histogram(
+            "keel_schedule_tick_lateness_seconds",
+            "Seconds from a tick's time to its run's admission, by the database's clock.",
+            _STEP_BUCKETS,
+        )
         r.register(DatabaseCollector(app, self._database_error))
 
     def _database_error(self, exc: BaseException) -> None:
@@ -278,6 +289,10 @@ class Metrics(logging.Handler):
             outcome = "error" if "error=" in record.getMessage() else "ok"
             name = str(getattr(record, "effect", ""))
             self.effect_seconds.labels(name, kind.split(".")[1], outcome).observe(duration)
+        elif kind.startswith("schedule."):
+            self.ticks.labels(kind.removeprefix("schedule.")).inc()
+            if kind == "schedule.fired" and duration is not None:
+                self.tick_lateness.observe(duration)
         elif kind == "effect.in_doubt":
             self.effects_in_doubt.labels(*workflow).inc()
         elif kind in ("notification.failed", "notification.in_doubt"):

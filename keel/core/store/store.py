@@ -22,6 +22,7 @@ from keel.core.store.lease_queries import LeaseQueries
 from keel.core.store.notification_queries import NotificationQueries
 from keel.core.store.ops_queries import OpsQueries
 from keel.core.store.run_queries import RunQueries, committed
+from keel.core.store.schedule_queries import ScheduleQueries
 from keel.core.store.thread_queries import ThreadQueries
 from keel.core.store.wait_queries import WaitQueries
 
@@ -43,6 +44,7 @@ class Store(
     OpsQueries,
     ThreadQueries,
     ChunkQueries,
+    ScheduleQueries,
 ):
     def __init__(self, connector: Connector) -> None:
         self.db = connector

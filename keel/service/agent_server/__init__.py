@@ -13,6 +13,7 @@ from fastapi import APIRouter
 
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import assistants_router
+from keel.service.agent_server.crons import crons_router
 from keel.service.agent_server.info import info_router
 from keel.service.agent_server.runs import runs_router
 from keel.service.agent_server.store import store_router
@@ -27,6 +28,7 @@ def agent_server_router(keel_app: App, auth: Authenticator) -> APIRouter:
     router.include_router(info_router())
     router.include_router(assistants_router(keel_app, auth))
     router.include_router(threads_router(keel_app, auth))
+    router.include_router(crons_router(keel_app, auth))
     router.include_router(runs_router(keel_app, auth))
     router.include_router(store_router(keel_app, auth))
     return router

@@ -20,6 +20,7 @@ from keel.core.lifecycle import Status
 from keel.runtime.app import App
 from keel.runtime.summary import summarize
 from keel.service.console.render import page, pretty
+from keel.service.console.schedule_pages import schedule_pages_router
 from keel.service.console.session import Sessions
 from keel.service.console.thread_pages import thread_pages_router
 from keel.service.files import artifact_file
@@ -155,6 +156,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
         )
 
     router.include_router(thread_pages_router(keel_app, sessions))
+    router.include_router(schedule_pages_router(keel_app, sessions))
     return router
 
 

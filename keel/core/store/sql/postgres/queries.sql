@@ -1288,3 +1288,130 @@ WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND superseded = 1;
 -- name: prune_stream_chunks
 DELETE FROM keel_stream_chunks
 WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+-- Schedules (issue 33): crons and intervals that start runs, a tick at a time (keel.core.schedules).
+
+-- name: schedule_insert
+-- A new schedule; no row if one of that name exists.
+INSERT INTO keel_schedules (schedule_id, name, workflow, cron, every_seconds, timezone, input,
+                            thread_id, catch_up, overlap, metadata, declared, paused, next_tick,
+                            created_at, updated_at)
+VALUES (%(schedule_id)s, %(name)s, %(workflow)s, %(cron)s, %(every_seconds)s, %(timezone)s,
+        %(input)s, %(thread_id)s, %(catch_up)s, %(overlap)s, %(metadata)s, %(declared)s,
+        %(paused)s, %(next_tick)s, keel_now(), keel_now())
+ON CONFLICT (name) DO NOTHING
+RETURNING *;
+
+-- name: schedule_declare
+-- A schedule declared by `@app.workflow(schedule=)`, upserted at a worker's start: created, or
+-- its timing and run brought to the declaration, its next tick kept unless its timing changed.
+-- A schedule of that name made by hand is left alone (no row).
+INSERT INTO keel_schedules (schedule_id, name, workflow, cron, every_seconds, timezone, input,
+                            thread_id, catch_up, overlap, metadata, declared, paused, next_tick,
+                            created_at, updated_at)
+VALUES (%(schedule_id)s, %(name)s, %(workflow)s, %(cron)s, %(every_seconds)s, %(timezone)s,
+        %(input)s, %(thread_id)s, %(catch_up)s, %(overlap)s, %(metadata)s, 1, 0, %(next_tick)s,
+        keel_now(), keel_now())
+ON CONFLICT (name) DO UPDATE SET
+    next_tick = CASE WHEN keel_schedules.cron IS NOT DISTINCT FROM EXCLUDED.cron
+                      AND keel_schedules.every_seconds IS NOT DISTINCT FROM EXCLUDED.every_seconds
+                      AND keel_schedules.timezone = EXCLUDED.timezone
+                     THEN keel_schedules.next_tick ELSE EXCLUDED.next_tick END,
+    workflow = EXCLUDED.workflow, cron = EXCLUDED.cron, every_seconds = EXCLUDED.every_seconds,
+    timezone = EXCLUDED.timezone, input = EXCLUDED.input, thread_id = EXCLUDED.thread_id,
+    catch_up = EXCLUDED.catch_up, overlap = EXCLUDED.overlap, metadata = EXCLUDED.metadata,
+    updated_at = keel_now()
+WHERE keel_schedules.declared = 1
+RETURNING *;
+
+-- name: schedule_get
+-- One schedule, by id or by name.
+SELECT * FROM keel_schedules WHERE schedule_id = %(key)s OR name = %(key)s;
+
+-- name: schedule_list
+-- Schedules by name, of one workflow and one thread if asked.
+SELECT * FROM keel_schedules
+WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s::text)
+ORDER BY name
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: schedule_count
+-- How many schedules `schedule_list` would find without its page.
+SELECT COUNT(*) AS n FROM keel_schedules
+WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s::text);
+
+-- name: schedule_write
+-- A schedule's settings replaced (a patch, a pause, a resume), its next tick with them.
+UPDATE keel_schedules SET cron = %(cron)s, every_seconds = %(every_seconds)s,
+    timezone = %(timezone)s, input = %(input)s, catch_up = %(catch_up)s, overlap = %(overlap)s,
+    metadata = %(metadata)s, paused = %(paused)s, next_tick = %(next_tick)s, updated_at = keel_now()
+WHERE schedule_id = %(schedule_id)s
+RETURNING *;
+
+-- name: schedule_delete_ticks
+-- A deleted schedule's tick records.
+DELETE FROM keel_schedule_ticks WHERE schedule_id = %(schedule_id)s;
+
+-- name: schedule_delete
+-- A schedule deleted (its runs stay).
+DELETE FROM keel_schedules WHERE schedule_id = %(schedule_id)s RETURNING schedule_id;
+
+-- name: schedule_next_due
+-- Seconds until the next tick of a running schedule of these workflows is due by the database's
+-- clock (negative: overdue; NULL: none), and whether any holds queued ticks.
+SELECT MIN(next_tick) - keel_now() AS wait, COALESCE(MAX(queued), 0) AS queued
+FROM keel_schedules
+WHERE paused = 0 AND workflow IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb));
+
+-- name: schedule_claim_due
+-- The running schedules of these workflows whose next tick has passed by the database's clock,
+-- or that hold queued ticks, oldest tick first, with that clock's time; locked, and skipped by
+-- other schedulers, until the transaction ends.
+SELECT s.*, keel_now() AS now FROM keel_schedules AS s
+WHERE s.paused = 0 AND (s.next_tick <= keel_now() OR s.queued > 0)
+  AND s.workflow IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
+ORDER BY s.next_tick
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_advance
+-- A claimed schedule moved past the ticks it fired, only if no one else moved it meanwhile.
+UPDATE keel_schedules SET next_tick = %(next_tick)s,
+    last_tick = COALESCE(%(last_tick)s::double precision, last_tick),
+    last_run_id = COALESCE(%(last_run_id)s::text, last_run_id),
+    queued = %(queued)s, updated_at = keel_now()
+WHERE schedule_id = %(schedule_id)s AND next_tick = %(was)s
+RETURNING schedule_id;
+
+-- name: schedule_record_tick
+-- A tick's outcome, once: no row if the tick was recorded before.
+INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
+VALUES (%(schedule_id)s, %(tick)s, %(outcome)s, %(run_id)s::text,
+        CASE WHEN %(run_id)s::text IS NULL THEN NULL ELSE keel_now() END)
+ON CONFLICT (schedule_id, tick) DO NOTHING
+RETURNING tick, fired_at;
+
+-- name: schedule_oldest_queued
+-- The oldest tick an `enqueue` schedule holds back.
+SELECT tick FROM keel_schedule_ticks
+WHERE schedule_id = %(schedule_id)s AND outcome = 'queued'
+ORDER BY tick LIMIT 1;
+
+-- name: schedule_release_tick
+-- A queued tick fired now that the previous run ended.
+UPDATE keel_schedule_ticks SET outcome = 'fired', run_id = %(run_id)s, fired_at = keel_now()
+WHERE schedule_id = %(schedule_id)s AND tick = %(tick)s AND outcome = 'queued'
+RETURNING tick, fired_at;
+
+-- name: schedule_ticks
+-- A schedule's ticks, newest first.
+SELECT * FROM keel_schedule_ticks WHERE schedule_id = %(schedule_id)s
+ORDER BY tick DESC LIMIT %(limit)s;
+
+-- name: schedule_prune_ticks
+-- A schedule's fired and skipped ticks beyond its newest `keep` forgotten (queued ones stay).
+DELETE FROM keel_schedule_ticks
+WHERE schedule_id = %(schedule_id)s AND outcome <> 'queued' AND tick < (
+    SELECT tick FROM keel_schedule_ticks WHERE schedule_id = %(schedule_id)s
+    ORDER BY tick DESC LIMIT 1 OFFSET %(keep)s);

@@ -1,0 +1,87 @@
+"""A schedule's timing: cron expressions in a timezone (croniter), or an interval.
+
+Cron expressions have 5 fields (minute hour day month weekday) or 6, the first then being the
+second (`*/10 * * * * *`: every ten seconds), as in Quartz, Spring and node-cron. Ticks are
+computed in the schedule's timezone (daylight saving time included) and kept as epoch seconds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import zoneinfo
+from dataclasses import dataclass
+
+from croniter import croniter
+
+from keel.core.errors import UsageError
+from keel.core.schedules import Timing, interval_ticks
+from keel.core.store.base import Row
+
+
+def check_timezone(name: str) -> zoneinfo.ZoneInfo:
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise UsageError(
+            f"unknown timezone {name!r} (use an IANA name: UTC, Europe/Paris)"
+        ) from None
+
+
+def check_cron(expression: str) -> str:
+    """A valid 5- or 6-field cron expression, normalized to single spaces."""
+    fields = expression.split() if isinstance(expression, str) else []
+    if len(fields) not in (5, 6):
+        raise UsageError(
+            f"cron {expression!r} needs 5 fields (minute hour day month weekday) or 6 (second "
+            "first)"
+        )
+    text = " ".join(fields)
+    if not croniter.is_valid(text, second_at_beginning=len(fields) == 6):
+        raise UsageError(f"cron {expression!r} is not a valid cron expression")
+    return text
+
+
+def check_timing(
+    cron: str | None, every: float | None, timezone: str
+) -> tuple[str | None, float | None]:
+    """Exactly one of a cron expression and an interval, both checked."""
+    if (cron is None) == (every is None):
+        raise UsageError("a schedule takes either cron= or every= (seconds), not both or neither")
+    check_timezone(timezone)
+    if cron is not None:
+        return check_cron(cron), None
+    assert every is not None
+    if isinstance(every, bool) or not isinstance(every, int | float) or not every >= 1:
+        raise UsageError(f"every must be a number of seconds, at least 1, not {every!r}")
+    return None, float(every)
+
+
+@dataclass(frozen=True)
+class CronTiming:
+    expression: str
+    zone: zoneinfo.ZoneInfo
+
+    def _at(self, t: float) -> croniter:
+        start = datetime.datetime.fromtimestamp(t, self.zone)
+        return croniter(
+            self.expression, start, second_at_beginning=len(self.expression.split()) == 6
+        )
+
+    def after(self, t: float) -> float:
+        return float(self._at(t).get_next(float))
+
+    def before(self, t: float) -> float:
+        return float(self._at(t).get_prev(float))
+
+
+def timing(cron: str | None, every: float | None, timezone: str, anchor: float) -> Timing:
+    """The ticks of a cron expression in `timezone`, or of an interval from `anchor`."""
+    if cron is not None:
+        return CronTiming(cron, check_timezone(timezone))
+    assert every is not None
+    return interval_ticks(float(every), anchor)
+
+
+def timing_of(row: Row) -> Timing:
+    """A schedule row's timing (an interval counts from its next tick)."""
+    return timing(row["cron"], row["every_seconds"], str(row["timezone"]), float(row["next_tick"]))

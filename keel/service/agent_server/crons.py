@@ -1,0 +1,209 @@
+"""The Agent Server's crons: LangGraph's names for Keel's schedules (keel/runtime/schedules.py).
+
+A cron is a schedule whose runs start from a cron expression in a timezone (`schedule`,
+5 fields, or 6 with seconds first); its id is the schedule's id, its name `cron-<id>`. A
+stateless cron (`POST /runs/crons`) starts each run on a thread of its own; a thread's cron
+(`POST /threads/{thread_id}/runs/crons`) starts them on that thread, queued behind its
+unfinished run. Each tick starts exactly one run, by the database's clock, with Keel's defaults
+for what the protocol does not say: `catch_up` latest, `overlap` skip (or enqueue, the
+`multitask_strategy` of a thread's cron when it says so).
+
+What Keel does not do with a cron is refused (422 `unsupported`), not ignored: `end_time`,
+`webhook`, `config`, `context`, `interrupt_before`/`interrupt_after`, `on_run_completed`.
+
+(No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
+"""
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from keel.runtime.app import App
+from keel.service.agent_server.assistants import resolve_assistant
+from keel.service.agent_server.shapes import assistant_id_of, iso
+from keel.service.agent_server.shapes import selected as select_fields
+from keel.service.auth import Authenticator, Principal
+from keel.service.errors import Refused
+
+UNSUPPORTED = ("end_time", "webhook", "config", "context", "interrupt_before", "interrupt_after")
+MAX_PAGE = 1000
+
+
+class CronCreate(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    assistant_id: str
+    schedule: str
+    input: Any = None
+    metadata: dict[str, Any] | None = None
+    timezone: str | None = None
+    enabled: bool | None = None
+    multitask_strategy: str | None = None
+    on_run_completed: str | None = None
+
+
+class CronPatch(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    schedule: str | None = None
+    timezone: str | None = None
+    input: Any = None
+    metadata: dict[str, Any] | None = None
+    enabled: bool | None = None
+
+
+class CronSearch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    assistant_id: str | None = None
+    thread_id: str | None = None
+    enabled: bool | None = None
+    metadata: dict[str, Any] | None = None
+    limit: int = Field(10, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0)
+    sort_by: (
+        Literal[
+            "cron_id",
+            "assistant_id",
+            "thread_id",
+            "next_run_date",
+            "end_time",
+            "created_at",
+            "updated_at",
+        ]
+        | None
+    ) = None
+    sort_order: Literal["asc", "desc"] | None = None
+    select: list[str] | None = None
+
+
+class CronCount(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    assistant_id: str | None = None
+    thread_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def cron_shape(schedule: dict[str, Any]) -> dict[str, Any]:
+    """A schedule as the protocol's Cron."""
+    assistant = assistant_id_of(schedule["workflow"])
+    return {
+        "cron_id": schedule["schedule_id"],
+        "assistant_id": assistant,
+        "thread_id": schedule["thread_id"],
+        "on_run_completed": None,
+        "end_time": None,
+        "schedule": schedule["cron"] or f"every {schedule['every']:g} s",
+        "timezone": schedule["timezone"],
+        "created_at": iso(schedule["created_at"]),
+        "updated_at": iso(schedule["updated_at"]),
+        "payload": {"assistant_id": assistant, "input": schedule["input"]},
+        "user_id": None,
+        "next_run_date": iso(schedule["next_tick"]),
+        "metadata": schedule["metadata"],
+        "enabled": not schedule["paused"],
+    }
+
+
+def _refuse_unsupported(extra: dict[str, Any]) -> None:
+    given = [k for k in UNSUPPORTED if extra.get(k) not in (None, {}, [])]
+    if given:
+        raise Refused(
+            422,
+            "unsupported",
+            f"Keel's crons do not take {', '.join(given)} (docs/schedules.md)",
+        )
+
+
+def _matches(cron: dict[str, Any], metadata: dict[str, Any] | None, enabled: bool | None) -> bool:
+    if enabled is not None and cron["enabled"] != enabled:
+        return False
+    return all(cron["metadata"].get(k) == v for k, v in (metadata or {}).items())
+
+
+def crons_router(keel_app: App, auth: Authenticator) -> APIRouter:
+    router = APIRouter(tags=["crons"])
+    Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
+    Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
+    CronId = Annotated[str, Path(max_length=200, description="The cron's id.")]
+    schedules = keel_app.schedules
+
+    def create(body: CronCreate, thread_id: str | None) -> dict[str, Any]:
+        _refuse_unsupported({**(body.model_extra or {}), "on_run_completed": None})
+        workflow, _ = resolve_assistant(keel_app, body.assistant_id)
+        if thread_id is not None:
+            keel_app.get_thread(thread_id)  # 404 thread_not_found
+        overlap = "enqueue" if body.multitask_strategy == "enqueue" else "skip"
+        made = schedules.create(
+            f"cron-{uuid.uuid4()}",
+            workflow,
+            cron=body.schedule,
+            timezone=body.timezone or "UTC",
+            input=body.input,
+            thread_id=thread_id,
+            metadata=body.metadata,
+            overlap=overlap,
+            paused=body.enabled is False,
+        )
+        return cron_shape(made)
+
+    @router.post("/runs/crons")
+    def create_cron(_: Writer, body: CronCreate) -> dict[str, Any]:
+        """A cron whose runs each start on a thread of their own."""
+        return create(body, None)
+
+    @router.post("/threads/{thread_id}/runs/crons")
+    def create_thread_cron(
+        _: Writer, body: CronCreate, thread_id: Annotated[str, Path(max_length=200)]
+    ) -> dict[str, Any]:
+        """A cron whose runs start on this thread."""
+        return create(body, thread_id)
+
+    def found(assistant_id: str | None, thread_id: str | None) -> list[dict[str, Any]]:
+        workflow = resolve_assistant(keel_app, assistant_id)[0] if assistant_id else None
+        rows = schedules.list(workflow=workflow, thread_id=thread_id, limit=100_000)
+        return [cron_shape(r) for r in rows if r["cron"] is not None]
+
+    @router.post("/runs/crons/search")
+    def search_crons(_: Reader, body: CronSearch) -> list[dict[str, Any]]:
+        """Crons matching every filter given, a page of them."""
+        crons = [
+            c
+            for c in found(body.assistant_id, body.thread_id)
+            if _matches(c, body.metadata, body.enabled)
+        ]
+        key = body.sort_by or "created_at"
+        crons.sort(key=lambda c: (c[key] is None, c[key] or ""), reverse=body.sort_order == "desc")
+        page = crons[body.offset : body.offset + body.limit]
+        return [select_fields(c, body.select) for c in page]
+
+    @router.post("/runs/crons/count")
+    def count_crons(_: Reader, body: CronCount) -> int:
+        return sum(
+            _matches(c, body.metadata, None) for c in found(body.assistant_id, body.thread_id)
+        )
+
+    @router.patch("/runs/crons/{cron_id}")
+    def update_cron(_: Writer, cron_id: CronId, body: CronPatch) -> dict[str, Any]:
+        """Change the cron's schedule, timezone, input, metadata or enabled."""
+        _refuse_unsupported(body.model_extra or {})
+        given = body.model_dump(exclude_unset=True, exclude=set(body.model_extra or {}))
+        change: dict[str, Any] = {}
+        if "schedule" in given:
+            change["cron"] = given["schedule"]
+        if "enabled" in given:
+            change["paused"] = not given["enabled"]
+        for field in ("timezone", "input", "metadata"):
+            if field in given:
+                change[field] = given[field]
+        return cron_shape(schedules.update(cron_id, **change))
+
+    @router.delete("/runs/crons/{cron_id}", status_code=204)
+    def delete_cron(_: Writer, cron_id: CronId) -> Response:
+        schedules.delete(cron_id)
+        return Response(status_code=204)
+
+    return router

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Iterable
 from typing import Any, TypedDict, Unpack
 
 from keel.core import failed_runs, leases, retention, runs, threads, versions, waits
@@ -31,7 +32,7 @@ from keel.langgraph import traces
 from keel.langgraph.graphs import checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input
 from keel.runtime import replay as replays
-from keel.runtime import stranded
+from keel.runtime import stranded, webhooks
 from keel.runtime.conversations import ThreadOperations
 from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.facade import stop_on_signals
@@ -114,6 +115,9 @@ class AsyncApp(ThreadOperations):
         version: str | None = None,
         rerun: bool = False,
         if_exists: str = "reuse",
+        webhook: str | None = None,
+        webhook_on: Iterable[str] | None = None,
+        webhook_format: str = "keel",
     ) -> Submission:
         """Admit a run, durably, before any of it executes.
 
@@ -131,8 +135,59 @@ class AsyncApp(ThreadOperations):
         unfinished: "enqueue" (run after it), "reject" (ThreadBusy), "interrupt" (stop it at
         its next step boundary and go on from there) or "rollback" (stop it and discard its
         checkpoints). `config` (its `configurable` and `metadata`) and `context` reach the
-        graph as in LangGraph."""
+        graph as in LangGraph.
+
+        `webhook`: a URL told, signed and at least once under one delivery id, when the run
+        ends for one of `webhook_on` (default completed, failed, cancelled, timed_out; add
+        "interrupted" for its pauses); refused here (WebhookRefused) without a signing secret
+        or for a private address not allowed. `webhook_format`: the body, Keel's run summary
+        ("keel") or the Agent Server protocol's run ("agent_server"); docs/webhooks.md."""
         await self.open()
+        hook = None
+        if webhook is not None:
+            settings = self.runtime.services.webhooks
+            events = await asyncio.to_thread(
+                webhooks.check, settings, webhook, webhook_on, webhook_format
+            )
+            hook = (webhook, events, webhook_format)
+        submitted = await self._submit(
+            workflow,
+            input,
+            job_id=job_id,
+            thread_id=thread_id,
+            command=command,
+            config=config,
+            context=context,
+            checkpoint_id=checkpoint_id,
+            multitask_strategy=multitask_strategy,
+            metadata=metadata,
+            version=version,
+            rerun=rerun,
+            if_exists=if_exists,
+        )
+        if hook is not None:
+            await webhooks.register(
+                self.runtime.store, self.runtime.services.webhooks, submitted.run_id, *hook
+            )
+        return submitted
+
+    async def _submit(
+        self,
+        workflow: str,
+        input: Any,
+        *,
+        job_id: str | None,
+        thread_id: str | None,
+        command: dict[str, Any] | None,
+        config: dict[str, Any] | None,
+        context: Any,
+        checkpoint_id: str | None,
+        multitask_strategy: str,
+        metadata: dict[str, Any] | None,
+        version: str | None,
+        rerun: bool,
+        if_exists: str,
+    ) -> Submission:
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
         command = threads.validate_command(command)

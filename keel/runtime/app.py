@@ -18,6 +18,7 @@ from keel.core.clock import Clock
 from keel.core.errors import UsageError
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
+from keel.core.webhooks import WebhookSettings
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
 from keel.runtime.facade import sync_of
@@ -40,6 +41,9 @@ class App:
         max_infra_retries: int = 20,
         retry_backoff: float = 1.0,
         effect_timeout: float | None = None,
+        webhook_secret: str | None = None,
+        webhook_allow_hosts: list[str] | str | None = None,
+        webhook_attempts: int = 10,
     ) -> None:
         """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`.
 
@@ -48,6 +52,10 @@ class App:
         failed; `max_infra_retries`: executions an infrastructure fault may interrupt.
         `effect_timeout`: seconds one provider call of an effect that declares no `timeout=`
         may take (default $KEEL_EFFECT_TIMEOUT, else 60; docs/effects.md).
+        `webhook_secret` (a `whsec_` secret; default $KEEL_WEBHOOK_SECRET) signs completion
+        webhooks; `webhook_allow_hosts` (default $KEEL_WEBHOOK_ALLOW_HOSTS) lists the private
+        addresses, networks or host names they may reach; `webhook_attempts`: deliveries of
+        one before it is dead (docs/webhooks.md).
         """
         self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
@@ -63,6 +71,9 @@ class App:
                 max_backoff=max(60.0, retry_backoff),
             ),
             effect_timeout=effect_timeout,
+            webhooks=WebhookSettings.configure(
+                webhook_secret, webhook_allow_hosts, max_attempts=webhook_attempts
+            ),
         )
         self._portal = self.aio.runtime.portal
         # A script that never calls close() would otherwise end with its pool's tasks destroyed

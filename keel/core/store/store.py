@@ -23,6 +23,7 @@ from keel.core.store.ops_queries import OpsQueries
 from keel.core.store.run_queries import RunQueries, committed
 from keel.core.store.thread_queries import ThreadQueries
 from keel.core.store.wait_queries import WaitQueries
+from keel.core.store.webhook_queries import WebhookQueries
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Store(
     NotificationQueries,
     OpsQueries,
     ThreadQueries,
+    WebhookQueries,
 ):
     def __init__(self, connector: Connector) -> None:
         self.db = connector

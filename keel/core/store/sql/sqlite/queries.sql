@@ -1119,3 +1119,31 @@ INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
 SELECT :to_thread, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
 FROM writes WHERE thread_id = :from_thread AND :copied = 1;
 SELECT * FROM keel_threads WHERE thread_id = :to_thread AND :copied = 1;
+
+-- name: insert_webhook
+-- A run's completion webhook (issue 33), once: a second registration of the run keeps the first.
+-- Its trigger records the intent at once if the run has already ended or paused.
+INSERT INTO keel_webhooks (run_id, url, events, format, max_attempts, created_at)
+VALUES (:run_id, :url, :events, :format, :max_attempts, keel_now())
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: get_webhook
+-- A run's completion webhook registration.
+SELECT * FROM keel_webhooks WHERE run_id = :run_id;
+
+-- name: record_hook_delivery
+-- An inbound webhook delivery, the first time its id is seen: no row when it was seen before.
+INSERT INTO keel_hook_deliveries (hook, delivery_id, received_at)
+VALUES (:hook, :delivery_id, keel_now())
+ON CONFLICT (hook, delivery_id) DO NOTHING
+RETURNING hook;
+
+-- name: get_hook_delivery
+-- An inbound webhook delivery seen before, with the run it admitted (NULL: not yet).
+SELECT * FROM keel_hook_deliveries WHERE hook = :hook AND delivery_id = :delivery_id;
+
+-- name: set_hook_delivery_run
+-- The run an inbound delivery admitted (the first one to say so stays).
+UPDATE keel_hook_deliveries SET run_id = :run_id
+WHERE hook = :hook AND delivery_id = :delivery_id AND run_id IS NULL;

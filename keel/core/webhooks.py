@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from keel.core.errors import KeelError, UsageError
+from keel.core.errors import KeelError, UsageError, WebhookRefused
 
 SECRET_PREFIX = "whsec_"
 TOLERANCE = 300.0
@@ -46,11 +46,6 @@ class BadSignature(KeelError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class WebhookRefused(UsageError):
-    """A completion webhook's URL is not one Keel may call (scheme, or a private address not
-    allowed)."""
 
 
 # -- Standard Webhooks -----------------------------------------------------------------------
@@ -269,11 +264,12 @@ class WebhookSettings:
         return host, port
 
     def may_reach(self, address: IPAddress) -> bool:
+        forms: list[IPAddress] = [address]
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        if any(address in network for network in self._networks):
+            forms.append(address.ipv4_mapped)  # ::ffff:127.0.0.1 is 127.0.0.1
+        if any(form in network for form in forms for network in self._networks):
             return True
-        return address.is_global and not address.is_multicast
+        return all(form.is_global and not form.is_multicast for form in forms)
 
 
 def resolve(host: str, port: int) -> list[IPAddress]:

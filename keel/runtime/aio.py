@@ -31,8 +31,8 @@ from keel.core.store.run_queries import RunFilters
 from keel.langgraph import traces
 from keel.langgraph.graphs import checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input
+from keel.runtime import inbound, stranded, webhooks
 from keel.runtime import replay as replays
-from keel.runtime import stranded, webhooks
 from keel.runtime.conversations import ThreadOperations
 from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.facade import stop_on_signals
@@ -239,6 +239,22 @@ class AsyncApp(ThreadOperations):
         if admitted.created and not handed:  # a worker here took it: nothing to wake for
             self.runtime.wake()
         return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
+
+    async def accept_hook_delivery(
+        self, hook: str, delivery_id: str, *, workflow: str, job_id: str, input: Any
+    ) -> tuple[str, bool]:
+        """Admit the run of a verified inbound webhook delivery once per delivery id (decided
+        by the database); its run id and whether the delivery was seen before."""
+        await self.open()
+        return await inbound.accept(
+            self.runtime.store,
+            self.submit,
+            hook,
+            delivery_id,
+            workflow=workflow,
+            job_id=job_id,
+            input=input,
+        )
 
     async def _trace(self, row: Row) -> None:
         """Root the new run's trace here, linked to the submitter's span (keel.langgraph.traces);

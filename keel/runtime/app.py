@@ -18,10 +18,11 @@ from keel.core.clock import Clock
 from keel.core.errors import UsageError
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
-from keel.core.webhooks import WebhookSettings
+from keel.core.webhooks import TOLERANCE, WebhookSettings
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
 from keel.runtime.facade import sync_of
+from keel.runtime.inbound import MAX_BYTES, InboundHook, Verifier
 from keel.runtime.runtime import DEFAULT_URL
 
 F = TypeVar("F", bound=Callable[[], Any])
@@ -76,6 +77,8 @@ class App:
             ),
         )
         self._portal = self.aio.runtime.portal
+        self.hooks: dict[str, InboundHook] = {}
+        """Inbound webhooks by name (`webhook`), served by `keel serve` at /hooks/{name}."""
         # A script that never calls close() would otherwise end with its pool's tasks destroyed
         # mid-flight ("Task was destroyed but it is pending!"); the weak reference keeps the
         # exit hook from keeping the App alive.
@@ -125,6 +128,29 @@ class App:
 
         return register
 
+    def webhook(
+        self,
+        name: str,
+        *,
+        workflow: str,
+        verify: str | Verifier = "standard",
+        secret: str | None = None,
+        job_id: str | Callable[[Any], str] | None = None,
+        input: Callable[[Any], Any] | None = None,
+        tolerance: float = TOLERANCE,
+        max_bytes: int = MAX_BYTES,
+    ) -> InboundHook:
+        """Declare `POST /hooks/{name}` on `keel serve`: a signed delivery (`verify`:
+        "standard", "github", "stripe" with `secret`, or a function of the headers and body)
+        becomes a submit of `workflow`, once per delivery id (docs/webhooks.md). `job_id`: a
+        template of payload fields (`"pr-{pull_request.number}"`) or a function of the payload
+        (default: one job per delivery); `input`: a function of the payload (default: it)."""
+        hook = InboundHook(
+            name, workflow, verify, secret, job_id, input, float(tolerance), int(max_bytes)
+        )
+        self.hooks[name] = hook
+        return hook
+
     def add_notifier(self, notifier: Notifier) -> Notifier:
         """Deliver wait notifications (request, remind, escalate, decided, expired) through it."""
         if not isinstance(notifier, Notifier):
@@ -142,6 +168,7 @@ class App:
 
     # Each operation once, from its async twin: the same parameters, return type and docstring.
     submit = sync_of(AsyncApp.submit)
+    accept_hook_delivery = sync_of(AsyncApp.accept_hook_delivery)
     get_run = sync_of(AsyncApp.get_run)
     list_runs = sync_of(AsyncApp.list_runs)
     browse_runs = sync_of(AsyncApp.browse_runs)

@@ -50,6 +50,7 @@ from keel.service.errors import (
 from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
+from keel.service.hooks import hooks_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 from keel.service.replay import replay_router
 from keel.service.threads_api import threads_router
@@ -150,6 +151,7 @@ def create_app(
     install_docs(api)
     install_console(api, keel_app, auth)
     instrument(api)
+    api.include_router(hooks_router(keel_app))
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:
@@ -244,6 +246,8 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             version=body.version,
             rerun=body.rerun,
             if_exists=body.if_exists,
+            webhook=body.webhook,
+            webhook_on=body.webhook_on,
         )
         url = _run_url(request, row["run_id"])
         response.status_code = 201 if row.created else 200

@@ -8,7 +8,7 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   (LangGraph starts a new run). The answer is that run, `pending` again; a second answer to the
   same pause is refused (409 `decision_conflict`).
 - Streams are told from committed steps (stream.py): `values` and `updates`; the live-only
-  modes are accepted and send nothing. `interrupt_before`/`interrupt_after`, `webhook` and
+  modes are accepted and send nothing. `interrupt_before`/`interrupt_after` and
   `after_seconds` are refused (422 `unsupported`) rather than ignored; `durability` is accepted
   (Keel checkpoints every step durably), `stream_subgraphs` streams the graph's own steps.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
@@ -90,6 +90,30 @@ class RunIn(BaseModel):
     durability: Literal["sync", "async", "exit"] | None = None
 
 
+def protocol_run(row: Row) -> dict[str, Any]:
+    """A Keel run as this protocol's run, with the options it was created with: what the
+    endpoints answer and a completion webhook's body (keel.runtime.webhooks)."""
+    body = run_shape(row)
+    kwargs = body["kwargs"]
+    kept = kwargs["config"].pop(KWARGS, None) or {}
+    kwargs.update(
+        {
+            "stream_mode": ["values"],
+            "context": kwargs.get("context") or {},
+            "interrupt_before": None,
+            "interrupt_after": None,
+            "webhook": None,
+            "feedback_keys": None,
+            "resumable": True,  # every Keel stream resumes by event id
+            **kept,
+        }
+    )
+    configurable = kwargs["config"].setdefault("configurable", {})
+    configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
+    body.setdefault("langsmith_session_name", None)
+    return body
+
+
 def unsupported(message: str) -> Refused:
     return Refused(422, "unsupported", message)
 
@@ -121,8 +145,6 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
                 "interrupt_before/interrupt_after are not supported: call interrupt() in the "
                 "node, or compile the graph with them"
             )
-        if body.webhook:
-            raise unsupported("webhook is not supported: nothing would call it")
         if body.after_seconds:
             raise unsupported("after_seconds is not supported: submit the run when it is due")
         stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
@@ -150,6 +172,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             "subgraphs": bool(body.stream_subgraphs),
             "temporary": stateless,
             "durability": body.durability or "sync",
+            **({"webhook": body.webhook} if body.webhook else {}),
         }
         checkpoint_id = (
             body.checkpoint_id or (body.checkpoint or {}).get("checkpoint_id") or fork or None
@@ -165,6 +188,9 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             multitask_strategy=body.multitask_strategy or "enqueue",
             metadata=stamp,
             version=version,
+            # Told when the run ends, with this protocol's run as the body (docs/webhooks.md).
+            webhook=body.webhook or None,
+            webhook_format="agent_server",
         )
         if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
             keel_app.update_thread(thread_id, metadata=stamp)
@@ -177,26 +203,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
         return row
 
-    def shape(row: Row) -> dict[str, Any]:
-        body = run_shape(row)
-        kwargs = body["kwargs"]
-        kept = kwargs["config"].pop(KWARGS, None) or {}
-        kwargs.update(
-            {
-                "stream_mode": ["values"],
-                "context": kwargs.get("context") or {},
-                "interrupt_before": None,
-                "interrupt_after": None,
-                "webhook": None,
-                "feedback_keys": None,
-                "resumable": True,  # every Keel stream resumes by event id
-                **kept,
-            }
-        )
-        configurable = kwargs["config"].setdefault("configurable", {})
-        configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
-        body.setdefault("langsmith_session_name", None)
-        return body
+    shape = protocol_run
 
     def locations(row: Row, stateless: bool, tail: str) -> dict[str, str]:
         run_path = f"/threads/{row.get('thread_id') or row['run_id']}/runs/{row['run_id']}"

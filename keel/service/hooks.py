@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -70,7 +70,9 @@ def hooks_router(keel_app: App) -> APIRouter:
     # A plain `def`: it runs in the threadpool and blocks on the App's own event loop.
     @router.post("/hooks/{name}", summary="An inbound webhook (app.webhook)")
     def receive(
-        name: str, request: Request, body: Annotated[bytes | _Refusal, Depends(capped_body)]
+        name: str,
+        request: Request,
+        body: bytes | _Refusal = Depends(capped_body),  # noqa: B008 (FastAPI's own idiom)
     ) -> JSONResponse:
         try:
             if isinstance(body, _Refusal):

@@ -18,9 +18,8 @@ import keel
 from keel.core.errors import WebhookRefused
 from keel.core.webhooks import new_secret
 from keel.service.api import create_app
-from tests.support.apps.webhooks import ask
 from tests.support.checks import wait_until
-from tests.support.graphs import echo_graph
+from tests.support.graphs import ask_graph, echo_graph
 from tests.support.slack_fake import uvicorn_server
 from tests.support.webhook_receiver import Receiver, receiving
 
@@ -38,7 +37,7 @@ def receiver() -> Iterator[Receiver]:
 def app(make_app: Callable[..., keel.App]) -> keel.App:
     made = make_app(webhook_secret=SECRET, webhook_allow_hosts=["127.0.0.1"], webhook_attempts=3)
     made.workflow("echo")(echo_graph)
-    made.workflow("ask")(ask)
+    made.workflow("ask")(ask_graph)
     return made
 
 

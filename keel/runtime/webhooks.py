@@ -22,6 +22,7 @@ import datetime as dt
 import email.utils
 import importlib
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +37,7 @@ from keel.core.services import Services
 from keel.core.store.store import Store
 from keel.core.webhooks import WebhookRefused, WebhookSettings, signed_headers
 
+log = logging.getLogger("keel.runtime.webhooks")
 EFFECT = "keel.webhook"
 EVENTS = ("completed", "failed", "cancelled", "timed_out", "interrupted")
 """What a run's webhook may be sent for; `interrupted`: the run paused on a wait."""
@@ -200,6 +202,22 @@ async def deliver(
     url: str, event: str, format: str, run: dict[str, Any], *, idempotency_key: str
 ) -> dict[str, Any]:
     """POST one completion webhook, signed; what the receiver answered."""
+    try:
+        status = await _deliver(url, event, format, run, idempotency_key)
+    except TransientError as exc:
+        _counted(idempotency_key, "retry", str(exc))
+        raise
+    except WebhookRefused as exc:
+        _counted(idempotency_key, "blocked", str(exc))
+        raise
+    except WebhookFailed as exc:
+        _counted(idempotency_key, "refused", str(exc))
+        raise
+    _counted(idempotency_key, "delivered", f"receiver answered {status}")
+    return {"status": status, "event": event}
+
+
+async def _deliver(url: str, event: str, format: str, run: dict[str, Any], delivery_id: str) -> int:
     services = DELIVERING.get()
     settings = settings_of(services) if services is not None else WebhookSettings.configure()
     secret = settings.signing_secret()
@@ -212,10 +230,21 @@ async def deliver(
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "keel-webhooks",
-        **signed_headers(secret, idempotency_key, int(time.time()), body),
+        **signed_headers(secret, delivery_id, int(time.time()), body),
     }
-    status = await asyncio.to_thread(_post, url, body, headers, settings.timeout)
-    return {"status": status, "event": event}
+    return await asyncio.to_thread(_post, url, body, headers, settings.timeout)
+
+
+def _counted(delivery_id: str, outcome: str, what: str) -> None:
+    """One delivery attempt's line: `/metrics` counts them by outcome (keel.service.metrics)."""
+    log.log(
+        logging.INFO if outcome == "delivered" else logging.WARNING,
+        "webhook %s: %s (%s)",
+        delivery_id,
+        outcome,
+        what,
+        extra={"event": "webhook.delivery", "outcome": outcome},
+    )
 
 
 WEBHOOK: OutboxEffect[..., dict[str, Any]] = OutboxEffect(

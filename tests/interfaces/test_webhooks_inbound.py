@@ -105,6 +105,20 @@ def test_each_refusal_has_its_status_and_admits_nothing(served: tuple[keel.App, 
         assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
         assert SECRET not in answer.text
     assert runs(app) == []
+    scraped = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    counted = {
+        line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in scraped.splitlines()
+        if line.startswith("keel_webhook_refusals_total{")
+    }
+    assert counted == {
+        "bad_signature": 3.0,
+        "stale_timestamp": 1.0,
+        "missing_signature": 1.0,
+        "body_too_large": 1.0,
+        "malformed_json": 1.0,
+        "unknown_hook": 1.0,
+    }
 
 
 def test_a_replayed_delivery_answers_the_same_run(served: tuple[keel.App, str]) -> None:

@@ -18,6 +18,7 @@ import keel
 from keel.core.errors import WebhookRefused
 from keel.core.webhooks import new_secret
 from keel.service.api import create_app
+from keel.service.metrics import metrics_for
 from tests.support.checks import wait_until
 from tests.support.graphs import ask_graph, echo_graph
 from tests.support.slack_fake import uvicorn_server
@@ -85,6 +86,7 @@ def test_pauses_and_ends_are_told_when_asked(app: keel.App, receiver: Receiver) 
 def test_a_refused_delivery_is_dead_until_keel_effects_retry(
     app: keel.App, receiver: Receiver, db_url: str
 ) -> None:
+    metrics_for(app)  # counting from here
     receiver.answer = 400
     run = app.submit("echo", {"text": "x"}, webhook=receiver.url)
     drain(app)
@@ -102,6 +104,10 @@ def test_a_refused_delivery_is_dead_until_keel_effects_retry(
     assert [d.status for d in receiver.all()] == [400, 200]
     assert {d.id for d in receiver.all()} == {intent["intent_id"]}
     assert app.effect_intents(run_id=run.run_id)[0]["status"] == "delivered"
+    scraped = metrics_for(app).scrape().decode()
+    assert 'keel_webhook_deliveries_total{outcome="refused"} 1.0' in scraped
+    assert 'keel_webhook_deliveries_total{outcome="delivered"} 1.0' in scraped
+    assert 'keel_effect_intents{effect="keel.webhook",state="delivered"} 1.0' in scraped
 
 
 def test_private_addresses_and_unsigned_webhooks_are_refused_at_submit(

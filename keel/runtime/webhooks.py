@@ -136,16 +136,20 @@ def _formatter(format: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return shaped
 
 
+ADMITTED = ("input", "thread_id", "command", "checkpoint_id", "config", "multitask_strategy")
+"""A run's fields that never change after its admission: read at delivery, not copied into
+every intent (its input may be large)."""
+
+
 async def body_of(event: str, format: str, run: dict[str, Any]) -> bytes:
-    """The bytes a delivery posts: the same on every attempt (the run as it moved; its input,
-    which never changes, read from the store for the protocol's `kwargs`)."""
+    """The bytes a delivery posts: the same on every attempt (the run as it moved, with what it
+    was admitted with read from the store; None for those if it was pruned meanwhile)."""
+    services = DELIVERING.get()
+    stored = await services.store.get_run(run["run_id"]) if services is not None else None
+    row = {**{k: (stored or {}).get(k) for k in ADMITTED}, **run}
     if format == "keel" or format not in FORMATS:
-        shaped = keel_body(event, run)
+        shaped = keel_body(event, row)
     else:
-        row = dict(run)
-        services = DELIVERING.get()
-        stored = await services.store.get_run(run["run_id"]) if services is not None else None
-        row["input"] = stored["input"] if stored is not None else None
         shaped = {**_formatter(format)(row), "webhook_event": event}
     return json.dumps(shaped, sort_keys=True, separators=(",", ":")).encode()
 

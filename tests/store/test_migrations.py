@@ -113,7 +113,10 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
         # Today's admission reads the database's clock through keel_now(), which PostgreSQL
         # gets from migration 0005 (SQLite's is defined on the connection): define it early.
         [defined] = [
-            s for m in load_migrations("postgres") for s in m.statements if "keel_now()" in s
+            s
+            for m in load_migrations("postgres")
+            for s in m.statements
+            if s.startswith("CREATE OR REPLACE FUNCTION keel_now()")
         ]
         execute(old.url, defined)
     admitted = rt.portal.call(

@@ -16,7 +16,8 @@ CREATE TABLE keel_webhooks (
 );
 
 -- What a run's move owes its webhook, if anything: its event (interrupted, timed_out,
--- completed, failed, cancelled) when the registration asked for it, and the run as it is now.
+-- completed, failed, cancelled) when the registration asked for it, and the run's fields a
+-- move changes, as they are now (what never changes after admission is read at delivery).
 CREATE VIEW keel_webhook_due AS
 SELECT d.*,
        (SELECT COUNT(*) FROM keel_intents AS i
@@ -32,10 +33,7 @@ FROM (
                        'workflow_version', r.workflow_version, 'attempt', r.attempt,
                        'status', r.status, 'decision', r.decision,
                        'termination_reason', r.termination_reason, 'error', r.error,
-                       'output', r.output, 'thread_id', r.thread_id, 'command', r.command,
-                       'checkpoint_id', r.checkpoint_id, 'config', r.config,
-                       'multitask_strategy', r.multitask_strategy,
-                       'created_at', r.created_at, 'updated_at', r.updated_at,
+                       'output', r.output, 'created_at', r.created_at, 'updated_at', r.updated_at,
                        'finished_at', r.finished_at) AS snapshot
     FROM keel_runs AS r JOIN keel_webhooks AS w ON w.run_id = r.run_id
 ) AS d

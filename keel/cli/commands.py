@@ -280,6 +280,23 @@ def submit(
         ),
     ] = IfExists.REUSE,
     after: AfterOption = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook",
+            help="A URL told, signed, when the run ends (KEEL_WEBHOOK_SECRET signs it).",
+            show_default=False,
+        ),
+    ] = None,
+    webhook_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--webhook-on",
+            help="What the webhook is sent for (repeatable): completed, failed, cancelled, "
+            "timed_out, interrupted. Default: all but interrupted.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Admit a run of WORKFLOW. The same job, input and version give back the same run."""
@@ -293,6 +310,8 @@ def submit(
             rerun=rerun,
             if_exists=if_exists.value,
             after=after,
+            webhook=webhook,
+            webhook_on=webhook_on or None,
         )
     if as_json:
         keys: tuple[str, ...] = (

@@ -207,3 +207,8 @@ class EffectConflict(KeelError):
 class SlowDatabase(KeelError):
     """The database's answer came too late to act on: a lease (or claim) it said was live may
     have lapsed since. Nothing was performed; an infrastructure fault, not the run's failure."""
+
+
+class WebhookRefused(UsageError):
+    """A completion webhook Keel may not call: not http(s), no signing secret, or a private
+    address that is not allowed (docs/webhooks.md)."""

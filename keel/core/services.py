@@ -16,6 +16,7 @@ from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
 from keel.core.portal import Portal
 from keel.core.store.store import Store
+from keel.core.webhooks import WebhookSettings
 
 
 @dataclass
@@ -32,3 +33,5 @@ class Services:
     """How many crashed or interrupted executions a run gets before it ends failed."""
     effect_timeout: float = 60.0
     """Seconds one provider call of an effect that declares no `timeout=` may take."""
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    """How completion webhooks are signed and where they may go (keel.runtime.webhooks)."""

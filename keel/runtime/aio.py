@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -31,8 +32,8 @@ from keel.core.store.run_queries import RunFilters
 from keel.langgraph import traces
 from keel.langgraph.graphs import checkpoint_misfits, compile_graph
 from keel.langgraph.inputs import check_input
+from keel.runtime import inbound, stranded, webhooks
 from keel.runtime import replay as replays
-from keel.runtime import stranded
 from keel.runtime.conversations import ThreadOperations
 from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.facade import stop_on_signals
@@ -120,6 +121,9 @@ class AsyncApp(ThreadOperations):
         if_exists: str = "reuse",
         after: timers.Duration | None = None,
         not_before: datetime | float | None = None,
+        webhook: str | None = None,
+        webhook_on: Iterable[str] | None = None,
+        webhook_format: str = "keel",
     ) -> Submission:
         """Admit a run, durably, before any of it executes.
 
@@ -141,9 +145,64 @@ class AsyncApp(ThreadOperations):
 
         `after` (seconds, a timedelta or "5m") or `not_before` (an aware datetime or epoch
         seconds) delay the run: admitted now, durable and queued, it is not claimed before that
-        time by the database's clock; on a thread it keeps its place in the thread's order."""
+        time by the database's clock; on a thread it keeps its place in the thread's order.
+
+        `webhook`: a URL told, signed and at least once under one delivery id, when the run
+        ends for one of `webhook_on` (default completed, failed, cancelled, timed_out; add
+        "interrupted" for its pauses); refused here (WebhookRefused) without a signing secret
+        or for a private address not allowed. `webhook_format`: the body, Keel's run summary
+        ("keel") or the Agent Server protocol's run ("agent_server"); docs/webhooks.md."""
         delay, start_at = timers.start_time(after, not_before)
         await self.open()
+        hook = None
+        if webhook is not None:
+            settings = self.runtime.services.webhooks
+            events = await asyncio.to_thread(
+                webhooks.check, settings, webhook, webhook_on, webhook_format
+            )
+            hook = (webhook, events, webhook_format)
+        submitted = await self._submit(
+            workflow,
+            input,
+            job_id=job_id,
+            thread_id=thread_id,
+            command=command,
+            config=config,
+            context=context,
+            checkpoint_id=checkpoint_id,
+            multitask_strategy=multitask_strategy,
+            metadata=metadata,
+            version=version,
+            rerun=rerun,
+            if_exists=if_exists,
+            delay=delay,
+            start_at=start_at,
+        )
+        if hook is not None:
+            await webhooks.register(
+                self.runtime.store, self.runtime.services.webhooks, submitted.run_id, *hook
+            )
+        return submitted
+
+    async def _submit(
+        self,
+        workflow: str,
+        input: Any,
+        *,
+        job_id: str | None,
+        thread_id: str | None,
+        command: dict[str, Any] | None,
+        config: dict[str, Any] | None,
+        context: Any,
+        checkpoint_id: str | None,
+        multitask_strategy: str,
+        metadata: dict[str, Any] | None,
+        version: str | None,
+        rerun: bool,
+        if_exists: str,
+        delay: float | None,
+        start_at: float | None,
+    ) -> Submission:
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
         command = threads.validate_command(command)
@@ -200,6 +259,22 @@ class AsyncApp(ThreadOperations):
         if admitted.created and not handed:  # a worker here took it: nothing to wake for
             self.runtime.wake()
         return Submission(admitted.row, created=admitted.created, other_runs=admitted.other_runs)
+
+    async def accept_hook_delivery(
+        self, hook: str, delivery_id: str, *, workflow: str, job_id: str, input: Any
+    ) -> tuple[str, bool]:
+        """Admit the run of a verified inbound webhook delivery once per delivery id (decided
+        by the database); its run id and whether the delivery was seen before."""
+        await self.open()
+        return await inbound.accept(
+            self.runtime.store,
+            self.submit,
+            hook,
+            delivery_id,
+            workflow=workflow,
+            job_id=job_id,
+            input=input,
+        )
 
     async def _trace(self, row: Row) -> None:
         """Root the new run's trace here, linked to the submitter's span (keel.langgraph.traces);

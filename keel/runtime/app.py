@@ -18,9 +18,11 @@ from keel.core.clock import Clock
 from keel.core.errors import UsageError
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
+from keel.core.webhooks import TOLERANCE, WebhookSettings
 from keel.core.workflows import Workflow
 from keel.runtime.aio import AsyncApp
 from keel.runtime.facade import sync_of
+from keel.runtime.inbound import MAX_BYTES, InboundHook, Verifier
 from keel.runtime.runtime import DEFAULT_URL
 from keel.runtime.schedules import Schedules, schedule_spec
 
@@ -41,6 +43,9 @@ class App:
         max_infra_retries: int = 20,
         retry_backoff: float = 1.0,
         effect_timeout: float | None = None,
+        webhook_secret: str | None = None,
+        webhook_allow_hosts: list[str] | str | None = None,
+        webhook_attempts: int = 10,
     ) -> None:
         """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`.
 
@@ -49,6 +54,10 @@ class App:
         failed; `max_infra_retries`: executions an infrastructure fault may interrupt.
         `effect_timeout`: seconds one provider call of an effect that declares no `timeout=`
         may take (default $KEEL_EFFECT_TIMEOUT, else 60; docs/effects.md).
+        `webhook_secret` (a `whsec_` secret; default $KEEL_WEBHOOK_SECRET) signs completion
+        webhooks; `webhook_allow_hosts` (default $KEEL_WEBHOOK_ALLOW_HOSTS) lists the private
+        addresses, networks or host names they may reach; `webhook_attempts`: deliveries of
+        one before it is dead (docs/webhooks.md).
         """
         self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
@@ -64,10 +73,15 @@ class App:
                 max_backoff=max(60.0, retry_backoff),
             ),
             effect_timeout=effect_timeout,
+            webhooks=WebhookSettings.configure(
+                webhook_secret, webhook_allow_hosts, max_attempts=webhook_attempts
+            ),
         )
         self._portal = self.aio.runtime.portal
         self.schedules = Schedules(self.aio.schedules)
         """Crons and intervals that start runs (docs/schedules.md)."""
+        self.hooks: dict[str, InboundHook] = {}
+        """Inbound webhooks by name (`webhook`), served by `keel serve` at /hooks/{name}."""
         # A script that never calls close() would otherwise end with its pool's tasks destroyed
         # mid-flight ("Task was destroyed but it is pending!"); the weak reference keeps the
         # exit hook from keeping the App alive.
@@ -123,6 +137,29 @@ class App:
 
         return register
 
+    def webhook(
+        self,
+        name: str,
+        *,
+        workflow: str,
+        verify: str | Verifier = "standard",
+        secret: str | None = None,
+        job_id: str | Callable[[Any], str] | None = None,
+        input: Callable[[Any], Any] | None = None,
+        tolerance: float = TOLERANCE,
+        max_bytes: int = MAX_BYTES,
+    ) -> InboundHook:
+        """Declare `POST /hooks/{name}` on `keel serve`: a signed delivery (`verify`:
+        "standard", "github", "stripe" with `secret`, or a function of the headers and body)
+        becomes a submit of `workflow`, once per delivery id (docs/webhooks.md). `job_id`: a
+        template of payload fields (`"pr-{pull_request.number}"`) or a function of the payload
+        (default: one job per delivery); `input`: a function of the payload (default: it)."""
+        hook = InboundHook(
+            name, workflow, verify, secret, job_id, input, float(tolerance), int(max_bytes)
+        )
+        self.hooks[name] = hook
+        return hook
+
     def add_notifier(self, notifier: Notifier) -> Notifier:
         """Deliver wait notifications (request, remind, escalate, decided, expired) through it."""
         if not isinstance(notifier, Notifier):
@@ -140,6 +177,7 @@ class App:
 
     # Each operation once, from its async twin: the same parameters, return type and docstring.
     submit = sync_of(AsyncApp.submit)
+    accept_hook_delivery = sync_of(AsyncApp.accept_hook_delivery)
     get_run = sync_of(AsyncApp.get_run)
     list_runs = sync_of(AsyncApp.list_runs)
     browse_runs = sync_of(AsyncApp.browse_runs)

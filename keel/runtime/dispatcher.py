@@ -9,6 +9,7 @@ import logging
 from keel.core import infra
 from keel.core.effects import dispatch as effect_dispatch
 from keel.core.services import Services
+from keel.runtime import webhooks
 
 log = logging.getLogger("keel.runtime.worker")  # the worker's lines, as they were
 SAFETY_POLL_INTERVAL = 5.0
@@ -32,6 +33,7 @@ async def deliver_effects(
     Idle, it polls every `poll` seconds; given `wake` (set on PostgreSQL's NOTIFY, which a
     committed intent and a person's retry send) it is quiet instead: it sleeps until the next
     intent falls due by the database's clock, a NOTIFY, or `safety_poll` at the latest."""
+    webhooks.DELIVERING.set(services)  # this task's deliveries sign with this App's settings
     pacing = effect_dispatch.Pacing()
     failures = 0
     while not stopping.is_set():

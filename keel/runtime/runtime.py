@@ -23,6 +23,7 @@ from keel.core.notifications import Notifier
 from keel.core.portal import Portal
 from keel.core.services import Services
 from keel.core.store.store import Store
+from keel.core.webhooks import WebhookSettings
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph.executor import Executor
 from keel.langgraph.graphs import compile_graph
@@ -51,6 +52,7 @@ class Runtime:
         portal: Portal | None = None,
         attempts: Attempts | None = None,
         effect_timeout: float | None = None,
+        webhooks: WebhookSettings | None = None,
     ) -> None:
         self.url = url
         self.heartbeat_interval = heartbeat_interval or lease_ttl / 3
@@ -66,6 +68,7 @@ class Runtime:
             wake=self.wake,
             attempts=attempts or Attempts(),
             effect_timeout=_effect_timeout(effect_timeout),
+            webhooks=webhooks or WebhookSettings.configure(),
         )
         self.connector.clock_override = database_override(self.clock)
         self.saver: FencedSaver | None = None

@@ -50,6 +50,7 @@ from keel.service.errors import (
 from keel.service.events import events_router
 from keel.service.files import artifact_file
 from keel.service.health import health_router
+from keel.service.hooks import hooks_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 from keel.service.replay import replay_router
 from keel.service.schedules_api import schedules_router
@@ -151,6 +152,7 @@ def create_app(
     install_docs(api)
     install_console(api, keel_app, auth)
     instrument(api)
+    api.include_router(hooks_router(keel_app))
     secret = slack_signing_secret or os.environ.get(SLACK_SECRET_ENV) or None
     if secret:
         try:
@@ -248,6 +250,8 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             if_exists=body.if_exists,
             after=body.after,
             not_before=body.not_before,
+            webhook=body.webhook,
+            webhook_on=body.webhook_on,
         )
         url = _run_url(request, row["run_id"])
         response.status_code = 201 if row.created else 200

@@ -58,6 +58,7 @@ KEEL_ERRORS: tuple[tuple[type[core.KeelError], int, str], ...] = (
     (core.LeaseLost, 409, "lease_lost"),
     (core.SchemaMismatch, 503, "schema_mismatch"),
     (core.WrongWaitKind, 409, "wrong_kind"),
+    (core.WebhookRefused, 422, "webhook_refused"),
     (core.UsageError, 400, "bad_request"),
 )
 DECISION_CONFLICT = (409, "decision_conflict")

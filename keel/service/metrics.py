@@ -230,6 +230,18 @@ class Metrics(logging.Handler):
             "Notifications that ended failed or in doubt here, by notifier outcome.",
             "outcome",
         )
+        self.webhook_deliveries = counter(
+            "keel_webhook_deliveries",
+            "Completion webhook delivery attempts made here, by outcome (delivered, retry, "
+            "refused: a 4xx; blocked: a private address not allowed).",
+            "outcome",
+        )
+        self.webhook_refusals = counter(
+            "keel_webhook_refusals",
+            "Inbound webhook deliveries refused here, by reason (bad_signature, "
+            "stale_timestamp, body_too_large, malformed_json, ...).",
+            "reason",
+        )
         self.db_errors = counter(
             "keel_database_errors",
             "Database errors seen by this process, by exception class.",
@@ -297,6 +309,10 @@ class Metrics(logging.Handler):
             self.effects_in_doubt.labels(*workflow).inc()
         elif kind in ("notification.failed", "notification.in_doubt"):
             self.delivery_failures.labels(kind.split(".")[1]).inc()
+        elif kind == "webhook.delivery":
+            self.webhook_deliveries.labels(str(getattr(record, "outcome", ""))).inc()
+        elif kind == "webhook.refused":
+            self.webhook_refusals.labels(str(getattr(record, "reason", ""))).inc()
 
     def scrape(self) -> bytes:
         return generate_latest(self.registry)

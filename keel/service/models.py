@@ -43,6 +43,19 @@ class SubmitIn(Body):
     not_before: AwareDatetime | None = Field(
         None, description="Delay the run until this instant (with its timezone); not with after."
     )
+    webhook: str | None = Field(
+        None,
+        max_length=2000,
+        description="A URL told, signed, when the run ends (docs/webhooks.md); 422 "
+        "webhook_refused for a private address not allowed or without a signing secret.",
+    )
+    webhook_on: list[Literal["completed", "failed", "cancelled", "timed_out", "interrupted"]] = (
+        Field(
+            ["completed", "failed", "cancelled", "timed_out"],
+            min_length=1,
+            description="What the webhook is sent for; `interrupted`: each pause on a wait.",
+        )
+    )
 
 
 class CancelIn(Body):

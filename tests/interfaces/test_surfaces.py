@@ -16,7 +16,7 @@ from keel.service.api import create_app
 from keel.service.errors import DECISION_CONFLICT, KEEL_ERRORS
 
 ROOT = Path(__file__).resolve().parents[2]
-SYNC_ONLY = {"workflow", "add_notifier", "close"}
+SYNC_ONLY = {"workflow", "webhook", "add_notifier", "close"}
 # Codes the service decides itself (keel.service.errors.Refused and FastAPI's validation).
 SERVICE_CODES = {"invalid_request", "artifact_not_found", DECISION_CONFLICT[1]}
 

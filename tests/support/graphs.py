@@ -362,3 +362,24 @@ def plain_interrupt_graph(notify: Effect[..., Any]) -> StateGraph:
     g.add_edge("ask", "send")
     g.add_edge("send", END)
     return g
+
+
+# -- a one-node workflow that pauses on a plain interrupt() ----------------------------------
+
+
+class AskState(TypedDict, total=False):
+    answer: Any
+
+
+def ask_graph() -> StateGraph:
+    """Pauses once on `interrupt({"question": "go?"})`, then ends with the answer."""
+    from langgraph.types import interrupt
+
+    def ask(state: AskState) -> dict[str, Any]:
+        return {"answer": interrupt({"question": "go?"})}
+
+    g = StateGraph(AskState)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g

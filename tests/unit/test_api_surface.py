@@ -13,7 +13,7 @@ from keel.core.errors import UsageError
 from tests.support.by_hand import WORKFLOW, memory_app, on_loop, one_node
 
 # Sync-only by nature: registration and lifetime, not operations on runs.
-SYNC_ONLY = {"workflow", "add_notifier", "close"}
+SYNC_ONLY = {"workflow", "webhook", "add_notifier", "close"}
 
 
 def operations(cls: type) -> dict[str, typing.Callable[..., typing.Any]]:

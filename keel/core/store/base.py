@@ -105,7 +105,23 @@ def split_statements(body: str) -> tuple[str, ...]:
             statements.append(current)
             current = chunk
     statements.append(current)
-    return tuple(s.strip() for s in statements if s.strip())
+    whole: list[str] = []
+    for statement in (s.strip() for s in statements if s.strip()):
+        if whole and _open_trigger(whole[-1]):
+            whole[-1] += ";\n" + statement  # a SQLite trigger's body: BEGIN ...; END
+        else:
+            whole.append(statement)
+    return tuple(whole)
+
+
+def _open_trigger(statement: str) -> bool:
+    """A SQLite `CREATE TRIGGER ... BEGIN` whose `END` is still to come."""
+    upper = statement.upper()
+    return (
+        upper.startswith("CREATE TRIGGER")
+        and re.search(r"\bBEGIN\b", upper) is not None
+        and re.search(r"\bEND$", upper) is None
+    )
 
 
 Later = Callable[[], Awaitable["Row | None"]]

@@ -25,6 +25,7 @@ from keel.core.store.run_queries import RunQueries, committed
 from keel.core.store.schedule_queries import ScheduleQueries
 from keel.core.store.thread_queries import ThreadQueries
 from keel.core.store.wait_queries import WaitQueries
+from keel.core.store.webhook_queries import WebhookQueries
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Store(
     ThreadQueries,
     ChunkQueries,
     ScheduleQueries,
+    WebhookQueries,
 ):
     def __init__(self, connector: Connector) -> None:
         self.db = connector

@@ -9,10 +9,11 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   same pause is refused (409 `decision_conflict`).
 - Streams (stream.py): `values` and `updates` told from committed steps; `messages`,
   `custom`, `tasks`, `checkpoints`, `debug` captured by the worker; `events` accepted and sends
-  nothing. `interrupt_before`/`interrupt_after` and `webhook` are refused (422 `unsupported`)
-  rather than ignored; `after_seconds` delays the run (admitted at once, `pending`, claimed once
-  the database's clock reaches it); `durability` is accepted (Keel checkpoints every step
-  durably), `stream_subgraphs` adds subgraphs' namespaced events.
+  nothing. `interrupt_before`/`interrupt_after` are refused (422 `unsupported`) rather than
+  ignored; `after_seconds` delays the run (admitted at once, `pending`, claimed once the
+  database's clock reaches it); `webhook` is told when the run ends (docs/webhooks.md);
+  `durability` is accepted (Keel checkpoints every step durably), `stream_subgraphs` adds
+  subgraphs' namespaced events.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
 - A run cannot be deleted (409 `run_kept`): Keel keeps finished runs (their timeline and
@@ -93,6 +94,30 @@ class RunIn(BaseModel):
     durability: Literal["sync", "async", "exit"] | None = None
 
 
+def protocol_run(row: Row) -> dict[str, Any]:
+    """A Keel run as this protocol's run, with the options it was created with: what the
+    endpoints answer and a completion webhook's body (keel.runtime.webhooks)."""
+    body = run_shape(row)
+    kwargs = body["kwargs"]
+    kept = kwargs["config"].pop(KWARGS, None) or {}
+    kwargs.update(
+        {
+            "stream_mode": ["values"],
+            "context": kwargs.get("context") or {},
+            "interrupt_before": None,
+            "interrupt_after": None,
+            "webhook": None,
+            "feedback_keys": None,
+            "resumable": True,  # every Keel stream resumes by event id
+            **kept,
+        }
+    )
+    configurable = kwargs["config"].setdefault("configurable", {})
+    configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
+    body.setdefault("langsmith_session_name", None)
+    return body
+
+
 def unsupported(message: str) -> Refused:
     return Refused(422, "unsupported", message)
 
@@ -124,8 +149,6 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
                 "interrupt_before/interrupt_after are not supported: call interrupt() in the "
                 "node, or compile the graph with them"
             )
-        if body.webhook:
-            raise unsupported("webhook is not supported: nothing would call it")
         if body.after_seconds is not None and not body.after_seconds >= 0:
             raise Refused(422, "invalid_request", "after_seconds cannot be negative")
         stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
@@ -153,6 +176,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             "subgraphs": bool(body.stream_subgraphs),
             "temporary": stateless,
             "durability": body.durability or "sync",
+            **({"webhook": body.webhook} if body.webhook else {}),
         }
         checkpoint_id = (
             body.checkpoint_id or (body.checkpoint or {}).get("checkpoint_id") or fork or None
@@ -170,6 +194,9 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             version=version,
             # Admitted now, claimed once the database's clock reaches it (keel.core.timers).
             after=body.after_seconds or None,
+            # Told when the run ends, with this protocol's run as the body (docs/webhooks.md).
+            webhook=body.webhook or None,
+            webhook_format="agent_server",
         )
         if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
             keel_app.update_thread(thread_id, metadata=stamp)
@@ -182,26 +209,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
         return row
 
-    def shape(row: Row) -> dict[str, Any]:
-        body = run_shape(row)
-        kwargs = body["kwargs"]
-        kept = kwargs["config"].pop(KWARGS, None) or {}
-        kwargs.update(
-            {
-                "stream_mode": ["values"],
-                "context": kwargs.get("context") or {},
-                "interrupt_before": None,
-                "interrupt_after": None,
-                "webhook": None,
-                "feedback_keys": None,
-                "resumable": True,  # every Keel stream resumes by event id
-                **kept,
-            }
-        )
-        configurable = kwargs["config"].setdefault("configurable", {})
-        configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
-        body.setdefault("langsmith_session_name", None)
-        return body
+    shape = protocol_run
 
     def locations(row: Row, stateless: bool, tail: str) -> dict[str, str]:
         run_path = f"/threads/{row.get('thread_id') or row['run_id']}/runs/{row['run_id']}"

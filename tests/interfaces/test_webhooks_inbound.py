@@ -1,0 +1,186 @@
+"""Inbound webhooks on a real uvicorn, on both backends: every refusal answers a clear status
+and admits no run; a replayed delivery id answers the same run; 50 identical deliveries at once
+admit one run."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+import keel
+from keel.core.webhooks import new_secret, signed_headers, stripe_header
+from keel.service.api import create_app
+from tests.support.graphs import echo_graph
+from tests.support.slack_fake import uvicorn_server
+
+SECRET = new_secret()
+GITHUB_SECRET = "gh-secret-for-tests"
+STRIPE_SECRET = "whsec_stripe_for_tests"
+TOKEN = "hooks-uDeR5dRA6xRND-i2YDAU9oqX9TiuMYR_llVUKXGVjNA"
+
+
+@pytest.fixture
+def served(make_app: Callable[..., keel.App]) -> Iterator[tuple[keel.App, str]]:
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    app.webhook(
+        "orders",
+        workflow="echo",
+        secret=SECRET,
+        max_bytes=4096,
+        input=lambda p: {"text": p["text"]},
+    )
+    app.webhook(
+        "gh",
+        workflow="echo",
+        verify="github",
+        secret=GITHUB_SECRET,
+        job_id="pr-{pull_request.number}",
+        input=lambda p: {"text": p["action"]},
+    )
+    app.webhook(
+        "pay",
+        workflow="echo",
+        verify="stripe",
+        secret=STRIPE_SECRET,
+        input=lambda p: {"text": p["id"]},
+    )
+    app.webhook(
+        "mine",
+        workflow="echo",
+        verify=lambda headers, body: headers.get("x-token") == "let-me-in",
+        input=lambda p: {"text": "custom"},
+    )
+    api = create_app(app, tokens={TOKEN: ["*"]}, max_body_bytes=1_000_000)
+    with uvicorn_server(api) as url:
+        yield app, url
+
+
+def standard(
+    url: str,
+    body: bytes,
+    delivery: str = "msg_1",
+    *,
+    ts: int | None = None,
+    secret: str = SECRET,
+    hook: str = "orders",
+) -> httpx.Response:
+    headers = signed_headers(secret, delivery, int(time.time()) if ts is None else ts, body)
+    headers["content-type"] = "application/json"
+    return httpx.post(f"{url}/hooks/{hook}", content=body, headers=headers, timeout=30)
+
+
+def runs(app: keel.App) -> list[dict[str, Any]]:
+    return app.list_runs(limit=1000)
+
+
+def test_each_refusal_has_its_status_and_admits_nothing(served: tuple[keel.App, str]) -> None:
+    app, url = served
+    body = json.dumps({"text": "hi"}).encode()
+    good = signed_headers(SECRET, "msg_1", int(time.time()), body)
+    forged = {**good, "webhook-signature": "v1," + "A" * 43 + "="}
+    refusals = [
+        (httpx.post(f"{url}/hooks/orders", content=body, headers=forged), 401, "bad_signature"),
+        (standard(url, body, secret=new_secret()), 401, "bad_signature"),
+        (standard(url, body, ts=int(time.time()) - 3600), 401, "stale_timestamp"),
+        (httpx.post(f"{url}/hooks/orders", content=body), 401, "missing_signature"),
+        (standard(url, b'{"text": "hi"' + b" " * 5000 + b"}"), 413, "body_too_large"),
+        (standard(url, b'{"text": '), 400, "malformed_json"),
+        (standard(url, body, hook="nobody"), 404, "unknown_hook"),
+        (
+            httpx.post(f"{url}/hooks/mine", content=body, headers={"x-token": "guess"}),
+            401,
+            "bad_signature",
+        ),
+    ]
+    for answer, status, code in refusals:
+        assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
+        assert SECRET not in answer.text
+    assert runs(app) == []
+    scraped = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    counted = {
+        line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in scraped.splitlines()
+        if line.startswith("keel_webhook_refusals_total{")
+    }
+    assert counted == {
+        "bad_signature": 3.0,
+        "stale_timestamp": 1.0,
+        "missing_signature": 1.0,
+        "body_too_large": 1.0,
+        "malformed_json": 1.0,
+        "unknown_hook": 1.0,
+    }
+
+
+def test_a_replayed_delivery_answers_the_same_run(served: tuple[keel.App, str]) -> None:
+    app, url = served
+    first = standard(url, b'{"text": "one"}', "msg_a")
+    assert first.status_code == 202 and first.json()["duplicate"] is False
+    # The sender's retry: a new timestamp and signature, the same id, even another body.
+    again = standard(url, b'{"text": "one", "retry": 1}', "msg_a")
+    assert again.status_code == 200, again.text
+    assert again.json()["run_id"] == first.json()["run_id"] and again.json()["duplicate"]
+    other = standard(url, b'{"text": "two"}', "msg_b")
+    assert other.status_code == 202 and other.json()["run_id"] != first.json()["run_id"]
+    assert sorted(r["run_id"] for r in runs(app)) == sorted(
+        [first.json()["run_id"], other.json()["run_id"]]
+    )
+    assert json.loads(app.get_run(first.json()["run_id"]).run["input"]) == {"text": "one"}
+
+
+def test_fifty_identical_deliveries_at_once_admit_one_run(served: tuple[keel.App, str]) -> None:
+    app, url = served
+    body = b'{"text": "storm"}'
+    headers = signed_headers(SECRET, "msg_storm", int(time.time()), body)
+
+    def send(_: int) -> httpx.Response:
+        return httpx.post(f"{url}/hooks/orders", content=body, headers=headers, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        answers = list(pool.map(send, range(50)))
+    # The database's unique insert picks the first; every other one is told it is a replay.
+    statuses = [a.status_code for a in answers]
+    assert statuses.count(202) == 1 and statuses.count(200) == 49
+    assert len({a.json()["run_id"] for a in answers}) == 1
+    assert len(runs(app)) == 1
+
+
+def test_github_stripe_and_custom_verification(served: tuple[keel.App, str]) -> None:
+    app, url = served
+    body = json.dumps({"action": "opened", "pull_request": {"number": 42}}).encode()
+    signature = "sha256=" + hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
+    gh = {
+        "x-hub-signature-256": signature,
+        "x-github-delivery": "72d3162e-cc78",
+        "content-type": "application/json",
+    }
+    answer = httpx.post(f"{url}/hooks/gh", content=body, headers=gh)
+    assert answer.status_code == 202 and answer.json()["job_id"] == "pr-42"
+    assert httpx.post(f"{url}/hooks/gh", content=body, headers=gh).json()["duplicate"]
+    wrong = {**gh, "x-hub-signature-256": "sha256=" + "0" * 64}
+    assert httpx.post(f"{url}/hooks/gh", content=body, headers=wrong).status_code == 401
+
+    event = json.dumps({"id": "evt_1", "type": "charge.succeeded"}).encode()
+    stripe = {
+        "stripe-signature": stripe_header(STRIPE_SECRET, int(time.time()), event),
+        "content-type": "application/json",
+    }
+    paid = httpx.post(f"{url}/hooks/pay", content=event, headers=stripe)
+    assert paid.status_code == 202 and paid.json()["delivery_id"] == "evt_1"
+    stale = {"stripe-signature": stripe_header(STRIPE_SECRET, int(time.time()) - 900, event)}
+    assert httpx.post(f"{url}/hooks/pay", content=event, headers=stale).json()["error"] == (
+        "stale_timestamp"
+    )
+
+    mine = httpx.post(f"{url}/hooks/mine", content=b"{}", headers={"x-token": "let-me-in"})
+    assert mine.status_code == 202
+    assert len(runs(app)) == 3

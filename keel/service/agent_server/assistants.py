@@ -24,9 +24,10 @@ from pydantic import BaseModel, Field
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
+from keel.service.agent_server.authz import Gate, matches
 from keel.service.agent_server.shapes import assistant_id_of, assistant_shape, contains, iso
 from keel.service.agent_server.shapes import selected as select_fields
-from keel.service.auth import Authenticator, Principal
+from keel.service.auth import Principal
 from keel.service.errors import Refused
 
 MAX_PAGE = 1000
@@ -177,7 +178,7 @@ def _xray(value: str) -> int | bool:
 # -- the router ------------------------------------------------------------------------------
 
 
-def assistants_router(keel_app: App, auth: Authenticator) -> APIRouter:
+def assistants_router(keel_app: App, auth: Gate) -> APIRouter:
     router = APIRouter(tags=["assistants"])
     Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
     Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
@@ -188,11 +189,24 @@ def assistants_router(keel_app: App, auth: Authenticator) -> APIRouter:
     def assistants() -> list[dict[str, Any]]:
         return [assistant_shape(w.name, w.version, started) for w in workflows_of(keel_app)]
 
-    def assistant(assistant_id: str) -> dict[str, Any]:
+    def assistant(
+        assistant_id: str, principal: Principal | None = None, action: str = "read"
+    ) -> dict[str, Any]:
+        """The assistant, if the project's auth lets `principal` do `action` on it (one its
+        filter hides is not found)."""
         name, version = resolve_assistant(keel_app, assistant_id)
-        return assistant_shape(name, version, started)
+        found = assistant_shape(name, version, started)
+        if principal is not None:
+            value = {"assistant_id": found["assistant_id"], "metadata": dict(found["metadata"])}
+            filters = auth.check_sync(principal, "assistants", action, value)
+            if filters and not matches(found["metadata"], filters):
+                raise Refused(
+                    404, "assistant_not_found", f"assistant {assistant_id[:200]!r} not found"
+                )
+        return found
 
-    def graph_of(assistant_id: str) -> tuple[str, Any]:
+    def graph_of(assistant_id: str, principal: Principal) -> tuple[str, Any]:
+        assistant(assistant_id, principal)
         name, version = resolve_assistant(keel_app, assistant_id)
         workflow = keel_app.aio.runtime.workflows.get(name, version)
         if workflow.key not in compiled:
@@ -200,23 +214,31 @@ def assistants_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return name, compiled[workflow.key]
 
     def matching(
-        metadata: dict[str, Any] | None, graph_id: str | None, name: str | None
+        principal: Principal,
+        metadata: dict[str, Any] | None,
+        graph_id: str | None,
+        name: str | None,
+        **asked: Any,
     ) -> list[dict[str, Any]]:
+        value = {"graph_id": graph_id, "metadata": dict(metadata or {}), **asked}
+        filters = auth.check_sync(principal, "assistants", "search", value)
         return [
             a
             for a in assistants()
             if (graph_id is None or a["graph_id"] == graph_id)
             and (name is None or name.lower() in a["name"].lower())
             and contains(a["metadata"], metadata or {})
+            and matches(a["metadata"], filters)
         ]
 
     @router.post("/assistants/search")
     def search_assistants(
-        body: AssistantSearch, response: Response, _: Reader
+        body: AssistantSearch, response: Response, principal: Reader
     ) -> list[dict[str, Any]]:
         """Assistants by graph, name (a part of it) and metadata; `X-Pagination-Next` is the
         next page's offset."""
-        found = matching(body.metadata, body.graph_id, body.name)
+        asked = {"limit": body.limit, "offset": body.offset}
+        found = matching(principal, body.metadata, body.graph_id, body.name, **asked)
         key = body.sort_by or "graph_id"
         found.sort(key=lambda a: (str(a[key]), a["graph_id"]), reverse=body.sort_order == "desc")
         page = found[body.offset : body.offset + body.limit]
@@ -226,32 +248,34 @@ def assistants_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return [select_fields(a, body.select) for a in page]
 
     @router.post("/assistants/count")
-    def count_assistants(body: AssistantCount, _: Reader) -> int:
+    def count_assistants(body: AssistantCount, principal: Reader) -> int:
         """How many assistants match."""
-        return len(matching(body.metadata, body.graph_id, body.name))
+        return len(matching(principal, body.metadata, body.graph_id, body.name))
 
     @router.get("/assistants/{assistant_id}")
-    def get_assistant(assistant_id: AssistantId, _: Reader) -> dict[str, Any]:
+    def get_assistant(assistant_id: AssistantId, principal: Reader) -> dict[str, Any]:
         """An assistant, by its id or its graph's id."""
-        return assistant(assistant_id)
+        return assistant(assistant_id, principal)
 
     @router.get("/assistants/{assistant_id}/graph")
     def get_assistant_graph(
         assistant_id: AssistantId,
-        _: Reader,
+        principal: Reader,
         xray: Annotated[str, Query(description="true, false, or a depth")] = "false",
     ) -> dict[str, Any]:
         """The graph's nodes and edges (`xray`: with its subgraphs drawn inside)."""
-        return graph_json(graph_of(assistant_id)[1], _xray(xray))
+        return graph_json(graph_of(assistant_id, principal)[1], _xray(xray))
 
     @router.get("/assistants/{assistant_id}/schemas")
-    def get_assistant_schemas(assistant_id: AssistantId, _: Reader) -> dict[str, Any]:
+    def get_assistant_schemas(assistant_id: AssistantId, principal: Reader) -> dict[str, Any]:
         """The graph's input, output, state, config and context JSON schemas."""
-        name, graph = graph_of(assistant_id)
+        name, graph = graph_of(assistant_id, principal)
         return {"graph_id": name, **graph_schemas(graph, f"{name}_state")}
 
-    def subgraphs(assistant_id: str, namespace: str | None, recurse: bool) -> dict[str, Any]:
-        graph = graph_of(assistant_id)[1]
+    def subgraphs(
+        principal: Principal, assistant_id: str, namespace: str | None, recurse: bool
+    ) -> dict[str, Any]:
+        graph = graph_of(assistant_id, principal)[1]
         return {
             ns: graph_schemas(sub, sub.get_name("State"))
             for ns, sub in graph.get_subgraphs(namespace=namespace, recurse=recurse)
@@ -259,35 +283,37 @@ def assistants_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
     @router.get("/assistants/{assistant_id}/subgraphs")
     def get_assistant_subgraphs(
-        assistant_id: AssistantId, _: Reader, recurse: bool = False
+        assistant_id: AssistantId, principal: Reader, recurse: bool = False
     ) -> dict[str, Any]:
         """The schemas of the graph's subgraphs, by namespace (`recurse`: theirs too)."""
-        return subgraphs(assistant_id, None, recurse)
+        return subgraphs(principal, assistant_id, None, recurse)
 
     @router.get("/assistants/{assistant_id}/subgraphs/{namespace}")
     def get_assistant_subgraph(
         assistant_id: AssistantId,
         namespace: Annotated[str, Path(max_length=500)],
-        _: Reader,
+        principal: Reader,
         recurse: bool = False,
     ) -> dict[str, Any]:
         """The schemas of the subgraph at `namespace`."""
-        return subgraphs(assistant_id, namespace, recurse)
+        return subgraphs(principal, assistant_id, namespace, recurse)
 
     @router.post("/assistants/{assistant_id}/versions")
     def get_assistant_versions(
-        assistant_id: AssistantId, body: VersionsIn, _: Reader
+        assistant_id: AssistantId, body: VersionsIn, principal: Reader
     ) -> list[dict[str, Any]]:
         """A default assistant's versions: it has one."""
-        found = assistant(assistant_id)
+        found = assistant(assistant_id, principal)
         version = {k: v for k, v in found.items() if k != "updated_at"}
         versions = [version] if contains(version["metadata"], body.metadata or {}) else []
         return versions[body.offset : body.offset + body.limit]
 
     @router.post("/assistants/{assistant_id}/latest")
-    def set_latest_version(assistant_id: AssistantId, body: LatestIn, _: Writer) -> dict[str, Any]:
+    def set_latest_version(
+        assistant_id: AssistantId, body: LatestIn, principal: Writer
+    ) -> dict[str, Any]:
         """Make a version the latest: a default assistant has only version 1."""
-        found = assistant(assistant_id)
+        found = assistant(assistant_id, principal, "update")
         if body.version != found["version"]:
             raise Refused(
                 404,
@@ -297,25 +323,25 @@ def assistants_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return found
 
     @router.post("/assistants")
-    def create_assistant(body: AssistantIn, _: Writer) -> dict[str, Any]:
+    def create_assistant(body: AssistantIn, principal: Writer) -> dict[str, Any]:
         """Only a graph's default assistant exists: creating it again with `if_exists:
         do_nothing` answers it; any other assistant answers 501."""
         if body.graph_id is not None and body.if_exists == "do_nothing":
-            name, version = resolve_assistant(keel_app, body.graph_id)
+            name = resolve_assistant(keel_app, body.graph_id)[0]
             if body.assistant_id == assistant_id_of(name):
-                return assistant_shape(name, version, started)
+                return assistant(body.assistant_id, principal)
         raise not_implemented("creating an assistant")
 
     @router.patch("/assistants/{assistant_id}")
-    def update_assistant(assistant_id: AssistantId, _: Writer) -> dict[str, Any]:
+    def update_assistant(assistant_id: AssistantId, principal: Writer) -> dict[str, Any]:
         """Answers 501: a default assistant is its workflow's, as registered."""
-        assistant(assistant_id)
+        assistant(assistant_id, principal, "update")
         raise not_implemented("updating an assistant")
 
     @router.delete("/assistants/{assistant_id}")
-    def delete_assistant(assistant_id: AssistantId, _: Writer) -> None:
+    def delete_assistant(assistant_id: AssistantId, principal: Writer) -> None:
         """Answers 501: a default assistant lives as long as its workflow is registered."""
-        assistant(assistant_id)
+        assistant(assistant_id, principal, "delete")
         raise not_implemented("deleting an assistant")
 
     return router

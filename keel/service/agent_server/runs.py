@@ -28,10 +28,12 @@ The protocol's options a Keel run has no field for (the stream modes asked, whic
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -46,9 +48,16 @@ from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.service.agent_server import stream
 from keel.service.agent_server.assistants import resolve_assistant
-from keel.service.agent_server.shapes import assistant_id_of, run_shape, run_status, selected
+from keel.service.agent_server.authz import Gate, matches, visible_thread
+from keel.service.agent_server.shapes import (
+    assistant_id_of,
+    run_shape,
+    run_status,
+    selected,
+    thread_shape,
+)
 from keel.service.agent_server.stream import Feed, Graphs, Position, on_app
-from keel.service.auth import Authenticator, Principal
+from keel.service.auth import Principal
 from keel.service.errors import Refused
 
 log = logging.getLogger("keel.service")
@@ -94,7 +103,12 @@ def unsupported(message: str) -> Refused:
     return Refused(422, "unsupported", message)
 
 
-def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a worker thread from which the auth handlers can be awaited."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
+
+
+def runs_router(keel_app: App, auth: Gate) -> APIRouter:
     router = APIRouter(tags=["runs"])
     Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
     Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
@@ -108,10 +122,22 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
     # -- admission --------------------------------------------------------------------------
 
-    def admit(body: RunIn, thread_id: str | None) -> tuple[Row, str, list[str]]:
+    def admit(
+        body: RunIn, thread_id: str | None, principal: Principal
+    ) -> tuple[Row, str, list[str]]:
         """Admit the run `body` asks for (on a new thread when `thread_id` is None); the
         run's row, its thread, and the stream modes asked."""
         graph, version = resolve_assistant(keel_app, body.assistant_id)
+        asked: dict[str, Any] = {
+            "thread_id": thread_id,
+            "assistant_id": body.assistant_id,
+            "metadata": dict(body.metadata or {}),
+            "multitask_strategy": body.multitask_strategy or "enqueue",
+            "if_not_exists": body.if_not_exists or "reject",
+            "kwargs": body.model_dump(exclude={"assistant_id", "metadata"}),
+        }
+        filters = auth.check_sync(principal, "threads", "create_run", asked)
+        run_metadata = dict(asked.get("metadata") or {})
         try:
             modes = stream.parse_modes(body.stream_mode, ["values"])
         except ValueError as exc:
@@ -136,6 +162,9 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             except ThreadNotFound:
                 if body.if_not_exists != "create":
                     raise
+            shown = None if thread is None else thread_shape(thread)["metadata"]
+            if shown is not None and filters and not matches(shown, filters):
+                raise ThreadNotFound(f"no thread {thread_id!r}")
         config = dict(body.config or {})
         given = dict(config.get("configurable") or {})
         # Where the run reads and writes is the thread's, not the caller's to set: a
@@ -144,7 +173,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         for key in ("thread_id", "checkpoint_ns", "checkpoint_map"):
             given.pop(key, None)
         config["configurable"] = {**given, **stamp}
-        config["metadata"] = {**(config.get("metadata") or {}), **(body.metadata or {}), **stamp}
+        config["metadata"] = {**(config.get("metadata") or {}), **run_metadata, **stamp}
         config[KWARGS] = {
             "stream_mode": modes,
             "subgraphs": bool(body.stream_subgraphs),
@@ -163,15 +192,18 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             context=body.context,
             checkpoint_id=checkpoint_id,
             multitask_strategy=body.multitask_strategy or "enqueue",
-            metadata=stamp,
+            # A thread this run makes has the run's metadata (an owner an auth handler put).
+            metadata={**run_metadata, **stamp},
             version=version,
         )
         if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
             keel_app.update_thread(thread_id, metadata=stamp)
         return dict(row), thread_id, modes
 
-    def on_thread(thread_id: str, run_id: str) -> Row:
-        """The run, if it is one of the thread's (404 otherwise)."""
+    def on_thread(principal: Principal, thread_id: str, run_id: str, action: str = "read") -> Row:
+        """The run, if it is one of the thread's and the auth handler lets `principal` do
+        `action` on the thread (404 otherwise)."""
+        visible_thread(auth, keel_app, principal, thread_id, action, run_id=run_id)
         row = keel_app.get_run(run_id).run
         if (row.get("thread_id") or row["run_id"]) != thread_id:
             raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
@@ -273,16 +305,17 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
         return EventSourceResponse(body(), headers=headers, ping=PING_SECONDS)
 
-    def stream_new(body: RunIn, thread_id: str | None) -> EventSourceResponse:
+    def stream_new(body: RunIn, thread_id: str | None, principal: Principal) -> EventSourceResponse:
         """Admit a run and stream it from its start (a resume: from where it paused)."""
         resume = body.command is not None and "resume" in body.command
         waiting = None
         if resume and thread_id is not None:
+            visible_thread(auth, keel_app, principal, thread_id, "read")
             # Where the paused run's events stand, read before the answer lets it go on.
             active = first_unfinished(keel_app.thread_runs(thread_id))
             if active is not None:
                 waiting = feed(str(active["run_id"]), None)
-        row, _thread, modes = admit(body, thread_id)
+        row, _thread, modes = admit(body, thread_id, principal)
         if waiting is not None and waiting.run_id == row["run_id"]:
             events_of = waiting
         else:
@@ -302,28 +335,30 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
     # -- runs on a thread -------------------------------------------------------------------
 
     @router.post("/threads/{thread_id}/runs")
-    def create_run(thread_id: ThreadId, body: RunIn, _: Writer) -> Response:
+    def create_run(thread_id: ThreadId, body: RunIn, principal: Writer) -> Response:
         """Admit a run on the thread, durably, before answering (`pending`); a worker executes
         it. `command.resume` answers the thread's pause instead: that run goes on."""
-        row, _thread, _modes = admit(body, thread_id)
+        row, _thread, _modes = admit(body, thread_id, principal)
         return _json(shape(row), locations(row, False, ""))
 
     @router.post("/threads/{thread_id}/runs/stream", response_class=EventSourceResponse)
-    def stream_run(thread_id: ThreadId, body: RunIn, _: Writer) -> EventSourceResponse:
+    def stream_run(thread_id: ThreadId, body: RunIn, principal: Writer) -> EventSourceResponse:
         """Admit a run on the thread and stream its committed steps (Server-Sent Events)."""
-        return stream_new(body, thread_id)
+        return stream_new(body, thread_id, principal)
 
     @router.post("/threads/{thread_id}/runs/wait")
-    async def wait_run(thread_id: ThreadId, body: RunIn, request: Request, _: Writer) -> Response:
+    async def wait_run(
+        thread_id: ThreadId, body: RunIn, request: Request, principal: Writer
+    ) -> Response:
         """Admit a run on the thread and answer its final state values once it ended (with
         `__interrupt__` when it paused, `__error__` when it failed)."""
-        row, _thread, _modes = await asyncio.to_thread(admit, body, thread_id)
+        row, _thread, _modes = await in_thread(admit, body, thread_id, principal)
         return await outcome(request, row, locations(row, False, "join"))
 
     @router.get("/threads/{thread_id}/runs")
     def list_runs(
         thread_id: ThreadId,
-        _: Reader,
+        principal: Reader,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 10,
         offset: Annotated[int, Query(ge=0)] = 0,
         status: Annotated[
@@ -333,34 +368,37 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         select: Annotated[list[str] | None, Query()] = None,
     ) -> list[dict[str, Any]]:
         """The thread's runs, newest first (of its first 1000)."""
+        visible_thread(auth, keel_app, principal, thread_id, "read")
         rows = keel_app.thread_runs(thread_id, MAX_LIST)[::-1]
         if status is not None:
             rows = [r for r in rows if run_status(r) == status]
         return [selected(shape(r), select) for r in rows[offset : offset + limit]]
 
     @router.get("/threads/{thread_id}/runs/{run_id}")
-    def get_run(thread_id: ThreadId, run_id: RunId, _: Reader) -> dict[str, Any]:
+    def get_run(thread_id: ThreadId, run_id: RunId, principal: Reader) -> dict[str, Any]:
         """The run (status `success` also for a run paused on an interrupt)."""
-        return shape(on_thread(thread_id, run_id))
+        return shape(on_thread(principal, thread_id, run_id))
 
     @router.get("/threads/{thread_id}/runs/{run_id}/join")
-    async def join_run(thread_id: ThreadId, run_id: RunId, request: Request, _: Reader) -> Response:
+    async def join_run(
+        thread_id: ThreadId, run_id: RunId, request: Request, principal: Reader
+    ) -> Response:
         """Wait for the run to end or pause; its final state values, as `wait` answers them."""
-        row = await asyncio.to_thread(on_thread, thread_id, run_id)
+        row = await in_thread(on_thread, principal, thread_id, run_id)
         return await outcome(request, row, locations(row, False, "join"))
 
     @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventSourceResponse)
     def join_stream(
         thread_id: ThreadId,
         run_id: RunId,
-        _: Reader,
+        principal: Reader,
         stream_mode: Annotated[list[str] | None, Query()] = None,
         cancel_on_disconnect: bool = False,
         last_event_id: Annotated[str | None, Header(max_length=300)] = None,
     ) -> EventSourceResponse:
         """The run's events after `Last-Event-ID` (each committed step's events once, across
         server and worker restarts), or from now without it, until it ends or pauses."""
-        row = on_thread(thread_id, run_id)
+        row = on_thread(principal, thread_id, run_id)
         after = None
         if last_event_id:
             try:
@@ -387,7 +425,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         """Cancel the run: a queued or paused one at once, a running one at its next step
         boundary. `rollback` also discards what it checkpointed. With `wait`, answer once it
         ended (its final values), else 202 at once."""
-        row = await asyncio.to_thread(on_thread, thread_id, run_id)
+        row = await in_thread(on_thread, principal, thread_id, run_id, "update")
         if action == "rollback":
             await on_app(keel_app, _roll_back(keel_app.aio, run_id, principal.label))
         else:
@@ -397,9 +435,9 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return await outcome(request, row, locations(row, False, "join"))
 
     @router.delete("/threads/{thread_id}/runs/{run_id}")
-    def delete_run(thread_id: ThreadId, run_id: RunId, _: Writer) -> Response:
+    def delete_run(thread_id: ThreadId, run_id: RunId, principal: Writer) -> Response:
         """Refused: Keel keeps runs (409 `run_kept`)."""
-        row = on_thread(thread_id, run_id)
+        row = on_thread(principal, thread_id, run_id, "delete")
         active = Status(row["status"]) not in FINISHED
         raise Refused(
             409,
@@ -413,27 +451,27 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
     # -- stateless runs ---------------------------------------------------------------------
 
     @router.post("/runs")
-    def create_stateless(body: RunIn, _: Writer) -> Response:
+    def create_stateless(body: RunIn, principal: Writer) -> Response:
         """Admit a run on a thread of its own, durably, before answering."""
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
-        row, _thread, _modes = admit(body, None)
+        row, _thread, _modes = admit(body, None, principal)
         clean_later(body, row)
         return _json(shape(row), locations(row, True, ""))
 
     @router.post("/runs/stream", response_class=EventSourceResponse)
-    def stream_stateless(body: RunIn, _: Writer) -> EventSourceResponse:
+    def stream_stateless(body: RunIn, principal: Writer) -> EventSourceResponse:
         """Admit a run on a thread of its own and stream its committed steps."""
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
-        return stream_new(body, None)
+        return stream_new(body, None, principal)
 
     @router.post("/runs/wait")
-    async def wait_stateless(body: RunIn, request: Request, _: Writer) -> Response:
+    async def wait_stateless(body: RunIn, request: Request, principal: Writer) -> Response:
         """Admit a run on a thread of its own and answer its final values once it ended."""
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
-        row, _thread, _modes = await asyncio.to_thread(admit, body, None)
+        row, _thread, _modes = await in_thread(admit, body, None, principal)
         try:
             answer = await outcome(request, row, locations(row, True, "join"))
         except BaseException:

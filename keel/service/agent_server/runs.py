@@ -13,8 +13,9 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   (Keel checkpoints every step durably), `stream_subgraphs` streams the graph's own steps.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
-- A run cannot be deleted (409 `run_kept`): Keel keeps finished runs (their timeline and
-  effect ledger) until `keel prune` removes them by age.
+- Deleting a run removes a finished run's row with its timeline, effect ledger and waits (as
+  `keel prune` would); the thread's checkpoints, and so its state, stay. An unfinished run is
+  refused (409 `run_unfinished`).
 - A stateless run gets a thread of its own; with `on_completion: delete` (the default) the
   thread goes once the run finished, by the server that admitted it (a restart meanwhile keeps
   the thread).
@@ -434,19 +435,23 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             return Response(status_code=202)
         return await outcome(request, row, locations(row, False, "join"))
 
-    @router.delete("/threads/{thread_id}/runs/{run_id}")
+    @router.delete("/threads/{thread_id}/runs/{run_id}", status_code=204)
     def delete_run(thread_id: ThreadId, run_id: RunId, principal: Writer) -> Response:
-        """Refused: Keel keeps runs (409 `run_kept`)."""
+        """Delete a finished run: its row, timeline, effect ledger and waits go, as `keel
+        prune` removes them (the thread's checkpoints stay: its state is unchanged). 409
+        `run_unfinished` while it is queued, running or paused: cancel it first."""
         row = on_thread(principal, thread_id, run_id, "delete")
-        active = Status(row["status"]) not in FINISHED
-        raise Refused(
-            409,
-            "run_kept",
-            f"run {run_id} is "
-            + ("unfinished: cancel it first; " if active else "finished: ")
-            + "Keel keeps runs as records (their timeline and effect ledger) until `keel prune` "
-            "deletes finished runs by age",
-        )
+        gone = None
+        if Status(row["status"]) in FINISHED:
+            gone = call(_delete_run(keel_app.aio, thread_id, run_id))
+        if gone is None:
+            raise Refused(
+                409,
+                "run_unfinished",
+                f"run {run_id} is {row['status']}: cancel it before deleting it",
+            )
+        log.info("run %s of thread %s deleted: %s", run_id, thread_id, gone)
+        return Response(status_code=204)
 
     # -- stateless runs ---------------------------------------------------------------------
 
@@ -496,6 +501,11 @@ async def _delete_thread(app: AsyncApp, run_id: str, thread_id: str, *, wait: bo
         await app.delete_thread(thread_id)
     except KeelError as exc:
         log.info("thread %s of stateless run %s kept: %s", thread_id, run_id, exc)
+
+
+async def _delete_run(app: AsyncApp, thread_id: str, run_id: str) -> dict[str, int] | None:
+    await app.open()
+    return await app.runtime.store.delete_finished_run(thread_id, run_id)
 
 
 async def _roll_back(app: AsyncApp, run_id: str, by: str) -> Row:

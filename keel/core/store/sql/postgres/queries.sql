@@ -1235,3 +1235,14 @@ writes AS (
     SELECT %(to_thread)s, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob
     FROM checkpoint_writes WHERE thread_id = %(from_thread)s AND EXISTS (SELECT 1 FROM made))
 SELECT * FROM made;
+
+-- name: delete_finished_run
+-- Delete one finished run of a thread (the Agent Server's DELETE of a run); nothing if it is
+-- unfinished or not that thread's, or a writer holds it.
+DELETE FROM keel_runs WHERE run_id IN (
+    SELECT run_id FROM keel_runs
+    WHERE run_id = %(run_id)s AND thread_id = %(thread_id)s
+      AND status IN ('completed', 'failed', 'cancelled')
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING run_id;

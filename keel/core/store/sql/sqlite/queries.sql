@@ -1119,3 +1119,11 @@ INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path,
 SELECT :to_thread, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value
 FROM writes WHERE thread_id = :from_thread AND :copied = 1;
 SELECT * FROM keel_threads WHERE thread_id = :to_thread AND :copied = 1;
+
+-- name: delete_finished_run
+-- Delete one finished run of a thread (the Agent Server's DELETE of a run); nothing if it is
+-- unfinished or not that thread's.
+DELETE FROM keel_runs
+WHERE run_id = :run_id AND thread_id = :thread_id
+  AND status IN ('completed', 'failed', 'cancelled')
+RETURNING run_id;

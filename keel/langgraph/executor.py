@@ -34,7 +34,7 @@ from keel.core.store.base import Row
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph import traces
+from keel.langgraph import static_interrupts, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 
@@ -165,6 +165,7 @@ class Executor:
                 "thread_id": thread or lease.run_id,
             },
             "recursion_limit": workflow.recursion_limit,
+            "tags": list(submitted.get("tags") or []),  # an assistant's, the Agent Server's
             "metadata": {
                 **(submitted.get("metadata") or {}),
                 "keel_job_id": run["job_id"],
@@ -209,12 +210,14 @@ class Executor:
             if isinstance(graph_input, StateUpdate):
                 return await self._update_state(ctx, graph, config, graph_input)
             context = submitted.get("context")
+            static = static_interrupts.invoke_options(submitted)
             try:
                 output = await graph.ainvoke(
                     graph_input,
                     config,
                     durability=workflow.durability,
                     **({"context": context} if context is not None else {}),
+                    **static,
                 )
             except (LeaseLost, RunCancelled, Released):
                 raise
@@ -237,6 +240,8 @@ class Executor:
             # A clean end: every task write committed with a checkpoint or at once.
             await self.saver.finish(lease.run_id, lease.token)
             interrupts, values = await _outcome(graph, config, output)
+            if static and not interrupts:  # a static pause returns no `__interrupt__`
+                interrupts = await static_interrupts.paused(graph, config, static)
             if ctx.staged:
                 # The graph ended, yet a task's intents found no write to commit with.
                 log.warning(

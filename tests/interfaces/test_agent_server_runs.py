@@ -512,7 +512,6 @@ def test_what_keel_cannot_do_is_refused_with_a_reason(served: Served) -> None:
     client = served.client
     thread = new_thread(served)
     for options, word in [
-        ({"interrupt_before": ["reply"]}, "interrupt_before"),
         ({"webhook": "http://127.0.0.1:9/hook"}, "webhook"),
         ({"stream_mode": ["values", "telepathy"]}, "telepathy"),
     ]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from keel.core import infra
 from keel.core.errors import SchemaMismatch
+from keel.core.store.assistant_queries import AssistantQueries
 from keel.core.store.base import Connector, T, Tx, load_migrations, load_moves
 from keel.core.store.effect_queries import EffectQueries
 from keel.core.store.intent_queries import IntentQueries
@@ -41,6 +42,7 @@ class Store(
     NotificationQueries,
     OpsQueries,
     ThreadQueries,
+    AssistantQueries,
 ):
     def __init__(self, connector: Connector) -> None:
         self.db = connector

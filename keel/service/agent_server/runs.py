@@ -8,9 +8,13 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   (LangGraph starts a new run). The answer is that run, `pending` again; a second answer to the
   same pause is refused (409 `decision_conflict`).
 - Streams are told from committed steps (stream.py): `values` and `updates`; the live-only
-  modes are accepted and send nothing. `interrupt_before`/`interrupt_after`, `webhook` and
-  `after_seconds` are refused (422 `unsupported`) rather than ignored; `durability` is accepted
-  (Keel checkpoints every step durably), `stream_subgraphs` streams the graph's own steps.
+  modes are accepted and send nothing. `webhook` and `after_seconds` are refused (422
+  `unsupported`) rather than ignored; `durability` is accepted (Keel checkpoints every step
+  durably), `stream_subgraphs` streams the graph's own steps.
+- `interrupt_before`/`interrupt_after` pause the run as LangGraph does (keel.langgraph.
+  static_interrupts): it reads `success`, its thread `interrupted` with `next` set; a run
+  without input or command, or a `command.resume`, lets it go on (the same Keel run).
+- An assistant's config and context are the run's, its own merged over them.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
 - Deleting a run removes a finished run's row with its timeline, effect ledger and waits (as
@@ -29,15 +33,12 @@ The protocol's options a Keel run has no field for (the stream modes asked, whic
 
 import asyncio
 import concurrent.futures
-import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
-import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from keel.core import runs as core_runs
@@ -48,10 +49,17 @@ from keel.core.threads import first_unfinished, new_id
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.service.agent_server import stream
-from keel.service.agent_server.assistants import resolve_assistant
+from keel.service.agent_server.assistant_book import resolve_for_run
 from keel.service.agent_server.authz import Gate, matches, visible_thread
+from keel.service.agent_server.run_bodies import (
+    KWARGS,
+    RunIn,
+    in_thread,
+    names,
+    paused_statically,
+    unsupported,
+)
 from keel.service.agent_server.shapes import (
-    assistant_id_of,
     run_shape,
     run_status,
     selected,
@@ -63,50 +71,10 @@ from keel.service.errors import Refused
 
 log = logging.getLogger("keel.service")
 
-KWARGS = "keel_kwargs"
-"""Where a run's config keeps the protocol's options Keel's run has no field for."""
 WAIT_SLICE = 5.0
 """Seconds between checks that a waiting request's client is still there."""
 PING_SECONDS = 15
 MAX_LIST = 1000
-
-
-class RunIn(BaseModel):
-    """A run as langgraph-sdk sends it (`RunCreate`); fields newer SDKs add are ignored."""
-
-    model_config = {"extra": "ignore"}
-
-    assistant_id: str = Field(min_length=1, max_length=200)
-    input: Any = None
-    command: dict[str, Any] | None = None
-    stream_mode: str | list[str] | None = None
-    stream_subgraphs: bool | None = None
-    stream_resumable: bool | None = None
-    metadata: dict[str, Any] | None = None
-    config: dict[str, Any] | None = None
-    context: Any = None
-    checkpoint: dict[str, Any] | None = None
-    checkpoint_id: str | None = Field(None, max_length=200)
-    checkpoint_during: bool | None = None
-    interrupt_before: str | list[str] | None = None
-    interrupt_after: str | list[str] | None = None
-    feedback_keys: list[str] | None = None
-    on_disconnect: Literal["cancel", "continue"] | None = None
-    on_completion: Literal["delete", "keep"] | None = None
-    webhook: str | None = None
-    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] | None = None
-    if_not_exists: Literal["create", "reject"] | None = None
-    after_seconds: float | None = None
-    durability: Literal["sync", "async", "exit"] | None = None
-
-
-def unsupported(message: str) -> Refused:
-    return Refused(422, "unsupported", message)
-
-
-async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)` in a worker thread from which the auth handlers can be awaited."""
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 def runs_router(keel_app: App, auth: Gate) -> APIRouter:
@@ -128,7 +96,8 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
     ) -> tuple[Row, str, list[str]]:
         """Admit the run `body` asks for (on a new thread when `thread_id` is None); the
         run's row, its thread, and the stream modes asked."""
-        graph, version = resolve_assistant(keel_app, body.assistant_id)
+        assistant = resolve_for_run(keel_app, body.assistant_id)
+        graph, version = assistant.graph, assistant.version
         asked: dict[str, Any] = {
             "thread_id": thread_id,
             "assistant_id": body.assistant_id,
@@ -138,21 +107,16 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             "kwargs": body.model_dump(exclude={"assistant_id", "metadata"}),
         }
         filters = auth.check_sync(principal, "threads", "create_run", asked)
-        run_metadata = dict(asked.get("metadata") or {})
+        run_metadata = {**assistant.metadata, **(asked.get("metadata") or {})}
         try:
             modes = stream.parse_modes(body.stream_mode, ["values"])
         except ValueError as exc:
             raise Refused(422, "invalid_request", str(exc)) from None
-        if body.interrupt_before or body.interrupt_after:
-            raise unsupported(
-                "interrupt_before/interrupt_after are not supported: call interrupt() in the "
-                "node, or compile the graph with them"
-            )
         if body.webhook:
             raise unsupported("webhook is not supported: nothing would call it")
         if body.after_seconds:
             raise unsupported("after_seconds is not supported: submit the run when it is due")
-        stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
+        stamp = {"graph_id": graph, "assistant_id": assistant.assistant_id}
         thread = None
         stateless = thread_id is None
         if thread_id is None:
@@ -166,7 +130,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             shown = None if thread is None else thread_shape(thread)["metadata"]
             if shown is not None and filters and not matches(shown, filters):
                 raise ThreadNotFound(f"no thread {thread_id!r}")
-        config = dict(body.config or {})
+        config = assistant.run_config(dict(body.config or {}))
         given = dict(config.get("configurable") or {})
         # Where the run reads and writes is the thread's, not the caller's to set: a
         # checkpoint there would be where every execution of the run started over from.
@@ -180,17 +144,23 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             "subgraphs": bool(body.stream_subgraphs),
             "temporary": stateless,
             "durability": body.durability or "sync",
+            "interrupt_before": names(body.interrupt_before),
+            "interrupt_after": names(body.interrupt_after),
         }
         checkpoint_id = (
             body.checkpoint_id or (body.checkpoint or {}).get("checkpoint_id") or fork or None
         )
+        command = body.command
+        # Without input or command, a static pause goes on, as in LangGraph.
+        if command is None and body.input is None and thread is not None:
+            command = {"resume": None} if paused_statically(keel_app, thread) else None
         row = keel_app.submit(
             graph,
             body.input,
             thread_id=thread_id,
-            command=body.command,
+            command=command,
             config=config,
-            context=body.context,
+            context=assistant.run_context(body.context),
             checkpoint_id=checkpoint_id,
             multitask_strategy=body.multitask_strategy or "enqueue",
             # A thread this run makes has the run's metadata (an owner an auth handler put).
@@ -226,6 +196,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
                 **kept,
             }
         )
+        body["assistant_id"] = body["metadata"].get("assistant_id") or body["assistant_id"]
         configurable = kwargs["config"].setdefault("configurable", {})
         configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
         body.setdefault("langsmith_session_name", None)

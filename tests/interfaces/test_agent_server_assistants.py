@@ -11,7 +11,9 @@ config and context merged over its assistant's, a statically paused thread's `ne
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from langgraph_sdk.errors import BadRequestError, ConflictError, NotFoundError
 from typing_extensions import TypedDict
 
 import keel
+from keel.runtime.project import load_project
 from keel.service.agent_server import agent_server_router
 from keel.service.agent_server.shapes import assistant_id_of
 from keel.service.auth import Authenticator, load_tokens
@@ -252,3 +255,76 @@ def test_interrupt_after_pauses_and_a_resume_goes_on(svc: Served) -> None:
     final = c.runs.wait(thread, "steps", command={"resume": "go"})
     assert final == {"log": ["first", "last"], "n": 1}
     assert c.threads.get(thread)["status"] == "idle"
+
+
+# -- the auth of langgraph.json on assistants -----------------------------------------------
+
+OWNERS_AUTH_PY = """
+from langgraph_sdk import Auth
+
+auth = Auth()
+USERS = {"tok-alice": "alice", "tok-bob": "bob"}
+
+
+@auth.authenticate
+async def authenticate(authorization: str | None) -> dict:
+    scheme, _, token = (authorization or "").partition(" ")
+    if token not in USERS:
+        raise Auth.exceptions.HTTPException(status_code=401, detail="who are you?")
+    return {"identity": USERS[token]}
+
+
+@auth.on.assistants
+async def own_assistants(ctx: Auth.types.AuthContext, value: dict) -> object:
+    if ctx.action == "create":
+        value.setdefault("metadata", {})["owner"] = ctx.user.identity
+    return {"owner": ctx.user.identity}
+"""
+
+
+@pytest.fixture
+def owners(tmp_path: Path, db_url: str) -> Iterator[tuple[str, keel.App]]:
+    (tmp_path / "auth.py").write_text(OWNERS_AUTH_PY)
+    config = {
+        "graphs": {"chat": "tests.support.thread_graphs:chat"},
+        "auth": {"path": "./auth.py:auth"},
+    }
+    (tmp_path / "langgraph.json").write_text(json.dumps(config))
+    app = load_project(tmp_path / "langgraph.json", url=db_url)
+    api = FastAPI()
+    install(api)
+    api.include_router(agent_server_router(app, Authenticator(load_tokens(TOKENS))))
+    try:
+        with LiveServer(api) as live:
+            yield live.url, app
+    finally:
+        app.close()
+
+
+def test_the_auth_handler_stamps_and_filters_assistants(owners: tuple[str, keel.App]) -> None:
+    url, _app = owners
+    alice = get_sync_client(url=url, api_key=None, headers={"Authorization": "Bearer tok-alice"})
+    bob = get_sync_client(url=url, api_key=None, headers={"Authorization": "Bearer tok-bob"})
+    mine = alice.assistants.create("chat", name="mine", metadata={"owner": "bob"})
+    assert mine["metadata"] == {"owner": "alice"}  # stamped: a caller cannot choose another
+    theirs = bob.assistants.create("chat", name="theirs")
+    # Each sees only their own (the defaults have no owner: nobody sees them here).
+    assert [a["name"] for a in alice.assistants.search()] == ["mine"]
+    assert [a["name"] for a in bob.assistants.search()] == ["theirs"]
+    assert alice.assistants.count() == bob.assistants.count() == 1
+    aid = mine["assistant_id"]
+    for call in (
+        lambda: bob.assistants.get(aid),
+        lambda: bob.assistants.get_versions(aid),
+        lambda: bob.assistants.update(aid, name="taken"),
+        lambda: bob.assistants.set_latest(aid, 1),
+        lambda: bob.assistants.delete(aid),
+    ):
+        with pytest.raises(NotFoundError):
+            call()
+    assert alice.assistants.get(aid) == mine  # nothing bob tried changed it
+    assert alice.assistants.update(aid, name="still mine")["version"] == 2
+    alice.assistants.delete(aid)
+    assert bob.assistants.get(theirs["assistant_id"])["name"] == "theirs"
+    for client in (alice, bob):
+        client.http.client.close()

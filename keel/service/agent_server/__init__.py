@@ -2,7 +2,8 @@
 agent-chat-ui speak, served at the root of Keel's HTTP API (docs/agent-server.md).
 
 `agent_server_router` combines its parts: `/ok` and `/info` (info.py), assistants
-(assistants.py: one default assistant per registered workflow), threads with their state and
+(assistants.py and assistant_book.py: the default assistant of each registered workflow and
+assistants of one's own, with versions), threads with their state and
 history (threads.py), runs and their streams (runs.py, stream.py), the store (store.py). The
 JSON shapes of assistants, threads, states and runs are in shapes.py.
 """

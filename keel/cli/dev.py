@@ -144,9 +144,14 @@ def dev(
             f"{workers} worker{plural} in this process ({concurrency} runs at once each) "
             f"on {where}; API docs at /docs, console at /ui"
         )
+        if project.auth is not None:
+            # The project's own auth judges the Agent Server routes, loopback or not.
+            say(f"keel dev: the Agent Server routes authenticate with {project.auth['path']}")
         warn(
             "NO TOKEN NEEDED from this machine: every request from a loopback address acts "
-            "with all scopes. For development only: never put keel dev behind a proxy or on a "
+            "with all scopes"
+            + (" on Keel's own API (/v1), the console and /metrics" if project.auth else "")
+            + ". For development only: never put keel dev behind a proxy or on a "
             "shared host (use `keel serve` with $KEEL_API_TOKENS)"
         )
         if not _loopback_host(host):

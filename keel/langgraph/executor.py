@@ -34,7 +34,7 @@ from keel.core.store.base import Row
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph import chunks, traces
+from keel.langgraph import chunks, static_interrupts, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 
@@ -165,6 +165,7 @@ class Executor:
                 "thread_id": thread or lease.run_id,
             },
             "recursion_limit": workflow.recursion_limit,
+            "tags": list(submitted.get("tags") or []),  # an assistant's, the Agent Server's
             "metadata": {
                 **(submitted.get("metadata") or {}),
                 "keel_job_id": run["job_id"],
@@ -210,6 +211,8 @@ class Executor:
                 return await self._update_state(ctx, graph, config, graph_input)
             context = submitted.get("context")
             extra = {"context": context} if context is not None else {}
+            static = static_interrupts.invoke_options(submitted)
+            extra.update(static)
             capture = chunks.capture_for(rt.store, self.saver, lease.run_id, lease.token, submitted)
             if capture is not None:  # a client streams modes only the live graph produces
                 await capture.begin(graph_input, first=bool(run.get("first_claim")))
@@ -243,6 +246,8 @@ class Executor:
             # A clean end: every task write committed with a checkpoint or at once.
             await self.saver.finish(lease.run_id, lease.token)
             interrupts, values = await _outcome(graph, config, output)
+            if static and not interrupts:  # a static pause returns no `__interrupt__`
+                interrupts = await static_interrupts.paused(graph, config, static)
             if ctx.staged:
                 # The graph ended, yet a task's intents found no write to commit with.
                 log.warning(

@@ -472,15 +472,32 @@ def test_cancel_with_rollback_discards_what_the_run_checkpointed(svc: Served) ->
     assert client.threads.get_state(paused)["values"]["question"] == "r"
 
 
-def test_runs_are_not_deleted_and_belong_to_their_thread(svc: Served) -> None:
+def test_a_finished_run_is_deleted_and_runs_belong_to_their_thread(svc: Served) -> None:
     client = svc.client
     thread, other = new_thread(svc), new_thread(svc)
     run = client.runs.create(thread, "chat", input=say("x"))
     client.runs.join(thread, run["run_id"])
+    with pytest.raises(NotFoundError):
+        client.runs.delete(other, run["run_id"])
+    store = svc.app.aio.runtime.store
+    assert svc.app.aio.runtime.portal.call(store.events_after(run["run_id"]))
+    state = client.threads.get_state(thread)
+    client.runs.delete(thread, run["run_id"])
+    # The run and its timeline are gone; the thread's checkpoints, and so its state, stay.
+    with pytest.raises(NotFoundError):
+        client.runs.get(thread, run["run_id"])
+    assert client.runs.list(thread) == []
+    assert svc.app.aio.runtime.portal.call(store.events_after(run["run_id"])) == []
+    assert client.threads.get_state(thread) == state
+    paused = new_thread(svc)
+    client.runs.wait(paused, "ask", input={"question": "q"})
+    (waiting,) = client.runs.list(paused)
     with pytest.raises(ConflictError) as refused:
-        client.runs.delete(thread, run["run_id"])
-    assert refused.value.body["error"] == "run_kept"  # type: ignore[index]
-    assert client.runs.get(thread, run["run_id"])["status"] == "success"
+        client.runs.delete(paused, waiting["run_id"])
+    assert refused.value.body["error"] == "run_unfinished"  # type: ignore[index]
+    assert client.runs.get(paused, waiting["run_id"])["run_id"] == waiting["run_id"]
+    run = client.runs.create(thread, "chat", input=say("y"))
+    client.runs.join(thread, run["run_id"])
     with pytest.raises(NotFoundError):
         client.runs.get(other, run["run_id"])
     with pytest.raises(NotFoundError):
@@ -495,7 +512,6 @@ def test_what_keel_cannot_do_is_refused_with_a_reason(served: Served) -> None:
     client = served.client
     thread = new_thread(served)
     for options, word in [
-        ({"interrupt_before": ["reply"]}, "interrupt_before"),
         ({"stream_mode": ["values", "telepathy"]}, "telepathy"),
     ]:
         with pytest.raises(UnprocessableEntityError) as refused:

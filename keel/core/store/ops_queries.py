@@ -92,6 +92,22 @@ class OpsQueries:
         await tx.execute("record_pruned_folders", params)
         return ids, counts
 
+    async def delete_finished_run(self, thread_id: str, run_id: str) -> dict[str, int] | None:
+        """Delete one finished run of a thread with its timeline, ledger, waits, notifications
+        and delivered intents, as a prune would (its artifact folder goes at the next prune);
+        the thread's checkpoints stay. None if the run is unfinished, held, or not there."""
+        async with self.db.transaction() as tx:
+            gone = await tx.all("delete_finished_run", {"thread_id": thread_id, "run_id": run_id})
+            if not gone:
+                return None
+            params = {"run_ids": json.dumps([run_id])}
+            counts = {"runs": 1}
+            for table, query in PRUNED_TABLES.items():
+                if not table.startswith("checkpoint"):
+                    counts[table] = max(0, await tx.execute(query, params))
+            await tx.execute("record_pruned_folders", params)
+            return counts
+
     async def pruned_folders(self, limit: int) -> list[str]:
         """Runs pruned whose artifact folders may still be on disk (see `prune_batch`)."""
         async with self.db.read() as tx:

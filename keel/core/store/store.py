@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from keel.core import infra
 from keel.core.errors import SchemaMismatch
+from keel.core.store.assistant_queries import AssistantQueries
 from keel.core.store.base import Connector, T, Tx, load_migrations, load_moves
 from keel.core.store.chunk_queries import ChunkQueries
 from keel.core.store.effect_queries import EffectQueries
@@ -44,6 +45,7 @@ class Store(
     NotificationQueries,
     OpsQueries,
     ThreadQueries,
+    AssistantQueries,
     ChunkQueries,
     ScheduleQueries,
     WebhookQueries,

@@ -2,17 +2,21 @@
 agent-chat-ui speak, served at the root of Keel's HTTP API (docs/agent-server.md).
 
 `agent_server_router` combines its parts: `/ok` and `/info` (info.py), assistants
-(assistants.py: one default assistant per registered workflow), threads with their state and
+(assistants.py and assistant_book.py: the default assistant of each registered workflow and
+assistants of one's own, with versions), threads with their state and
 history (threads.py), runs and their streams (runs.py, stream.py), the store (store.py). The
 JSON shapes of assistants, threads, states and runs are in shapes.py.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import assistants_router
+from keel.service.agent_server.authz import gate_for
 from keel.service.agent_server.crons import crons_router
 from keel.service.agent_server.info import info_router
 from keel.service.agent_server.runs import runs_router
@@ -21,16 +25,19 @@ from keel.service.agent_server.threads import threads_router
 from keel.service.auth import Authenticator
 
 
-def agent_server_router(keel_app: App, auth: Authenticator) -> APIRouter:
-    """Every endpoint of the Agent Server protocol Keel serves, for `keel_app`, under `auth`
-    (Keel's tokens, sent as `x-api-key` or `Authorization: Bearer`)."""
+def agent_server_router(keel_app: App, auth: Authenticator, *, user_auth: Any = None) -> APIRouter:
+    """Every endpoint of the Agent Server protocol Keel serves, for `keel_app`: under
+    `user_auth` (a `langgraph_sdk.Auth`), else the `auth` section of the langgraph.json
+    `keel_app` was loaded from, else `auth` (Keel's tokens, sent as `x-api-key` or
+    `Authorization: Bearer`). See authz.py."""
+    gate = gate_for(keel_app, auth, user_auth)
     router = APIRouter()
     router.include_router(info_router())
-    router.include_router(assistants_router(keel_app, auth))
-    router.include_router(threads_router(keel_app, auth))
-    router.include_router(crons_router(keel_app, auth))
-    router.include_router(runs_router(keel_app, auth))
-    router.include_router(store_router(keel_app, auth))
+    router.include_router(assistants_router(keel_app, gate))
+    router.include_router(threads_router(keel_app, gate))
+    router.include_router(crons_router(keel_app, gate))
+    router.include_router(runs_router(keel_app, gate))
+    router.include_router(store_router(keel_app, gate))
     return router
 
 

@@ -22,9 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import resolve_assistant
+from keel.service.agent_server.authz import Gate
 from keel.service.agent_server.shapes import assistant_id_of, iso
 from keel.service.agent_server.shapes import selected as select_fields
-from keel.service.auth import Authenticator, Principal
+from keel.service.auth import Principal
 from keel.service.errors import Refused
 
 UNSUPPORTED = ("end_time", "webhook", "config", "context", "interrupt_before", "interrupt_after")
@@ -124,7 +125,7 @@ def _matches(cron: dict[str, Any], metadata: dict[str, Any] | None, enabled: boo
     return all(cron["metadata"].get(k) == v for k, v in (metadata or {}).items())
 
 
-def crons_router(keel_app: App, auth: Authenticator) -> APIRouter:
+def crons_router(keel_app: App, auth: Gate) -> APIRouter:
     router = APIRouter(tags=["crons"])
     Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
     Writer = Annotated[Principal, Depends(auth.require("runs:write"))]

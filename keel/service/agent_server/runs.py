@@ -9,15 +9,19 @@ Workers execute it; a request never runs a graph. Where the protocol and Keel di
   same pause is refused (409 `decision_conflict`).
 - Streams (stream.py): `values` and `updates` told from committed steps; `messages`,
   `custom`, `tasks`, `checkpoints`, `debug` captured by the worker; `events` accepted and sends
-  nothing. `interrupt_before`/`interrupt_after` are refused (422 `unsupported`) rather than
-  ignored; `after_seconds` delays the run (admitted at once, `pending`, claimed once the
+  nothing. `after_seconds` delays the run (admitted at once, `pending`, claimed once the
   database's clock reaches it); `webhook` is told when the run ends (docs/webhooks.md);
   `durability` is accepted (Keel checkpoints every step durably), `stream_subgraphs` adds
   subgraphs' namespaced events.
+- `interrupt_before`/`interrupt_after` pause the run as LangGraph does (keel.langgraph.
+  static_interrupts): it reads `success`, its thread `interrupted` with `next` set; a run
+  without input or command, or a `command.resume`, lets it go on (the same Keel run).
+- An assistant's config and context are the run's, its own merged over them.
 - Cancelling with `action=rollback` ends the run `interrupted` and discards its checkpoints;
   the run itself stays on record (termination reason `rolled_back`), as do its effects.
-- A run cannot be deleted (409 `run_kept`): Keel keeps finished runs (their timeline and
-  effect ledger) until `keel prune` removes them by age.
+- Deleting a run removes a finished run's row with its timeline, effect ledger and waits (as
+  `keel prune` would); the thread's checkpoints, and so its state, stay. An unfinished run is
+  refused (409 `run_unfinished`).
 - A stateless run gets a thread of its own; with `on_completion: delete` (the default) the
   thread goes once the run finished, by the server that admitted it (a restart meanwhile keeps
   the thread).
@@ -37,7 +41,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 
 from keel.core import runs as core_runs
@@ -45,53 +48,34 @@ from keel.core.errors import KeelError, RunFinished, RunNotFound, RunStillGoing,
 from keel.core.lifecycle import FINISHED, Status, TerminationReason
 from keel.core.store.base import Row
 from keel.core.threads import first_unfinished, new_id
-from keel.langgraph import chunks
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.service.agent_server import stream
-from keel.service.agent_server.assistants import resolve_assistant
-from keel.service.agent_server.shapes import assistant_id_of, run_shape, run_status, selected
+from keel.service.agent_server.assistant_book import resolve_for_run
+from keel.service.agent_server.authz import Gate, matches, visible_thread
+from keel.service.agent_server.run_bodies import (
+    KWARGS,
+    RunIn,
+    in_thread,
+    names,
+    paused_statically,
+)
+from keel.service.agent_server.shapes import (
+    run_shape,
+    run_status,
+    selected,
+    thread_shape,
+)
 from keel.service.agent_server.stream import Feed, Graphs, Position, on_app
-from keel.service.auth import Authenticator, Principal
+from keel.service.auth import Principal
 from keel.service.errors import Refused
 
 log = logging.getLogger("keel.service")
 
-KWARGS = chunks.KWARGS
-"""Where a run's config keeps the protocol's options Keel's run has no field for."""
 WAIT_SLICE = 5.0
 """Seconds between checks that a waiting request's client is still there."""
 PING_SECONDS = 15
 MAX_LIST = 1000
-
-
-class RunIn(BaseModel):
-    """A run as langgraph-sdk sends it (`RunCreate`); fields newer SDKs add are ignored."""
-
-    model_config = {"extra": "ignore"}
-
-    assistant_id: str = Field(min_length=1, max_length=200)
-    input: Any = None
-    command: dict[str, Any] | None = None
-    stream_mode: str | list[str] | None = None
-    stream_subgraphs: bool | None = None
-    stream_resumable: bool | None = None
-    metadata: dict[str, Any] | None = None
-    config: dict[str, Any] | None = None
-    context: Any = None
-    checkpoint: dict[str, Any] | None = None
-    checkpoint_id: str | None = Field(None, max_length=200)
-    checkpoint_during: bool | None = None
-    interrupt_before: str | list[str] | None = None
-    interrupt_after: str | list[str] | None = None
-    feedback_keys: list[str] | None = None
-    on_disconnect: Literal["cancel", "continue"] | None = None
-    on_completion: Literal["delete", "keep"] | None = None
-    webhook: str | None = None
-    multitask_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] | None = None
-    if_not_exists: Literal["create", "reject"] | None = None
-    after_seconds: float | None = None
-    durability: Literal["sync", "async", "exit"] | None = None
 
 
 def protocol_run(row: Row) -> dict[str, Any]:
@@ -112,17 +96,14 @@ def protocol_run(row: Row) -> dict[str, Any]:
             **kept,
         }
     )
+    body["assistant_id"] = body["metadata"].get("assistant_id") or body["assistant_id"]
     configurable = kwargs["config"].setdefault("configurable", {})
     configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
     body.setdefault("langsmith_session_name", None)
     return body
 
 
-def unsupported(message: str) -> Refused:
-    return Refused(422, "unsupported", message)
-
-
-def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
+def runs_router(keel_app: App, auth: Gate) -> APIRouter:
     router = APIRouter(tags=["runs"])
     Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
     Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
@@ -136,22 +117,30 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
     # -- admission --------------------------------------------------------------------------
 
-    def admit(body: RunIn, thread_id: str | None) -> tuple[Row, str, list[str]]:
+    def admit(
+        body: RunIn, thread_id: str | None, principal: Principal
+    ) -> tuple[Row, str, list[str]]:
         """Admit the run `body` asks for (on a new thread when `thread_id` is None); the
         run's row, its thread, and the stream modes asked."""
-        graph, version = resolve_assistant(keel_app, body.assistant_id)
+        assistant = resolve_for_run(keel_app, body.assistant_id)
+        graph, version = assistant.graph, assistant.version
+        asked: dict[str, Any] = {
+            "thread_id": thread_id,
+            "assistant_id": body.assistant_id,
+            "metadata": dict(body.metadata or {}),
+            "multitask_strategy": body.multitask_strategy or "enqueue",
+            "if_not_exists": body.if_not_exists or "reject",
+            "kwargs": body.model_dump(exclude={"assistant_id", "metadata"}),
+        }
+        filters = auth.check_sync(principal, "threads", "create_run", asked)
+        run_metadata = {**assistant.metadata, **(asked.get("metadata") or {})}
         try:
             modes = stream.parse_modes(body.stream_mode, ["values"])
         except ValueError as exc:
             raise Refused(422, "invalid_request", str(exc)) from None
-        if body.interrupt_before or body.interrupt_after:
-            raise unsupported(
-                "interrupt_before/interrupt_after are not supported: call interrupt() in the "
-                "node, or compile the graph with them"
-            )
         if body.after_seconds is not None and not body.after_seconds >= 0:
             raise Refused(422, "invalid_request", "after_seconds cannot be negative")
-        stamp = {"graph_id": graph, "assistant_id": assistant_id_of(graph)}
+        stamp = {"graph_id": graph, "assistant_id": assistant.assistant_id}
         thread = None
         stateless = thread_id is None
         if thread_id is None:
@@ -162,7 +151,10 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             except ThreadNotFound:
                 if body.if_not_exists != "create":
                     raise
-        config = dict(body.config or {})
+            shown = None if thread is None else thread_shape(thread)["metadata"]
+            if shown is not None and filters and not matches(shown, filters):
+                raise ThreadNotFound(f"no thread {thread_id!r}")
+        config = assistant.run_config(dict(body.config or {}))
         given = dict(config.get("configurable") or {})
         # Where the run reads and writes is the thread's, not the caller's to set: a
         # checkpoint there would be where every execution of the run started over from.
@@ -170,27 +162,34 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         for key in ("thread_id", "checkpoint_ns", "checkpoint_map"):
             given.pop(key, None)
         config["configurable"] = {**given, **stamp}
-        config["metadata"] = {**(config.get("metadata") or {}), **(body.metadata or {}), **stamp}
+        config["metadata"] = {**(config.get("metadata") or {}), **run_metadata, **stamp}
         config[KWARGS] = {
             "stream_mode": modes,
             "subgraphs": bool(body.stream_subgraphs),
             "temporary": stateless,
             "durability": body.durability or "sync",
             **({"webhook": body.webhook} if body.webhook else {}),
+            "interrupt_before": names(body.interrupt_before),
+            "interrupt_after": names(body.interrupt_after),
         }
         checkpoint_id = (
             body.checkpoint_id or (body.checkpoint or {}).get("checkpoint_id") or fork or None
         )
+        command = body.command
+        # Without input or command, a static pause goes on, as in LangGraph.
+        if command is None and body.input is None and thread is not None:
+            command = {"resume": None} if paused_statically(keel_app, thread) else None
         row = keel_app.submit(
             graph,
             body.input,
             thread_id=thread_id,
-            command=body.command,
+            command=command,
             config=config,
-            context=body.context,
+            context=assistant.run_context(body.context),
             checkpoint_id=checkpoint_id,
             multitask_strategy=body.multitask_strategy or "enqueue",
-            metadata=stamp,
+            # A thread this run makes has the run's metadata (an owner an auth handler put).
+            metadata={**run_metadata, **stamp},
             version=version,
             # Admitted now, claimed once the database's clock reaches it (keel.core.timers).
             after=body.after_seconds or None,
@@ -202,8 +201,10 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             keel_app.update_thread(thread_id, metadata=stamp)
         return dict(row), thread_id, modes
 
-    def on_thread(thread_id: str, run_id: str) -> Row:
-        """The run, if it is one of the thread's (404 otherwise)."""
+    def on_thread(principal: Principal, thread_id: str, run_id: str, action: str = "read") -> Row:
+        """The run, if it is one of the thread's and the auth handler lets `principal` do
+        `action` on the thread (404 otherwise)."""
+        visible_thread(auth, keel_app, principal, thread_id, action, run_id=run_id)
         row = keel_app.get_run(run_id).run
         if (row.get("thread_id") or row["run_id"]) != thread_id:
             raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
@@ -286,16 +287,17 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
         return EventSourceResponse(body(), headers=headers, ping=PING_SECONDS)
 
-    def stream_new(body: RunIn, thread_id: str | None) -> EventSourceResponse:
+    def stream_new(body: RunIn, thread_id: str | None, principal: Principal) -> EventSourceResponse:
         """Admit a run and stream it from its start (a resume: from where it paused)."""
         resume = body.command is not None and "resume" in body.command
         waiting = None
         if resume and thread_id is not None:
+            visible_thread(auth, keel_app, principal, thread_id, "read")
             # Where the paused run's events stand, read before the answer lets it go on.
             active = first_unfinished(keel_app.thread_runs(thread_id))
             if active is not None:
                 waiting = feed(str(active["run_id"]), None)
-        row, _thread, modes = admit(body, thread_id)
+        row, _thread, modes = admit(body, thread_id, principal)
         if waiting is not None and waiting.run_id == row["run_id"]:
             events_of = waiting
         else:
@@ -315,28 +317,30 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
     # -- runs on a thread -------------------------------------------------------------------
 
     @router.post("/threads/{thread_id}/runs")
-    def create_run(thread_id: ThreadId, body: RunIn, _: Writer) -> Response:
+    def create_run(thread_id: ThreadId, body: RunIn, principal: Writer) -> Response:
         """Admit a run on the thread, durably, before answering (`pending`); a worker executes
         it. `command.resume` answers the thread's pause instead: that run goes on."""
-        row, _thread, _modes = admit(body, thread_id)
+        row, _thread, _modes = admit(body, thread_id, principal)
         return _json(shape(row), locations(row, False, ""))
 
     @router.post("/threads/{thread_id}/runs/stream", response_class=EventSourceResponse)
-    def stream_run(thread_id: ThreadId, body: RunIn, _: Writer) -> EventSourceResponse:
+    def stream_run(thread_id: ThreadId, body: RunIn, principal: Writer) -> EventSourceResponse:
         """Admit a run on the thread and stream its committed steps (Server-Sent Events)."""
-        return stream_new(body, thread_id)
+        return stream_new(body, thread_id, principal)
 
     @router.post("/threads/{thread_id}/runs/wait")
-    async def wait_run(thread_id: ThreadId, body: RunIn, request: Request, _: Writer) -> Response:
+    async def wait_run(
+        thread_id: ThreadId, body: RunIn, request: Request, principal: Writer
+    ) -> Response:
         """Admit a run on the thread and answer its final state values once it ended (with
         `__interrupt__` when it paused, `__error__` when it failed)."""
-        row, _thread, _modes = await asyncio.to_thread(admit, body, thread_id)
+        row, _thread, _modes = await in_thread(admit, body, thread_id, principal)
         return await outcome(request, row, locations(row, False, "join"))
 
     @router.get("/threads/{thread_id}/runs")
     def list_runs(
         thread_id: ThreadId,
-        _: Reader,
+        principal: Reader,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = 10,
         offset: Annotated[int, Query(ge=0)] = 0,
         status: Annotated[
@@ -346,34 +350,37 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         select: Annotated[list[str] | None, Query()] = None,
     ) -> list[dict[str, Any]]:
         """The thread's runs, newest first (of its first 1000)."""
+        visible_thread(auth, keel_app, principal, thread_id, "read")
         rows = keel_app.thread_runs(thread_id, MAX_LIST)[::-1]
         if status is not None:
             rows = [r for r in rows if run_status(r) == status]
         return [selected(shape(r), select) for r in rows[offset : offset + limit]]
 
     @router.get("/threads/{thread_id}/runs/{run_id}")
-    def get_run(thread_id: ThreadId, run_id: RunId, _: Reader) -> dict[str, Any]:
+    def get_run(thread_id: ThreadId, run_id: RunId, principal: Reader) -> dict[str, Any]:
         """The run (status `success` also for a run paused on an interrupt)."""
-        return shape(on_thread(thread_id, run_id))
+        return shape(on_thread(principal, thread_id, run_id))
 
     @router.get("/threads/{thread_id}/runs/{run_id}/join")
-    async def join_run(thread_id: ThreadId, run_id: RunId, request: Request, _: Reader) -> Response:
+    async def join_run(
+        thread_id: ThreadId, run_id: RunId, request: Request, principal: Reader
+    ) -> Response:
         """Wait for the run to end or pause; its final state values, as `wait` answers them."""
-        row = await asyncio.to_thread(on_thread, thread_id, run_id)
+        row = await in_thread(on_thread, principal, thread_id, run_id)
         return await outcome(request, row, locations(row, False, "join"))
 
     @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventSourceResponse)
     def join_stream(
         thread_id: ThreadId,
         run_id: RunId,
-        _: Reader,
+        principal: Reader,
         stream_mode: Annotated[list[str] | None, Query()] = None,
         cancel_on_disconnect: bool = False,
         last_event_id: Annotated[str | None, Header(max_length=300)] = None,
     ) -> EventSourceResponse:
         """The run's events after `Last-Event-ID` (each committed step's events once, across
         server and worker restarts), or from now without it, until it ends or pauses."""
-        row = on_thread(thread_id, run_id)
+        row = on_thread(principal, thread_id, run_id)
         after = None
         if last_event_id:
             try:
@@ -400,7 +407,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
         """Cancel the run: a queued or paused one at once, a running one at its next step
         boundary. `rollback` also discards what it checkpointed. With `wait`, answer once it
         ended (its final values), else 202 at once."""
-        row = await asyncio.to_thread(on_thread, thread_id, run_id)
+        row = await in_thread(on_thread, principal, thread_id, run_id, "update")
         if action == "rollback":
             await on_app(keel_app, _roll_back(keel_app.aio, run_id, principal.label))
         else:
@@ -409,44 +416,48 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
             return Response(status_code=202)
         return await outcome(request, row, locations(row, False, "join"))
 
-    @router.delete("/threads/{thread_id}/runs/{run_id}")
-    def delete_run(thread_id: ThreadId, run_id: RunId, _: Writer) -> Response:
-        """Refused: Keel keeps runs (409 `run_kept`)."""
-        row = on_thread(thread_id, run_id)
-        active = Status(row["status"]) not in FINISHED
-        raise Refused(
-            409,
-            "run_kept",
-            f"run {run_id} is "
-            + ("unfinished: cancel it first; " if active else "finished: ")
-            + "Keel keeps runs as records (their timeline and effect ledger) until `keel prune` "
-            "deletes finished runs by age",
-        )
+    @router.delete("/threads/{thread_id}/runs/{run_id}", status_code=204)
+    def delete_run(thread_id: ThreadId, run_id: RunId, principal: Writer) -> Response:
+        """Delete a finished run: its row, timeline, effect ledger and waits go, as `keel
+        prune` removes them (the thread's checkpoints stay: its state is unchanged). 409
+        `run_unfinished` while it is queued, running or paused: cancel it first."""
+        row = on_thread(principal, thread_id, run_id, "delete")
+        gone = None
+        if Status(row["status"]) in FINISHED:
+            gone = call(_delete_run(keel_app.aio, thread_id, run_id))
+        if gone is None:
+            raise Refused(
+                409,
+                "run_unfinished",
+                f"run {run_id} is {row['status']}: cancel it before deleting it",
+            )
+        log.info("run %s of thread %s deleted: %s", run_id, thread_id, gone)
+        return Response(status_code=204)
 
     # -- stateless runs ---------------------------------------------------------------------
 
     @router.post("/runs")
-    def create_stateless(body: RunIn, _: Writer) -> Response:
+    def create_stateless(body: RunIn, principal: Writer) -> Response:
         """Admit a run on a thread of its own, durably, before answering."""
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
-        row, _thread, _modes = admit(body, None)
+        row, _thread, _modes = admit(body, None, principal)
         clean_later(body, row)
         return _json(shape(row), locations(row, True, ""))
 
     @router.post("/runs/stream", response_class=EventSourceResponse)
-    def stream_stateless(body: RunIn, _: Writer) -> EventSourceResponse:
+    def stream_stateless(body: RunIn, principal: Writer) -> EventSourceResponse:
         """Admit a run on a thread of its own and stream its committed steps."""
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
-        return stream_new(body, None)
+        return stream_new(body, None, principal)
 
     @router.post("/runs/wait")
-    async def wait_stateless(body: RunIn, request: Request, _: Writer) -> Response:
+    async def wait_stateless(body: RunIn, request: Request, principal: Writer) -> Response:
         """Admit a run on a thread of its own and answer its final values once it ended."""
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
-        row, _thread, _modes = await asyncio.to_thread(admit, body, None)
+        row, _thread, _modes = await in_thread(admit, body, None, principal)
         try:
             answer = await outcome(request, row, locations(row, True, "join"))
         except BaseException:
@@ -471,6 +482,11 @@ async def _delete_thread(app: AsyncApp, run_id: str, thread_id: str, *, wait: bo
         await app.delete_thread(thread_id)
     except KeelError as exc:
         log.info("thread %s of stateless run %s kept: %s", thread_id, run_id, exc)
+
+
+async def _delete_run(app: AsyncApp, thread_id: str, run_id: str) -> dict[str, int] | None:
+    await app.open()
+    return await app.runtime.store.delete_finished_run(thread_id, run_id)
 
 
 async def _roll_back(app: AsyncApp, run_id: str, by: str) -> Row:

@@ -22,7 +22,8 @@ from langgraph.store.base import BaseStore, InvalidNamespaceError
 from pydantic import BaseModel, Field
 
 from keel.runtime.app import App
-from keel.service.auth import Authenticator, Principal
+from keel.service.agent_server.authz import Gate
+from keel.service.auth import Principal
 from keel.service.errors import Refused
 
 T = TypeVar("T")
@@ -78,7 +79,7 @@ def checked(namespace: list[str]) -> tuple[str, ...]:
     return tuple(namespace)
 
 
-def store_router(keel_app: App, auth: Authenticator) -> APIRouter:
+def store_router(keel_app: App, auth: Gate) -> APIRouter:
     router = APIRouter(tags=["store"])
     Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
     Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
@@ -96,60 +97,84 @@ def store_router(keel_app: App, auth: Authenticator) -> APIRouter:
         except InvalidNamespaceError as exc:
             raise Refused(422, "invalid_namespace", str(exc)) from None
 
+    def allowed(principal: Principal, action: str, value: dict[str, Any]) -> dict[str, Any]:
+        """`value` as the project's `@auth.on.store` handler left it (it may scope the
+        namespace to its user); 403 if it refused."""
+        auth.check_sync(principal, "store", action, value)
+        for key in ("namespace", "suffix"):
+            if isinstance(value.get(key), list):
+                value[key] = tuple(value[key])
+        return value
+
     @router.put("/store/items", status_code=204, response_class=Response)
-    def put_item(body: ItemPut, _: Writer) -> Response:
+    def put_item(body: ItemPut, principal: Writer) -> Response:
         """Store an item under its namespace and key (replacing one there)."""
-        namespace = checked(body.namespace)
+        asked = {
+            "namespace": checked(body.namespace),
+            "key": body.key,
+            "value": body.value,
+            "index": body.index,
+        }
+        value = allowed(principal, "put", asked)
 
         async def put(store: BaseStore) -> None:
-            kwargs: dict[str, Any] = {"index": body.index}
+            kwargs: dict[str, Any] = {"index": value["index"]}
             if body.ttl is not None:
                 kwargs["ttl"] = body.ttl
-            await store.aput(namespace, body.key, body.value, **kwargs)
+            await store.aput(value["namespace"], value["key"], value["value"], **kwargs)
 
         call(put)
         return Response(status_code=204)
 
     @router.get("/store/items")
     def get_item(
-        _: Reader,
+        principal: Reader,
         key: Annotated[str, Query(min_length=1, max_length=1000)],
         namespace: Annotated[str, Query(max_length=20_000)] = "",
         refresh_ttl: bool | None = None,
     ) -> dict[str, Any] | None:
         """The item, or null if there is none. `namespace`: its labels joined with periods."""
         labels = tuple(namespace.split(".")) if namespace else ()
+        value = allowed(principal, "get", {"namespace": labels, "key": key})
 
         async def get(store: BaseStore) -> dict[str, Any] | None:
-            item = await store.aget(labels, key, refresh_ttl=refresh_ttl)
+            item = await store.aget(value["namespace"], value["key"], refresh_ttl=refresh_ttl)
             return None if item is None else item.dict()
 
         return call(get)
 
     @router.delete("/store/items", status_code=204, response_class=Response)
-    def delete_item(body: ItemDelete, _: Writer) -> Response:
+    def delete_item(body: ItemDelete, principal: Writer) -> Response:
         """Delete the item (nothing happens if there is none)."""
-        namespace = checked(body.namespace)
+        asked = {"namespace": checked(body.namespace), "key": body.key}
+        value = allowed(principal, "delete", asked)
 
         async def delete(store: BaseStore) -> None:
-            await store.adelete(namespace, body.key)
+            await store.adelete(value["namespace"], value["key"])
 
         call(delete)
         return Response(status_code=204)
 
     @router.post("/store/items/search")
-    def search_items(body: ItemSearch, _: Reader) -> dict[str, Any]:
+    def search_items(body: ItemSearch, principal: Reader) -> dict[str, Any]:
         """Items under a namespace prefix whose values match `filter` (exact values, or
         operators `$eq`, `$ne`, `$gt`, `$gte`, `$lt`, `$lte`), most recently updated first."""
-        prefix = checked(body.namespace_prefix)
+        asked = {
+            "namespace": checked(body.namespace_prefix),
+            "filter": body.filter,
+            "limit": body.limit,
+            "offset": body.offset,
+            "query": body.query,
+        }
+        value = allowed(principal, "search", asked)
 
         async def search(store: BaseStore) -> list[dict[str, Any]]:
             found = await store.asearch(
-                prefix,
-                query=body.query,
-                filter=body.filter,
-                limit=body.limit,
-                offset=body.offset,
+                value["namespace"],
+                query=value["query"],
+                filter=value["filter"],
+                limit=value["limit"],
+                offset=value["offset"],
                 refresh_ttl=body.refresh_ttl,
             )
             return [item.dict() for item in found]
@@ -157,19 +182,25 @@ def store_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return {"items": call(search)}
 
     @router.post("/store/namespaces")
-    def list_namespaces(body: NamespaceList, _: Reader) -> dict[str, Any]:
+    def list_namespaces(body: NamespaceList, principal: Reader) -> dict[str, Any]:
         """The namespaces holding items, matching `prefix` and `suffix` (`*` matches any one
         label), cut to `max_depth` labels."""
-        prefix = checked(body.prefix) if body.prefix else None
-        suffix = checked(body.suffix) if body.suffix else None
+        asked = {
+            "namespace": checked(body.prefix) if body.prefix else None,
+            "suffix": checked(body.suffix) if body.suffix else None,
+            "max_depth": body.max_depth,
+            "limit": body.limit,
+            "offset": body.offset,
+        }
+        value = allowed(principal, "list_namespaces", asked)
 
         async def namespaces(store: BaseStore) -> list[list[str]]:
             found = await store.alist_namespaces(
-                prefix=prefix,
-                suffix=suffix,
-                max_depth=body.max_depth,
-                limit=body.limit,
-                offset=body.offset,
+                prefix=value["namespace"] or None,
+                suffix=value["suffix"] or None,
+                max_depth=value["max_depth"],
+                limit=value["limit"],
+                offset=value["offset"],
             )
             return [list(namespace) for namespace in found]
 

@@ -30,6 +30,14 @@ from keel.core.store.base import Row
 from keel.core.threads import new_id, validate_thread_id
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import resolve_assistant, workflows_of
+from keel.service.agent_server.authz import (
+    Filters,
+    Gate,
+    exact_part,
+    matches,
+    merged,
+    visible_thread,
+)
 from keel.service.agent_server.shapes import (
     NO_GRAPH,
     contains,
@@ -38,7 +46,7 @@ from keel.service.agent_server.shapes import (
     state_shape,
     thread_shape,
 )
-from keel.service.auth import Authenticator, Principal
+from keel.service.auth import Principal
 from keel.service.errors import Refused
 
 MAX_PAGE = 1000
@@ -129,11 +137,14 @@ def checkpoint_id_of(ref: str | dict[str, Any] | None) -> str | None:
 # -- the router ------------------------------------------------------------------------------
 
 
-def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
+def threads_router(keel_app: App, auth: Gate) -> APIRouter:
     router = APIRouter(tags=["threads"])
     Reader = Annotated[Principal, Depends(auth.require("runs:read"))]
     Writer = Annotated[Principal, Depends(auth.require("runs:write"))]
     ThreadId = Annotated[str, Path(max_length=200, description="The thread's id.")]
+
+    def visible(principal: Principal, thread_id: str, action: str, **asked: Any) -> Row:
+        return visible_thread(auth, keel_app, principal, thread_id, action, **asked)
 
     def state(thread: Row, checkpoint_id: str | None = None, subgraphs: bool = False) -> Any:
         if graph_of(thread) is None:
@@ -189,7 +200,9 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
                 workflow = named
         return rest, workflow, True
 
-    def scan(metadata: dict[str, Any] | None, status: str | None) -> list[Row]:
+    def scan(
+        metadata: dict[str, Any] | None, status: str | None, post: Filters | None = None
+    ) -> list[Row]:
         rest, workflow, possible = store_filter(metadata)
         rows: list[Row] = []
         while possible and len(rows) < MAX_SCAN:
@@ -199,6 +212,8 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
             rows.extend(page)
             if len(page) < 1000:
                 break
+        if post:
+            rows = [r for r in rows if matches(thread_shape(r)["metadata"], post)]
         return rows[:MAX_SCAN]
 
     def by_ids(ids: list[str], metadata: dict[str, Any] | None, status: str | None) -> list[Row]:
@@ -214,13 +229,25 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
                 rows.append(row)
         return rows
 
-    def count_of(metadata: dict[str, Any] | None, status: str | None) -> int:
-        return len(scan(metadata, status))
+    def searched(
+        principal: Principal, action: str, body: ThreadCount, **asked: Any
+    ) -> tuple[dict[str, Any] | None, Filters, bool]:
+        """A search's metadata filter with the auth handler's exact conditions, the handler's
+        other conditions, and whether anything can match."""
+        value = {
+            "metadata": dict(body.metadata or {}),
+            "values": body.values,
+            "status": body.status,
+            **asked,
+        }
+        exact, post = exact_part(auth.check_sync(principal, "threads", action, value))
+        metadata = merged(value["metadata"], exact)
+        return metadata, post, metadata is not None
 
     # -- threads ----------------------------------------------------------------------------
 
     @router.post("/threads")
-    def create_thread(body: ThreadCreate, response: Response, _: Writer) -> dict[str, Any]:
+    def create_thread(body: ThreadCreate, response: Response, principal: Writer) -> dict[str, Any]:
         """A thread, of the graph its metadata's `graph_id` names, or of none until its first
         run. An existing id: 409, or with `if_exists: do_nothing` that thread."""
         if body.supersteps:
@@ -230,23 +257,36 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
         metadata = dict(body.metadata or {})
         if body.graph_id is not None:
             metadata.setdefault("graph_id", body.graph_id)
+        thread_id = new_id() if body.thread_id is None else validate_thread_id(body.thread_id)
+        value: dict[str, Any] = {
+            "thread_id": thread_id,
+            "metadata": metadata,
+            "if_exists": body.if_exists,
+        }
+        filters = auth.check_sync(principal, "threads", "create", value)
+        metadata = dict(value.get("metadata") or {})
         graph = metadata.get("graph_id")
         registered = {w.name for w in workflows_of(keel_app)}
-        thread_id = new_id() if body.thread_id is None else validate_thread_id(body.thread_id)
         made = create(thread_id, graph if graph in registered else None, metadata)
-        if made is None and body.if_exists != "do_nothing":
+        row = keel_app.get_thread(thread_id)
+        hidden = bool(filters) and not matches(thread_shape(row)["metadata"], filters)
+        if made is None and (body.if_exists != "do_nothing" or hidden):
             raise Refused(409, "thread_exists", f"thread {thread_id} already exists")
-        return shape(keel_app.get_thread(thread_id))
+        return shape(row)
 
     @router.post("/threads/search")
-    def search_threads(body: ThreadSearch, _: Reader) -> list[dict[str, Any]]:
+    def search_threads(body: ThreadSearch, principal: Reader) -> list[dict[str, Any]]:
         """Threads by metadata, values (each key holding its value), status or ids; most
         recently updated first unless `sort_by` says otherwise."""
         if body.extract:
             raise not_implemented("extracting values in a thread search")
+        asked = {"limit": body.limit, "offset": body.offset, "ids": body.ids}
+        metadata, post, possible = searched(principal, "search", body, **asked)
+        if not possible:
+            return []
         default_order = body.sort_by in (None, "updated_at") and body.sort_order != "asc"
-        if body.ids is None and body.values is None and default_order:
-            rest, workflow, possible = store_filter(body.metadata)
+        if body.ids is None and body.values is None and default_order and not post:
+            rest, workflow, possible = store_filter(metadata)
             rows = (
                 keel_app.search_threads(
                     metadata=rest,
@@ -260,10 +300,11 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
             )
             return [selected(shape(r), body.select) for r in rows]
         rows = (
-            by_ids(body.ids, body.metadata, body.status)
+            by_ids(body.ids, metadata, body.status)
             if body.ids is not None
-            else scan(body.metadata, body.status)
+            else scan(metadata, body.status)
         )
+        rows = [r for r in rows if matches(thread_shape(r)["metadata"], post)]
         shapes = [shape(r) for r in rows]
         if body.values is not None:
             shapes = [s for s in shapes if contains(s["values"], body.values)]
@@ -273,49 +314,63 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return [selected(s, body.select) for s in page]
 
     @router.post("/threads/count")
-    def count_threads(body: ThreadCount, _: Reader) -> int:
+    def count_threads(body: ThreadCount, principal: Reader) -> int:
         """How many threads match (as `search`)."""
+        metadata, post, possible = searched(principal, "search", body)
+        if not possible:
+            return 0
+        rows = scan(metadata, body.status, post)
         if body.values is None:
-            return count_of(body.metadata, body.status)
-        rows = scan(body.metadata, body.status)
+            return len(rows)
         return sum(1 for r in rows if contains(shape(r)["values"], body.values))
 
     @router.get("/threads/{thread_id}")
-    def get_thread(thread_id: ThreadId, _: Reader) -> dict[str, Any]:
+    def get_thread(thread_id: ThreadId, principal: Reader) -> dict[str, Any]:
         """The thread: metadata, status (from its runs), its current values and interrupts."""
-        return shape(keel_app.get_thread(thread_id))
+        return shape(visible(principal, thread_id, "read"))
 
     @router.patch("/threads/{thread_id}", response_model=None)
     def update_thread(
         thread_id: ThreadId,
         body: ThreadPatch,
-        _: Writer,
+        principal: Writer,
         prefer: Annotated[str | None, Header()] = None,
     ) -> dict[str, Any] | Response:
         """Merge keys into the thread's metadata."""
         if body.ttl is not None:
             raise not_implemented("a thread's time to live (ttl)")
-        row = keel_app.update_thread(thread_id, metadata=body.metadata)
+        value: dict[str, Any] = {"thread_id": thread_id, "metadata": dict(body.metadata)}
+        filters = auth.check_sync(principal, "threads", "update", value)
+        current = thread_shape(keel_app.get_thread(thread_id))["metadata"]
+        if filters and not matches(current, filters):
+            raise ThreadNotFound(f"no thread {thread_id!r}")
+        row = keel_app.update_thread(thread_id, metadata=dict(value.get("metadata") or {}))
         if prefer and "return=minimal" in prefer.replace(" ", ""):
             return Response(status_code=204)
         return shape(row)
 
     @router.delete("/threads/{thread_id}", status_code=204, response_class=Response)
-    def delete_thread(thread_id: ThreadId, _: Writer) -> Response:
+    def delete_thread(thread_id: ThreadId, principal: Writer) -> Response:
         """Delete the thread and its checkpoints; 409 `thread_busy` while a run of it is
         unfinished. Its runs, their timelines and ledgers stay."""
+        visible(principal, thread_id, "delete")
         keel_app.delete_thread(thread_id)
         return Response(status_code=204)
 
     @router.post("/threads/{thread_id}/copy")
-    def copy_thread(thread_id: ThreadId, _: Writer) -> dict[str, Any]:
-        """A new thread with a copy of the thread's checkpoints; its runs stay with it."""
+    def copy_thread(thread_id: ThreadId, principal: Writer) -> dict[str, Any]:
+        """A new thread with a copy of the thread's checkpoints (and its metadata, its owner's
+        included); its runs stay with it."""
+        visible(principal, thread_id, "read")
         return shape(keel_app.copy_thread(thread_id))
 
     # -- state ------------------------------------------------------------------------------
 
-    def state_at(thread_id: str, checkpoint_id: str, subgraphs: bool) -> dict[str, Any]:
-        found: dict[str, Any] = state(keel_app.get_thread(thread_id), checkpoint_id, subgraphs)
+    def state_at(
+        principal: Principal, thread_id: str, checkpoint_id: str, subgraphs: bool
+    ) -> dict[str, Any]:
+        thread = visible(principal, thread_id, "read")
+        found: dict[str, Any] = state(thread, checkpoint_id, subgraphs)
         if found["created_at"] is None:
             raise Refused(
                 404,
@@ -328,42 +383,44 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
     @router.get("/threads/{thread_id}/state")
     def get_state(
-        thread_id: ThreadId, _: Reader, subgraphs: bool = False, select: Select = None
+        thread_id: ThreadId, principal: Reader, subgraphs: bool = False, select: Select = None
     ) -> dict[str, Any]:
         """The thread's state at its latest checkpoint: values, next nodes, tasks with their
         interrupts, checkpoint and parent (empty before the first)."""
-        return selected(state(keel_app.get_thread(thread_id), None, subgraphs), select)
+        thread = visible(principal, thread_id, "read")
+        return selected(state(thread, None, subgraphs), select)
 
     @router.get("/threads/{thread_id}/state/{checkpoint_id}")
     def get_state_at(
         thread_id: ThreadId,
         checkpoint_id: Annotated[str, Path(max_length=200)],
-        _: Reader,
+        principal: Reader,
         subgraphs: bool = False,
         select: Select = None,
     ) -> dict[str, Any]:
         """The thread's state at one of its checkpoints; 404 `checkpoint_not_found`."""
-        return selected(state_at(thread_id, checkpoint_id, subgraphs), select)
+        return selected(state_at(principal, thread_id, checkpoint_id, subgraphs), select)
 
     @router.post("/threads/{thread_id}/state/checkpoint")
-    def post_state_at(thread_id: ThreadId, body: StateAt, _: Reader) -> dict[str, Any]:
+    def post_state_at(thread_id: ThreadId, body: StateAt, principal: Reader) -> dict[str, Any]:
         """The thread's state at the checkpoint the body names."""
         checkpoint_id = checkpoint_id_of(body.checkpoint)
         if checkpoint_id is None:
-            latest = state(keel_app.get_thread(thread_id), None, body.subgraphs)
+            latest = state(visible(principal, thread_id, "read"), None, body.subgraphs)
             return selected(latest, body.select)
-        return selected(state_at(thread_id, checkpoint_id, body.subgraphs), body.select)
+        found = state_at(principal, thread_id, checkpoint_id, body.subgraphs)
+        return selected(found, body.select)
 
     @router.post("/threads/{thread_id}/state")
     def update_state(
-        thread_id: ThreadId, body: StateUpdate, response: Response, _: Writer
+        thread_id: ThreadId, body: StateUpdate, response: Response, principal: Writer
     ) -> dict[str, Any]:
         """Write values to the thread's state as a new checkpoint, as if `as_node` wrote them.
         A worker writes it (a run of its own, after the thread's earlier runs): the answer
         names the checkpoint, or, if no worker wrote it within `UPDATE_WAIT` seconds, is 202
         with the run's id. On an interrupted thread the update answers the interrupt: the
         waiting run ends (`interrupted`) and the thread goes on from the update."""
-        thread = keel_app.get_thread(thread_id)
+        thread = visible(principal, thread_id, "update")
         if graph_of(thread) is None:
             raise Refused(
                 400,
@@ -395,8 +452,8 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
 
     # -- history ----------------------------------------------------------------------------
 
-    def history(thread_id: str, body: HistoryIn) -> list[dict[str, Any]]:
-        thread = keel_app.get_thread(thread_id)
+    def history(principal: Principal, thread_id: str, body: HistoryIn) -> list[dict[str, Any]]:
+        thread = visible(principal, thread_id, "read")
         if graph_of(thread) is None:
             return []
         at = checkpoint_id_of(body.checkpoint)
@@ -412,19 +469,21 @@ def threads_router(keel_app: App, auth: Authenticator) -> APIRouter:
         return [selected(s, body.select) for s in states[: body.limit]]
 
     @router.post("/threads/{thread_id}/history")
-    def post_history(thread_id: ThreadId, body: HistoryIn, _: Reader) -> list[dict[str, Any]]:
+    def post_history(
+        thread_id: ThreadId, body: HistoryIn, principal: Reader
+    ) -> list[dict[str, Any]]:
         """The thread's checkpoints as states, newest first: at most `limit`, older than
         `before`, whose metadata holds each key of `metadata` with its value."""
-        return history(thread_id, body)
+        return history(principal, thread_id, body)
 
     @router.get("/threads/{thread_id}/history")
     def get_history(
         thread_id: ThreadId,
-        _: Reader,
+        principal: Reader,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 10,
         before: Annotated[str | None, Query(max_length=200)] = None,
     ) -> list[dict[str, Any]]:
         """The thread's checkpoints as states, newest first (`limit`, `before`)."""
-        return history(thread_id, HistoryIn(limit=limit, before=before))
+        return history(principal, thread_id, HistoryIn(limit=limit, before=before))
 
     return router

@@ -1317,3 +1317,85 @@ SELECT * FROM keel_hook_deliveries WHERE hook = :hook AND delivery_id = :deliver
 -- The run an inbound delivery admitted (the first one to say so stays).
 UPDATE keel_hook_deliveries SET run_id = :run_id
 WHERE hook = :hook AND delivery_id = :delivery_id AND run_id IS NULL;
+-- name: delete_finished_run
+-- Delete one finished run of a thread (the Agent Server's DELETE of a run); nothing if it is
+-- unfinished or not that thread's.
+DELETE FROM keel_runs
+WHERE run_id = :run_id AND thread_id = :thread_id
+  AND status IN ('completed', 'failed', 'cancelled')
+RETURNING run_id;
+
+-- Assistants (migration 0028): the Agent Server's assistants of one's own and their versions.
+
+-- name: insert_assistant
+-- A new assistant at version 1; no row if one of that id exists.
+INSERT INTO keel_assistants (assistant_id, graph_id, version, name, description, config, context,
+                             metadata, created_at, updated_at)
+VALUES (:assistant_id, :graph_id, 1, :name, :description, :config, :context, :metadata,
+        keel_now(), keel_now())
+ON CONFLICT (assistant_id) DO NOTHING
+RETURNING *;
+
+-- name: keep_assistant_version
+-- Keep the assistant's current fields as its version (after it was created or updated).
+INSERT INTO keel_assistant_versions (assistant_id, version, graph_id, name, description, config,
+                                     context, metadata, created_at)
+SELECT assistant_id, version, graph_id, name, description, config, context, metadata, updated_at
+FROM keel_assistants WHERE assistant_id = :assistant_id;
+
+-- name: get_assistant
+SELECT * FROM keel_assistants WHERE assistant_id = :assistant_id;
+
+-- name: search_assistants
+-- Assistants of one graph if asked whose metadata holds every key of `metadata` with its value
+-- (JSON), oldest first.
+SELECT * FROM keel_assistants AS a
+WHERE (:graph_id IS NULL OR a.graph_id = :graph_id)
+  AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
+                  WHERE json_extract(a.metadata, '$."' || m.key || '"') IS NOT m.value)
+ORDER BY a.created_at, a.assistant_id
+LIMIT :limit;
+
+-- name: update_assistant
+-- A new version of the assistant, the latest after every other: the fields given (NULL: as they
+-- are; metadata merged into the current one's), in use at once.
+UPDATE keel_assistants SET
+    version = (SELECT MAX(v.version) + 1 FROM keel_assistant_versions AS v
+               WHERE v.assistant_id = :assistant_id),
+    graph_id = COALESCE(:graph_id, graph_id),
+    name = COALESCE(:name, name),
+    description = COALESCE(:description, description),
+    config = COALESCE(:config, config),
+    context = COALESCE(:context, context),
+    metadata = COALESCE(json_patch(metadata, :metadata), metadata),
+    updated_at = keel_now()
+WHERE assistant_id = :assistant_id
+RETURNING *;
+
+-- name: assistant_versions
+-- An assistant's versions, newest first, whose metadata holds `metadata` (JSON).
+SELECT * FROM keel_assistant_versions AS a
+WHERE a.assistant_id = :assistant_id AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
+                  WHERE json_extract(a.metadata, '$."' || m.key || '"') IS NOT m.value)
+ORDER BY a.version DESC
+LIMIT :limit OFFSET :offset;
+
+-- name: set_assistant_version
+-- Put one of the assistant's versions in use; no row if it has no such version.
+UPDATE keel_assistants SET
+    version = v.version, graph_id = v.graph_id, name = v.name, description = v.description,
+    config = v.config, context = v.context, metadata = v.metadata, updated_at = keel_now()
+FROM keel_assistant_versions AS v
+WHERE keel_assistants.assistant_id = :assistant_id
+  AND v.assistant_id = :assistant_id AND v.version = :version
+RETURNING keel_assistants.assistant_id, keel_assistants.graph_id, keel_assistants.version,
+          keel_assistants.name, keel_assistants.description, keel_assistants.config,
+          keel_assistants.context, keel_assistants.metadata, keel_assistants.created_at,
+          keel_assistants.updated_at;
+
+-- name: delete_assistant_versions
+DELETE FROM keel_assistant_versions WHERE assistant_id = :assistant_id;
+
+-- name: delete_assistant
+-- The assistant deleted (its versions first, `delete_assistant_versions`); no row if none.
+DELETE FROM keel_assistants WHERE assistant_id = :assistant_id RETURNING assistant_id;

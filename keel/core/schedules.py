@@ -101,7 +101,8 @@ class Tick:
     schedule: str
     tick: float
     outcome: str
-    """fired, skipped, queued or triggered."""
+    """fired, skipped, queued, triggered, missed (passed in an outage, not fired by the
+    schedule's `catch_up`) or failed (the schedule could not fire it: see the log)."""
     run_id: str | None
     lateness: float
     """Seconds from the tick's time to its run's admission, by the database's clock."""
@@ -148,17 +149,46 @@ def due_ticks(timing: Timing, next_tick: float, now: float, catch_up: str) -> li
     return ticks[::-1]
 
 
+def missed_ticks(timing: Timing, next_tick: float, now: float, fired: list[float]) -> list[float]:
+    """The ticks from `next_tick` to `now` that `catch_up` does not fire, oldest first: the
+    newest `MAX_CATCH_UP` passed at most (an outage of a year records no more)."""
+    if next_tick > now:
+        return []
+    taken = set(fired)
+    ticks: list[float] = []
+    tick = max(at_or_before(timing, now), next_tick)
+    for _ in range(MAX_CATCH_UP):
+        if tick < next_tick:
+            break
+        if tick not in taken:
+            ticks.append(tick)
+        tick = timing.before(tick)
+    return ticks[::-1]
+
+
 async def fire_due(
     store: Store, versions: dict[str, str], timing_of: TimingOf, limit: int = CLAIM_BATCH
 ) -> list[Tick]:
     """Fire the due ticks of the schedules of these workflows (name -> the version a run is
     admitted with), in one transaction; what was done with each tick."""
-    done: list[Tick] = []
-    async with store.transaction() as tx:
-        for row in await store.claim_due_schedules(tx, sorted(versions), limit):
-            done += await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+    claimed: list[str] = []
+    try:
+        done: list[Tick] = []
+        async with store.transaction() as tx:
+            for row in await store.claim_due_schedules(tx, sorted(versions), limit):
+                claimed.append(str(row["schedule_id"]))
+                done += await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+    except Exception as exc:
+        if store.is_infrastructure(exc) or not claimed:
+            raise
+        # One schedule failed the batch: fire them again a transaction each, so that it holds
+        # no other back.
+        done = []
+        for sid in claimed:
+            done += await _fire_alone(store, sid, versions, timing_of)
     for tick in done:
-        log.info(
+        log.log(
+            logging.ERROR if tick.outcome == "failed" else logging.INFO,
             "schedule %s: tick %s %s%s",
             tick.schedule,
             f"{tick.tick:.3f}",
@@ -172,6 +202,44 @@ async def fire_due(
             },
         )
     return done
+
+
+async def _fire_alone(
+    store: Store, sid: str, versions: dict[str, str], timing_of: TimingOf
+) -> list[Tick]:
+    try:
+        async with store.transaction() as tx:
+            row = await store.claim_schedule(tx, sid)
+            if row is None:
+                return []  # fired meanwhile by another scheduler
+            return await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+    except Exception as exc:
+        if store.is_infrastructure(exc):
+            raise
+        log.exception("schedule %s failed its tick; it moves on to its next one", sid)
+    # The schedule's own fault (its thread belongs to another workflow, its timing no longer
+    # computes): its tick is recorded as failed and it moves on, or every pass would fail on it.
+    async with store.transaction() as tx:
+        row = await store.claim_schedule(tx, sid)
+        if row is None:
+            return []
+        now, was = float(row["now"]), float(row["next_tick"])
+        try:
+            timing = timing_of(row)
+            tick, next_tick = max(at_or_before(timing, now), was), timing.after(now)
+        except Exception:
+            tick, next_tick = was, now + 60.0  # a timing that fails: tried again in a minute
+        recorded = await store.record_tick(tx, sid, tick, "failed", None)
+        await store.advance_schedule(
+            tx,
+            sid,
+            was=was,
+            next_tick=max(next_tick, was + 0.001) if was <= now else was,
+            last_tick=None,
+            last_run_id=None,
+            queued=int(row["queued"]),
+        )
+    return [_tick(str(row["name"]), tick, "failed", None, recorded)] if recorded else []
 
 
 async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) -> list[Tick]:
@@ -205,7 +273,12 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
     if was <= now:
         next_tick = timing.after(now)
         overlap = str(row["overlap"])
-        for tick in due_ticks(timing, was, now, str(row["catch_up"])):
+        due = due_ticks(timing, was, now, str(row["catch_up"]))
+        missed = missed_ticks(timing, was, now, due)
+        if missed and await store.record_missed(tx, sid, missed):
+            # Recorded so that "why did this tick not run?" has an answer (`ticks()`).
+            done += [Tick(name, tick, "missed", None, 0.0) for tick in missed]
+        for tick in due:
             outcome = None
             if overlap == "enqueue" and not on_thread and (queued > 0 or await busy()):
                 outcome = "queued" if queued < MAX_QUEUED else "skipped"

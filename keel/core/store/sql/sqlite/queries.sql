@@ -1290,3 +1290,19 @@ DELETE FROM keel_schedule_ticks
 WHERE schedule_id = :schedule_id AND outcome <> 'queued' AND tick < (
     SELECT tick FROM keel_schedule_ticks WHERE schedule_id = :schedule_id
     ORDER BY tick DESC LIMIT 1 OFFSET :keep);
+
+-- name: schedule_claim_one
+-- One schedule of `schedule_claim_due`'s, by id: a pass fires its schedules one by one after
+-- one of them failed the batch, so that one bad schedule holds no other back.
+SELECT s.*, keel_now() AS now FROM keel_schedules AS s
+WHERE s.schedule_id = :schedule_id AND s.paused = 0
+  AND (s.next_tick <= keel_now() OR s.queued > 0);
+
+-- name: schedule_record_missed
+-- Ticks passed during an outage that `catch_up` does not fire, recorded as missed (a JSON array
+-- of ticks, at most the newest `MAX_CATCH_UP`); ticks recorded before are left as they are.
+INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
+SELECT :schedule_id, CAST(value AS REAL), 'missed', NULL, NULL
+FROM json_each(:ticks)
+WHERE 1
+ON CONFLICT (schedule_id, tick) DO NOTHING;

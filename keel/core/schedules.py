@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ UNCHANGED: Any = object()
 """An update's `input` when not given (None is an input)."""
 SCHEDULE_WAKE = "schedule:"
 """The prefix of the wake-up a schedule's change sends its schedulers (`keel_wake`)."""
+PRUNE_CHANCE = 0.05
+"""Chance a schedule's fired ticks prune its old records: a statement per tick otherwise, for a
+table that may hold a few dozen more rows than it keeps."""
 CLAIM_BATCH = 50
 """Due schedules one scheduler's transaction takes at most."""
 
@@ -136,6 +140,12 @@ def due_ticks(timing: Timing, next_tick: float, now: float, catch_up: str) -> li
     if next_tick > now:
         return []
     latest = max(at_or_before(timing, now), next_tick)
+    return _policy(timing, next_tick, now, latest, catch_up)
+
+
+def _policy(
+    timing: Timing, next_tick: float, now: float, latest: float, catch_up: str
+) -> list[float]:
     if catch_up == "latest":
         return [latest]
     if catch_up == "none":
@@ -178,6 +188,7 @@ async def fire_due(
             for row in await store.claim_due_schedules(tx, sorted(versions), limit):
                 claimed.append(str(row["schedule_id"]))
                 done += await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+            await _wake(store, tx, done)
     except Exception as exc:
         if store.is_infrastructure(exc) or not claimed:
             raise
@@ -204,6 +215,13 @@ async def fire_due(
     return done
 
 
+async def _wake(store: Store, tx: Tx, done: list[Tick]) -> None:
+    """One wake-up for the runs a transaction admitted: any one wakes every idle worker."""
+    admitted = [t.run_id for t in done if t.run_id]
+    if admitted:
+        await store.notify_wake(tx, admitted[-1])
+
+
 async def _fire_alone(
     store: Store, sid: str, versions: dict[str, str], timing_of: TimingOf
 ) -> list[Tick]:
@@ -212,7 +230,9 @@ async def _fire_alone(
             row = await store.claim_schedule(tx, sid)
             if row is None:
                 return []  # fired meanwhile by another scheduler
-            return await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+            done = await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+            await _wake(store, tx, done)
+            return done
     except Exception as exc:
         if store.is_infrastructure(exc):
             raise
@@ -264,17 +284,28 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
         tick = await store.oldest_queued_tick(tx, sid)
         queued = queued - 1 if tick is not None else 0
         if tick is not None:
-            last_run = await _admit_tick(store, tx, row, version, tick)
+            last_run = await _admit_tick(store, tx, row, version, tick, notify=False)
             released = await store.release_tick(tx, sid, tick, last_run)
             fired_last = tick
             done.append(_tick(name, tick, "fired", last_run, released))
     was = float(row["next_tick"])
     next_tick = was
     if was <= now:
-        next_tick = timing.after(now)
         overlap = str(row["overlap"])
-        due = due_ticks(timing, was, now, str(row["catch_up"]))
-        missed = missed_ticks(timing, was, now, due)
+        following = timing.after(was)
+        if following > now:
+            # The usual case, a single tick due: one computation of the timing, not six.
+            next_tick, due, missed = (
+                following,
+                _policy(timing, was, now, was, str(row["catch_up"])),
+                [],
+            )
+        else:
+            next_tick = timing.after(now)
+            due = due_ticks(timing, was, now, str(row["catch_up"]))
+            missed = missed_ticks(timing, was, now, due)
+        if not due and not missed:
+            missed = [was]  # `none`, a single tick passed too long ago
         if missed and await store.record_missed(tx, sid, missed):
             # Recorded so that "why did this tick not run?" has an answer (`ticks()`).
             done += [Tick(name, tick, "missed", None, 0.0) for tick in missed]
@@ -290,7 +321,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
                     queued += outcome == "queued"
                     done.append(_tick(name, tick, outcome, None, recorded))
                 continue
-            rid = await _admit_tick(store, tx, row, version, tick)
+            rid = await _admit_tick(store, tx, row, version, tick, notify=False)
             recorded = await store.record_tick(tx, sid, tick, "fired", rid)
             if recorded is None:
                 continue  # fired before (a scheduler whose commit this one did not see)
@@ -307,7 +338,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
     )
     if not moved:
         raise RuntimeError(f"schedule {name} moved under its claim")  # the claim holds its row
-    if done:
+    if done and random.random() < PRUNE_CHANCE:
         await store.prune_ticks(tx, sid)
     return done
 
@@ -331,8 +362,11 @@ async def trigger(store: Store, key: str, version: str) -> Tick:
     return _tick(str(row["name"]), tick, "triggered", rid, recorded)
 
 
-async def _admit_tick(store: Store, tx: Tx, row: Row, version: str, tick: float) -> str:
-    """Admit the tick's run in `tx` (found, not admitted again, if it exists): its id."""
+async def _admit_tick(
+    store: Store, tx: Tx, row: Row, version: str, tick: float, notify: bool = True
+) -> str:
+    """Admit the tick's run in `tx` (found, not admitted again, if it exists): its id.
+    `notify=False` leaves waking the workers to the caller (once for a batch of runs)."""
     workflow, input_json = str(row["workflow"]), str(row["input"])
     job_id = tick_job_id(str(row["schedule_id"]), tick)
     rid = run_id(job_id, workflow, version, input_json)
@@ -376,7 +410,8 @@ async def _admit_tick(store: Store, tx: Tx, row: Row, version: str, tick: float)
         await store.insert_thread_run(tx, run, place)
         event.update(thread_id=thread_id, thread_seq=place.thread_seq, multitask_strategy="enqueue")
     await store.add_event(tx, rid, "admitted", event)
-    await store.notify_wake(tx, rid)
+    if notify:
+        await store.notify_wake(tx, rid)
     return rid
 
 

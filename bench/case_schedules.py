@@ -181,7 +181,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
             rows,
         )
     )
-    per_s = idle(dbs, n, settle=4.0, window=5.0 if settings.quick else 15.0)
+    per_s = idle(dbs, n, settle=10.0, window=5.0 if settings.quick else 15.0)
     result.figures["postgres.schedules_idle_round_trips_per_s"] = per_s
     result.tables.append(
         Table(

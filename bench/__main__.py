@@ -21,6 +21,7 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 CASES = (
     "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
     "memory", "console", "prune", "idle", "retention", "thread",
+    "schedules",
 )  # fmt: skip
 
 
@@ -34,6 +35,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_memory,
         case_prune,
         case_retention,
+        case_schedules,
         case_shape,
         case_state,
         case_step,
@@ -57,6 +59,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "retention": lambda s, d, f: case_retention.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
         "thread": lambda s, d, f: case_thread.run(s, d),
+        "schedules": lambda s, d, f: case_schedules.run(s, d),
     }
     return table[case]
 

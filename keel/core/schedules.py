@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ UNCHANGED: Any = object()
 """An update's `input` when not given (None is an input)."""
 SCHEDULE_WAKE = "schedule:"
 """The prefix of the wake-up a schedule's change sends its schedulers (`keel_wake`)."""
+PRUNE_CHANCE = 0.05
+"""Chance a schedule's fired ticks prune its old records: a statement per tick otherwise, for a
+table that may hold a few dozen more rows than it keeps."""
 CLAIM_BATCH = 50
 """Due schedules one scheduler's transaction takes at most."""
 
@@ -101,7 +105,8 @@ class Tick:
     schedule: str
     tick: float
     outcome: str
-    """fired, skipped, queued or triggered."""
+    """fired, skipped, queued, triggered, missed (passed in an outage, not fired by the
+    schedule's `catch_up`) or failed (the schedule could not fire it: see the log)."""
     run_id: str | None
     lateness: float
     """Seconds from the tick's time to its run's admission, by the database's clock."""
@@ -135,6 +140,12 @@ def due_ticks(timing: Timing, next_tick: float, now: float, catch_up: str) -> li
     if next_tick > now:
         return []
     latest = max(at_or_before(timing, now), next_tick)
+    return _policy(timing, next_tick, now, latest, catch_up)
+
+
+def _policy(
+    timing: Timing, next_tick: float, now: float, latest: float, catch_up: str
+) -> list[float]:
     if catch_up == "latest":
         return [latest]
     if catch_up == "none":
@@ -148,17 +159,47 @@ def due_ticks(timing: Timing, next_tick: float, now: float, catch_up: str) -> li
     return ticks[::-1]
 
 
+def missed_ticks(timing: Timing, next_tick: float, now: float, fired: list[float]) -> list[float]:
+    """The ticks from `next_tick` to `now` that `catch_up` does not fire, oldest first: the
+    newest `MAX_CATCH_UP` passed at most (an outage of a year records no more)."""
+    if next_tick > now:
+        return []
+    taken = set(fired)
+    ticks: list[float] = []
+    tick = max(at_or_before(timing, now), next_tick)
+    for _ in range(MAX_CATCH_UP):
+        if tick < next_tick:
+            break
+        if tick not in taken:
+            ticks.append(tick)
+        tick = timing.before(tick)
+    return ticks[::-1]
+
+
 async def fire_due(
     store: Store, versions: dict[str, str], timing_of: TimingOf, limit: int = CLAIM_BATCH
 ) -> list[Tick]:
     """Fire the due ticks of the schedules of these workflows (name -> the version a run is
     admitted with), in one transaction; what was done with each tick."""
-    done: list[Tick] = []
-    async with store.transaction() as tx:
-        for row in await store.claim_due_schedules(tx, sorted(versions), limit):
-            done += await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+    claimed: list[str] = []
+    try:
+        done: list[Tick] = []
+        async with store.transaction() as tx:
+            for row in await store.claim_due_schedules(tx, sorted(versions), limit):
+                claimed.append(str(row["schedule_id"]))
+                done += await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+            await _wake(store, tx, done)
+    except Exception as exc:
+        if store.is_infrastructure(exc) or not claimed:
+            raise
+        # One schedule failed the batch: fire them again a transaction each, so that it holds
+        # no other back.
+        done = []
+        for sid in claimed:
+            done += await _fire_alone(store, sid, versions, timing_of)
     for tick in done:
-        log.info(
+        log.log(
+            logging.ERROR if tick.outcome == "failed" else logging.INFO,
             "schedule %s: tick %s %s%s",
             tick.schedule,
             f"{tick.tick:.3f}",
@@ -172,6 +213,53 @@ async def fire_due(
             },
         )
     return done
+
+
+async def _wake(store: Store, tx: Tx, done: list[Tick]) -> None:
+    """One wake-up for the runs a transaction admitted: any one wakes every idle worker."""
+    admitted = [t.run_id for t in done if t.run_id]
+    if admitted:
+        await store.notify_wake(tx, admitted[-1])
+
+
+async def _fire_alone(
+    store: Store, sid: str, versions: dict[str, str], timing_of: TimingOf
+) -> list[Tick]:
+    try:
+        async with store.transaction() as tx:
+            row = await store.claim_schedule(tx, sid)
+            if row is None:
+                return []  # fired meanwhile by another scheduler
+            done = await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
+            await _wake(store, tx, done)
+            return done
+    except Exception as exc:
+        if store.is_infrastructure(exc):
+            raise
+        log.exception("schedule %s failed its tick; it moves on to its next one", sid)
+    # The schedule's own fault (its thread belongs to another workflow, its timing no longer
+    # computes): its tick is recorded as failed and it moves on, or every pass would fail on it.
+    async with store.transaction() as tx:
+        row = await store.claim_schedule(tx, sid)
+        if row is None:
+            return []
+        now, was = float(row["now"]), float(row["next_tick"])
+        try:
+            timing = timing_of(row)
+            tick, next_tick = max(at_or_before(timing, now), was), timing.after(now)
+        except Exception:
+            tick, next_tick = was, now + 60.0  # a timing that fails: tried again in a minute
+        recorded = await store.record_tick(tx, sid, tick, "failed", None)
+        await store.advance_schedule(
+            tx,
+            sid,
+            was=was,
+            next_tick=max(next_tick, was + 0.001) if was <= now else was,
+            last_tick=None,
+            last_run_id=None,
+            queued=int(row["queued"]),
+        )
+    return [_tick(str(row["name"]), tick, "failed", None, recorded)] if recorded else []
 
 
 async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) -> list[Tick]:
@@ -196,16 +284,32 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
         tick = await store.oldest_queued_tick(tx, sid)
         queued = queued - 1 if tick is not None else 0
         if tick is not None:
-            last_run = await _admit_tick(store, tx, row, version, tick)
+            last_run = await _admit_tick(store, tx, row, version, tick, notify=False)
             released = await store.release_tick(tx, sid, tick, last_run)
             fired_last = tick
             done.append(_tick(name, tick, "fired", last_run, released))
     was = float(row["next_tick"])
     next_tick = was
     if was <= now:
-        next_tick = timing.after(now)
         overlap = str(row["overlap"])
-        for tick in due_ticks(timing, was, now, str(row["catch_up"])):
+        following = timing.after(was)
+        if following > now:
+            # The usual case, a single tick due: one computation of the timing, not six.
+            next_tick, due, missed = (
+                following,
+                _policy(timing, was, now, was, str(row["catch_up"])),
+                [],
+            )
+        else:
+            next_tick = timing.after(now)
+            due = due_ticks(timing, was, now, str(row["catch_up"]))
+            missed = missed_ticks(timing, was, now, due)
+        if not due and not missed:
+            missed = [was]  # `none`, a single tick passed too long ago
+        if missed and await store.record_missed(tx, sid, missed):
+            # Recorded so that "why did this tick not run?" has an answer (`ticks()`).
+            done += [Tick(name, tick, "missed", None, 0.0) for tick in missed]
+        for tick in due:
             outcome = None
             if overlap == "enqueue" and not on_thread and (queued > 0 or await busy()):
                 outcome = "queued" if queued < MAX_QUEUED else "skipped"
@@ -217,7 +321,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
                     queued += outcome == "queued"
                     done.append(_tick(name, tick, outcome, None, recorded))
                 continue
-            rid = await _admit_tick(store, tx, row, version, tick)
+            rid = await _admit_tick(store, tx, row, version, tick, notify=False)
             recorded = await store.record_tick(tx, sid, tick, "fired", rid)
             if recorded is None:
                 continue  # fired before (a scheduler whose commit this one did not see)
@@ -234,7 +338,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
     )
     if not moved:
         raise RuntimeError(f"schedule {name} moved under its claim")  # the claim holds its row
-    if done:
+    if done and random.random() < PRUNE_CHANCE:
         await store.prune_ticks(tx, sid)
     return done
 
@@ -258,8 +362,11 @@ async def trigger(store: Store, key: str, version: str) -> Tick:
     return _tick(str(row["name"]), tick, "triggered", rid, recorded)
 
 
-async def _admit_tick(store: Store, tx: Tx, row: Row, version: str, tick: float) -> str:
-    """Admit the tick's run in `tx` (found, not admitted again, if it exists): its id."""
+async def _admit_tick(
+    store: Store, tx: Tx, row: Row, version: str, tick: float, notify: bool = True
+) -> str:
+    """Admit the tick's run in `tx` (found, not admitted again, if it exists): its id.
+    `notify=False` leaves waking the workers to the caller (once for a batch of runs)."""
     workflow, input_json = str(row["workflow"]), str(row["input"])
     job_id = tick_job_id(str(row["schedule_id"]), tick)
     rid = run_id(job_id, workflow, version, input_json)
@@ -303,7 +410,8 @@ async def _admit_tick(store: Store, tx: Tx, row: Row, version: str, tick: float)
         await store.insert_thread_run(tx, run, place)
         event.update(thread_id=thread_id, thread_seq=place.thread_seq, multitask_strategy="enqueue")
     await store.add_event(tx, rid, "admitted", event)
-    await store.notify_wake(tx, rid)
+    if notify:
+        await store.notify_wake(tx, rid)
     return rid
 
 

@@ -250,7 +250,7 @@ class Metrics(logging.Handler):
         self.ticks = counter(
             "keel_schedule_ticks",
             "Schedule ticks this process's scheduler handled, by outcome (fired, skipped, "
-            "queued, triggered).",
+            "queued, triggered, missed, failed).",
             "outcome",
         )
         self.tick_lateness = histogram(

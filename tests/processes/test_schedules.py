@@ -4,7 +4,9 @@ Three workers of a per-second cron (tests/support/apps/ticker.py), one of them 3
 its own clock; every few seconds one of the others is SIGKILLed and started again. Every tick
 of the time they ran has exactly one run (counted in the database by the tick's job id), none
 fired before its time by the database's clock, none lost. Then every worker is killed for a few
-seconds: on restart, `catch_up="latest"` makes one run for the ticks missed, not a burst.
+seconds, and on restart each of three schedules of the same per-second cron follows its
+`catch_up`: `latest` makes one run for the ticks missed, `all` one for each of them, `none` none;
+the ticks not fired are recorded as missed.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import keel
 from keel.testing import spawn_worker
+from tests.support.apps.ticker import build
 from tests.support.checks import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -30,6 +34,7 @@ LIVE = 16.0
 """Seconds the fleet runs, under kills, before the outage."""
 KILL_EVERY = 4.0
 OUTAGE = 5.0
+NAMES = ("ticker", "ticker-all", "ticker-none")
 
 
 @pytest.fixture
@@ -47,19 +52,32 @@ def fleet(db_url: str, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]
         proc.wait(10)
 
 
-def _tick_runs(app: keel.App) -> list[tuple[float, float, str]]:
-    """(tick, fired_at, run_id) of the schedule's fired ticks, oldest first."""
-    found = app.schedules.list()
-    if not found:
+def _ticks(app: keel.App, name: str, outcome: str) -> list[dict[str, Any]]:
+    if not any(s["name"] == name for s in app.schedules.list()):
         return []  # no worker has declared it yet
-    ticks = app.schedules.ticks(found[0]["schedule_id"], limit=1000)
-    return sorted((t["tick"], t["fired_at"], t["run_id"]) for t in ticks if t["outcome"] == "fired")
+    ticks = app.schedules.ticks(name, limit=1000)
+    return sorted((t for t in ticks if t["outcome"] == outcome), key=lambda t: t["tick"])
+
+
+def _tick_runs(app: keel.App, name: str = "ticker") -> list[tuple[float, float, str]]:
+    """(tick, fired_at, run_id) of the schedule's fired ticks, oldest first."""
+    return [(t["tick"], t["fired_at"], t["run_id"]) for t in _ticks(app, name, "fired")]
 
 
 def test_one_run_per_tick_across_kills_skew_and_an_outage(
     db_url: str, tmp_path: Path, fleet: list[subprocess.Popen[bytes]]
 ) -> None:
     app = keel.App(db_url, artifacts_dir=tmp_path / "artifacts")
+    app.workflow("ticker")(build)
+    for policy in ("all", "none"):  # beside the declared `latest` one, on the same fleet
+        app.schedules.create(
+            f"ticker-{policy}",
+            "ticker",
+            cron="*/1 * * * * *",
+            input={"n": 0},
+            catch_up=policy,
+            overlap="allow",
+        )
 
     def start(offset: str | None = None) -> subprocess.Popen[bytes]:
         proc = spawn_worker(
@@ -98,7 +116,7 @@ def test_one_run_per_tick_across_kills_skew_and_an_outage(
         start()
         start("30")
         wait_until(
-            lambda: sum(t > restarted for t, _, _ in _tick_runs(app)) >= 3,
+            lambda: all(sum(t > restarted for t, _, _ in _tick_runs(app, n)) >= 3 for n in NAMES),
             60,
             what="ticks after the restart",
         )
@@ -106,6 +124,9 @@ def test_one_run_per_tick_across_kills_skew_and_an_outage(
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         ticks = _tick_runs(app)
+        every = _tick_runs(app, "ticker-all")
+        nones = _tick_runs(app, "ticker-none")
+        missed = {name: [t["tick"] for t in _ticks(app, name, "missed")] for name in NAMES}
     finally:
         app.close()
 
@@ -113,9 +134,10 @@ def test_one_run_per_tick_across_kills_skew_and_an_outage(
     assert len({rid for _, _, rid in ticks}) == len(ticks)
     with keel.App(db_url, artifacts_dir=tmp_path / "artifacts") as reader:
         jobs = Counter(r["job_id"] for r in reader.list_runs(limit=10_000))
-    assert set(jobs.values()) == {1} and len(jobs) == len(ticks), jobs.most_common(3)
+    assert set(jobs.values()) == {1}, jobs.most_common(3)
+    assert len(jobs) == len(ticks) + len(every) + len(nones)
     # None early by the database's clock (the skewed worker's clock said 30 s later).
-    assert min(fired - tick for tick, fired, _ in ticks) >= 0
+    assert min(fired - tick for tick, fired, _ in [*ticks, *every, *nones]) >= 0
     # None lost while workers ran: a tick each second from the first to the last before the
     # outage, through every kill.
     live = [t for t, _, _ in before]
@@ -126,6 +148,22 @@ def test_one_run_per_tick_across_kills_skew_and_an_outage(
     after = [(t, fired) for t, fired, _ in ticks if t > live[-1]]
     first_tick, first_fired = after[0]
     assert first_tick > stopped + OUTAGE - 2, "no run for the ticks missed, but the latest"
-    missed = [t for t, _ in after if t <= first_fired]
-    assert len(missed) == 1, missed
+    caught = [t for t, _ in after if t <= first_fired]
+    assert len(caught) == 1, caught
     assert [b - a for (a, _), (b, _) in itertools.pairwise(after)] == [1.0] * (len(after) - 1)
+    outage = [t for t in missed["ticker"] if live[-1] < t < first_tick]
+    assert outage == [live[-1] + k for k in range(1, int(first_tick - live[-1]))], "each missed"
+    # `all`: a run for each tick, the outage's included (fired late, on restart): no gap.
+    alls = [t for t, _, _ in every]
+    assert [b - a for a, b in itertools.pairwise(alls)] == [1.0] * (len(alls) - 1)
+    late = [t for t, fired, _ in every if stopped < t < restarted and fired > restarted]
+    assert len(late) >= OUTAGE - 1, late
+    assert missed["ticker-all"] == []
+    # `none`: no run for the outage's ticks; each of them recorded as missed.
+    around = [t for t, _, _ in nones if t <= stopped][-1:] + [
+        t for t, _, _ in nones if t > stopped
+    ][:1]
+    assert len(around) == 2, nones
+    gap = [around[0] + k for k in range(1, int(around[1] - around[0]))]
+    assert len(gap) >= OUTAGE - 1 and not any(stopped < t < restarted for t, _, _ in nones)
+    assert [t for t in missed["ticker-none"] if around[0] < t < around[1]] == gap

@@ -43,12 +43,30 @@ def test_missed_ticks_follow_catch_up(
         "m", "echo", every=60, input={"text": "t"}, catch_up=catch_up, overlap="allow"
     )
     clock.advance(630)  # ten ticks passed, the newest 30 s ago: an outage, not a late tick
-    fired = _fire(app)
+    done = _fire(app)
+    fired = [t for t in done if t.outcome == "fired"]
     assert [t.tick - start for t in fired] == expected
-    assert all(t.outcome == "fired" and t.run_id for t in fired)
-    assert len({t.run_id for t in fired}) == len(expected)
+    assert all(t.run_id for t in fired) and len({t.run_id for t in fired}) == len(expected)
+    # The ticks not fired are recorded as missed: "why did this tick not run?" has an answer.
+    passed = [60.0 * k for k in range(1, 11)]
+    missed = [tick for tick in passed if tick not in expected]
+    assert [t.tick - start for t in done if t.outcome == "missed"] == missed
+    recorded = {t["tick"] - start: t["outcome"] for t in app.schedules.ticks("m")}
+    assert recorded == {t: "fired" if t in expected else "missed" for t in passed}
     assert app.schedules.get("m")["next_tick"] == start + 660, "no burst left for later"
     assert _fire(app) == []
+
+
+def test_missed_ticks_recorded_are_capped(make_app: AppFactory) -> None:
+    app, clock = _app(make_app)
+    start = clock.now()
+    app.schedules.create("l", "echo", every=1, input={"text": "t"}, catch_up="latest")
+    clock.advance(1000)
+    done = _fire(app)
+    assert [t.outcome for t in done].count("fired") == 1
+    missed = [t.tick - start for t in done if t.outcome == "missed"]
+    assert missed == [float(k) for k in range(1000 - MAX_CATCH_UP + 1, 1000)], "the newest"
+    assert len(app.schedules.ticks("l", limit=1000)) == MAX_CATCH_UP
 
 
 def test_catch_up_none_still_fires_the_tick_of_now(make_app: AppFactory) -> None:

@@ -108,3 +108,25 @@ def test_a_worker_clock_ahead_does_not_fire_early(make_app: AppFactory) -> None:
     assert made["next_tick"] < ahead.aio.runtime.clock.now(), "passed by the host's clock"
     assert _fire(ahead) == []
     assert ahead.schedules.ticks("soon") == []
+
+
+def test_one_bad_schedule_holds_no_other_back(make_app: AppFactory) -> None:
+    """A schedule that cannot fire (its thread belongs to another workflow) fails its own tick,
+    recorded as failed, and moves on; a schedule of a workflow no worker here serves is left to
+    the workers that do. The others fire, this pass and the next."""
+    clock = keel.ManualClock()
+    app = _app(make_app, clock)
+    app.workflow("other")(echo_graph)
+    app.submit("other", thread_id="theirs", input={"text": "x"})
+    app.schedules.create("good", "echo", every=10, input={"text": "t"}, overlap="allow")
+    app.schedules.create("bad", "echo", every=10, thread_id="theirs", overlap="allow")
+    elsewhere = _app(make_app, clock)
+    elsewhere.workflow("ghost")(echo_graph)
+    elsewhere.schedules.create("ghost", "ghost", every=10, input={"text": "t"})
+    for _ in range(2):
+        clock.advance(10)
+        fired = {(t.schedule, t.outcome) for t in _fire(app)}
+        assert fired == {("good", "fired"), ("bad", "failed")}
+    assert [t["outcome"] for t in app.schedules.ticks("bad")] == ["failed", "failed"]
+    assert app.schedules.ticks("ghost") == [], "not a workflow of this scheduler's"
+    assert len(_tick_runs(app)) == 2

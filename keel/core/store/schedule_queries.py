@@ -77,6 +77,12 @@ class ScheduleQueries:
         )
 
     @staticmethod
+    async def claim_schedule(tx: Tx, schedule_id: str) -> Row | None:
+        """One due schedule, held by `tx` like `claim_due_schedules`'s; None if it is not due
+        any more or another scheduler holds it."""
+        return await tx.one("schedule_claim_one", {"schedule_id": schedule_id})
+
+    @staticmethod
     async def advance_schedule(
         tx: Tx,
         schedule_id: str,
@@ -109,6 +115,13 @@ class ScheduleQueries:
         return await tx.one(
             "schedule_record_tick",
             {"schedule_id": schedule_id, "tick": tick, "outcome": outcome, "run_id": run_id},
+        )
+
+    @staticmethod
+    async def record_missed(tx: Tx, schedule_id: str, ticks: list[float]) -> int:
+        """Ticks recorded as missed (not fired, by the schedule's `catch_up`); how many."""
+        return await tx.execute(
+            "schedule_record_missed", {"schedule_id": schedule_id, "ticks": json.dumps(ticks)}
         )
 
     @staticmethod

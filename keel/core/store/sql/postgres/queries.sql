@@ -1415,6 +1415,7 @@ DELETE FROM keel_schedule_ticks
 WHERE schedule_id = %(schedule_id)s AND outcome <> 'queued' AND tick < (
     SELECT tick FROM keel_schedule_ticks WHERE schedule_id = %(schedule_id)s
     ORDER BY tick DESC LIMIT 1 OFFSET %(keep)s);
+
 -- name: insert_webhook
 -- A run's completion webhook (issue 33), once: a second registration of the run keeps the first.
 -- Its trigger records the intent at once if the run has already ended or paused.
@@ -1442,6 +1443,7 @@ SELECT * FROM keel_hook_deliveries WHERE hook = %(hook)s AND delivery_id = %(del
 -- The run an inbound delivery admitted (the first one to say so stays).
 UPDATE keel_hook_deliveries SET run_id = %(run_id)s
 WHERE hook = %(hook)s AND delivery_id = %(delivery_id)s AND run_id IS NULL;
+
 -- name: delete_finished_run
 -- Delete one finished run of a thread (the Agent Server's DELETE of a run); nothing if it is
 -- unfinished or not that thread's, or a writer holds it.
@@ -1526,3 +1528,19 @@ DELETE FROM keel_assistant_versions WHERE assistant_id = %(assistant_id)s;
 -- name: delete_assistant
 -- The assistant deleted (its versions first, `delete_assistant_versions`); no row if none.
 DELETE FROM keel_assistants WHERE assistant_id = %(assistant_id)s RETURNING assistant_id;
+
+-- name: schedule_claim_one
+-- One schedule of `schedule_claim_due`'s, by id: a pass fires its schedules one by one after
+-- one of them failed the batch, so that one bad schedule holds no other back.
+SELECT s.*, keel_now() AS now FROM keel_schedules AS s
+WHERE s.schedule_id = %(schedule_id)s AND s.paused = 0
+  AND (s.next_tick <= keel_now() OR s.queued > 0)
+FOR UPDATE SKIP LOCKED;
+
+-- name: schedule_record_missed
+-- Ticks passed during an outage that `catch_up` does not fire, recorded as missed (a JSON array
+-- of ticks, at most the newest `MAX_CATCH_UP`); ticks recorded before are left as they are.
+INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
+SELECT %(schedule_id)s, value::double precision, 'missed', NULL, NULL
+FROM jsonb_array_elements_text(%(ticks)s::jsonb)
+ON CONFLICT (schedule_id, tick) DO NOTHING;

@@ -1290,6 +1290,7 @@ DELETE FROM keel_schedule_ticks
 WHERE schedule_id = :schedule_id AND outcome <> 'queued' AND tick < (
     SELECT tick FROM keel_schedule_ticks WHERE schedule_id = :schedule_id
     ORDER BY tick DESC LIMIT 1 OFFSET :keep);
+
 -- name: insert_webhook
 -- A run's completion webhook (issue 33), once: a second registration of the run keeps the first.
 -- Its trigger records the intent at once if the run has already ended or paused.
@@ -1317,6 +1318,7 @@ SELECT * FROM keel_hook_deliveries WHERE hook = :hook AND delivery_id = :deliver
 -- The run an inbound delivery admitted (the first one to say so stays).
 UPDATE keel_hook_deliveries SET run_id = :run_id
 WHERE hook = :hook AND delivery_id = :delivery_id AND run_id IS NULL;
+
 -- name: delete_finished_run
 -- Delete one finished run of a thread (the Agent Server's DELETE of a run); nothing if it is
 -- unfinished or not that thread's.
@@ -1399,3 +1401,19 @@ DELETE FROM keel_assistant_versions WHERE assistant_id = :assistant_id;
 -- name: delete_assistant
 -- The assistant deleted (its versions first, `delete_assistant_versions`); no row if none.
 DELETE FROM keel_assistants WHERE assistant_id = :assistant_id RETURNING assistant_id;
+
+-- name: schedule_claim_one
+-- One schedule of `schedule_claim_due`'s, by id: a pass fires its schedules one by one after
+-- one of them failed the batch, so that one bad schedule holds no other back.
+SELECT s.*, keel_now() AS now FROM keel_schedules AS s
+WHERE s.schedule_id = :schedule_id AND s.paused = 0
+  AND (s.next_tick <= keel_now() OR s.queued > 0);
+
+-- name: schedule_record_missed
+-- Ticks passed during an outage that `catch_up` does not fire, recorded as missed (a JSON array
+-- of ticks, at most the newest `MAX_CATCH_UP`); ticks recorded before are left as they are.
+INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
+SELECT :schedule_id, CAST(value AS REAL), 'missed', NULL, NULL
+FROM json_each(:ticks)
+WHERE 1
+ON CONFLICT (schedule_id, tick) DO NOTHING;

@@ -148,8 +148,10 @@ def test_one_run_per_tick_across_kills_skew_and_an_outage(
     after = [(t, fired) for t, fired, _ in ticks if t > live[-1]]
     first_tick, first_fired = after[0]
     assert first_tick > stopped + OUTAGE - 2, "no run for the ticks missed, but the latest"
+    # What was due when the catch-up fired: that tick, and at most the next one when a loaded
+    # machine took over a second to fire it (a burst would be every tick of the outage).
     caught = [t for t, _ in after if t <= first_fired]
-    assert len(caught) == 1, caught
+    assert 1 <= len(caught) <= 2, caught
     assert [b - a for (a, _), (b, _) in itertools.pairwise(after)] == [1.0] * (len(after) - 1)
     outage = [t for t in missed["ticker"] if live[-1] < t < first_tick]
     assert outage == [live[-1] + k for k in range(1, int(first_tick - live[-1]))], "each missed"

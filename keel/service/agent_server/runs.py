@@ -192,6 +192,7 @@ def runs_router(keel_app: App, auth: Authenticator) -> APIRouter:
                 "webhook": None,
                 "feedback_keys": None,
                 "resumable": True,  # every Keel stream resumes by event id
+                "checkpoint_during": True,  # every step's checkpoint commits with its writes
                 **kept,
             }
         )

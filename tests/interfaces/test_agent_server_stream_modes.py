@@ -189,3 +189,16 @@ def test_tasks_checkpoints_and_debug_carry_langgraphs_payloads(live: Served, mod
         assert [d["next"] for d in ours] == [d["next"] for d in theirs]
     if mode == "debug":
         assert [(d["type"], d["step"]) for d in ours] == [(d["type"], d["step"]) for d in theirs]
+        # As LangGraph's server sends them: a checkpoint's references beside its configs.
+        saved = [d["payload"] for d in ours if d["type"] == "checkpoint"]
+        assert saved and saved[0]["parent_checkpoint"] is None
+        for payload in saved:
+            ids = payload["config"]["configurable"]
+            assert payload["checkpoint"] == {
+                "checkpoint_id": ids["checkpoint_id"],
+                "thread_id": ids["thread_id"],
+                "checkpoint_ns": ids["checkpoint_ns"],
+            }
+        assert [p["parent_checkpoint"]["checkpoint_id"] for p in saved[1:]] == [
+            p["checkpoint"]["checkpoint_id"] for p in saved[:-1]
+        ]

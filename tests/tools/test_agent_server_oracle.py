@@ -89,6 +89,7 @@ MODES: list[Any] = [
     "debug",
     "tasks",
     "checkpoints",
+    "events",
 ]
 
 # A part of a differing path -> why Keel differs there (docs/agent-server.md, "Where Keel differs").
@@ -193,6 +194,7 @@ def converse(server: Server) -> dict[str, Any]:
         )
     )
     out["stream.names"] = sorted({name for name, _ in streamed})
+    out["events.order"] = [data["event"] for name, data in streamed if name == "events"]
     for name in out["stream.names"]:
         out[f"stream.{name}"] = [data for n, data in streamed if n == name][:1]
 
@@ -297,6 +299,9 @@ def test_a_stream_of_every_mode_sends_the_oracles_events_in_its_shapes(
     answers: dict[str, dict[str, Any]],
 ) -> None:
     assert answers["keel"]["stream.names"] == answers["oracle"]["stream.names"]
+    # `events`: the same callback events, in the same order.
+    assert answers["keel"]["events.order"] == answers["oracle"]["events.order"]
+    assert "on_chat_model_stream" in answers["oracle"]["events.order"]
     problems = [
         d
         for name in answers["oracle"]["stream.names"]

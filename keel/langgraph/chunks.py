@@ -3,7 +3,9 @@
 A run submitted through the Agent Server protocol names its stream modes (the `keel_kwargs` of
 its config). When they include a mode only a live graph produces (`messages`, `custom`,
 `tasks`, `debug`, `checkpoints`, or a subgraph's `values`/`updates` with `subgraphs`), the
-executor runs the graph with `astream` in those modes instead of `ainvoke`, and this module
+executor runs the graph with `astream` in those modes instead of `ainvoke` (with `events`,
+LangChain's callback events: `astream_events` v2, whose root `on_chain_stream` events carry the
+other modes' chunks), and this module
 keeps each chunk (its namespace, mode and data as JSON) in the run's `keel_stream_chunks` rows:
 
 - written as they come, in batches at most ~100 ms old, and always before the next step's

@@ -21,12 +21,13 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 CASES = (
     "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
     "memory", "console", "prune", "idle", "retention", "thread",
-    "schedules",
+    "schedules", "agent-server",
 )  # fmt: skip
 
 
 def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], CaseResult]:
     from bench import (
+        case_agent_server,
         case_approval,
         case_console,
         case_drain,
@@ -60,6 +61,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "console": lambda s, d, f: case_console.run(s, d),
         "thread": lambda s, d, f: case_thread.run(s, d),
         "schedules": lambda s, d, f: case_schedules.run(s, d),
+        "agent-server": lambda s, d, f: case_agent_server.run(s, d),
     }
     return table[case]
 

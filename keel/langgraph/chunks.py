@@ -3,7 +3,9 @@
 A run submitted through the Agent Server protocol names its stream modes (the `keel_kwargs` of
 its config). When they include a mode only a live graph produces (`messages`, `custom`,
 `tasks`, `debug`, `checkpoints`, or a subgraph's `values`/`updates` with `subgraphs`), the
-executor runs the graph with `astream` in those modes instead of `ainvoke`, and this module
+executor runs the graph with `astream` in those modes instead of `ainvoke` (with `events`,
+LangChain's callback events: `astream_events` v2, whose root `on_chain_stream` events carry the
+other modes' chunks), and this module
 keeps each chunk (its namespace, mode and data as JSON) in the run's `keel_stream_chunks` rows:
 
 - written as they come, in batches at most ~100 ms old, and always before the next step's
@@ -41,7 +43,7 @@ log = logging.getLogger("keel.chunks")
 KWARGS = "keel_kwargs"
 """The key of a run's config holding what it was submitted with through the Agent Server
 protocol (`stream_mode`, `subgraphs`, ...)."""
-LIVE_MODES = frozenset({"messages", "custom", "tasks", "debug", "checkpoints"})
+LIVE_MODES = frozenset({"messages", "custom", "tasks", "debug", "checkpoints", "events"})
 """LangGraph's stream modes only a live graph produces."""
 FLUSH_EVERY = 0.1
 INTERRUPT = "__interrupt__"
@@ -150,11 +152,9 @@ class Capture:
         """`graph.ainvoke(graph_input, config, **kwargs)`'s output, its chunks captured."""
         latest: Any = None
         interrupts: list[Any] = []
-        modes = sorted({*self.modes, "updates", "values"})
+        modes = sorted({*self.modes, "updates", "values"} - {"events"})
         try:
-            async for ns, mode, data in graph.astream(
-                graph_input, config, stream_mode=modes, subgraphs=True, **kwargs
-            ):
+            async for ns, mode, data in self._chunks(graph, graph_input, config, modes, kwargs):
                 if not ns:
                     # As ainvoke: the last root `values`, with the interrupts `updates` saw.
                     if mode == "values":
@@ -175,6 +175,30 @@ class Capture:
         if interrupts and isinstance(latest, dict):
             return {**latest, INTERRUPT: interrupts}
         return latest
+
+    async def _chunks(
+        self, graph: Any, graph_input: Any, config: Any, modes: list[str], kwargs: Any
+    ) -> Any:
+        """`graph.astream(..., subgraphs=True)`'s (namespace, mode, data) chunks; with `events`
+        asked for, read from `astream_events` (v2): the root graph's `on_chain_stream` events
+        carry those chunks, every other event is kept as an `events` chunk."""
+        if "events" not in self.modes:
+            async for chunk in graph.astream(
+                graph_input, config, stream_mode=modes, subgraphs=True, **kwargs
+            ):
+                yield chunk
+            return
+        root: str | None = None
+        async for event in graph.astream_events(
+            graph_input, config, version="v2", stream_mode=modes, subgraphs=True, **kwargs
+        ):
+            if root is None and event.get("event") == "on_chain_start":
+                root = event.get("run_id")
+            if event.get("event") == "on_chain_stream" and event.get("run_id") == root:
+                # The other modes' chunks: not an event of its own (as LangGraph's server).
+                yield event["data"]["chunk"]
+            else:
+                self.add((), "events", event)
 
 
 def capture_for(

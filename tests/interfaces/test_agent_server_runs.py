@@ -224,6 +224,7 @@ def test_a_background_run_is_admitted_then_joined(svc: Served) -> None:
         "subgraphs",
         "resumable",
         "durability",
+        "checkpoint_during",
     }
     assert run["created_at"].endswith("+00:00") and run["multitask_strategy"] == "enqueue"
     # Admitted before the answer: Keel has the run, durably.

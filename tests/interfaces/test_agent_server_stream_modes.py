@@ -189,3 +189,52 @@ def test_tasks_checkpoints_and_debug_carry_langgraphs_payloads(live: Served, mod
         assert [d["next"] for d in ours] == [d["next"] for d in theirs]
     if mode == "debug":
         assert [(d["type"], d["step"]) for d in ours] == [(d["type"], d["step"]) for d in theirs]
+        # As LangGraph's server sends them: a checkpoint's references beside its configs.
+        saved = [d["payload"] for d in ours if d["type"] == "checkpoint"]
+        assert saved and saved[0]["parent_checkpoint"] is None
+        for payload in saved:
+            ids = payload["config"]["configurable"]
+            assert payload["checkpoint"] == {
+                "checkpoint_id": ids["checkpoint_id"],
+                "thread_id": ids["thread_id"],
+                "checkpoint_ns": ids["checkpoint_ns"],
+            }
+        assert [p["parent_checkpoint"]["checkpoint_id"] for p in saved[1:]] == [
+            p["checkpoint"]["checkpoint_id"] for p in saved[:-1]
+        ]
+
+
+def test_events_streams_langchains_callback_events_as_astream_events_v2(live: Served) -> None:
+    streamed = parts(
+        live.client.runs.stream(
+            new_thread(live),
+            "talk",
+            input={"messages": [{"role": "user", "content": "hi"}]},
+            stream_mode=["events", "values"],
+        )
+    )
+    ours = [p.data for p in streamed if p.event == "events"]
+    graph = talking().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+
+    async def theirs_of() -> list[dict[str, Any]]:
+        given = {"messages": [("user", "hi")]}
+        return [jsonable(e) async for e in graph.astream_events(given, config, version="v2")]
+
+    import asyncio
+
+    # The root graph's `on_chain_stream` carries the other modes' chunks: no event of its own.
+    theirs = [
+        e
+        for e in asyncio.run(theirs_of())
+        if not (e["event"] == "on_chain_stream" and e["parent_ids"] == [])
+    ]
+    # The same events, in order, named as LangGraph's own astream_events names them.
+    assert [(e["event"], e["name"]) for e in ours] == [(e["event"], e["name"]) for e in theirs]
+    assert {k for e in ours for k in e} >= {"event", "name", "run_id", "data", "metadata"}
+    tokens = [e["data"]["chunk"]["content"] for e in ours if e["event"] == "on_chat_model_stream"]
+    assert "".join(tokens) == REPLY
+    assert ours[0]["event"] == "on_chain_start" and ours[-1]["event"] == "on_chain_end"
+    # The graph still ran to its end, its values streamed from its checkpoints.
+    values = [p.data for p in streamed if p.event == "values"]
+    assert values[-1]["messages"][-1]["content"] == REPLY

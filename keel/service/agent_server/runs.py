@@ -93,6 +93,7 @@ def protocol_run(row: Row) -> dict[str, Any]:
             "webhook": None,
             "feedback_keys": None,
             "resumable": True,  # every Keel stream resumes by event id
+            "checkpoint_during": True,  # every step's checkpoint commits with its writes
             **kept,
         }
     )

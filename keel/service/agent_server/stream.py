@@ -31,7 +31,8 @@ id `<checkpoint id>/<n>/<chunk id>` (keel.service.agent_server.stream_chunks). C
 after the checkpoints (a chunk commits before the checkpoint after it), up to the first one
 anchored at a checkpoint not listed yet. Chunks of a step a takeover re-ran are superseded and
 never sent again; a stream that sent some sends `keel/superseded` before the re-execution's.
-`events` is accepted and sends nothing.
+`events` (LangChain's `astream_events` v2: `on_chain_start`, `on_chat_model_stream`, ...) is
+captured the same way, the worker then running the graph with `astream_events`.
 
 A stream polls: the run's row and its timeline (a step's timeline events commit with its
 checkpoint) every 50 ms, backing off to 500 ms while nothing happens, and the checkpoints only
@@ -68,11 +69,9 @@ T = TypeVar("T")
 
 STREAMED = ("values", "updates")
 """The stream modes told from committed data."""
-CAPTURED = ("messages", "messages-tuple", "custom", "debug", "tasks", "checkpoints")
+CAPTURED = ("messages", "messages-tuple", "custom", "debug", "tasks", "checkpoints", "events")
 """The stream modes the run's worker captures live (keel.langgraph.chunks)."""
-UNSTREAMED = ("events",)
-"""Accepted, but nothing is sent for it (LangChain's callback events are not captured)."""
-MODES = STREAMED + CAPTURED + UNSTREAMED
+MODES = STREAMED + CAPTURED
 __all__ = ["Event", "Position"]
 
 INTERRUPT = "__interrupt__"
@@ -99,9 +98,7 @@ def parse_modes(given: str | list[str] | None, default: list[str]) -> list[str]:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(
-            f"unknown stream_mode {', '.join(map(repr, unknown))}: Keel streams "
-            f"{', '.join(STREAMED + CAPTURED)}, and accepts "
-            f"{', '.join(UNSTREAMED)} without sending events for it"
+            f"unknown stream_mode {', '.join(map(repr, unknown))}: Keel streams {', '.join(MODES)}"
         )
     return modes
 

@@ -34,7 +34,26 @@ def chunk_event(row: Row, regular: Mapping[str, int]) -> Event:
     data = json.loads(row["data"])
     if mode == "messages":
         return Event(name, data, position, mode="messages-tuple")
+    if mode == "debug":
+        data = debug_checkpoint(data)
     return Event(name, data, position, mode=mode)
+
+
+def debug_checkpoint(data: Any) -> Any:
+    """A `debug` checkpoint event with the `checkpoint` and `parent_checkpoint` references
+    LangGraph's server adds to its payload (the ids of its `config` and `parent_config`)."""
+    payload = data.get("payload") if isinstance(data, dict) else None
+    if not isinstance(payload, dict) or data.get("type") != "checkpoint":
+        return data
+    for key, config in (("checkpoint", "config"), ("parent_checkpoint", "parent_config")):
+        configurable = (payload.get(config) or {}).get("configurable") or {}
+        payload.setdefault(
+            key,
+            {k: configurable.get(k) for k in ("checkpoint_id", "thread_id", "checkpoint_ns")}
+            if configurable.get("checkpoint_id")
+            else None,
+        )
+    return data
 
 
 def superseded(position: Position, token: int, count: int) -> Event:

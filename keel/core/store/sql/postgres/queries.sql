@@ -1526,3 +1526,12 @@ DELETE FROM keel_assistant_versions WHERE assistant_id = %(assistant_id)s;
 -- name: delete_assistant
 -- The assistant deleted (its versions first, `delete_assistant_versions`); no row if none.
 DELETE FROM keel_assistants WHERE assistant_id = %(assistant_id)s RETURNING assistant_id;
+
+-- name: prune_webhooks
+-- A pruned run's completion webhook registration (an intent still to deliver carries its URL).
+DELETE FROM keel_webhooks WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_hook_deliveries
+-- The inbound deliveries that admitted a pruned run: a replay of one after this admits anew.
+DELETE FROM keel_hook_deliveries
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));

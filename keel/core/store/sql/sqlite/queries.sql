@@ -1399,3 +1399,11 @@ DELETE FROM keel_assistant_versions WHERE assistant_id = :assistant_id;
 -- name: delete_assistant
 -- The assistant deleted (its versions first, `delete_assistant_versions`); no row if none.
 DELETE FROM keel_assistants WHERE assistant_id = :assistant_id RETURNING assistant_id;
+
+-- name: prune_webhooks
+-- A pruned run's completion webhook registration (an intent still to deliver carries its URL).
+DELETE FROM keel_webhooks WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: prune_hook_deliveries
+-- The inbound deliveries that admitted a pruned run: a replay of one after this admits anew.
+DELETE FROM keel_hook_deliveries WHERE run_id IN (SELECT value FROM json_each(:run_ids));

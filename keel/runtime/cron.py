@@ -3,6 +3,11 @@
 Cron expressions have 5 fields (minute hour day month weekday) or 6, the first then being the
 second (`*/10 * * * * *`: every ten seconds), as in Quartz, Spring and node-cron. Ticks are
 computed in the schedule's timezone (daylight saving time included) and kept as epoch seconds.
+
+Daylight saving time, as Vixie cron and cronie do it: a wall-clock time the spring change skips
+(02:30 on the night 02:00 becomes 03:00) fires once, at the change; a wall-clock time the autumn
+change repeats (02:30 twice, the clocks going back from 03:00 to 02:00) fires once, the first
+time, unless the expression's hour field is `*` (every hour: each real hour is its own tick).
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ def check_timing(
     return None, float(every)
 
 
+_REPEATS = 3600
+"""At most this many ticks of a repeated hour are passed over (one a second, for an hour)."""
+
+
 @dataclass(frozen=True)
 class CronTiming:
     expression: str
@@ -68,10 +77,29 @@ class CronTiming:
         )
 
     def after(self, t: float) -> float:
-        return float(self._at(t).get_next(float))
+        tick = float(self._at(t).get_next(float))
+        for _ in range(_REPEATS):
+            if not self._repeated(tick):
+                break
+            tick = float(self._at(tick).get_next(float))
+        return tick
 
     def before(self, t: float) -> float:
-        return float(self._at(t).get_prev(float))
+        tick = float(self._at(t).get_prev(float))
+        for _ in range(_REPEATS):
+            if not self._repeated(tick):
+                break
+            tick = float(self._at(tick).get_prev(float))
+        return tick
+
+    def _repeated(self, tick: float) -> bool:
+        """Whether `tick` is the second pass of a wall-clock time the autumn change repeats,
+        for an expression that names its hours (already fired an hour earlier)."""
+        fields = self.expression.split()
+        if fields[-4] == "*":  # the hour field, in 5 or 6 fields
+            return False
+        local = datetime.datetime.fromtimestamp(tick, self.zone)
+        return local.fold == 1 and local.replace(fold=0).timestamp() != tick
 
 
 def timing(cron: str | None, every: float | None, timezone: str, anchor: float) -> Timing:

@@ -107,7 +107,7 @@ class InboundHook:
     def job_of(self, payload: Any, delivery_id: str) -> str:
         """The submit's job id: the declaration's template or function, else one per delivery."""
         if callable(self.job_id):
-            raw = str(self.job_id(payload))
+            raw = str(_mapped(self.job_id, payload, "job_id"))
         elif isinstance(self.job_id, str):
             raw = _FIELD.sub(lambda m: str(_field(payload, m.group(1))), self.job_id)
         else:
@@ -115,7 +115,22 @@ class InboundHook:
         return job_id_from(raw)
 
     def input_of(self, payload: Any) -> Any:
-        return self.input(payload) if self.input is not None else payload
+        return _mapped(self.input, payload, "input") if self.input is not None else payload
+
+
+_MAPPING_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
+def _mapped(function: Callable[[Any], Any], payload: Any, what: str) -> Any:
+    """The declaration's `job_id=`/`input=` function of a verified payload. A payload it cannot
+    read (a list where it indexes a field, a field missing) is the sender's mistake, a 400: a
+    5xx would have the sender retry the same body for ever."""
+    try:
+        return function(payload)
+    except _MAPPING_ERRORS as exc:
+        raise BadPayload(
+            f"the webhook's {what}= could not read the payload ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _field(payload: Any, path: str) -> Any:

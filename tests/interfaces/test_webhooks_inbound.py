@@ -184,3 +184,37 @@ def test_github_stripe_and_custom_verification(served: tuple[keel.App, str]) -> 
     mine = httpx.post(f"{url}/hooks/mine", content=b"{}", headers={"x-token": "let-me-in"})
     assert mine.status_code == 202
     assert len(runs(app)) == 3
+
+
+def test_a_signed_body_the_hook_cannot_map_is_a_bad_payload(
+    served: tuple[keel.App, str], make_app: Callable[..., keel.App]
+) -> None:
+    """A validly signed body that is JSON but not what the hook maps (a list, a string, an
+    object without the field its `input=` reads) is the sender's mistake: 400 `bad_payload`,
+    no run, and the same delivery fixed later is admitted (nothing was remembered)."""
+    app, url = served
+    for n, body in enumerate([b"[1, 2]", b'"text"', b"42", b"null", b'{"other": 1}']):
+        answer = standard(url, body, delivery=f"msg_bad_{n}")
+        assert (answer.status_code, answer.json()["error"]) == (400, "bad_payload"), answer.text
+    assert runs(app) == []
+    fixed = standard(url, json.dumps({"text": "ok"}).encode(), delivery="msg_bad_0")
+    assert fixed.status_code == 202, fixed.text
+    assert len(runs(app)) == 1
+
+
+def test_a_hook_without_input_takes_only_an_object(make_app: Callable[..., keel.App]) -> None:
+    """With no `input=`, the payload itself is the run's input: one that is not a JSON object
+    could never start a graph's state, so it is refused at the door, not failed later."""
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    app.webhook("raw", workflow="echo", secret=SECRET)
+    api = create_app(app, tokens={TOKEN: ["*"]}, max_body_bytes=1_000_000)
+    with uvicorn_server(api) as url:
+        for n, body in enumerate([b"[1, 2]", b'"text"', b"42", b"null"]):
+            answer = standard(url, body, delivery=f"raw_{n}", hook="raw")
+            assert (answer.status_code, answer.json()["error"]) == (400, "bad_payload")
+            assert "object" in answer.json()["message"]
+        assert runs(app) == []
+        ok = standard(url, json.dumps({"text": "hé ✓"}).encode(), delivery="raw_ok", hook="raw")
+        assert ok.status_code == 202, ok.text
+    assert [r["status"] for r in runs(app)] == ["queued"]

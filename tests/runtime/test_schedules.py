@@ -3,6 +3,8 @@ a test clock that drives the database's; declared schedules, thread schedules, t
 
 from __future__ import annotations
 
+import datetime
+import zoneinfo
 from collections.abc import Callable
 
 import pytest
@@ -199,3 +201,40 @@ def test_operations_and_refusals(make_app: AppFactory) -> None:
     with pytest.raises(keel.ScheduleNotFound):
         app.schedules.get("op")
     assert app.get_run(str(tick.run_id)).run["job_id"].startswith("schedule.")
+
+
+@pytest.mark.parametrize(
+    ("night", "expected"),
+    [
+        # Autumn: 02:30 comes twice (03:00 CEST -> 02:00 CET); once, the first time.
+        ((2026, 10, 24), ["2026-10-25T02:30:00+02:00", "2026-10-26T02:30:00+01:00"]),
+        # Spring: 02:30 never comes (02:00 CET -> 03:00 CEST); once, at the change.
+        ((2026, 3, 28), ["2026-03-29T03:00:00+02:00", "2026-03-30T02:30:00+02:00"]),
+    ],
+)
+def test_a_daily_schedule_fires_once_on_a_dst_night(
+    make_app: AppFactory, night: tuple[int, int, int], expected: list[str]
+) -> None:
+    """The database's clock walks two days in 15-minute steps through a DST change, a tick
+    fired at each step: the 02:30 Paris schedule starts one run a day."""
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    start = datetime.datetime(*night, 12, 0, tzinfo=paris).timestamp()
+    clock = keel.ManualClock(start=start)
+    app = make_app(clock=clock)
+    app.workflow("echo")(echo_graph)
+    app.schedules.create(
+        "nightly",
+        "echo",
+        cron="30 2 * * *",
+        timezone="Europe/Paris",
+        input={"text": "n"},
+        overlap="allow",
+    )
+    fired: list[Tick] = []
+    for _ in range(2 * 24 * 4):
+        clock.advance(900)
+        fired += _fire(app)
+    when = [datetime.datetime.fromtimestamp(t.tick, paris).isoformat() for t in fired]
+    assert when == expected
+    assert [t.outcome for t in fired] == ["fired", "fired"]
+    assert len({t.run_id for t in fired}) == 2

@@ -15,8 +15,10 @@ from langgraph.graph import END, START, StateGraph
 import keel
 from keel.core.clock import ManualClock
 from keel.core.errors import UsageError
+from keel.core.webhooks import new_secret
 from tests.support.graphs import notify_effect
 from tests.support.providers import Provider
+from tests.support.webhook_receiver import receiving
 from tests.support.workers import drain
 
 AppFactory = Callable[..., keel.App]
@@ -165,3 +167,71 @@ def test_prune_keeps_failed_runs_when_asked_and_refuses_unfinished_statuses(
     assert rows_of(db_url, failed)["keel_runs"] == 1
     assert app.prune(older_than="1d").runs == 1
     assert set(rows_of(db_url, failed).values()) == {0}
+
+
+def _count(db_url: str, sql: str, run_id: str) -> int:
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(db_url.removeprefix("sqlite:///"))
+        try:
+            return int(conn.execute(sql.replace("%s", "?"), (run_id,)).fetchone()[0])
+        finally:
+            conn.close()
+    with psycopg.connect(db_url) as conn:
+        return int(conn.execute(sql, (run_id,)).fetchone()[0])  # type: ignore[index]
+
+
+WEBHOOK_ROWS = {
+    "webhooks": "SELECT COUNT(*) FROM keel_webhooks WHERE run_id = %s",
+    "deliveries": "SELECT COUNT(*) FROM keel_hook_deliveries WHERE run_id = %s",
+    "intents": "SELECT COUNT(*) FROM keel_intents WHERE run_id = %s",
+}
+
+
+def test_prune_takes_a_runs_webhook_and_inbound_delivery_along(
+    make_app: AppFactory, db_url: str
+) -> None:
+    """A run admitted by an inbound delivery and told to a completion webhook leaves rows in
+    keel_webhooks and keel_hook_deliveries: pruned with it, by batch, with its delivered
+    webhook intent; a younger run's rows stay."""
+    secret = new_secret()
+    clock = ManualClock()
+    provider = Provider()
+    app = make_app(clock=clock, webhook_secret=secret, webhook_allow_hosts=["127.0.0.1"])
+    app.workflow("report")(lambda: graph(provider))
+    with receiving(secret) as receiver:
+        _webhooked_runs_pruned(app, db_url, clock, receiver.url)
+        assert len(receiver.accepted()) == 3
+
+
+def _webhooked_runs_pruned(app: keel.App, db_url: str, clock: ManualClock, hook: str) -> None:
+    runs = []
+    for n in range(3):
+        run_id, seen = app.accept_hook_delivery(
+            "orders", f"d-{n}", workflow="report", job_id=f"order-{n}", input={"to": f"{n}"}
+        )
+        assert not seen
+        # The same job submitted again is the same run; its webhook attaches to it.
+        again = app.submit("report", {"to": f"{n}"}, job_id=f"order-{n}", webhook=hook)
+        assert again.run_id == run_id
+        runs.append(run_id)
+    drain(app)
+    assert {app.get_run(r).status for r in runs} == {"completed"}
+    clock.advance(31 * DAY)
+    young, _ = app.accept_hook_delivery(
+        "orders", "d-young", workflow="report", job_id="order-young", input={"to": "y"}
+    )
+    drain(app)
+    rows = {r: {k: _count(db_url, q, r) for k, q in WEBHOOK_ROWS.items()} for r in [*runs, young]}
+    assert all(rows[r] == {"webhooks": 1, "deliveries": 1, "intents": 1} for r in runs), rows
+    report = app.prune(older_than="30d", batch_size=2)
+    assert report.runs == 3 and report.batches == 2
+    assert report.rows["webhooks"] == 3 and report.rows["hook_deliveries"] == 3
+    for gone in runs:
+        after = {k: _count(db_url, q, gone) for k, q in WEBHOOK_ROWS.items()}
+        assert after == {"webhooks": 0, "deliveries": 0, "intents": 0}
+    assert {k: _count(db_url, q, young) for k, q in WEBHOOK_ROWS.items()} == rows[young]
+    # The young run's delivery is still remembered: a replay admits nothing new.
+    replay = app.accept_hook_delivery(
+        "orders", "d-young", workflow="report", job_id="order-young", input={"to": "y"}
+    )
+    assert replay == (young, True)

@@ -22,6 +22,8 @@ PRUNED_TABLES = {
     "checkpoint_writes": "prune_checkpoint_writes",
     "checkpoint_blobs": "prune_checkpoint_blobs",
     "stream_chunks": "prune_stream_chunks",
+    "webhooks": "prune_webhooks",
+    "hook_deliveries": "prune_hook_deliveries",
 }
 
 

@@ -1544,3 +1544,12 @@ INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
 SELECT %(schedule_id)s, value::double precision, 'missed', NULL, NULL
 FROM jsonb_array_elements_text(%(ticks)s::jsonb)
 ON CONFLICT (schedule_id, tick) DO NOTHING;
+
+-- name: prune_webhooks
+-- A pruned run's completion webhook registration (an intent still to deliver carries its URL).
+DELETE FROM keel_webhooks WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_hook_deliveries
+-- The inbound deliveries that admitted a pruned run: a replay of one after this admits anew.
+DELETE FROM keel_hook_deliveries
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));

@@ -1417,3 +1417,11 @@ SELECT :schedule_id, CAST(value AS REAL), 'missed', NULL, NULL
 FROM json_each(:ticks)
 WHERE 1
 ON CONFLICT (schedule_id, tick) DO NOTHING;
+
+-- name: prune_webhooks
+-- A pruned run's completion webhook registration (an intent still to deliver carries its URL).
+DELETE FROM keel_webhooks WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: prune_hook_deliveries
+-- The inbound deliveries that admitted a pruned run: a replay of one after this admits anew.
+DELETE FROM keel_hook_deliveries WHERE run_id IN (SELECT value FROM json_each(:run_ids));

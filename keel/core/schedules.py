@@ -60,8 +60,11 @@ SCHEDULE_WAKE = "schedule:"
 PRUNE_CHANCE = 0.05
 """Chance a schedule's fired ticks prune its old records: a statement per tick otherwise, for a
 table that may hold a few dozen more rows than it keeps."""
-CLAIM_BATCH = 50
-"""Due schedules one scheduler's transaction takes at most."""
+CLAIM_BATCH = 200
+"""Due schedules one scheduler's transaction takes at most. A batch costs a few statements
+whatever its size (keel.core.schedule_firing): 1,000 ticks due at once were fired with a p99
+lateness of 2.2 s in batches of 50, 1.2 s in batches of 200, 1.1 s in batches of 500 (bench case
+13, burst)."""
 
 UNFINISHED = ("queued", "running", "waiting")
 

@@ -7,6 +7,8 @@ cannot go undeclared); each records the move on the run's timeline in the same t
 
 - `insert_run` and `admit_run`: admission (`admit` here), a new run queued; `insert_thread_run`:
   a run admitted at its place on a thread (`keel.core.threads.admit`);
+- `schedule_fire_runs`: the runs of a batch of schedules' due ticks admitted, queued
+  (`keel.core.schedule_firing`);
 - `claim_next`: the claim (`keel.core.leases.claim`), queued or running under an expired lease
   to running, with the lease, so no reader ever sees a running run without an owner;
 - `update_run_status`: `transition()` here, every move made inside a transaction of Python

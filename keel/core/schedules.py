@@ -60,10 +60,13 @@ SCHEDULE_WAKE = "schedule:"
 PRUNE_CHANCE = 0.05
 """Chance a schedule's fired ticks prune its old records: a statement per tick otherwise, for a
 table that may hold a few dozen more rows than it keeps."""
-CLAIM_BATCH = 50
-"""Due schedules one scheduler's transaction takes at most."""
+CLAIM_BATCH = 200
+"""Due schedules one scheduler's transaction takes at most. A batch costs a few statements
+whatever its size (keel.core.schedule_firing): 1,000 ticks due at once were fired with a p99
+lateness of 2.2 s in batches of 50, 1.2 s in batches of 200, 1.1 s in batches of 500 (bench case
+13, burst)."""
 
-_UNFINISHED = ("queued", "running", "waiting")
+UNFINISHED = ("queued", "running", "waiting")
 
 
 class Timing(Protocol):
@@ -140,10 +143,10 @@ def due_ticks(timing: Timing, next_tick: float, now: float, catch_up: str) -> li
     if next_tick > now:
         return []
     latest = max(at_or_before(timing, now), next_tick)
-    return _policy(timing, next_tick, now, latest, catch_up)
+    return policy_ticks(timing, next_tick, now, latest, catch_up)
 
 
-def _policy(
+def policy_ticks(
     timing: Timing, next_tick: float, now: float, latest: float, catch_up: str
 ) -> list[float]:
     if catch_up == "latest":
@@ -176,93 +179,7 @@ def missed_ticks(timing: Timing, next_tick: float, now: float, fired: list[float
     return ticks[::-1]
 
 
-async def fire_due(
-    store: Store, versions: dict[str, str], timing_of: TimingOf, limit: int = CLAIM_BATCH
-) -> list[Tick]:
-    """Fire the due ticks of the schedules of these workflows (name -> the version a run is
-    admitted with), in one transaction; what was done with each tick."""
-    claimed: list[str] = []
-    try:
-        done: list[Tick] = []
-        async with store.transaction() as tx:
-            for row in await store.claim_due_schedules(tx, sorted(versions), limit):
-                claimed.append(str(row["schedule_id"]))
-                done += await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
-            await _wake(store, tx, done)
-    except Exception as exc:
-        if store.is_infrastructure(exc) or not claimed:
-            raise
-        # One schedule failed the batch: fire them again a transaction each, so that it holds
-        # no other back.
-        done = []
-        for sid in claimed:
-            done += await _fire_alone(store, sid, versions, timing_of)
-    for tick in done:
-        log.log(
-            logging.ERROR if tick.outcome == "failed" else logging.INFO,
-            "schedule %s: tick %s %s%s",
-            tick.schedule,
-            f"{tick.tick:.3f}",
-            tick.outcome,
-            f" as run {tick.run_id}" if tick.run_id else "",
-            extra={
-                "event": f"schedule.{tick.outcome}",
-                "schedule": tick.schedule,
-                "run_id": tick.run_id,
-                "duration": tick.lateness,
-            },
-        )
-    return done
-
-
-async def _wake(store: Store, tx: Tx, done: list[Tick]) -> None:
-    """One wake-up for the runs a transaction admitted: any one wakes every idle worker."""
-    admitted = [t.run_id for t in done if t.run_id]
-    if admitted:
-        await store.notify_wake(tx, admitted[-1])
-
-
-async def _fire_alone(
-    store: Store, sid: str, versions: dict[str, str], timing_of: TimingOf
-) -> list[Tick]:
-    try:
-        async with store.transaction() as tx:
-            row = await store.claim_schedule(tx, sid)
-            if row is None:
-                return []  # fired meanwhile by another scheduler
-            done = await _fire(store, tx, row, versions[row["workflow"]], timing_of(row))
-            await _wake(store, tx, done)
-            return done
-    except Exception as exc:
-        if store.is_infrastructure(exc):
-            raise
-        log.exception("schedule %s failed its tick; it moves on to its next one", sid)
-    # The schedule's own fault (its thread belongs to another workflow, its timing no longer
-    # computes): its tick is recorded as failed and it moves on, or every pass would fail on it.
-    async with store.transaction() as tx:
-        row = await store.claim_schedule(tx, sid)
-        if row is None:
-            return []
-        now, was = float(row["now"]), float(row["next_tick"])
-        try:
-            timing = timing_of(row)
-            tick, next_tick = max(at_or_before(timing, now), was), timing.after(now)
-        except Exception:
-            tick, next_tick = was, now + 60.0  # a timing that fails: tried again in a minute
-        recorded = await store.record_tick(tx, sid, tick, "failed", None)
-        await store.advance_schedule(
-            tx,
-            sid,
-            was=was,
-            next_tick=max(next_tick, was + 0.001) if was <= now else was,
-            last_tick=None,
-            last_run_id=None,
-            queued=int(row["queued"]),
-        )
-    return [_tick(str(row["name"]), tick, "failed", None, recorded)] if recorded else []
-
-
-async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) -> list[Tick]:
+async def fire_schedule(store: Store, tx: Tx, row: Row, version: str, timing: Timing) -> list[Tick]:
     now = float(row["now"])
     sid, name = str(row["schedule_id"]), str(row["name"])
     on_thread = row["thread_id"] is not None
@@ -277,7 +194,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
         if last_run is None:
             return False
         run = await store.read_run(tx, last_run)
-        return run is not None and run["status"] in _UNFINISHED
+        return run is not None and run["status"] in UNFINISHED
 
     if queued and not on_thread and not await busy():
         # The run that held the queue back has ended: the oldest held tick goes now.
@@ -287,7 +204,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
             last_run = await _admit_tick(store, tx, row, version, tick, notify=False)
             released = await store.release_tick(tx, sid, tick, last_run)
             fired_last = tick
-            done.append(_tick(name, tick, "fired", last_run, released))
+            done.append(tick_done(name, tick, "fired", last_run, released))
     was = float(row["next_tick"])
     next_tick = was
     if was <= now:
@@ -297,7 +214,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
             # The usual case, a single tick due: one computation of the timing, not six.
             next_tick, due, missed = (
                 following,
-                _policy(timing, was, now, was, str(row["catch_up"])),
+                policy_ticks(timing, was, now, was, str(row["catch_up"])),
                 [],
             )
         else:
@@ -319,14 +236,14 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
                 recorded = await store.record_tick(tx, sid, tick, outcome, None)
                 if recorded is not None:  # else: recorded before, by a scheduler this one raced
                     queued += outcome == "queued"
-                    done.append(_tick(name, tick, outcome, None, recorded))
+                    done.append(tick_done(name, tick, outcome, None, recorded))
                 continue
             rid = await _admit_tick(store, tx, row, version, tick, notify=False)
             recorded = await store.record_tick(tx, sid, tick, "fired", rid)
             if recorded is None:
                 continue  # fired before (a scheduler whose commit this one did not see)
             last_run, fired_last = rid, tick
-            done.append(_tick(name, tick, "fired", rid, recorded))
+            done.append(tick_done(name, tick, "fired", rid, recorded))
     moved = await store.advance_schedule(
         tx,
         sid,
@@ -343,7 +260,7 @@ async def _fire(store: Store, tx: Tx, row: Row, version: str, timing: Timing) ->
     return done
 
 
-def _tick(name: str, tick: float, outcome: str, rid: str | None, recorded: Row | None) -> Tick:
+def tick_done(name: str, tick: float, outcome: str, rid: str | None, recorded: Row | None) -> Tick:
     fired_at = recorded.get("fired_at") if recorded else None
     lateness = max(0.0, float(fired_at) - tick) if fired_at is not None else 0.0
     return Tick(name, tick, outcome, rid, lateness)
@@ -359,7 +276,7 @@ async def trigger(store: Store, key: str, version: str) -> Tick:
         tick = round(await store.db_now(tx), 3)
         rid = await _admit_tick(store, tx, row, version, tick)
         recorded = await store.record_tick(tx, str(row["schedule_id"]), tick, "triggered", rid)
-    return _tick(str(row["name"]), tick, "triggered", rid, recorded)
+    return tick_done(str(row["name"]), tick, "triggered", rid, recorded)
 
 
 async def _admit_tick(

@@ -19,6 +19,7 @@ from typing import Any
 from keel.core import schedules as rules
 from keel.core.codec import canonical_json, dumps, loads
 from keel.core.errors import ScheduleExists, ScheduleNotFound, UsageError
+from keel.core.schedule_firing import fire_due as fire_batch
 from keel.core.store.base import Row
 from keel.core.store.store import Store
 from keel.core.threads import validate_thread_id
@@ -343,7 +344,7 @@ async def fire_due(runtime: WorkerHost, workflows: Workflows) -> list[rules.Tick
     """One scheduler pass: the due ticks of these workflows' schedules fired."""
     await runtime.open()
     versions = {name: workflows.get(name).version for name in {w.name for w in workflows.all()}}
-    fired = await rules.fire_due(runtime.services.store, versions, timing_of)
+    fired = await fire_batch(runtime.services.store, versions, timing_of)
     if any(t.run_id for t in fired):
         runtime.services.wake()
     return fired

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import keel
 from keel.core.clock import Clock
-from keel.core.schedules import Tick
+from keel.core.schedules import CLAIM_BATCH, Tick
 from keel.runtime.schedules import fire_due
 from tests.support.graphs import echo_graph
 
@@ -130,3 +130,44 @@ def test_one_bad_schedule_holds_no_other_back(make_app: AppFactory) -> None:
     assert [t["outcome"] for t in app.schedules.ticks("bad")] == ["failed", "failed"]
     assert app.schedules.ticks("ghost") == [], "not a workflow of this scheduler's"
     assert len(_tick_runs(app)) == 2
+
+
+def test_more_due_schedules_than_a_claim_takes_fire_each_tick_once(make_app: AppFactory) -> None:
+    """Ticks due at once on more schedules than one claim takes are written a batch at a time:
+    each fires once, its run admitted with one `admitted` event and its tick recorded with it;
+    at the next tick a `skip` schedule whose run is still queued skips, an `allow` one fires."""
+    clock = keel.ManualClock()
+    app = _app(make_app, clock)
+    n = CLAIM_BATCH + 10
+    for i in range(n):
+        overlap = "skip" if i % 2 else "allow"
+        app.schedules.create(f"s{i:03d}", "echo", every=10, input={"text": str(i)}, overlap=overlap)
+    rounds: list[list[Tick]] = []
+    for _ in range(2):
+        clock.advance(10)
+        fired: list[Tick] = []
+        while got := _fire(app):
+            fired += got
+        rounds.append(fired)
+    assert Counter(t.outcome for t in rounds[0]) == {"fired": n}
+    assert len({t.schedule for t in rounds[0]}) == n
+    second = {t.schedule: t.outcome for t in rounds[1]}
+    assert len(rounds[1]) == n == len(second)
+    assert {o for s, o in second.items() if int(s[1:]) % 2} == {"skipped"}
+    assert {o for s, o in second.items() if not int(s[1:]) % 2} == {"fired"}
+    runs = _tick_runs(app)
+    assert len(runs) == n + n // 2 and set(runs.values()) == {1}, "one run per fired tick"
+    rt = app.aio.runtime
+    for tick in rounds[0] + rounds[1]:
+        if tick.run_id is None:
+            continue
+        kinds = [e["kind"] for e in rt.portal.call(rt.store.events(tick.run_id))]
+        assert kinds == ["admitted"], tick
+        assert app.get_run(tick.run_id).run["status"] == "queued"
+    recorded = app.schedules.ticks("s000")
+    assert [(t["outcome"], t["run_id"] is not None) for t in recorded] == [("fired", True)] * 2
+    assert all(t["fired_at"] is not None for t in recorded)
+    skipper = app.schedules.get("s001")
+    first = next(t for t in rounds[0] if t.schedule == "s001")
+    assert (skipper["last_tick"], skipper["last_run_id"]) == (first.tick, first.run_id)
+    assert skipper["next_tick"] == first.tick + 20

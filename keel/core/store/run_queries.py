@@ -38,6 +38,16 @@ def committed() -> Iterator[None]:
         logs.event(run_id, kind, data, worker_id=worker_id, token=lease_token, ids=ids, took=took)
 
 
+def note_event(run_id: str, kind: str, data: dict[str, Any]) -> None:
+    """Log an event a statement added to a run's timeline: once the open transaction has
+    committed (as `add_event`'s), or now outside one."""
+    pending = _uncommitted.get()
+    if pending is None:
+        logs.event(run_id, kind, data, worker_id=None, token=None, ids=None)
+    else:
+        pending.append((run_id, kind, data, None, None, None))
+
+
 class RunFilters(TypedDict, total=False):
     """What a listing of runs is filtered by (none: every run), and its page."""
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from keel.core.store.base import Connector, Row, Tx
+from keel.core.store.run_queries import note_event
 
 TICKS_KEPT = 1000
 """Fired and skipped ticks remembered per schedule (the newest); older ones are forgotten."""
@@ -123,6 +124,27 @@ class ScheduleQueries:
         return await tx.execute(
             "schedule_record_missed", {"schedule_id": schedule_id, "ticks": json.dumps(ticks)}
         )
+
+    @staticmethod
+    async def fire_ticks(
+        tx: Tx, runs: list[dict[str, Any]], ticks: list[dict[str, Any]], moves: list[dict[str, Any]]
+    ) -> tuple[int, list[Row]]:
+        """A batch of schedules' due ticks written in two statements, whatever its size: the
+        `runs` admitted (those not admitted before with their admitted event: each run's
+        `event` is its data as JSON), the schedules moved (`moves`, each only if its
+        `next_tick` is still its `was`) and the `ticks` recorded. The schedules moved, and the
+        rows of the ticks not recorded before."""
+        row = await tx.one(
+            "schedule_fire_runs", {"runs": json.dumps(runs), "moves": json.dumps(moves)}
+        )
+        moved = int(row["moved"]) if row else 0
+        admitted = set(json.loads(row["admitted"])) if row else set()
+        for run in runs:
+            if run["run_id"] in admitted:
+                note_event(run["run_id"], "admitted", json.loads(run["event"]))
+        if not ticks:
+            return moved, []
+        return moved, await tx.all("schedule_fire_ticks", {"ticks": json.dumps(ticks)})
 
     @staticmethod
     async def oldest_queued_tick(tx: Tx, schedule_id: str) -> float | None:

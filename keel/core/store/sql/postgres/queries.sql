@@ -1366,14 +1366,16 @@ WHERE paused = 0 AND workflow IN (SELECT jsonb_array_elements_text(%(workflows)s
 
 -- name: schedule_claim_due
 -- The running schedules of these workflows whose next tick has passed by the database's clock,
--- or that hold queued ticks, oldest tick first, with that clock's time; locked, and skipped by
--- other schedulers, until the transaction ends.
-SELECT s.*, keel_now() AS now FROM keel_schedules AS s
+-- or that hold queued ticks, oldest tick first, with that clock's time and the status of their
+-- last run; locked, and skipped by other schedulers, until the transaction ends.
+SELECT s.*, keel_now() AS now,
+       (SELECT r.status FROM keel_runs AS r WHERE r.run_id = s.last_run_id) AS last_status
+FROM keel_schedules AS s
 WHERE s.paused = 0 AND (s.next_tick <= keel_now() OR s.queued > 0)
   AND s.workflow IN (SELECT jsonb_array_elements_text(%(workflows)s::jsonb))
 ORDER BY s.next_tick
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF s SKIP LOCKED;
 
 -- name: schedule_advance
 -- A claimed schedule moved past the ticks it fired, only if no one else moved it meanwhile.
@@ -1553,3 +1555,53 @@ DELETE FROM keel_webhooks WHERE run_id IN (SELECT jsonb_array_elements_text(%(ru
 -- The inbound deliveries that admitted a pruned run: a replay of one after this admits anew.
 DELETE FROM keel_hook_deliveries
 WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: schedule_fire_runs
+-- moves: new>queued
+-- The runs of a batch of due ticks admitted (a JSON array of their columns and admitted event),
+-- those not admitted before each with its admitted event, and the batch's schedules moved past
+-- their ticks (a JSON array; each only if no one moved it meanwhile): one statement for the
+-- whole batch. `moved` counts the schedules moved, `admitted` lists the runs inserted. Events
+-- take their run's transaction lock first, as insert_event's do.
+WITH tick AS (
+    SELECT * FROM jsonb_to_recordset(%(runs)s::jsonb)
+        AS t (run_id text, job_id text, workflow text, workflow_version text, input_hash text,
+              input text, event text)
+), admitted AS (
+    INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                           status, created_at, updated_at, not_before)
+    SELECT run_id, job_id, workflow, workflow_version, 1, input_hash, input, 'queued', keel_now(),
+           keel_now(), NULL
+    FROM tick
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+), events AS (
+    INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+    SELECT t.run_id, keel_now(), 'admitted', NULL, NULL, t.event
+    FROM tick AS t JOIN admitted AS a ON a.run_id = t.run_id,
+         LATERAL (SELECT pg_advisory_xact_lock(74213003, hashtext(t.run_id))) AS turn
+    RETURNING run_id
+), moved AS (
+    UPDATE keel_schedules AS s SET next_tick = m.next_tick,
+        last_tick = COALESCE(m.last_tick, s.last_tick),
+        last_run_id = COALESCE(m.last_run_id, s.last_run_id),
+        queued = m.queued, updated_at = keel_now()
+    FROM jsonb_to_recordset(%(moves)s::jsonb)
+        AS m (schedule_id text, was double precision, next_tick double precision,
+              last_tick double precision, last_run_id text, queued integer)
+    WHERE s.schedule_id = m.schedule_id AND s.next_tick = m.was
+    RETURNING s.schedule_id
+)
+SELECT (SELECT COUNT(*) FROM moved) AS moved,
+       (SELECT COALESCE(jsonb_agg(run_id), '[]'::jsonb) FROM events)::text AS admitted;
+
+-- name: schedule_fire_ticks
+-- The ticks of a batch recorded once each (a JSON array: fired with their run, skipped, queued,
+-- missed); the rows of those not recorded before, `fired_at` by the database's clock.
+INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
+SELECT t.schedule_id, t.tick, t.outcome, t.run_id,
+       CASE WHEN t.run_id IS NULL THEN NULL ELSE keel_now() END
+FROM jsonb_to_recordset(%(ticks)s::jsonb)
+    AS t (schedule_id text, tick double precision, outcome text, run_id text)
+ON CONFLICT (schedule_id, tick) DO NOTHING
+RETURNING schedule_id, tick, outcome, run_id, fired_at;

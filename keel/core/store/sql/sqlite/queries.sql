@@ -1243,9 +1243,11 @@ WHERE paused = 0 AND workflow IN (SELECT value FROM json_each(:workflows));
 
 -- name: schedule_claim_due
 -- The running schedules of these workflows whose next tick has passed by the database's clock,
--- or that hold queued ticks, oldest tick first, with that clock's time (SQLite: the write lock
--- of BEGIN IMMEDIATE holds them until the transaction ends).
-SELECT s.*, keel_now() AS now FROM keel_schedules AS s
+-- or that hold queued ticks, oldest tick first, with that clock's time and the status of their
+-- last run (SQLite: the write lock of BEGIN IMMEDIATE holds them until the transaction ends).
+SELECT s.*, keel_now() AS now,
+       (SELECT r.status FROM keel_runs AS r WHERE r.run_id = s.last_run_id) AS last_status
+FROM keel_schedules AS s
 WHERE s.paused = 0 AND (s.next_tick <= keel_now() OR s.queued > 0)
   AND s.workflow IN (SELECT value FROM json_each(:workflows))
 ORDER BY s.next_tick
@@ -1425,3 +1427,51 @@ DELETE FROM keel_webhooks WHERE run_id IN (SELECT value FROM json_each(:run_ids)
 -- name: prune_hook_deliveries
 -- The inbound deliveries that admitted a pruned run: a replay of one after this admits anew.
 DELETE FROM keel_hook_deliveries WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: schedule_fire_runs
+-- moves: new>queued
+-- The runs of a batch of due ticks admitted (a JSON array of their columns and admitted event),
+-- those not admitted before each with its admitted event, and the batch's schedules moved past
+-- their ticks (a JSON array; each only if no one moved it meanwhile): one call (a chain: see
+-- Connector.single; `admitted`, the runs not admitted before, binds the statements after it).
+SELECT COALESCE((SELECT json_group_array(json_extract(value, '$.run_id')) FROM json_each(:runs)
+                 WHERE json_extract(value, '$.run_id') NOT IN (SELECT run_id FROM keel_runs)),
+                '[]') AS admitted;
+INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, input_hash, input,
+                       status, created_at, updated_at, not_before)
+SELECT json_extract(value, '$.run_id'), json_extract(value, '$.job_id'),
+       json_extract(value, '$.workflow'), json_extract(value, '$.workflow_version'), 1,
+       json_extract(value, '$.input_hash'), json_extract(value, '$.input'), 'queued', keel_now(),
+       keel_now(), NULL
+FROM json_each(:runs)
+WHERE json_extract(value, '$.run_id') IN (SELECT value FROM json_each(:admitted))
+ON CONFLICT (run_id) DO NOTHING;
+INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
+SELECT json_extract(value, '$.run_id'), keel_now(), 'admitted', NULL, NULL,
+       json_extract(value, '$.event')
+FROM json_each(:runs)
+WHERE json_extract(value, '$.run_id') IN (SELECT value FROM json_each(:admitted));
+UPDATE keel_schedules SET next_tick = m.next_tick,
+    last_tick = COALESCE(m.last_tick, keel_schedules.last_tick),
+    last_run_id = COALESCE(m.last_run_id, keel_schedules.last_run_id),
+    queued = m.queued, updated_at = keel_now()
+FROM (SELECT json_extract(value, '$.schedule_id') AS schedule_id,
+             json_extract(value, '$.was') AS was, json_extract(value, '$.next_tick') AS next_tick,
+             json_extract(value, '$.last_tick') AS last_tick,
+             json_extract(value, '$.last_run_id') AS last_run_id,
+             json_extract(value, '$.queued') AS queued
+      FROM json_each(:moves)) AS m
+WHERE keel_schedules.schedule_id = m.schedule_id AND keel_schedules.next_tick = m.was;
+SELECT changes() AS moved, :admitted AS admitted;
+
+-- name: schedule_fire_ticks
+-- The ticks of a batch recorded once each (a JSON array: fired with their run, skipped, queued,
+-- missed); the rows of those not recorded before, `fired_at` by the database's clock.
+INSERT INTO keel_schedule_ticks (schedule_id, tick, outcome, run_id, fired_at)
+SELECT json_extract(value, '$.schedule_id'), CAST(json_extract(value, '$.tick') AS REAL),
+       json_extract(value, '$.outcome'), json_extract(value, '$.run_id'),
+       CASE WHEN json_extract(value, '$.run_id') IS NULL THEN NULL ELSE keel_now() END
+FROM json_each(:ticks)
+WHERE 1
+ON CONFLICT (schedule_id, tick) DO NOTHING
+RETURNING schedule_id, tick, outcome, run_id, fired_at;

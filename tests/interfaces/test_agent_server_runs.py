@@ -374,6 +374,9 @@ def test_join_stream_resumes_after_any_event_id(svc: Served) -> None:
         again = parts(client.runs.join_stream(thread, run_id, last_event_id=part.id))
         assert [p.id for p in again[:-1]] == ids[n + 1 : -1], part.id
         assert data_parts(again) == data_parts(whole[n + 1 :])
+    # `-1`, as useStream rejoins a run: from the start.
+    replayed = parts(client.runs.join_stream(thread, run_id, last_event_id="-1"))
+    assert [p.id for p in replayed[:-1]] == [p.id for p in whole[1:-1]]
     # Without an id: from now on (here: nothing more, the run has ended).
     assert [p.event for p in parts(client.runs.join_stream(thread, run_id))] == ["end"]
     # In another mode than the run's.

@@ -203,6 +203,40 @@ def test_store_items_are_scoped_to_their_user(served: Served) -> None:
     assert after is not None and after["value"] == {"text": "alice's"}
 
 
+def test_crons_are_stamped_and_filtered_by_their_owner(served: Served) -> None:
+    alice, bob = served.as_(ALICE), served.as_(BOB)
+    yearly = "0 0 1 1 *"
+    mine = alice.crons.create("chat", schedule=yearly, input=say("hi"), metadata={"topic": "a"})
+    # The create handler stamped the owner, over what the caller sent.
+    forged = bob.crons.create("chat", schedule=yearly, input=say("yo"), metadata={"owner": "alice"})
+    assert [c["metadata"] for c in (mine, forged)] == [
+        {"topic": "a", "owner": "alice"},
+        {"owner": "bob"},
+    ]
+    theirs_thread = bob.threads.create()["thread_id"]
+    with pytest.raises(httpx.HTTPStatusError) as hidden:
+        alice.crons.create_for_thread(theirs_thread, "chat", schedule=yearly, input=say("x"))
+    assert hidden.value.response.status_code == 404
+    assert [c["cron_id"] for c in alice.crons.search()] == [mine["cron_id"]]
+    assert [c["cron_id"] for c in bob.crons.search()] == [forged["cron_id"]]
+    assert (alice.crons.count(), bob.crons.count()) == (1, 1)
+    for attempt in (
+        lambda: bob.crons.delete(mine["cron_id"]),
+        lambda: bob.crons.update(mine["cron_id"], schedule="0 0 2 1 *"),
+    ):
+        with pytest.raises(httpx.HTTPStatusError) as caught:
+            attempt()
+        assert caught.value.response.status_code == 404
+    # Nothing bob tried changed alice's cron; she changes and deletes it herself.
+    (kept,) = alice.crons.search()
+    assert kept["schedule"] == yearly
+    assert alice.crons.update(mine["cron_id"], schedule="0 0 2 1 *")["schedule"] == "0 0 2 1 *"
+    alice.crons.delete(mine["cron_id"])
+    assert alice.crons.search() == [] and len(bob.crons.search()) == 1
+    with pytest.raises(PermissionDeniedError):
+        served.as_(CAROL).crons.search()
+
+
 def test_an_auth_path_naming_something_else_is_refused(tmp_path: Path) -> None:
     write_project(tmp_path)
     (tmp_path / "auth.py").write_text("auth = 42\n")

@@ -375,6 +375,9 @@ def test_join_stream_resumes_after_any_event_id(svc: Served) -> None:
         again = parts(client.runs.join_stream(thread, run_id, last_event_id=part.id))
         assert [p.id for p in again[:-1]] == ids[n + 1 : -1], part.id
         assert data_parts(again) == data_parts(whole[n + 1 :])
+    # `-1`, as useStream rejoins a run: from the start.
+    replayed = parts(client.runs.join_stream(thread, run_id, last_event_id="-1"))
+    assert [p.id for p in replayed[:-1]] == [p.id for p in whole[1:-1]]
     # Without an id: from now on (here: nothing more, the run has ended).
     assert [p.event for p in parts(client.runs.join_stream(thread, run_id))] == ["end"]
     # In another mode than the run's.
@@ -543,3 +546,38 @@ def test_stateless_runs_get_a_thread_of_their_own(svc: Served) -> None:
     assert kept["thread_id"] != gone
     assert client.runs.join(kept["thread_id"], kept["run_id"])["turns"] == 1
     assert client.threads.get(kept["thread_id"])["status"] == "idle"
+
+
+def test_runs_are_created_in_a_batch_and_cancelled_many_at_once(served: Served) -> None:
+    client = served.client
+    # No worker yet: the batch's runs wait, pending, for one.
+    batch = client.runs.create_batch(
+        [
+            {"assistant_id": "steps", "input": {"log": []}, "on_completion": "keep"},
+            {"assistant_id": "chat", "input": say("hi"), "on_completion": "keep"},
+        ]
+    )
+    assert [r["status"] for r in batch] == ["pending", "pending"]
+    assert len({r["thread_id"] for r in batch}) == 2
+    waiting = [new_thread(served) for _ in range(2)]
+    held = [client.runs.create(t, "steps", input={"log": []}) for t in waiting]
+    # By thread and ids: the named run only.
+    assert client.runs.cancel_many(thread_id=waiting[0], run_ids=[held[0]["run_id"]]) is None
+    assert client.runs.get(waiting[0], held[0]["run_id"])["status"] == "interrupted"
+    assert client.runs.get(waiting[1], held[1]["run_id"])["status"] == "pending"
+    with pytest.raises(NotFoundError):  # nothing left to cancel there
+        client.runs.cancel_many(thread_id=waiting[0], run_ids=[held[0]["run_id"]])
+    # By status: every pending run, the batch's too.
+    client.runs.cancel_many(status="pending")
+    assert client.runs.get(waiting[1], held[1]["run_id"])["status"] == "interrupted"
+    assert {client.runs.get(r["thread_id"], r["run_id"])["status"] for r in batch} == {
+        "interrupted"
+    }
+    with pytest.raises(NotFoundError):
+        client.runs.cancel_many(status="all")
+    # A new batch runs to its end once a worker is there.
+    (again,) = client.runs.create_batch(
+        [{"assistant_id": "steps", "input": {"log": []}, "on_completion": "keep"}]
+    )
+    with live_worker(served.app):
+        assert client.runs.join(again["thread_id"], again["run_id"])["log"] == ["first", "last"]

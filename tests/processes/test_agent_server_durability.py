@@ -12,11 +12,16 @@ effect and waits for `<markers>/<name>.go`, so a test knows the run is in the mi
 - a run whose server and worker are SIGKILLed while step 2 runs completes after restart from
   step 1's checkpoint: step 1 does not run again, step 2's effect is not sent again;
 - cancel stops a running run at its next step boundary: the step in flight finishes, no later
-  step runs, and the run reads `interrupted`.
+  step runs, and the run reads `interrupted`;
+- a stream whose SERVER is SIGKILLed mid-run (the worker lives on and finishes the run alone)
+  is picked up from a restarted server with `join_stream` and the last event id the client
+  had: every event exactly once, no gap. (tests/processes/test_agent_server_kill.py kills the
+  worker instead.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import signal
@@ -33,6 +38,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
+from langgraph_sdk.schema import StreamMode
 
 import keel
 from keel.testing import spawn_worker
@@ -132,11 +138,16 @@ class Keel:
             log=self._log("worker"),
         )
         self.procs.append(worker)
+        client, server = self.serve()
+        return client, [server, worker]
+
+    def serve(self) -> tuple[SyncLangGraphClient, subprocess.Popen[bytes]]:
+        """A `keel serve` (no worker); a client once it answers."""
         for _ in range(3):  # another test may take the free port before the bind
             server, url, log = self._serve()
             if self._answers(server, url, log):
                 client = get_sync_client(url=url, api_key=ADMIN, timeout=WORKER_TIMEOUT * 2)
-                return client, [server, worker]
+                return client, server
         raise AssertionError(f"keel serve did not start:\n{self.output()}")
 
     def _serve(self) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -298,3 +309,50 @@ def test_cancel_stops_a_running_run_at_its_next_step_boundary(keel_processes: Ke
     client.runs.join(thread, after["run_id"])
     assert client.runs.get(thread, after["run_id"])["status"] == "success", k.output()
     assert k.ran() == ["c 1", "c 2", *all_steps("d")], k.output()
+
+
+def test_a_stream_resumes_from_a_restarted_server_after_its_server_was_killed_mid_run(
+    keel_processes: Keel,
+) -> None:
+    k = keel_processes
+    client, (server, worker) = k.start()
+    thread = client.threads.create()["thread_id"]
+    modes: list[StreamMode] = ["values", "updates"]
+    stream = client.runs.stream(
+        thread, "durable", input={"name": "e", "hold": True, "done": []}, stream_mode=modes
+    )
+    seen = []
+    for part in stream:
+        seen.append(part)
+        if part.event == "updates" and "step1" in part.data:
+            break
+    run_id = seen[0].data["run_id"]
+    wait_until((k.markers / "e.held").exists, WORKER_TIMEOUT, f"step 2 to run:\n{k.output()}")
+    # The server dies with the client's stream open on it; the worker lives on.
+    k.kill([server])
+    with contextlib.suppress(Exception):  # the connection died with the server
+        stream.close()  # type: ignore[attr-defined]
+    client.http.client.close()
+    (k.markers / "e.go").touch()
+    # The worker finishes the run with no server up.
+    wait_until(lambda: "e 4" in k.ran(), WORKER_TIMEOUT, f"the run to end:\n{k.output()}")
+
+    client, _ = k.serve()
+    rest = list(
+        client.runs.join_stream(thread, run_id, stream_mode=modes, last_event_id=seen[-1].id)
+    )
+    why = k.output()
+    assert worker.poll() is None, why  # the one worker ran it all: no takeover hid a gap
+    assert rest[-1].event == "end" and all(p.event != "metadata" for p in rest), why
+    whole = seen + rest
+    ids = [p.id for p in whole]
+    assert len(ids) == len(set(ids)), ids
+    updates = [p.data for p in whole if p.event == "updates"]
+    assert updates == [{f"step{n}": {"done": [f"e {n}"]}} for n in range(1, STEPS + 1)], why
+    values = [p.data["done"] for p in whole if p.event == "values"]
+    assert values[-1] == all_steps("e"), why
+    # The same as the whole stream replayed from the start of the run: nothing missing.
+    replay = list(client.runs.join_stream(thread, run_id, stream_mode=modes, last_event_id="-1"))
+    assert [(p.event, p.data) for p in replay] == [(p.event, p.data) for p in whole[1:]], why
+    assert client.runs.get(thread, run_id)["status"] == "success", why
+    assert k.ran() == all_steps("e") and k.delivered() == all_steps("e"), why

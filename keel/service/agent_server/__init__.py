@@ -19,6 +19,7 @@ from keel.service.agent_server.assistants import assistants_router
 from keel.service.agent_server.authz import gate_for
 from keel.service.agent_server.crons import crons_router
 from keel.service.agent_server.info import info_router
+from keel.service.agent_server.run_batches import run_batches_router
 from keel.service.agent_server.runs import runs_router
 from keel.service.agent_server.store import store_router
 from keel.service.agent_server.threads import threads_router
@@ -37,6 +38,7 @@ def agent_server_router(keel_app: App, auth: Authenticator, *, user_auth: Any = 
     router.include_router(threads_router(keel_app, gate))
     router.include_router(crons_router(keel_app, gate))
     router.include_router(runs_router(keel_app, gate))
+    router.include_router(run_batches_router(keel_app, gate))
     router.include_router(store_router(keel_app, gate))
     return router
 

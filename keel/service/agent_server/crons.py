@@ -8,6 +8,11 @@ unfinished run. Each tick starts exactly one run, by the database's clock, with 
 for what the protocol does not say: `catch_up` latest, `overlap` skip (or enqueue, the
 `multitask_strategy` of a thread's cron when it says so).
 
+With an `auth` section in langgraph.json, the project's handlers for the `crons` resource run
+as on LangGraph's server: `create` may stamp the cron's `metadata` (an owner), and the filter a
+handler returns hides the crons whose metadata does not match from `search`, `count`, `update`
+and `delete` (404, as a cron that does not exist).
+
 What Keel does not do with a cron is refused (422 `unsupported`), not ignored: `end_time`,
 `webhook`, `config`, `context`, `interrupt_before`/`interrupt_after`, `on_run_completed`.
 
@@ -20,9 +25,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from keel.core.errors import ScheduleNotFound
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import resolve_assistant
-from keel.service.agent_server.authz import Gate
+from keel.service.agent_server.authz import Filters, Gate, matches, visible_thread
 from keel.service.agent_server.shapes import assistant_id_of, iso
 from keel.service.agent_server.shapes import selected as select_fields
 from keel.service.auth import Principal
@@ -132,11 +138,21 @@ def crons_router(keel_app: App, auth: Gate) -> APIRouter:
     CronId = Annotated[str, Path(max_length=200, description="The cron's id.")]
     schedules = keel_app.schedules
 
-    def create(body: CronCreate, thread_id: str | None) -> dict[str, Any]:
+    def create(principal: Principal, body: CronCreate, thread_id: str | None) -> dict[str, Any]:
         _refuse_unsupported({**(body.model_extra or {}), "on_run_completed": None})
         workflow, _ = resolve_assistant(keel_app, body.assistant_id)
         if thread_id is not None:
-            keel_app.get_thread(thread_id)  # 404 thread_not_found
+            visible_thread(auth, keel_app, principal, thread_id, "read")  # 404 thread_not_found
+        value: dict[str, Any] = {
+            "payload": {"assistant_id": body.assistant_id, "input": body.input},
+            "schedule": body.schedule,
+            "cron_id": None,
+            "thread_id": thread_id,
+            "user_id": None,
+            "end_time": None,
+            "metadata": dict(body.metadata or {}),
+        }
+        auth.check_sync(principal, "crons", "create", value)
         overlap = "enqueue" if body.multitask_strategy == "enqueue" else "skip"
         made = schedules.create(
             f"cron-{uuid.uuid4()}",
@@ -145,53 +161,73 @@ def crons_router(keel_app: App, auth: Gate) -> APIRouter:
             timezone=body.timezone or "UTC",
             input=body.input,
             thread_id=thread_id,
-            metadata=body.metadata,
+            metadata=value["metadata"],
             overlap=overlap,
             paused=body.enabled is False,
         )
         return cron_shape(made)
 
     @router.post("/runs/crons")
-    def create_cron(_: Writer, body: CronCreate) -> dict[str, Any]:
+    def create_cron(principal: Writer, body: CronCreate) -> dict[str, Any]:
         """A cron whose runs each start on a thread of their own."""
-        return create(body, None)
+        return create(principal, body, None)
 
     @router.post("/threads/{thread_id}/runs/crons")
     def create_thread_cron(
-        _: Writer, body: CronCreate, thread_id: Annotated[str, Path(max_length=200)]
+        principal: Writer, body: CronCreate, thread_id: Annotated[str, Path(max_length=200)]
     ) -> dict[str, Any]:
         """A cron whose runs start on this thread."""
-        return create(body, thread_id)
+        return create(principal, body, thread_id)
 
-    def found(assistant_id: str | None, thread_id: str | None) -> list[dict[str, Any]]:
+    def found(
+        assistant_id: str | None, thread_id: str | None, filters: Filters | None
+    ) -> list[dict[str, Any]]:
         workflow = resolve_assistant(keel_app, assistant_id)[0] if assistant_id else None
         rows = schedules.list(workflow=workflow, thread_id=thread_id, limit=100_000)
-        return [cron_shape(r) for r in rows if r["cron"] is not None]
+        crons = (cron_shape(r) for r in rows if r["cron"] is not None)
+        return [c for c in crons if matches(c["metadata"], filters)]
+
+    def searched(principal: Principal, body: CronSearch | CronCount) -> list[dict[str, Any]]:
+        value: dict[str, Any] = {"assistant_id": body.assistant_id, "thread_id": body.thread_id}
+        if isinstance(body, CronSearch):
+            value.update(limit=body.limit, offset=body.offset)
+        filters = auth.check_sync(principal, "crons", "search", value)
+        return found(body.assistant_id, body.thread_id, filters)
+
+    def visible_cron(principal: Principal, cron_id: str, action: str, **asked: Any) -> None:
+        """404 for a cron the handler's filter hides, as for one that does not exist."""
+        filters = auth.check_sync(principal, "crons", action, {"cron_id": cron_id, **asked})
+        cron = cron_shape(schedules.get(cron_id))
+        if filters and not matches(cron["metadata"], filters):
+            raise ScheduleNotFound(f"no schedule {cron_id!r}")
 
     @router.post("/runs/crons/search")
-    def search_crons(_: Reader, body: CronSearch) -> list[dict[str, Any]]:
+    def search_crons(principal: Reader, body: CronSearch) -> list[dict[str, Any]]:
         """Crons matching every filter given, a page of them."""
-        crons = [
-            c
-            for c in found(body.assistant_id, body.thread_id)
-            if _matches(c, body.metadata, body.enabled)
-        ]
+        crons = [c for c in searched(principal, body) if _matches(c, body.metadata, body.enabled)]
         key = body.sort_by or "created_at"
         crons.sort(key=lambda c: (c[key] is None, c[key] or ""), reverse=body.sort_order == "desc")
         page = crons[body.offset : body.offset + body.limit]
         return [select_fields(c, body.select) for c in page]
 
     @router.post("/runs/crons/count")
-    def count_crons(_: Reader, body: CronCount) -> int:
-        return sum(
-            _matches(c, body.metadata, None) for c in found(body.assistant_id, body.thread_id)
-        )
+    def count_crons(principal: Reader, body: CronCount) -> int:
+        return sum(_matches(c, body.metadata, None) for c in searched(principal, body))
 
     @router.patch("/runs/crons/{cron_id}")
-    def update_cron(_: Writer, cron_id: CronId, body: CronPatch) -> dict[str, Any]:
+    def update_cron(principal: Writer, cron_id: CronId, body: CronPatch) -> dict[str, Any]:
         """Change the cron's schedule, timezone, input, metadata or enabled."""
         _refuse_unsupported(body.model_extra or {})
         given = body.model_dump(exclude_unset=True, exclude=set(body.model_extra or {}))
+        payload = {"input": given["input"]} if "input" in given else None
+        visible_cron(
+            principal,
+            cron_id,
+            "update",
+            payload=payload,
+            schedule=given.get("schedule"),
+            metadata=given.get("metadata"),
+        )
         change: dict[str, Any] = {}
         if "schedule" in given:
             change["cron"] = given["schedule"]
@@ -203,7 +239,8 @@ def crons_router(keel_app: App, auth: Gate) -> APIRouter:
         return cron_shape(schedules.update(cron_id, **change))
 
     @router.delete("/runs/crons/{cron_id}", status_code=204)
-    def delete_cron(_: Writer, cron_id: CronId) -> Response:
+    def delete_cron(principal: Writer, cron_id: CronId) -> Response:
+        visible_cron(principal, cron_id, "delete")
         schedules.delete(cron_id)
         return Response(status_code=204)
 

@@ -36,7 +36,10 @@ class Position:
     @classmethod
     def parse(cls, text: str) -> Position:
         """The position an event id names (a framing event's name is dropped); ValueError if
-        it is no id of this server's."""
+        it is no id of this server's. `-1` is the start, before every event: the id the JS
+        SDK's `useStream` rejoins a run with (langgraph-api answers it with the whole stream)."""
+        if text.strip() == "-1":
+            return cls()
         found = _POSITION.fullmatch(text.strip())
         if found is None:
             raise ValueError(f"{text[:80]!r} is not an event id of this server")

@@ -410,7 +410,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         ended (its final values), else 202 at once."""
         row = await in_thread(on_thread, principal, thread_id, run_id, "update")
         if action == "rollback":
-            await on_app(keel_app, _roll_back(keel_app.aio, run_id, principal.label))
+            await on_app(keel_app, roll_back(keel_app.aio, run_id, principal.label))
         else:
             await asyncio.to_thread(keel_app.cancel, run_id, by=principal.label)
         if not wait:
@@ -437,14 +437,23 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
 
     # -- stateless runs ---------------------------------------------------------------------
 
-    @router.post("/runs")
-    def create_stateless(body: RunIn, principal: Writer) -> Response:
-        """Admit a run on a thread of its own, durably, before answering."""
+    def admit_stateless(body: RunIn, principal: Principal) -> Row:
         if body.command and "resume" in body.command:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
         row, _thread, _modes = admit(body, None, principal)
         clean_later(body, row)
+        return row
+
+    @router.post("/runs")
+    def create_stateless(body: RunIn, principal: Writer) -> Response:
+        """Admit a run on a thread of its own, durably, before answering."""
+        row = admit_stateless(body, principal)
         return _json(shape(row), locations(row, True, ""))
+
+    @router.post("/runs/batch")
+    def create_batch(bodies: list[RunIn], principal: Writer) -> list[dict[str, Any]]:
+        """Admit each run as `POST /runs` does, in order; the runs."""
+        return [shape(admit_stateless(body, principal)) for body in bodies]
 
     @router.post("/runs/stream", response_class=EventSourceResponse)
     def stream_stateless(body: RunIn, principal: Writer) -> EventSourceResponse:
@@ -490,7 +499,7 @@ async def _delete_run(app: AsyncApp, thread_id: str, run_id: str) -> dict[str, i
     return await app.runtime.store.delete_finished_run(thread_id, run_id)
 
 
-async def _roll_back(app: AsyncApp, run_id: str, by: str) -> Row:
+async def roll_back(app: AsyncApp, run_id: str, by: str) -> Row:
     """Cancel the run as a rollback: it ends `rolled_back` and what it checkpointed goes (a
     running one's at its next step boundary, as a `rollback` strategy's does)."""
     await app.open()

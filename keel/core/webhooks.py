@@ -191,6 +191,19 @@ def _allowed(entries: Iterable[str]) -> tuple[frozenset[str], tuple[IPNetwork, .
 
 
 @dataclass(frozen=True)
+class Destination:
+    """A checked webhook URL: its host (for the Host header and TLS), and the addresses it
+    resolved to when checked, the only ones a delivery connects to."""
+
+    scheme: str
+    host: str
+    port: int
+    target: str
+    """The path and query the request asks for."""
+    addresses: tuple[IPAddress, ...]
+
+
+@dataclass(frozen=True)
 class WebhookSettings:
     """How this process signs completion webhooks and where it lets them go: from the App's
     configuration, else `KEEL_WEBHOOK_SECRET` and `KEEL_WEBHOOK_ALLOW_HOSTS` (comma-separated
@@ -201,7 +214,11 @@ class WebhookSettings:
     max_attempts: int = 10
     """Deliveries of one webhook before it is dead (`keel effects retry` revives it)."""
     timeout: float = 10.0
-    """Seconds one delivery may take."""
+    """Seconds one delivery may wait for the receiver at a time (to connect, or between two
+    bytes of its answer)."""
+    deadline: float = 30.0
+    """Seconds one delivery may take in all: a receiver answering a byte at a time cannot hold
+    it longer (the attempt is a network failure, retried)."""
     _hosts: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
     _networks: tuple[IPNetwork, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -210,6 +227,8 @@ class WebhookSettings:
             secret_key(self.secret)  # refused now, not at the first delivery
         if self.max_attempts < 1:
             raise UsageError("webhook max_attempts must be at least 1")
+        if not self.timeout > 0 or not self.deadline > 0:
+            raise UsageError("webhook timeout and deadline are seconds, more than zero")
         hosts, networks = _allowed(self.allow_hosts)
         object.__setattr__(self, "_hosts", hosts)
         object.__setattr__(self, "_networks", networks)
@@ -222,14 +241,27 @@ class WebhookSettings:
         *,
         max_attempts: int = 10,
         timeout: float = 10.0,
+        deadline: float | None = None,
     ) -> WebhookSettings:
-        """The App's settings, the environment's where the App gives none."""
+        """The App's settings, the environment's where the App gives none
+        (`KEEL_WEBHOOK_DEADLINE` too)."""
         secret = secret or os.environ.get("KEEL_WEBHOOK_SECRET") or None
         if allow_hosts is None:
             allow_hosts = os.environ.get("KEEL_WEBHOOK_ALLOW_HOSTS", "")
         if isinstance(allow_hosts, str):
             allow_hosts = allow_hosts.split(",")
-        return cls(secret, tuple(allow_hosts), max_attempts=max_attempts, timeout=timeout)
+        if deadline is None:
+            try:
+                deadline = float(os.environ.get("KEEL_WEBHOOK_DEADLINE") or 30.0)
+            except ValueError:
+                raise UsageError("KEEL_WEBHOOK_DEADLINE is seconds, e.g. 30") from None
+        return cls(
+            secret,
+            tuple(allow_hosts),
+            max_attempts=max_attempts,
+            timeout=timeout,
+            deadline=deadline,
+        )
 
     def signing_secret(self) -> str:
         if not self.secret:
@@ -241,27 +273,30 @@ class WebhookSettings:
 
     def check_url(self, url: str) -> tuple[str, int]:
         """The URL's host and port if Keel may call it: http(s), a host, and every address the
-        host resolves to public or allowed. WebhookRefused otherwise; OSError if the host does
-        not resolve now (a delivery takes that as transient)."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise WebhookRefused(f"a webhook URL is http(s)://host/...; not {url!r}")
-        if parts.username or parts.password:
-            raise WebhookRefused("a webhook URL carries no credentials: sign with the secret")
-        host = parts.hostname.lower().rstrip(".")
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            raise WebhookRefused(f"a webhook URL's port is not a number: {url!r}") from None
-        if host in self._hosts:
-            return host, port
-        for address in resolve(host, port):
+        host resolves to public or allowed (a host name allowed is not resolved).
+        WebhookRefused otherwise; OSError if the host does not resolve now."""
+        _, host, port, _ = _parts(url)
+        if host not in self._hosts:
+            self._checked(host, resolve(host, port))
+        return host, port
+
+    def destination(self, url: str) -> Destination:
+        """Where a delivery to `url` connects, checked as `check_url` checks it. The host is
+        resolved once: the delivery connects to these addresses, never to a second answer a
+        resolver might give in between."""
+        scheme, host, port, target = _parts(url)
+        addresses = resolve(host, port)
+        if host not in self._hosts:
+            self._checked(host, addresses)
+        return Destination(scheme, host, port, target, tuple(addresses))
+
+    def _checked(self, host: str, addresses: list[IPAddress]) -> None:
+        for address in addresses:
             if not self.may_reach(address):
                 raise WebhookRefused(
                     f"webhook host {host} resolves to {address}, a private address; allow it "
                     "with KEEL_WEBHOOK_ALLOW_HOSTS (or the App's webhook_allow_hosts)"
                 )
-        return host, port
 
     def may_reach(self, address: IPAddress) -> bool:
         forms: list[IPAddress] = [address]
@@ -270,6 +305,22 @@ class WebhookSettings:
         if any(form in network for form in forms for network in self._networks):
             return True
         return all(form.is_global and not form.is_multicast for form in forms)
+
+
+def _parts(url: str) -> tuple[str, str, int, str]:
+    """A webhook URL's scheme, host, port and request target; WebhookRefused if it is not one."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WebhookRefused(f"a webhook URL is http(s)://host/...; not {url!r}")
+    if parts.username or parts.password:
+        raise WebhookRefused("a webhook URL carries no credentials: sign with the secret")
+    host = parts.hostname.lower().rstrip(".")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise WebhookRefused(f"a webhook URL's port is not a number: {url!r}") from None
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, host, port, target
 
 
 def resolve(host: str, port: int) -> list[IPAddress]:

@@ -46,6 +46,7 @@ class App:
         webhook_secret: str | None = None,
         webhook_allow_hosts: list[str] | str | None = None,
         webhook_attempts: int = 10,
+        webhook_deadline: float | None = None,
     ) -> None:
         """`url` defaults to $KEEL_DATABASE_URL, then `sqlite:///.keel/keel.db`.
 
@@ -57,7 +58,8 @@ class App:
         `webhook_secret` (a `whsec_` secret; default $KEEL_WEBHOOK_SECRET) signs completion
         webhooks; `webhook_allow_hosts` (default $KEEL_WEBHOOK_ALLOW_HOSTS) lists the private
         addresses, networks or host names they may reach; `webhook_attempts`: deliveries of
-        one before it is dead (docs/webhooks.md).
+        one before it is dead; `webhook_deadline`: seconds one delivery may take in all
+        (default $KEEL_WEBHOOK_DEADLINE, else 30; docs/webhooks.md).
         """
         self.aio = AsyncApp(
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
@@ -74,7 +76,10 @@ class App:
             ),
             effect_timeout=effect_timeout,
             webhooks=WebhookSettings.configure(
-                webhook_secret, webhook_allow_hosts, max_attempts=webhook_attempts
+                webhook_secret,
+                webhook_allow_hosts,
+                max_attempts=webhook_attempts,
+                deadline=webhook_deadline,
             ),
         )
         self._portal = self.aio.runtime.portal

@@ -19,13 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime as dt
-import email.utils
 import importlib
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,6 +33,7 @@ from keel.core.errors import TransientError, UsageError
 from keel.core.services import Services
 from keel.core.store.store import Store
 from keel.core.webhooks import WebhookRefused, WebhookSettings, signed_headers
+from keel.runtime.webhook_http import WebhookFailed, post
 
 log = logging.getLogger("keel.runtime.webhooks")
 EFFECT = "keel.webhook"
@@ -157,51 +155,6 @@ async def body_of(event: str, format: str, run: dict[str, Any]) -> bytes:
 # -- the delivery ----------------------------------------------------------------------------
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not an order: following it could lead past the address check."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> int:
-    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
-    try:
-        with _OPENER.open(request, timeout=timeout) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-        if status == 429 or status >= 500:
-            raise TransientError(
-                f"webhook receiver answered {status}",
-                retry_after=_retry_after(exc.headers.get("Retry-After")),
-            ) from None
-        raise WebhookFailed(f"webhook receiver answered {status}") from None
-    except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out, DNS
-        reason = getattr(exc, "reason", exc)
-        raise TransientError(f"webhook not delivered: {reason}") from None
-
-
-class WebhookFailed(Exception):
-    """The receiver refused the delivery for good (a 4xx other than 429): dead, for a person."""
-
-
 async def deliver(
     url: str, event: str, format: str, run: dict[str, Any], *, idempotency_key: str
 ) -> dict[str, Any]:
@@ -227,7 +180,8 @@ async def _deliver(url: str, event: str, format: str, run: dict[str, Any], deliv
     secret = settings.signing_secret()
     try:
         # Checked again here: what the host resolves to may have changed since the submit.
-        await asyncio.to_thread(settings.check_url, url)
+        # The request goes to the addresses checked now, not to a fresh answer.
+        to = await asyncio.to_thread(settings.destination, url)
     except OSError as exc:
         raise TransientError(f"webhook host does not resolve: {exc}") from None
     body = await body_of(event, format, run)
@@ -236,7 +190,9 @@ async def _deliver(url: str, event: str, format: str, run: dict[str, Any], deliv
         "User-Agent": "keel-webhooks",
         **signed_headers(secret, delivery_id, int(time.time()), body),
     }
-    return await asyncio.to_thread(_post, url, body, headers, settings.timeout)
+    return await asyncio.to_thread(
+        post, to, body, headers, timeout=settings.timeout, deadline=settings.deadline
+    )
 
 
 def _counted(delivery_id: str, outcome: str, what: str) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
 CASES = (
-    "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
-    "memory", "console", "prune", "idle", "retention", "thread",
+    "floor", "step", "shape", "effect", "approval", "drain", "drain-ratio", "takeover", "state",
+    "stall", "memory", "console", "prune", "idle", "retention", "thread",
 )  # fmt: skip
 
 
@@ -29,6 +29,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_approval,
         case_console,
         case_drain,
+        case_drain_ratio,
         case_floor,
         case_loop,
         case_memory,
@@ -48,6 +49,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "effect": case_step.per_effect,
         "approval": case_approval.run,
         "drain": lambda s, d, f: case_drain.run(s, d),
+        "drain-ratio": lambda s, d, f: case_drain_ratio.run(s, d),
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),
         "stall": lambda s, d, f: case_loop.stall(s, d),

@@ -40,6 +40,9 @@ class Settings:
     count_runs: int = 12  # extra runs of the larger batch when counting commits
     drain_runs: int = 500
     drain_rounds: dict[str, int] = field(default_factory=lambda: {"sqlite": 2, "postgres": 2})
+    drain_ratio_runs: int = 200
+    drain_ratio_rounds: int = 3
+    drain_ratio_count: tuple[int, int] = (10, 50)
     takeover_rounds: int = 3
     takeover_runs: int = 8
     lease_ttl: float = 2.0
@@ -60,6 +63,9 @@ class Settings:
             count_runs=4,
             drain_runs=40,
             drain_rounds={"sqlite": 1, "postgres": 1},
+            drain_ratio_runs=30,
+            drain_ratio_rounds=1,
+            drain_ratio_count=(4, 12),
             takeover_rounds=1,
             takeover_runs=2,
             state_sizes=(1_000, 100_000),

@@ -1,0 +1,231 @@
+"""Case 4b: a backlog drained by a `keel worker` process, beside raw LangGraph doing the same work.
+
+Keel: the bench process admits N five-step runs (`app.submit`, then closes its App), then starts
+`python -m keel worker bench.workloads:app --stop-when-idle` at the CLI's default concurrency;
+ms/run = (last finished_at - first started_at) / N, from the runs' own timestamps (the worker's
+interpreter start is not in it). Raw LangGraph: the same N runs, one after another in the bench
+process, `ainvoke(input, config, durability="sync")` with the official async saver, a new
+thread each; ms/run = elapsed / N. Contenders alternate batch by batch (A B, then B A), one
+warm-up round. Traffic per run is counted apart, untimed: the same drain by an in-process
+worker at the same concurrency, through bench/wire.py's counters (admission not counted).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from bench.case_drain import _wait_all, keel_workers
+from bench.common import (
+    CaseResult,
+    Databases,
+    Loop,
+    Settings,
+    Summary,
+    Table,
+    Traffic,
+    interleave,
+    pg_counters,
+    ratios,
+)
+from bench.graphs import chain5
+from bench.runners import BenchError, KeelRunner, RawRunner
+from bench.wire import PgCounter, sqlite_counting
+
+DEFAULT_CONCURRENCY = 4
+"""`keel worker`'s default `--concurrency`."""
+
+
+def admit(dbs: Databases, url: str, n: int) -> str:
+    """Queue `n` chain5 runs from this process (its App closed after); their job prefix."""
+    prefix = f"ratio-{uuid.uuid4().hex[:8]}"
+    app = dbs.app(url)
+    try:
+        for i in range(n):
+            app.submit("chain5", job_id=f"{prefix}-{i}", input={"n": 0})
+    finally:
+        app.close()
+    return prefix
+
+
+def window(dbs: Databases, url: str, prefix: str, n: int) -> float:
+    """Seconds from the first run's start to the last one's end, checking all `n` completed."""
+    app = dbs.app(url)
+    try:
+        rows: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = app.list_runs(workflow="chain5", limit=500, offset=offset)
+            rows += [r for r in page if str(r["job_id"]).startswith(prefix)]
+            if len(page) < 500:
+                break
+            offset += 500
+    finally:
+        app.close()
+    done = [r for r in rows if r["status"] == "completed"]
+    if len(done) != n:
+        raise BenchError(f"Keel drain: {len(done)} of {n} runs completed")
+    return max(float(r["finished_at"]) for r in done) - min(float(r["started_at"]) for r in done)
+
+
+def keel_drain(dbs: Databases, url: str, n: int, commits: list[float]) -> float:
+    """One backlog of `n` runs drained by a `keel worker` process: seconds per run."""
+    prefix = admit(dbs, url, n)
+    before = pg_counters(dbs, url) if url.startswith("postgresql:") else None
+    procs, logs = keel_workers(url, dbs, 1, concurrency=DEFAULT_CONCURRENCY)
+    _wait_all(procs, logs, timeout=600)
+    if before is not None:
+        commits.append((pg_counters(dbs, url) - before).xact_commit / n)
+    return window(dbs, url, prefix, n) / n
+
+
+def counted_drain(dbs: Databases, url: str, small: int, large: int) -> Traffic:
+    """What an in-process worker at the default concurrency asks of the database per run it
+    drains: the difference of two drains of `small` and `large` runs, admission not counted."""
+    found: list[Traffic] = []
+    for n in (small, large):
+        admit(dbs, url, n)
+        if url.startswith("sqlite:"):
+            with sqlite_counting(url.removeprefix("sqlite:///")) as trace:
+                _drain_here(dbs, url, n)
+            c = trace.snapshot()
+            found.append(
+                Traffic(
+                    "sqlite",
+                    {"statements": c.statements, "commits": c.commits, "durable": c.durable},
+                )
+            )
+        else:
+            with PgCounter(url) as counter:
+                _drain_here(dbs, counter.url(url), n)
+                p = counter.snapshot()
+            found.append(
+                Traffic(
+                    "postgres",
+                    {
+                        "round_trips": p.round_trips,
+                        "pool_checks": p.pool_checks,
+                        "transactions": p.transactions,
+                        "durable": p.writing,
+                    },
+                )
+            )
+    return (found[1] - found[0]).scaled(1 / (large - small))
+
+
+def _drain_here(dbs: Databases, url: str, n: int) -> None:
+    runner = KeelRunner(dbs, url)
+    try:
+        stats = runner.drain_here(DEFAULT_CONCURRENCY)
+    finally:
+        runner.close()
+    if stats.finished != n:
+        raise BenchError(f"counted drain: {stats.finished} of {n} runs finished")
+
+
+def run(settings: Settings, dbs: Databases) -> CaseResult:
+    n = settings.drain_ratio_runs
+    rounds = settings.drain_ratio_rounds
+    result = CaseResult(
+        "drain-ratio",
+        "4b. Drain ratio: a backlog drained by a worker process, beside raw LangGraph",
+        f"{n} runs of the 5-node chain per batch. Keel: admitted from the bench process "
+        "(`app.submit`), then drained by one `python -m keel worker bench.workloads:app "
+        f"--stop-when-idle` process at the default concurrency ({DEFAULT_CONCURRENCY}); "
+        "ms/run = (last `finished_at` - first `started_at`) / runs, from the runs' own "
+        "timestamps, so the worker's interpreter start is not in it. Raw LangGraph: the same "
+        "runs one after another in the bench process, `ainvoke(input, config, "
+        'durability="sync")` with the official async saver, a new thread each; ms/run = '
+        "elapsed / runs. Batches alternate (A B, then B A), 1 warm-up round, then "
+        f"{rounds} measured rounds; Keel/raw is the median (min-max) of per-round ratios. "
+        "Commits/run (PostgreSQL): the database's `xact_commit` over the worker process's "
+        "drain / runs. Traffic per run is counted apart, untimed, on an in-process worker at "
+        "the same concurrency draining a backlog (bench/wire.py; the difference of drains of "
+        f"{settings.drain_ratio_count[0]} and {settings.drain_ratio_count[1]} runs, "
+        "admission not counted).",
+    )
+    rows: list[list[str]] = []
+    traffic_rows: list[list[str]] = []
+    for backend in settings.backends:
+        keel_url = dbs.keel(backend, "ratio_keel")
+        raw_url = dbs.new(backend, "ratio_raw")
+        loop = Loop()
+        raw = RawRunner(loop, raw_url)
+        commits: list[float] = []
+        try:
+            inputs = [{"n": 0}] * n
+            variants: dict[str, Callable[[int], float]] = {
+                "raw": lambda r: raw.batch(chain5, inputs) / n,
+                "keel": lambda r, url=keel_url: keel_drain(dbs, url, n, commits),  # type: ignore[misc]
+            }
+            series = interleave(variants, rounds, warmup=1)
+        finally:
+            raw.close()
+            loop.close()
+        raw_s, keel_s = Summary.of(series["raw"]), Summary.of(series["keel"])
+        ratio = ratios(series["keel"], series["raw"])
+        measured_commits = commits[1:]  # the warm-up round's are not counted
+        rows.append(
+            [
+                backend,
+                raw_s.scaled(1e3).fmt(2),
+                keel_s.scaled(1e3).fmt(2),
+                f"{1 / raw_s.median:.0f}" if raw_s.n else "n/a",
+                f"{1 / keel_s.median:.0f}" if keel_s.n else "n/a",
+                f"{Summary.of(measured_commits).median:.1f}" if measured_commits else "n/a",
+                ratio.fmt(2),
+            ]
+        )
+        result.figures[f"{backend}.drain_ratio"] = ratio.median
+        result.data[f"{backend}.raw"] = raw_s
+        result.data[f"{backend}.keel"] = keel_s
+        small, large = settings.drain_ratio_count
+        traffic = counted_drain(dbs, dbs.keel(backend, "ratio_count"), small, large)
+        if backend == "sqlite":
+            traffic_rows.append(
+                [
+                    backend,
+                    f"{traffic.get('statements'):.1f} statements",
+                    f"{traffic.get('commits'):.1f} ({traffic.durable:.1f} wrote)",
+                ]
+            )
+        else:
+            traffic_rows.append(
+                [
+                    backend,
+                    f"{traffic.get('round_trips'):.1f} round trips "
+                    f"({traffic.get('pool_checks'):.1f} pool checks)",
+                    f"{traffic.get('transactions'):.1f} ({traffic.durable:.1f} wrote)",
+                ]
+            )
+        result.figures[f"{backend}.drain_commits"] = traffic.get(
+            "commits" if backend == "sqlite" else "transactions"
+        )
+    result.tables.append(
+        Table(
+            f"Backlog of {n} runs: a `keel worker` process against raw LangGraph",
+            [
+                "backend",
+                "raw ms/run",
+                "Keel ms/run",
+                "raw runs/s",
+                "Keel runs/s",
+                "Keel xact_commit/run",
+                "Keel/raw",
+            ],
+            rows,
+        )
+    )
+    result.tables.append(
+        Table(
+            "A draining worker's traffic per run",
+            ["backend", "requests", "commits or transactions"],
+            traffic_rows,
+            "Counted as in case 1 (bench/wire.py) on an in-process worker at concurrency "
+            f"{DEFAULT_CONCURRENCY} draining a backlog it did not admit; raw LangGraph's per "
+            "run is case 1's (13 durable commits on SQLite, 14 round trips on PostgreSQL).",
+        )
+    )
+    return result
+

@@ -124,6 +124,16 @@ def _drain_here(dbs: Databases, url: str, n: int) -> None:
         raise BenchError(f"counted drain: {stats.finished} of {n} runs finished")
 
 
+def _contenders(
+    dbs: Databases, raw: RawRunner, keel_url: str, n: int, commits: list[float]
+) -> dict[str, Callable[[int], float]]:
+    inputs = [{"n": 0}] * n
+    return {
+        "raw": lambda r: raw.batch(chain5, inputs) / n,
+        "keel": lambda r: keel_drain(dbs, keel_url, n, commits),
+    }
+
+
 def run(settings: Settings, dbs: Databases) -> CaseResult:
     n = settings.drain_ratio_runs
     rounds = settings.drain_ratio_rounds
@@ -154,12 +164,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
         raw = RawRunner(loop, raw_url)
         commits: list[float] = []
         try:
-            inputs = [{"n": 0}] * n
-            variants: dict[str, Callable[[int], float]] = {
-                "raw": lambda r: raw.batch(chain5, inputs) / n,
-                "keel": lambda r, url=keel_url: keel_drain(dbs, url, n, commits),  # type: ignore[misc]
-            }
-            series = interleave(variants, rounds, warmup=1)
+            series = interleave(_contenders(dbs, raw, keel_url, n, commits), rounds, warmup=1)
         finally:
             raw.close()
             loop.close()
@@ -228,4 +233,3 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
         )
     )
     return result
-

@@ -373,22 +373,28 @@ class Worker:
         return not self._stopping.is_set() and len(self._tasks) + reserved < self.concurrency
 
     async def _fill(self, executor: Executor) -> int:
+        """Claim runs into every free slot: several in one transaction (`claim_batch`)."""
         rt = self.runtime
         claimed = 0
-        while self._room(self._handoff.reserved):
-            got = await leases.claim(
+        while (free := self._free() - self._handoff.reserved) > 0:
+            got, full = await leases.claim_batch(
                 rt.services.store,
                 self.worker_id,
                 self.serving.keys(),
                 rt.services.lease_ttl,
+                free,
                 self.serving.limits(),
                 max_crashes=executor.services.attempts.max_crashes,
             )
-            if got is None:
+            claimed += len(got)
+            for lease, row in got:
+                self._start(lease, row)
+            if not full:
                 break
-            claimed += 1
-            self._start(*got)
         return claimed
+
+    def _free(self) -> int:
+        return 0 if self._stopping.is_set() else self.concurrency - len(self._tasks)
 
     def _start(self, lease: Lease, row: Row) -> None:
         """Execute a run this worker claimed (here, or with its admission: `Handoff`)."""

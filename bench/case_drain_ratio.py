@@ -12,11 +12,16 @@ worker at the same concurrency, through bench/wire.py's counters (admission not 
 
 from __future__ import annotations
 
+import functools
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.case_drain import _wait_all, keel_workers
+from bench.case_drain import _env, _wait_all, keel_workers
 from bench.common import (
     CaseResult,
     Databases,
@@ -69,11 +74,45 @@ def window(dbs: Databases, url: str, prefix: str, n: int) -> float:
     return max(float(r["finished_at"]) for r in done) - min(float(r["started_at"]) for r in done)
 
 
-def keel_drain(dbs: Databases, url: str, n: int, commits: list[float]) -> float:
+COMPARE_ENV = "KEEL_BENCH_COMPARE"
+"""`label=path,...`: other checkouts of Keel (e.g. `git archive` of an older commit) whose
+`keel worker` drains beside this one's in the same run, each on its own database: an A/B of a
+change, measured side by side."""
+
+
+def compared() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for item in filter(None, (os.environ.get(COMPARE_ENV) or "").split(",")):
+        label, _, path = item.partition("=")
+        if not (Path(path) / "keel" / "__init__.py").exists():
+            raise BenchError(f"{COMPARE_ENV}: {path} is not a checkout of Keel")
+        found[label.strip()] = Path(path).resolve()
+    return found
+
+
+def worker_from(url: str, dbs: Databases, checkout: Path) -> tuple[list[Any], list[Path]]:
+    """A `keel worker` process of another checkout (its own keel and bench packages first)."""
+    log = dbs.tmp / f"keel-worker-{checkout.name}-{uuid.uuid4().hex[:6]}.log"
+    env = {**_env(url, dbs), "PYTHONPATH": str(checkout)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keel", "worker", "bench.workloads:app", "--stop-when-idle",
+             "--concurrency", str(DEFAULT_CONCURRENCY)],
+            cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return [proc], [log]
+
+
+def keel_drain(
+    dbs: Databases, url: str, n: int, commits: list[float], checkout: Path | None = None
+) -> float:
     """One backlog of `n` runs drained by a `keel worker` process: seconds per run."""
     prefix = admit(dbs, url, n)
     before = pg_counters(dbs, url) if url.startswith("postgresql:") else None
-    procs, logs = keel_workers(url, dbs, 1, concurrency=DEFAULT_CONCURRENCY)
+    if checkout is None:
+        procs, logs = keel_workers(url, dbs, 1, concurrency=DEFAULT_CONCURRENCY)
+    else:
+        procs, logs = worker_from(url, dbs, checkout)
     _wait_all(procs, logs, timeout=600)
     if before is not None:
         commits.append((pg_counters(dbs, url) - before).xact_commit / n)
@@ -125,13 +164,26 @@ def _drain_here(dbs: Databases, url: str, n: int) -> None:
 
 
 def _contenders(
-    dbs: Databases, raw: RawRunner, keel_url: str, n: int, commits: list[float]
+    dbs: Databases,
+    raw: RawRunner,
+    keel_url: str,
+    n: int,
+    commits: dict[str, list[float]],
+    others: dict[str, tuple[str, Path]],
 ) -> dict[str, Callable[[int], float]]:
     inputs = [{"n": 0}] * n
-    return {
+    found: dict[str, Callable[[int], float]] = {
         "raw": lambda r: raw.batch(chain5, inputs) / n,
-        "keel": lambda r: keel_drain(dbs, keel_url, n, commits),
+        "keel": lambda r: keel_drain(dbs, keel_url, n, commits["keel"]),
     }
+    for label, (url, checkout) in others.items():
+        found[label] = functools.partial(
+            lambda r, u, c, lab: keel_drain(dbs, u, n, commits[lab], c),
+            u=url,
+            c=checkout,
+            lab=label,
+        )
+    return found
 
 
 def run(settings: Settings, dbs: Databases) -> CaseResult:
@@ -157,34 +209,51 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
     )
     rows: list[list[str]] = []
     traffic_rows: list[list[str]] = []
+    others_at = compared()
+    if others_at:
+        result.notes.append(
+            "Also measured, in the same rounds, each on its own database: "
+            + "; ".join(
+                f"`{label}`: the `keel worker` of {path}" for label, path in others_at.items()
+            )
+            + f" ({COMPARE_ENV})."
+        )
     for backend in settings.backends:
         keel_url = dbs.keel(backend, "ratio_keel")
         raw_url = dbs.new(backend, "ratio_raw")
+        others = {
+            label: (dbs.keel(backend, f"ratio_{label}"), path) for label, path in others_at.items()
+        }
         loop = Loop()
         raw = RawRunner(loop, raw_url)
-        commits: list[float] = []
+        commits: dict[str, list[float]] = {name: [] for name in ("keel", *others)}
         try:
-            series = interleave(_contenders(dbs, raw, keel_url, n, commits), rounds, warmup=1)
+            contenders = _contenders(dbs, raw, keel_url, n, commits, others)
+            series = interleave(contenders, rounds, warmup=1)
         finally:
             raw.close()
             loop.close()
-        raw_s, keel_s = Summary.of(series["raw"]), Summary.of(series["keel"])
-        ratio = ratios(series["keel"], series["raw"])
-        measured_commits = commits[1:]  # the warm-up round's are not counted
-        rows.append(
-            [
-                backend,
-                raw_s.scaled(1e3).fmt(2),
-                keel_s.scaled(1e3).fmt(2),
-                f"{1 / raw_s.median:.0f}" if raw_s.n else "n/a",
-                f"{1 / keel_s.median:.0f}" if keel_s.n else "n/a",
-                f"{Summary.of(measured_commits).median:.1f}" if measured_commits else "n/a",
-                ratio.fmt(2),
-            ]
-        )
-        result.figures[f"{backend}.drain_ratio"] = ratio.median
+        raw_s = Summary.of(series["raw"])
+        rows.append([backend, "raw LangGraph", raw_s.scaled(1e3).fmt(2),
+                     f"{1 / raw_s.median:.0f}" if raw_s.n else "n/a", "-", ""])  # fmt: skip
         result.data[f"{backend}.raw"] = raw_s
-        result.data[f"{backend}.keel"] = keel_s
+        for name in ("keel", *others):
+            keel_s = Summary.of(series[name])
+            ratio = ratios(series[name], series["raw"])
+            measured = commits[name][1:]  # the warm-up round's are not counted
+            rows.append(
+                [
+                    backend,
+                    "Keel (this checkout)" if name == "keel" else f"Keel `{name}`",
+                    keel_s.scaled(1e3).fmt(2),
+                    f"{1 / keel_s.median:.0f}" if keel_s.n else "n/a",
+                    f"{Summary.of(measured).median:.1f}" if measured else "n/a",
+                    ratio.fmt(2),
+                ]
+            )
+            key = "drain_ratio" if name == "keel" else f"drain_ratio_{name}"
+            result.figures[f"{backend}.{key}"] = ratio.median
+            result.data[f"{backend}.{name}"] = keel_s
         small, large = settings.drain_ratio_count
         traffic = counted_drain(dbs, dbs.keel(backend, "ratio_count"), small, large)
         if backend == "sqlite":
@@ -210,15 +279,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
     result.tables.append(
         Table(
             f"Backlog of {n} runs: a `keel worker` process against raw LangGraph",
-            [
-                "backend",
-                "raw ms/run",
-                "Keel ms/run",
-                "raw runs/s",
-                "Keel runs/s",
-                "Keel xact_commit/run",
-                "Keel/raw",
-            ],
+            ["backend", "contender", "ms/run", "runs/s", "xact_commit/run", "Keel/raw"],
             rows,
         )
     )

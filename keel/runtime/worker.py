@@ -133,6 +133,8 @@ class Worker:
         )
         self._backlog = False
         """The last claim filled every slot it asked for: runs may still be queued."""
+        self._leaving: set[asyncio.Task[Outcome]] = set()
+        """Executions that ended with their successor's claim and have not returned yet."""
         self._successor = Handoff(
             runtime.services,
             runtime.workflows,
@@ -390,8 +392,12 @@ class Worker:
         """Slots held for claims committing with another write (an admission, a run's end)."""
         return self._handoff.reserved + self._successor.reserved
 
+    def _busy(self) -> int:
+        """Slots taken: running executions, but those whose slot went to their successor."""
+        return len(self._tasks) - len(self._leaving)
+
     def _free(self) -> int:
-        return 0 if self._stopping.is_set() else self.concurrency - len(self._tasks)
+        return 0 if self._stopping.is_set() else self.concurrency - self._busy()
 
     async def _fill(self, executor: Executor) -> int:
         """Claim runs into every free slot: several in one transaction (`claim_batch`)."""
@@ -425,15 +431,15 @@ class Worker:
             return False
         # The ending run's slot (it is among `_tasks`) goes to its successor, and so does each
         # other ending run's: only admissions' hand-offs take slots on top.
-        return len(self._tasks) + self._handoff.reserved <= self.concurrency
+        return self._busy() + self._handoff.reserved <= self.concurrency
 
     def _succeed(self, lease: Lease, row: Row) -> None:
         """Execute the run an ending run of this worker claimed with its end (called in that
-        run's task, its end committed): the slot is the successor's from now on."""
+        run's task, its end committed): the slot is the successor's from now on, though the
+        ending task (still renewed, still awaited at a stop) finishes after it starts."""
         current = asyncio.current_task()
-        for run_id, (_, task) in list(self._tasks.items()):
-            if task is current:
-                del self._tasks[run_id]
+        if current is not None:
+            self._leaving.add(current)
         self._start(lease, row)
 
     def _no_successor(self) -> None:
@@ -450,6 +456,7 @@ class Worker:
         task.add_done_callback(functools.partial(self._done, lease.run_id))
 
     def _done(self, run_id: str, task: asyncio.Task[Outcome]) -> None:
+        self._leaving.discard(task)
         # A stale execution ending must not forget a newer one of the same run (a re-claim).
         if (entry := self._tasks.get(run_id)) is not None and entry[1] is task:
             del self._tasks[run_id]

@@ -20,12 +20,13 @@ from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_adm
 
 CASES = (
     "floor", "step", "shape", "effect", "approval", "drain", "drain-ratio", "takeover", "state",
-    "stall", "memory", "console", "prune", "idle", "retention", "thread",
+    "stall", "memory", "console", "prune", "idle", "retention", "thread", "accumulate",
 )  # fmt: skip
 
 
 def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], CaseResult]:
     from bench import (
+        case_accumulate,
         case_approval,
         case_console,
         case_drain,
@@ -59,6 +60,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "retention": lambda s, d, f: case_retention.run(s, d),
         "console": lambda s, d, f: case_console.run(s, d),
         "thread": lambda s, d, f: case_thread.run(s, d),
+        "accumulate": lambda s, d, f: case_accumulate.run(s, d),
     }
     return table[case]
 

@@ -19,18 +19,20 @@ from pathlib import Path
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
 CASES = (
-    "floor", "step", "shape", "effect", "approval", "drain", "takeover", "state", "stall",
-    "memory", "console", "prune", "idle", "retention", "thread",
-    "schedules", "agent-server",
+    "floor", "step", "shape", "effect", "approval", "drain", "drain-ratio", "takeover", "state",
+    "stall", "memory", "console", "prune", "idle", "retention", "thread", "schedules",
+    "agent-server", "accumulate",
 )  # fmt: skip
 
 
 def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], CaseResult]:
     from bench import (
+        case_accumulate,
         case_agent_server,
         case_approval,
         case_console,
         case_drain,
+        case_drain_ratio,
         case_floor,
         case_loop,
         case_memory,
@@ -51,6 +53,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "effect": case_step.per_effect,
         "approval": case_approval.run,
         "drain": lambda s, d, f: case_drain.run(s, d),
+        "drain-ratio": lambda s, d, f: case_drain_ratio.run(s, d),
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),
         "stall": lambda s, d, f: case_loop.stall(s, d),
@@ -62,6 +65,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "thread": lambda s, d, f: case_thread.run(s, d),
         "schedules": lambda s, d, f: case_schedules.run(s, d),
         "agent-server": lambda s, d, f: case_agent_server.run(s, d),
+        "accumulate": lambda s, d, f: case_accumulate.run(s, d),
     }
     return table[case]
 

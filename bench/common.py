@@ -40,6 +40,19 @@ class Settings:
     count_runs: int = 12  # extra runs of the larger batch when counting commits
     drain_runs: int = 500
     drain_rounds: dict[str, int] = field(default_factory=lambda: {"sqlite": 2, "postgres": 2})
+    drain_ratio_runs: int = 200
+    drain_ratio_rounds: int = 3
+    drain_ratio_count: tuple[int, int] = (10, 50)
+    accumulate_levels: dict[str, tuple[int, int]] = field(
+        default_factory=lambda: {
+            "1k finished": (1_000, 0),
+            "10k finished": (10_000, 0),
+            "100k finished": (100_000, 0),
+            "1k waiting": (0, 1_000),
+            "10k waiting": (0, 10_000),
+        }
+    )
+    accumulate_rounds: int = 40
     takeover_rounds: int = 3
     takeover_runs: int = 8
     lease_ttl: float = 2.0
@@ -60,6 +73,15 @@ class Settings:
             count_runs=4,
             drain_runs=40,
             drain_rounds={"sqlite": 1, "postgres": 1},
+            drain_ratio_runs=30,
+            drain_ratio_rounds=1,
+            drain_ratio_count=(4, 12),
+            accumulate_levels={
+                "200 finished": (200, 0),
+                "1k finished": (1_000, 0),
+                "200 waiting": (0, 200),
+            },
+            accumulate_rounds=3,
             takeover_rounds=1,
             takeover_runs=2,
             state_sizes=(1_000, 100_000),

@@ -259,10 +259,31 @@ def targets(results: dict[str, CaseResult], settings: Settings) -> list[Table]:
         )
     )
     columns = ["target", "SQLite", "PostgreSQL", "status"]
-    return [
+    issue34 = [
+        row("A `keel worker` draining a backlog, Keel/raw ≤ 0.7 (case 4b)",
+            "drain-ratio", "drain_ratio", at_most(0.7)),
+    ]  # fmt: skip
+    acc = results.get("accumulate")
+    if acc is not None:
+        labels = sorted({k.split(".", 2)[2] for k in acc.figures if ".run_vs_base." in k})
+        for what in ("run", "claim"):
+            worst = {
+                b: max((fig("accumulate", f"{b}.{what}_vs_base.{lab}") or 0.0) for lab in labels)
+                for b in ("sqlite", "postgres")
+            }
+            for b, v in worst.items():
+                acc.figures[f"{b}.{what}_worst"] = v
+            issue34.append(
+                row(f"{what.capitalize()} cost flat as runs accumulate: largest level ≤ 1.2x the "
+                    "smallest (case 15)", "accumulate", f"{what}_worst", at_most(1.2))
+            )  # fmt: skip
+    tables = [
         Table("Targets (issue 12)", columns, issue12, TARGETS_NOTE),
         Table("Targets kept from issue 6", columns, issue6),
     ]
+    if any(r[3] != "n/a" for r in issue34):
+        tables.insert(0, Table("Targets (issue 34)", columns, issue34))
+    return tables
 
 
 def commit_reading(results: dict[str, CaseResult]) -> list[str]:

@@ -36,7 +36,7 @@ POINTS = (
     "run.before_first_checkpoint",  # claimed and admitted, nothing checkpointed yet
     "wait.after_interrupt",  # interrupt() paused the graph; the wait is not registered yet
     "decision.after_record",  # a decision is recorded; the run has not resumed
-    "handoff.after_commit",  # a submit or decision committed with this process's claim, not started
+    "handoff.after_commit",  # a submit, decision or run's end committed with our claim, not started
     "artifact.before_rename",  # the temp file is written and fsynced, not yet renamed
     "lease.renew",  # a heartbeat is about to renew leases
     "outbox.before_call",  # an intent is claimed; its claim is about to be checked, then sent

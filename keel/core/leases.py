@@ -61,6 +61,24 @@ async def claim(
             return got
 
 
+async def claim_batch(
+    store: Store,
+    worker_id: str,
+    workflows: Iterable[str],
+    ttl: float,
+    count: int,
+    limits: Mapping[str, int] | None = None,
+    max_crashes: int | None = None,
+) -> tuple[list[tuple[Lease, Row]], bool]:
+    """Up to `count` of the oldest claimable runs in one transaction (`Store.claim_batch`), each
+    accepted as `claim` accepts one. Also whether all `count` were claimed: if so, more may be
+    waiting (a backlog)."""
+    keys = sorted(workflows)
+    rows = await store.claim_batch(worker_id, keys, ttl, _claimable(keys, limits), count)
+    got = [a for row in rows if (a := await accept(store, worker_id, row, max_crashes))]
+    return got, len(rows) >= count
+
+
 def claim_with(
     store: Store,
     worker_id: str,

@@ -14,8 +14,9 @@ import logging
 import re
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.store.base import BaseStore
@@ -30,7 +31,7 @@ from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import finish
 from keel.core.services import Services
-from keel.core.store.base import Row
+from keel.core.store.base import EndWith, Later, Row, Tx
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
@@ -86,6 +87,8 @@ class Executor:
         # Shared by every executor on this saver: a worker started later (a drain, a restart
         # of the loop's worker) does not compile each graph again on the loop (~5 ms each).
         self._graphs = _compiled.setdefault(saver, {})
+        self.successor: Successor | None = None
+        """Set by a worker: a run's end may claim the next run in its own last transaction."""
 
     def graph(self, workflow: Workflow) -> Any:
         key = workflow.key
@@ -423,6 +426,9 @@ class Executor:
     ) -> Outcome:
         """The execution's end, in one fenced statement (its event with it), committed with the
         last step's checkpoint when that waits for it (`Fencing.ending`)."""
+        within = self.saver.ending(ctx.run_id, ctx.token)
+        if within is not None and self.successor is not None:
+            within = then_claim(within, self.successor)
         try:
             await finish(
                 self.services.store,
@@ -433,7 +439,7 @@ class Executor:
                 termination_reason=None if reason is None else reason.value,
                 error=error,
                 output=output,
-                within=self.saver.ending(ctx.run_id, ctx.token),
+                within=within,
                 failure=failure,
             )
         except LeaseLost as exc:
@@ -446,6 +452,55 @@ class Executor:
             )
             return LeaseEnd.LOST
         return status
+
+
+class Successor(Protocol):
+    """A worker's offer to claim the next run in the last transaction of a run it executes
+    (keel.runtime.handoff.Handoff: the same protocol as a claim committed with an admission)."""
+
+    def reserve(self) -> Callable[[Tx], Awaitable[Later]] | None:
+        """Hold the slot the ending run gives up; the claim to commit with its end, or None."""
+
+    def release(self) -> None:
+        """Give the slot back: the end's transaction did not commit."""
+
+    async def adopt(self, claimed: Row | None) -> None:
+        """The end committed, with the claim's row or None: execute it."""
+
+
+def then_claim(within: EndWith, successor: Successor) -> EndWith:
+    """`within` (the run's last transaction, its end at the close), with the successor's claim
+    after the end: one commit (on PostgreSQL one message) ends this run and leases the next.
+    The claim is fenced with the end: a stale token rolls both back. Its row is read once the
+    transaction committed, even if the saver then stops this run (a cancel asked meanwhile),
+    and handed to the worker; a kill between the commit and the hand-off leaves a lease nobody
+    renews, taken over once it lapses, as after any claim."""
+
+    async def end_then_claim(end: Callable[[Tx], Awaitable[Later]]) -> Row | None:
+        claim = successor.reserve()
+        if claim is None:
+            return await within(end)
+        claimed: list[Row | None] = []
+
+        async def both(tx: Tx) -> Later:
+            ended = await end(tx)
+            got = await claim(tx)
+
+            async def rows() -> Row | None:
+                claimed.append(await got())  # committed: read before anything may raise
+                return await ended()
+
+            return rows
+
+        try:
+            return await within(both)
+        finally:
+            if claimed:
+                await successor.adopt(claimed[-1])
+            else:
+                successor.release()
+
+    return end_then_claim
 
 
 TASK_NOTE = re.compile(r"During task with name '(?P<name>.*)' and id '(?P<id>[^']*)'")

@@ -1,5 +1,9 @@
 """A run admitted (or decided) in this process, taken by this process's worker in the same commit.
 
+The same hand-off serves a worker draining a backlog: a run's last transaction (its last step's
+checkpoint and its end) also claims the next run into the slot it gives up (`Worker._successor`,
+`Executor.successor`), so a queued run costs no claim transaction of its own.
+
 A worker that has a free slot offers it to the runtime (`Runtime.add_taker`); the next `submit`
 or decision commits its own write and the worker's claim in one transaction (on PostgreSQL one
 message), then hands the claimed run to the worker. The claim is the worker's own statement
@@ -67,6 +71,7 @@ class Handoff:
         *,
         free: Callable[[int], bool],
         start: Callable[[Lease, Row], None],
+        empty: Callable[[], None] | None = None,
     ) -> None:
         self.store = services.store
         self.workflows = workflows
@@ -80,6 +85,8 @@ class Handoff:
         """The worker's event loop while it offers its slots (None once it stops)."""
         self._free = free
         self._start = start
+        self._empty = empty
+        """Told when a committed claim found nothing to claim."""
         self._since = 0.0
 
     def open(self, loop: asyncio.AbstractEventLoop) -> Handoff:
@@ -107,6 +114,8 @@ class Handoff:
     async def adopt(self, claimed: Row | None) -> None:
         try:
             if claimed is None:
+                if self._empty is not None:
+                    self._empty()
                 return
             # The run is leased to this process and nothing has started it: a kill here leaves
             # a lease nobody renews, which the next claim takes over once it lapses.

@@ -133,6 +133,19 @@ class Worker:
         self._handoff = Handoff(
             runtime.services, runtime.workflows, self.worker_id, free=self._room, start=self._start
         )
+        self._backlog = False
+        """The last claim filled every slot it asked for: runs may still be queued."""
+        self._leaving: set[asyncio.Task[Outcome]] = set()
+        """Executions that ended with their successor's claim and have not returned yet."""
+        self._successor = Handoff(
+            runtime.services,
+            runtime.workflows,
+            self.worker_id,
+            free=self._after_end,
+            start=self._succeed,
+            empty=self._no_successor,
+        )
+        """A run ending claims the next one in its last transaction (keel.runtime.handoff)."""
 
     # Reconnect attempts while the database is away: quick at first, then every few seconds.
     reconnect_backoff = 0.1
@@ -214,6 +227,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         woken = True
         rt.add_taker(self._handoff.open(loop))
+        executor.successor = self._successor.open(loop)
         self._watch_loop()
         try:
             while not self._stopping.is_set():
@@ -256,6 +270,7 @@ class Worker:
                     delay = self.poll_interval
         finally:
             rt.remove_taker(self._handoff.close())
+            executor.successor = self._successor.close()
             await self._drain()
             background = [heartbeat, listener, deliverer, scheduler, *([pruner] if pruner else [])]
             for task in background:
@@ -292,7 +307,7 @@ class Worker:
     async def _idle_done(self, claimed: int) -> bool:
         """A stop-when-idle worker with nothing left to do anywhere: time to leave."""
         rt = self.runtime
-        if not self.stop_when_idle or claimed or self._tasks or self._handoff.reserved:
+        if not self.stop_when_idle or claimed or self._tasks or self._reserved():
             return False
         # Undelivered intents first: the delivery that queues a run awaiting it commits with
         # it, so a run the check below misses is not left queued.
@@ -385,26 +400,66 @@ class Worker:
             await asyncio.wait_for(self._stopping.wait(), timeout=delay)
 
     def _room(self, reserved: int) -> bool:
-        """Whether one more run fits beside those running and `reserved` for a hand-off."""
-        return not self._stopping.is_set() and len(self._tasks) + reserved < self.concurrency
+        """Whether one more run fits beside those running and `reserved` for a hand-off (and
+        those held for successors)."""
+        return self._free() - self._successor.reserved > reserved
+
+    def _reserved(self) -> int:
+        """Slots held for claims committing with another write (an admission, a run's end)."""
+        return self._handoff.reserved + self._successor.reserved
+
+    def _busy(self) -> int:
+        """Slots taken: running executions, but those whose slot went to their successor."""
+        return len(self._tasks) - len(self._leaving)
+
+    def _free(self) -> int:
+        return 0 if self._stopping.is_set() else self.concurrency - self._busy()
 
     async def _fill(self, executor: Executor) -> int:
+        """Claim runs into every free slot: several in one transaction (`claim_batch`)."""
         rt = self.runtime
         claimed = 0
-        while self._room(self._handoff.reserved):
-            got = await leases.claim(
+        while (free := self._free() - self._reserved()) > 0:
+            got, full = await leases.claim_batch(
                 rt.services.store,
                 self.worker_id,
                 self.serving.keys(),
                 rt.services.lease_ttl,
+                free,
                 self.serving.limits(),
                 max_crashes=executor.services.attempts.max_crashes,
             )
-            if got is None:
+            # Every slot asked for was filled: more runs may be queued, and a run ending here
+            # claims the next one in its own last transaction (`_successor`).
+            self._backlog = full
+            claimed += len(got)
+            for lease, row in got:
+                self._start(lease, row)
+            if not full:
                 break
-            claimed += 1
-            self._start(*got)
         return claimed
+
+    def _after_end(self, reserved: int) -> bool:
+        """Whether a run of this worker that is ending claims its successor in its own last
+        transaction: only while a backlog is believed to be there (the last claim filled every
+        slot it asked for), into the slot the ending run gives up."""
+        if not self._backlog or self._stopping.is_set():
+            return False
+        # The ending run's slot (it is among `_tasks`) goes to its successor, and so does each
+        # other ending run's: only admissions' hand-offs take slots on top.
+        return self._busy() + self._handoff.reserved <= self.concurrency
+
+    def _succeed(self, lease: Lease, row: Row) -> None:
+        """Execute the run an ending run of this worker claimed with its end (called in that
+        run's task, its end committed): the slot is the successor's from now on, though the
+        ending task (still renewed, still awaited at a stop) finishes after it starts."""
+        current = asyncio.current_task()
+        if current is not None:
+            self._leaving.add(current)
+        self._start(lease, row)
+
+    def _no_successor(self) -> None:
+        self._backlog = False  # the queue is empty: runs end alone until a claim fills up again
 
     def _start(self, lease: Lease, row: Row) -> None:
         """Execute a run this worker claimed (here, or with its admission: `Handoff`)."""
@@ -417,6 +472,7 @@ class Worker:
         task.add_done_callback(functools.partial(self._done, lease.run_id))
 
     def _done(self, run_id: str, task: asyncio.Task[Outcome]) -> None:
+        self._leaving.discard(task)
         # A stale execution ending must not forget a newer one of the same run (a re-claim).
         if (entry := self._tasks.get(run_id)) is not None and entry[1] is task:
             del self._tasks[run_id]
@@ -568,7 +624,7 @@ class Worker:
         loudly; with none left, refuse to start (WorkflowVersionMismatch)."""
         self.refused = refused
         self.serving = self.runtime.workflows.without(refused)
-        self._handoff.workflows = self.serving
+        self._handoff.workflows = self._successor.workflows = self.serving
         for key, why in sorted(refused.items()):
             log.error(
                 "worker %s refuses %s: its graph differs from the one version %s was first "

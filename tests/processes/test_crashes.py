@@ -325,3 +325,27 @@ def test_two_runs_in_one_killed_worker_each_send_once(chaos: Chaos, point: str) 
             chaos, run_id, ledger=ledger, killed=[killed], takeover=takeover, ticket=ticket
         )
     assert len(chaos.sink.messages) == len(tickets)
+
+
+def test_killed_after_a_runs_end_claimed_the_next_run_of_a_backlog(chaos: Chaos) -> None:
+    """A worker draining a backlog commits a run's end with the claim of the next run, then
+    dies before starting it: the first run stays completed, the second is held by the dead
+    worker's lease until a clean worker takes it over, and every run completes once."""
+    ids = [
+        str(chaos.app.submit("report", job_id=f"report-{i}", input={"log": []})["run_id"])
+        for i in range(3)
+    ]
+    killed = chaos.crash("handoff.after_commit@1", concurrency=1)
+    first, second, third = (chaos.details(r) for r in ids)
+    assert first.status == "completed", chaos.report(ids[0])
+    assert second.status == "running", chaos.report(ids[1])
+    [claim] = [e for e in second.timeline if e["kind"] == "lease.claimed"]
+    assert killed.owns(claim["worker_id"]), chaos.report(ids[1])
+    assert third.status == "queued", chaos.report(ids[2])
+    chaos.drain()
+    for run_id in ids:
+        details = chaos.details(run_id)
+        assert details.status == "completed", chaos.report(run_id)
+        ends = [e for e in details.timeline if e["kind"] == "status.completed"]
+        assert len(ends) == 1, chaos.report(run_id)
+    assert_fenced(chaos.details(ids[1]), [killed], takeover=True)

@@ -344,3 +344,40 @@ def test_a_claim_reads_a_few_runs_however_many_have_finished(db_url: str) -> Non
     for mode in ("force_custom_plan", "force_generic_plan"):
         read = _rows_read_on_postgres(db_url, mode)
         assert read < 20, f"{mode}: the claim read {read} rows of keel_runs"
+
+
+def test_a_batch_claim_takes_the_oldest_runs_once_each_in_one_commit(make_app) -> None:
+    """`claim_batch`: the oldest claimable runs (an expired lease among them), each once, each
+    with its own token and timeline event; a second batch beside it gets the rest; a limit caps
+    the batch as it caps single claims."""
+    clock = keel.ManualClock()
+    app = make_app(clock=clock, lease_ttl=10)
+    app.workflow("chain")(chain)
+    app.workflow("limited", max_concurrency=2)(chain)
+    store, keys = app.aio.runtime.store, app.aio.runtime.workflows.keys()
+    dead = app.submit("chain", job_id="dead", input={"n": 0})["run_id"]
+    assert _call(app, lambda: leases.claim(store, "w-dead", keys, 10)) is not None
+    clock.advance(1)
+    queued = [app.submit("chain", job_id=f"q-{i}", input={"n": i})["run_id"] for i in range(4)]
+    clock.advance(10)  # the dead worker's lease has run out
+
+    def batch(worker: str, count: int) -> tuple[list[str], bool]:
+        got, full = _call(app, lambda: leases.claim_batch(store, worker, keys, 10, count))  # type: ignore[misc]
+        assert all(lease.worker_id == worker for lease, _ in got)
+        return [lease.run_id for lease, _ in got], full
+
+    assert batch("w-a", 3) == ([dead, *queued[:2]], True)
+    assert batch("w-b", 3) == (queued[2:], False)
+    assert batch("w-c", 3) == ([], False)
+    for run_id in [dead, *queued]:
+        run = app.get_run(run_id)
+        assert run.status == "running"
+        claims = [e for e in run.timeline if e["kind"] in ("lease.claimed", "lease.takeover")]
+        assert len(claims) == (2 if run_id == dead else 1)
+    assert app.get_run(dead).timeline[-1]["kind"] == "lease.takeover"
+
+    limited = [app.submit("limited", job_id=f"l-{i}", input={"n": i})["run_id"] for i in range(3)]
+    limits = app.aio.runtime.workflows.limits()
+    got, full = _call(app, lambda: leases.claim_batch(store, "w-d", keys, 10, 3, limits))  # type: ignore[misc]
+    assert [lease.run_id for lease, _ in got] == limited[:2] and not full
+    assert app.get_run(limited[2]).status == "queued"

@@ -274,6 +274,9 @@ def test_submit_worker_approve_round_trip(env: dict[str, str], db_url: str) -> N
 def bring_to_in_doubt(env: dict[str, str], db_url: str, sink: SmtpSink, job: str) -> str:
     """A run whose email left while its worker died before the ledger recorded it."""
     env["KEEL_LEASE_TTL"] = "1"  # the killed worker's lease must expire quickly
+    # Nobody settles an effect before its deadline: a short one, so the pending email is
+    # judged in doubt in seconds, not after the default minute.
+    env["KEEL_EFFECT_TIMEOUT"] = "2"
     env["KEEL_TEST_SMTP"] = f"{sink.host}:{sink.port}"
     created = invoke(
         env, "submit", FRESH, WORKFLOW, "--job-id", job, "--input", json.dumps(TICKET), "--json"

@@ -165,6 +165,15 @@ def schedules_create(
     _show(row, as_json)
 
 
+def _set_paused(
+    schedule: str, paused: bool, as_json: bool, app: str | None, db: str | None
+) -> None:
+    """Pause or resume the schedule (on the database alone), then show it."""
+    with open_app(app, db) as loaded:
+        schedules = loaded.schedules
+        _show(schedules.pause(schedule) if paused else schedules.resume(schedule), as_json)
+
+
 @schedules_cli.command("pause")
 @guarded
 def schedules_pause(
@@ -174,8 +183,7 @@ def schedules_pause(
     db: DbOption = None,
 ) -> None:
     """No tick fires until it is resumed."""
-    with open_app(app, db) as loaded:
-        _show(loaded.schedules.pause(schedule), as_json)
+    _set_paused(schedule, True, as_json, app, db)
 
 
 @schedules_cli.command("resume")
@@ -187,8 +195,7 @@ def schedules_resume(
     db: DbOption = None,
 ) -> None:
     """Ticks fire again from the next one (the ones missed while paused are not caught up)."""
-    with open_app(app, db) as loaded:
-        _show(loaded.schedules.resume(schedule), as_json)
+    _set_paused(schedule, False, as_json, app, db)
 
 
 @schedules_cli.command("delete")

@@ -103,11 +103,9 @@ def verify_standard(
             "missing_signature", "webhook-id, webhook-timestamp and webhook-signature are needed"
         )
     seconds = _timestamp(timestamp, now, tolerance)
-    expected = sign(secret, delivery_id, seconds, body).encode()
-    for candidate in signatures.split():
-        if candidate.startswith("v1,") and hmac.compare_digest(candidate.encode(), expected):
-            return delivery_id
-    raise BadSignature("bad_signature", "the signature does not match")
+    candidates = [c for c in signatures.split() if c.startswith("v1,")]
+    _one_matches(candidates, sign(secret, delivery_id, seconds, body))
+    return delivery_id
 
 
 # -- GitHub and Stripe -----------------------------------------------------------------------
@@ -126,9 +124,7 @@ def verify_github(secret: str, headers: Mapping[str, str], body: bytes) -> str:
         raise BadSignature(
             "missing_signature", "X-Hub-Signature-256 and X-GitHub-Delivery are needed"
         )
-    expected = "sha256=" + _hex_hmac(secret, body)
-    if not hmac.compare_digest(signature.strip().encode(), expected.encode()):
-        raise BadSignature("bad_signature", "the signature does not match")
+    _one_matches([signature.strip()], "sha256=" + _hex_hmac(secret, body))
     return delivery_id
 
 
@@ -156,8 +152,14 @@ def verify_stripe(
     if len(stamps) != 1 or not candidates:
         raise BadSignature("missing_signature", "Stripe-Signature needs one t= and a v1=")
     seconds = _timestamp(stamps[0], now, tolerance)
-    expected = _hex_hmac(secret, f"{seconds}.".encode() + body).encode()
-    if not any(hmac.compare_digest(c.encode(), expected) for c in candidates):
+    _one_matches(candidates, _hex_hmac(secret, f"{seconds}.".encode() + body))
+
+
+def _one_matches(candidates: Iterable[str], expected: str) -> None:
+    """Raise bad_signature unless one of the signatures sent is `expected` (compared in
+    constant time: a sender may send several, rotating its secret)."""
+    wanted = expected.encode()
+    if not any(hmac.compare_digest(c.encode(), wanted) for c in candidates):
         raise BadSignature("bad_signature", "the signature does not match")
 
 

@@ -9,14 +9,11 @@ checkpoint — then records the outcome (waiting, completed, failed) fenced by t
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.store.base import BaseStore
@@ -31,16 +28,16 @@ from keel.core.leases import LeaseEnd
 from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import finish
 from keel.core.services import Services
-from keel.core.store.base import EndWith, Later, Row, Tx
+from keel.core.store.base import Row
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph import chunks, static_interrupts, traces
+from keel.langgraph import chunks, outcomes, static_interrupts, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
+from keel.langgraph.successor import Successor, then_claim
 
 log = logging.getLogger("keel.executor")
-MAX_OUTPUT_BYTES = 1_000_000
 
 _compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 """Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""
@@ -238,7 +235,7 @@ class Executor:
                 log.exception(
                     "worker %s run %s (token %s) failed", self.worker_id, lease.run_id, lease.token
                 )
-                where = await failed_task(graph, config, exc)
+                where = await outcomes.failed_task(graph, config, exc)
                 return await self._end(
                     ctx,
                     Status.FAILED,
@@ -248,7 +245,7 @@ class Executor:
                 )
             # A clean end: every task write committed with a checkpoint or at once.
             await self.saver.finish(lease.run_id, lease.token)
-            interrupts, values = await _outcome(graph, config, output)
+            interrupts, values = await outcomes.interrupts_and_values(graph, config, output)
             if static and not interrupts:  # a static pause returns no `__interrupt__`
                 interrupts = await static_interrupts.paused(graph, config, static)
             if ctx.staged:
@@ -315,7 +312,7 @@ class Executor:
         answers of its decided waits, or nothing."""
         # LangGraph's loop reads the same checkpoint as it starts: it gets this read.
         self.saver.read_ahead(str(config["configurable"]["thread_id"]), saved)
-        pending = _pending_interrupts(saved.pending_writes or ())
+        pending = outcomes.pending_interrupts(saved.pending_writes or ())
         if pending:
             answered = await waits.claimed_answers(self.services.store, run)
             resume = waits.resume_map(answered, pending)
@@ -412,7 +409,7 @@ class Executor:
             Status.COMPLETED,
             reason,
             None,
-            output=_output(values),
+            output=outcomes.encoded_output(values),
         )
 
     async def _end(
@@ -454,123 +451,7 @@ class Executor:
         return status
 
 
-class Successor(Protocol):
-    """A worker's offer to claim the next run in the last transaction of a run it executes
-    (keel.runtime.handoff.Handoff: the same protocol as a claim committed with an admission)."""
-
-    def reserve(self) -> Callable[[Tx], Awaitable[Later]] | None:
-        """Hold the slot the ending run gives up; the claim to commit with its end, or None."""
-
-    def release(self) -> None:
-        """Give the slot back: the end's transaction did not commit."""
-
-    async def adopt(self, claimed: Row | None) -> None:
-        """The end committed, with the claim's row or None: execute it."""
-
-
-def then_claim(within: EndWith, successor: Successor) -> EndWith:
-    """`within` (the run's last transaction, its end at the close), with the successor's claim
-    after the end: one commit (on PostgreSQL one message) ends this run and leases the next.
-    The claim is fenced with the end: a stale token rolls both back. Its row is read once the
-    transaction committed, even if the saver then stops this run (a cancel asked meanwhile),
-    and handed to the worker; a kill between the commit and the hand-off leaves a lease nobody
-    renews, taken over once it lapses, as after any claim."""
-
-    async def end_then_claim(end: Callable[[Tx], Awaitable[Later]]) -> Row | None:
-        claim = successor.reserve()
-        if claim is None:
-            return await within(end)
-        claimed: list[Row | None] = []
-
-        async def both(tx: Tx) -> Later:
-            ended = await end(tx)
-            got = await claim(tx)
-
-            async def rows() -> Row | None:
-                claimed.append(await got())  # committed: read before anything may raise
-                return await ended()
-
-            return rows
-
-        try:
-            return await within(both)
-        finally:
-            if claimed:
-                await successor.adopt(claimed[-1])
-            else:
-                successor.release()
-
-    return end_then_claim
-
-
-TASK_NOTE = re.compile(r"During task with name '(?P<name>.*)' and id '(?P<id>[^']*)'")
-
-
-async def failed_task(graph: Any, config: dict[str, Any], exc: BaseException) -> dict[str, Any]:
-    """Where in the graph `exc` was raised: the node (and, in a subgraph, the node inside it),
-    the task's path and the step, from the notes LangGraph adds to a task's exception and the
-    run's last checkpoint (whose next tasks include the failed one). What cannot be told is
-    left out."""
-    tasks = [m for n in getattr(exc, "__notes__", ()) if (m := TASK_NOTE.fullmatch(str(n)))]
-    if not tasks:
-        return {}
-    outer, inner = tasks[-1], tasks[0]  # notes are added as the exception goes up
-    where: dict[str, Any] = {"node": outer["name"]}
-    if inner is not outer:
-        where["inner_node"] = inner["name"]
-    try:
-        state = await graph.aget_state(config)
-    except Exception:  # what the notes said is already worth keeping
-        return where
-    for task in state.tasks:
-        if task.id == outer["id"]:
-            where["task_path"] = "/".join(map(str, task.path))
-            where["step"] = int(state.metadata.get("step", -1)) + 1
-    return where
-
-
-# LangGraph's interrupt channel (private there since 1.0; resuming after a decision breaks in
-# tests/store if it is renamed).
-INTERRUPT = "__interrupt__"
-
-
-def _pending_interrupts(writes: Any) -> set[str]:
-    """The ids of the interrupts a checkpoint's tasks raised (LangGraph saves them as pending
-    writes to its interrupt channel, a subgraph's with its parent task's): what `aget_state`
-    would list, without building the state a second time."""
-    return {
-        str(item.id)
-        for _task, channel, value in writes
-        if channel == INTERRUPT
-        for item in (value if isinstance(value, list | tuple) else (value,))
-        if getattr(item, "id", None) is not None
-    }
-
-
 def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> None:
     """One line saying where the run goes on from, with the time reading its state took."""
     took = round(time.monotonic() - started, 6)
     log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took})
-
-
-async def _outcome(graph: Any, config: dict[str, Any], output: Any) -> tuple[Any, Any]:
-    """The pending interrupts and final state values of the invocation that just returned.
-
-    When the graph's output is its whole state (no separate output schema) the returned dict
-    already carries both, `__interrupt__` included: no second read of the checkpoint.
-    """
-    builder = getattr(graph, "builder", None)
-    whole_state = builder is not None and builder.output_schema is builder.state_schema
-    if whole_state and isinstance(output, dict):
-        values = dict(output)
-        return tuple(values.pop("__interrupt__", ())), values
-    state = await graph.aget_state(config)
-    return state.interrupts, state.values
-
-
-def _output(values: Any) -> str | None:
-    try:
-        text = dumps(values)
-    except (TypeError, ValueError):
-        return None
-    return text if len(text) <= MAX_OUTPUT_BYTES else json.dumps({"truncated": True})

@@ -31,21 +31,26 @@ class AssistantQueries:
     ) -> Row | None:
         """A new assistant at version 1 (kept as its first version); None if one of that id
         exists."""
+        return await self._write_version(
+            "insert_assistant",
+            {
+                "assistant_id": assistant_id,
+                "graph_id": graph_id,
+                "name": name,
+                "description": description,
+                "config": config,
+                "context": context,
+                "metadata": metadata,
+            },
+        )
+
+    async def _write_version(self, query: str, fields: dict[str, Any]) -> Row | None:
+        """`query` (an insert or an update of the assistant) and, if it wrote, the row it left
+        kept as a version, in one transaction."""
         async with self.db.transaction() as tx:
-            row = await tx.one(
-                "insert_assistant",
-                {
-                    "assistant_id": assistant_id,
-                    "graph_id": graph_id,
-                    "name": name,
-                    "description": description,
-                    "config": config,
-                    "context": context,
-                    "metadata": metadata,
-                },
-            )
+            row = await tx.one(query, fields)
             if row is not None:
-                await tx.execute("keep_assistant_version", {"assistant_id": assistant_id})
+                await tx.execute("keep_assistant_version", {"assistant_id": fields["assistant_id"]})
             return row
 
     async def get_assistant(self, assistant_id: str) -> Row | None:
@@ -75,22 +80,18 @@ class AssistantQueries:
     ) -> Row | None:
         """A new version of the assistant with the fields given (None: as they are; metadata is
         merged), in use at once; None if there is no such assistant."""
-        async with self.db.transaction() as tx:
-            row = await tx.one(
-                "update_assistant",
-                {
-                    "assistant_id": assistant_id,
-                    "graph_id": graph_id,
-                    "name": name,
-                    "description": description,
-                    "config": config,
-                    "context": context,
-                    "metadata": metadata,
-                },
-            )
-            if row is not None:
-                await tx.execute("keep_assistant_version", {"assistant_id": assistant_id})
-            return row
+        return await self._write_version(
+            "update_assistant",
+            {
+                "assistant_id": assistant_id,
+                "graph_id": graph_id,
+                "name": name,
+                "description": description,
+                "config": config,
+                "context": context,
+                "metadata": metadata,
+            },
+        )
 
     async def assistant_versions(
         self, assistant_id: str, *, metadata: dict[str, Any], limit: int, offset: int

@@ -56,6 +56,8 @@ class LeaseOnFirstWrite:
                     "attempt": 1,
                     "input_hash": "conformance",
                     "input": canonical_json(None),
+                    "delay": None,
+                    "not_before": None,
                 },
             )
             assert admitted is not None, f"run {run_id} already exists but is not held"

@@ -145,9 +145,12 @@ def create_app(
             expose_headers=["Content-Location", "Location"],
         )
     api.include_router(health_router(keel_app))
-    api.include_router(keel_router(keel_app, auth), prefix=API_PREFIX)
-    # The LangGraph Agent Server protocol at the root: a client needs only the base URL.
+    # The LangGraph Agent Server protocol at the root: a client needs only the base URL. Its
+    # routes come before Keel's own: FastAPI tries a request against each route in turn (none
+    # of the protocol's paths starts with /v1 or a parameter, so the order decides nothing
+    # else), and the protocol's clients poll.
     api.include_router(agent_server_router(keel_app, auth))
+    api.include_router(keel_router(keel_app, auth), prefix=API_PREFIX)
     _metrics_route(api, keel_app)
     install_docs(api)
     install_console(api, keel_app, auth)

@@ -360,9 +360,14 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         return [selected(shape(r), select) for r in rows[offset : offset + limit]]
 
     @router.get("/threads/{thread_id}/runs/{run_id}")
-    def get_run(thread_id: ThreadId, run_id: RunId, principal: Reader) -> dict[str, Any]:
+    async def get_run(thread_id: ThreadId, run_id: RunId, principal: Reader) -> dict[str, Any]:
         """The run (status `success` also for a run paused on an interrupt)."""
-        return shape(on_thread(principal, thread_id, run_id))
+        if auth.custom:  # its handlers are awaited from a worker thread (`in_thread`)
+            return shape(await in_thread(on_thread, principal, thread_id, run_id))
+        # Clients poll this: read straight from the App's loop, no thread-pool hop.
+        return shape(
+            await on_app(keel_app, _run_of_thread(keel_app.aio, thread_id, run_id, thread=True))
+        )
 
     @router.get("/threads/{thread_id}/runs/{run_id}/join")
     async def join_run(

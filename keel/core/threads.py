@@ -23,7 +23,7 @@ answer wins, as for every wait); new input follows the strategy.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from keel.core.codec import canonical_json, dumps, loads
@@ -37,7 +37,7 @@ from keel.core.errors import (
 from keel.core.ids import input_hash, run_id, validate_job_id
 from keel.core.lifecycle import TerminationReason
 from keel.core.runs import Admission, stop
-from keel.core.store.base import Row
+from keel.core.store.base import Later, Row, Tx
 from keel.core.store.run_queries import NewRun
 from keel.core.store.store import Store
 from keel.core.store.thread_queries import ThreadPlace
@@ -111,13 +111,21 @@ async def admit(
     check: Callable[[Any], None] | None = None,
     delay: float | None = None,
     not_before: float | None = None,
+    merge_metadata: dict[str, Any] | None = None,
+    then: Callable[[Tx], Awaitable[Later]] | None = None,
 ) -> Admission:
     """Admit a run on a thread, in one transaction under the thread's row (see the module).
     A delayed run (`delay`, `not_before`: keel.core.timers) takes its place in the thread's
     order at once; the runs after it wait for it.
 
     With `job_id` the submission is idempotent (the same job, input, thread and command are
-    one run, and its retry is never refused by `reject`); without, each call is a new run."""
+    one run, and its retry is never refused by `reject`); without, each call is a new run.
+
+    `thread_metadata` is a new thread's metadata (an existing thread keeps its own);
+    `merge_metadata`'s keys are merged into the thread's, new or existing, in the same
+    transaction (written only when they change it). `then`, a write of the same store (a
+    claim by a worker of this process: keel.runtime.handoff), ends the transaction of a new
+    run; its row is the admission's `then`."""
     if strategy not in STRATEGIES:
         raise UsageError(
             f"multitask_strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}"
@@ -148,7 +156,10 @@ async def admit(
         delay=delay,
         not_before=not_before,
     )
-    async with store.transaction() as tx:
+
+    # One call to the database (SQLite: on its thread, no hop per statement; committed in a
+    # group with the steps committing meanwhile, one fsync for all).
+    async def body(tx: Tx) -> Admission:
         thread = await store.take_thread(
             tx,
             thread_id,
@@ -163,6 +174,8 @@ async def admit(
             raise UsageError(
                 f"thread {thread_id} belongs to workflow {thread['workflow']!r}, not {workflow!r}"
             )
+        if merge_metadata and _changes(thread["metadata"], merge_metadata):
+            await store.merge_thread_metadata(tx, thread_id, merge_metadata)
         if job_id is not None:
             found = await store.read_run(tx, rid)
             if found is not None:
@@ -211,8 +224,19 @@ async def admit(
         )
         await store.notify_wake(tx, rid)
         row = await store.read_run(tx, rid)
-    assert row is not None
-    return Admission(row, True, [])
+        claimed = await (await then(tx))() if then is not None else None
+        assert row is not None
+        return Admission(row, True, [], claimed)
+
+    return await store.step_transaction(body)
+
+
+def _changes(stored: Any, keys: dict[str, Any]) -> bool:
+    """Whether merging `keys` changes a thread's metadata (`stored`: its JSON or a dict)."""
+    current = loads(stored) if isinstance(stored, str) else stored
+    if not isinstance(current, dict):
+        return True
+    return any(k not in current or current[k] != v for k, v in keys.items())
 
 
 async def after_stop(store: Store, run_id: str, thread_id: str) -> None:

@@ -124,6 +124,7 @@ class AsyncApp(ThreadOperations):
         webhook: str | None = None,
         webhook_on: Iterable[str] | None = None,
         webhook_format: str = "keel",
+        merge_metadata: dict[str, Any] | None = None,
     ) -> Submission:
         """Admit a run, durably, before any of it executes.
 
@@ -151,7 +152,11 @@ class AsyncApp(ThreadOperations):
         ends for one of `webhook_on` (default completed, failed, cancelled, timed_out; add
         "interrupted" for its pauses); refused here (WebhookRefused) without a signing secret
         or for a private address not allowed. `webhook_format`: the body, Keel's run summary
-        ("keel") or the Agent Server protocol's run ("agent_server"); docs/webhooks.md."""
+        ("keel") or the Agent Server protocol's run ("agent_server"); docs/webhooks.md.
+
+        `merge_metadata` (with a `thread_id`): keys merged into the thread's metadata, new or
+        existing, in the admission's own transaction (the Agent Server stamps `graph_id` and
+        `assistant_id` so), where `metadata` only names a new thread's."""
         delay, start_at = timers.start_time(after, not_before)
         await self.open()
         hook = None
@@ -177,6 +182,7 @@ class AsyncApp(ThreadOperations):
             if_exists=if_exists,
             delay=delay,
             start_at=start_at,
+            merge_metadata=merge_metadata,
         )
         if hook is not None:
             await webhooks.register(
@@ -202,6 +208,7 @@ class AsyncApp(ThreadOperations):
         if_exists: str,
         delay: float | None,
         start_at: float | None,
+        merge_metadata: dict[str, Any] | None = None,
     ) -> Submission:
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
@@ -211,6 +218,8 @@ class AsyncApp(ThreadOperations):
                 raise UsageError("a resume command answers a thread's interrupt: give thread_id")
             # As `resume`: DecisionConflict if another answer won (nothing hidden from the caller).
             return Submission(await self.resume(thread_id, command["resume"]), created=False)
+        if merge_metadata is not None and thread_id is None:
+            raise UsageError("merge_metadata is merged into a thread's metadata: give thread_id")
         if thread_id is not None or command or config or context is not None or checkpoint_id:
             return await self._submit_on_thread(
                 wf,
@@ -227,6 +236,7 @@ class AsyncApp(ThreadOperations):
                 job_id=job_id,
                 delay=delay,
                 not_before=start_at,
+                merge_metadata=merge_metadata,
             )
         if job_id is None:
             job_id = threads.new_id()

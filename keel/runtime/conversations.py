@@ -28,10 +28,12 @@ from keel.core.errors import (
 )
 from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status
+from keel.core.runs import Admission
 from keel.core.store.base import Row
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import check_input
+from keel.runtime.handoff import Claim, Reserved
 from keel.runtime.records import Submission
 from keel.runtime.runtime import Runtime
 
@@ -227,10 +229,63 @@ class ThreadOperations:
         job_id: str | None,
         delay: float | None = None,
         not_before: float | None = None,
+        merge_metadata: dict[str, Any] | None = None,
     ) -> Submission:
         if checkpoint_id is not None and thread_id is None:
             raise UsageError("checkpoint_id names a checkpoint of a thread: give thread_id")
-        admitted = await threads.admit(
+        if merge_metadata is not None and not isinstance(merge_metadata, dict):
+            raise UsageError("merge_metadata must be an object")
+        # A worker of this process with a free slot claims in the admission's commit (the
+        # oldest claimable run, thread order kept: keel.runtime.handoff); not for a delayed run.
+        later = delay is not None or not_before is not None
+        taker, claim = (None, None) if later else self.runtime.taker()
+        slot = Reserved(taker) if taker is not None else None
+        try:
+            admitted = await self._admit_on_thread(
+                wf,
+                input,
+                thread_id=thread_id,
+                command=command,
+                config=config,
+                checkpoint_id=checkpoint_id,
+                strategy=strategy,
+                metadata=metadata,
+                job_id=job_id,
+                delay=delay,
+                not_before=not_before,
+                merge_metadata=merge_metadata,
+                then=claim,
+            )
+            if admitted.created:
+                await self._trace(admitted.row)  # before the worker it goes to can start it
+            if slot is not None and admitted.created:
+                await slot.adopt(admitted.then)
+        finally:
+            if slot is not None:
+                slot.give_back()
+        handed = admitted.then is not None and admitted.then["run_id"] == admitted.row["run_id"]
+        if admitted.created and not handed:
+            self.runtime.wake()
+        return Submission(admitted.row, created=admitted.created)
+
+    async def _admit_on_thread(
+        self,
+        wf: Workflow,
+        input: Any,
+        *,
+        thread_id: str | None,
+        command: dict[str, Any] | None,
+        config: dict[str, Any],
+        checkpoint_id: str | None,
+        strategy: str,
+        metadata: dict[str, Any] | None,
+        job_id: str | None,
+        delay: float | None,
+        not_before: float | None,
+        merge_metadata: dict[str, Any] | None,
+        then: Claim | None,
+    ) -> Admission:
+        return await threads.admit(
             self.runtime.store,
             workflow=wf.name,
             version=wf.version,
@@ -247,11 +302,9 @@ class ThreadOperations:
             check=None if command else functools.partial(check_input, wf, partial=True),
             delay=delay,
             not_before=not_before,
+            merge_metadata=merge_metadata,
+            then=then,
         )
-        if admitted.created:
-            await self._trace(admitted.row)
-            self.runtime.wake()
-        return Submission(admitted.row, created=admitted.created)
 
     async def wait(
         self,

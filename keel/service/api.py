@@ -146,7 +146,9 @@ def create_app(
         )
     api.include_router(health_router(keel_app))
     api.include_router(keel_router(keel_app, auth), prefix=API_PREFIX)
-    # The LangGraph Agent Server protocol at the root: a client needs only the base URL.
+    # The LangGraph Agent Server protocol at the root: a client needs only the base URL. (After
+    # Keel's own routes: both name routes `get_run` and `get_thread`, and `url_for` takes the
+    # first.)
     api.include_router(agent_server_router(keel_app, auth))
     _metrics_route(api, keel_app)
     install_docs(api)
@@ -176,13 +178,19 @@ def cors_origins_from(given: Iterable[str] | None) -> list[str]:
 def keel_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     """Keel's own JSON API (runs, threads, approvals, effects), mounted at `API_PREFIX`."""
     router = APIRouter()
-    router.include_router(runs_router(keel_app, auth))
-    router.include_router(threads_router(keel_app, auth))
-    router.include_router(schedules_router(keel_app, auth))
-    router.include_router(events_router(keel_app, auth))
-    router.include_router(replay_router(keel_app, auth))
-    router.include_router(approvals_router(keel_app, auth))
-    router.include_router(effects_router(keel_app, auth))
+    parts = (
+        runs_router(keel_app, auth),
+        threads_router(keel_app, auth),
+        schedules_router(keel_app, auth),
+        events_router(keel_app, auth),
+        replay_router(keel_app, auth),
+        approvals_router(keel_app, auth),
+        effects_router(keel_app, auth),
+    )
+    # Their routes in one flat router (as agent_server_router's): FastAPI walks each level of
+    # included routers at every request, and the Agent Server's requests walk this one first.
+    for part in parts:
+        router.routes.extend(part.routes)
     return router
 
 

@@ -23,7 +23,13 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 import keel
-from keel.core.errors import DecisionConflict, NoPendingWait, ThreadBusy, ThreadNotFound
+from keel.core.errors import (
+    DecisionConflict,
+    NoPendingWait,
+    ThreadBusy,
+    ThreadNotFound,
+    UsageError,
+)
 from keel.runtime.conversations import state_json
 from tests.support.checks import wait_until
 from tests.support.graphs import notify_effect
@@ -234,6 +240,30 @@ def test_threads_are_created_found_searched_copied_and_deleted(make_app: AppFact
     with pytest.raises(ThreadNotFound):
         app.get_thread("t-s")
     assert texts(app.get_state("t-copy").values) == ["hi", "echo: hi"]
+
+
+def test_merge_metadata_is_written_with_the_admission_and_only_with_it(
+    make_app: AppFactory,
+) -> None:
+    app = make_app()
+    app.workflow("chat")(chat)
+    turn = {"messages": [("user", "hi")]}
+    app.submit("chat", turn, thread_id="t-m", metadata={"user": "ann"}, merge_metadata={"g": 1})
+    assert app.get_thread("t-m")["metadata"] == {"user": "ann", "g": 1}
+    # `metadata` names a new thread's only; `merge_metadata` merges into an existing one's.
+    app.submit("chat", turn, thread_id="t-m", metadata={"user": "bob"}, merge_metadata={"g": 2})
+    assert app.get_thread("t-m")["metadata"] == {"user": "ann", "g": 2}
+    # A refused admission merges nothing: the merge is in its transaction.
+    with pytest.raises(ThreadBusy):
+        app.submit(
+            "chat", turn, thread_id="t-m", multitask_strategy="reject", merge_metadata={"g": 3}
+        )
+    assert app.get_thread("t-m")["metadata"] == {"user": "ann", "g": 2}
+    assert len(app.thread_runs("t-m")) == 2
+    with pytest.raises(UsageError):
+        app.submit("chat", turn, merge_metadata={"g": 4})
+    drain(app)
+    assert [r["status"] for r in app.thread_runs("t-m")] == ["completed", "completed"]
 
 
 def test_each_turn_is_a_run_with_its_own_effect_keys(make_app: AppFactory) -> None:

@@ -96,6 +96,13 @@ class ThreadQueries:
                 "update_thread_metadata", {"thread_id": thread_id, "metadata": json.dumps(metadata)}
             )
 
+    @staticmethod
+    async def merge_thread_metadata(tx: Tx, thread_id: str, metadata: dict[str, Any]) -> None:
+        """`update_thread_metadata` inside another write (an admission's)."""
+        await tx.one(
+            "update_thread_metadata", {"thread_id": thread_id, "metadata": json.dumps(metadata)}
+        )
+
     async def thread_runs(self, thread_id: str, limit: int = 1000) -> list[Row]:
         """The thread's runs in their order."""
         async with self.db.read() as tx:

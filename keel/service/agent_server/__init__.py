@@ -33,13 +33,21 @@ def agent_server_router(keel_app: App, auth: Authenticator, *, user_auth: Any = 
     `Authorization: Bearer`). See authz.py."""
     gate = gate_for(keel_app, auth, user_auth)
     router = APIRouter()
-    router.include_router(info_router())
-    router.include_router(assistants_router(keel_app, gate))
-    router.include_router(threads_router(keel_app, gate))
-    router.include_router(crons_router(keel_app, gate))
-    router.include_router(runs_router(keel_app, gate))
-    router.include_router(run_batches_router(keel_app, gate))
-    router.include_router(store_router(keel_app, gate))
+    parts = (
+        info_router(),
+        assistants_router(keel_app, gate),
+        threads_router(keel_app, gate),
+        crons_router(keel_app, gate),
+        runs_router(keel_app, gate),
+        run_batches_router(keel_app, gate),
+        store_router(keel_app, gate),
+    )
+    # The parts' routes in one flat router, not one included router each: FastAPI tries an
+    # included router's routes only after walking every level above it, at each request. The
+    # parts set no prefix or dependency of their own at inclusion, so this is the same routes
+    # in the same order.
+    for part in parts:
+        router.routes.extend(part.routes)
     return router
 
 

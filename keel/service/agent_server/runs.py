@@ -45,9 +45,10 @@ from sse_starlette.sse import EventSourceResponse
 
 from keel.core import runs as core_runs
 from keel.core.errors import KeelError, RunFinished, RunNotFound, RunStillGoing, ThreadNotFound
+from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status, TerminationReason
 from keel.core.store.base import Row
-from keel.core.threads import first_unfinished, new_id
+from keel.core.threads import first_unfinished, new_id, validate_thread_id
 from keel.runtime.aio import AsyncApp
 from keel.runtime.app import App
 from keel.service.agent_server import stream
@@ -191,6 +192,9 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             multitask_strategy=body.multitask_strategy or "enqueue",
             # A thread this run makes has the run's metadata (an owner an auth handler put).
             metadata={**run_metadata, **stamp},
+            # Every run's thread says which graph and assistant ran last, as LangGraph
+            # Platform's does: merged in the admission's own commit.
+            merge_metadata=stamp,
             version=version,
             # Admitted now, claimed once the database's clock reaches it (keel.core.timers).
             after=body.after_seconds or None,
@@ -198,18 +202,16 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             webhook=body.webhook or None,
             webhook_format="agent_server",
         )
-        if thread is not None and any(thread["metadata"].get(k) != v for k, v in stamp.items()):
-            keel_app.update_thread(thread_id, metadata=stamp)
         return dict(row), thread_id, modes
 
     def on_thread(principal: Principal, thread_id: str, run_id: str, action: str = "read") -> Row:
         """The run, if it is one of the thread's and the auth handler lets `principal` do
         `action` on the thread (404 otherwise)."""
-        visible_thread(auth, keel_app, principal, thread_id, action, run_id=run_id)
-        row = keel_app.get_run(run_id).run
-        if (row.get("thread_id") or row["run_id"]) != thread_id:
-            raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
-        return row
+        if auth.custom:
+            visible_thread(auth, keel_app, principal, thread_id, action, run_id=run_id)
+        # The run's row alone (not its timeline, effects, waits: `App.get_run`), with the
+        # thread's existence, in one call: a client polls this.
+        return call(_run_of_thread(keel_app.aio, thread_id, run_id, thread=not auth.custom))
 
     shape = protocol_run
 
@@ -358,9 +360,14 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         return [selected(shape(r), select) for r in rows[offset : offset + limit]]
 
     @router.get("/threads/{thread_id}/runs/{run_id}")
-    def get_run(thread_id: ThreadId, run_id: RunId, principal: Reader) -> dict[str, Any]:
+    async def get_run(thread_id: ThreadId, run_id: RunId, principal: Reader) -> dict[str, Any]:
         """The run (status `success` also for a run paused on an interrupt)."""
-        return shape(on_thread(principal, thread_id, run_id))
+        if auth.custom:  # its handlers are awaited from a worker thread (`in_thread`)
+            return shape(await in_thread(on_thread, principal, thread_id, run_id))
+        # Clients poll this: read straight from the App's loop, no thread-pool hop.
+        return shape(
+            await on_app(keel_app, _run_of_thread(keel_app.aio, thread_id, run_id, thread=True))
+        )
 
     @router.get("/threads/{thread_id}/runs/{run_id}/join")
     async def join_run(
@@ -492,6 +499,20 @@ async def _delete_thread(app: AsyncApp, run_id: str, thread_id: str, *, wait: bo
         await app.delete_thread(thread_id)
     except KeelError as exc:
         log.info("thread %s of stateless run %s kept: %s", thread_id, run_id, exc)
+
+
+async def _run_of_thread(app: AsyncApp, thread_id: str, run_id: str, *, thread: bool) -> Row:
+    """The run's row if it is one of the thread's (and, with `thread`, the thread exists)."""
+    await app.open()
+    validate_thread_id(thread_id)
+    validate_run_id(run_id)
+    store = app.runtime.store
+    if thread and await store.get_thread(thread_id) is None:
+        raise ThreadNotFound(f"no thread {thread_id!r}")
+    row = await store.get_run(run_id)
+    if row is None or (row.get("thread_id") or row["run_id"]) != thread_id:
+        raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
+    return row
 
 
 async def _delete_run(app: AsyncApp, thread_id: str, run_id: str) -> dict[str, int] | None:

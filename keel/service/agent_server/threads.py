@@ -268,9 +268,13 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
         graph = metadata.get("graph_id")
         registered = {w.name for w in workflows_of(keel_app)}
         made = create(thread_id, graph if graph in registered else None, metadata)
+        if made is not None:
+            # What was just written, as a read would show it: no runs (idle), no checkpoint.
+            fresh = {**made, "metadata": metadata, "status": "idle", "runs": 0}
+            return thread_shape({**fresh, "latest_version": made["workflow_version"]})
         row = keel_app.get_thread(thread_id)
         hidden = bool(filters) and not matches(thread_shape(row)["metadata"], filters)
-        if made is None and (body.if_exists != "do_nothing" or hidden):
+        if body.if_exists != "do_nothing" or hidden:
             raise Refused(409, "thread_exists", f"thread {thread_id} already exists")
         return shape(row)
 

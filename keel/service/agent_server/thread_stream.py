@@ -20,7 +20,7 @@ only) or `state_update` (those and the runs' `values`).
 """
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query
@@ -132,6 +132,9 @@ class ThreadFeed:
 
     async def _poll_one(self, followed: _Followed) -> list[ServerSentEvent]:
         feed = followed.feed
+        # A run's start is placed before its events, wherever it was read from: its id is the
+        # same in a live stream and in a replay.
+        start = replace(feed.metadata(), position=feed.sent)
         events = await feed.poll()
         status = Status(feed.run["status"])
         out, followed.out = followed.out, []
@@ -143,7 +146,7 @@ class ThreadFeed:
             followed.parked = False  # it goes on (a resume): a new start
         if not followed.started and (status != Status.QUEUED or events):
             followed.started = True
-            out.append(self._framed(feed, feed.metadata()))
+            out.append(self._framed(feed, start))
         for event in events:
             if self._wanted(followed, event.mode or event.event, bool(event.name)):
                 out.append(self._framed(feed, event))

@@ -670,3 +670,26 @@ def test_a_threads_stream_follows_its_runs_one_after_another(svc: Served) -> Non
         parts(client.threads.join_stream(thread, stream_mode="telepathy"))  # type: ignore[arg-type]
     with pytest.raises(NotFoundError):
         parts(client.threads.join_stream(str(uuid.uuid4())))
+
+
+def test_checkpoints_and_message_chunks_name_their_run_and_thread(svc: Served) -> None:
+    client = svc.client
+    thread = str(client.threads.create(metadata={"owner": "ada"})["thread_id"])
+    runs = [client.runs.create(thread, "chat", input=say(t), metadata={"m": 1}) for t in "ab"]
+    for run in runs:
+        client.runs.join(thread, run["run_id"])
+    history = client.threads.get_history(thread, limit=100)
+    # As langgraph dev writes them: the run, the thread, its graph and assistant, its owner.
+    for state in history:
+        meta = state["metadata"]
+        assert meta["thread_id"] == thread and meta["run_id"] in [r["run_id"] for r in runs]
+        assert (meta["graph_id"], meta["assistant_id"]) == ("chat", assistant_id_of("chat"))
+        assert (meta["owner"], meta["m"]) == ("ada", 1)
+    assert client.threads.get_state(thread)["metadata"]["run_id"] == runs[1]["run_id"]
+    for run in runs:
+        mine = client.threads.get_history(thread, limit=100, metadata={"run_id": run["run_id"]})
+        assert [h["checkpoint_id"] for h in mine] == [
+            h["checkpoint_id"] for h in history if h["metadata"]["run_id"] == run["run_id"]
+        ]
+        assert len(mine) == 3  # its input, the step that takes it in, the reply
+    assert len(client.threads.get_history(thread, limit=100, metadata={"thread_id": thread})) == 6

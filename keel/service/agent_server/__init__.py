@@ -22,6 +22,7 @@ from keel.service.agent_server.info import info_router
 from keel.service.agent_server.run_batches import run_batches_router
 from keel.service.agent_server.runs import runs_router
 from keel.service.agent_server.store import store_router
+from keel.service.agent_server.thread_prune import thread_prune_router
 from keel.service.agent_server.thread_stream import thread_stream_router
 from keel.service.agent_server.threads import threads_router
 from keel.service.auth import Authenticator
@@ -38,6 +39,7 @@ def agent_server_router(keel_app: App, auth: Authenticator, *, user_auth: Any = 
     router.include_router(assistants_router(keel_app, gate))
     router.include_router(threads_router(keel_app, gate))
     router.include_router(thread_stream_router(keel_app, gate))
+    router.include_router(thread_prune_router(keel_app, gate))
     router.include_router(crons_router(keel_app, gate))
     router.include_router(runs_router(keel_app, gate))
     router.include_router(run_batches_router(keel_app, gate))

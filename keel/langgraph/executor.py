@@ -171,6 +171,8 @@ class Executor:
                 "keel_job_id": run["job_id"],
                 "keel_worker": self.worker_id,
                 "keel_run_id": lease.run_id,
+                # As the Agent Server: each checkpoint and message chunk names its run.
+                "run_id": lease.run_id,
             },
         }
         if steps is not None:

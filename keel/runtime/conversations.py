@@ -452,7 +452,7 @@ def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
             "next": list(snapshot.next),
             "tasks": tasks,
             "interrupts": [{"value": shown(i.value), "id": i.id} for i in snapshot.interrupts],
-            "metadata": snapshot.metadata,
+            "metadata": _stamped(snapshot.metadata, current),
             "created_at": snapshot.created_at,
             "checkpoint": current,
             "checkpoint_id": current and current["checkpoint_id"],
@@ -460,6 +460,21 @@ def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
             "parent_checkpoint_id": parent and parent["checkpoint_id"],
         }
     )
+
+
+def _stamped(metadata: Any, checkpoint: dict[str, Any] | None) -> Any:
+    """A checkpoint's metadata with `run_id` and `thread_id`, as the Agent Server writes them
+    into every checkpoint: the run that wrote it (`keel_run_id`, for checkpoints written before
+    runs stamped `run_id` too) and the thread (LangGraph keeps `thread_id` out of checkpoint
+    metadata, so it is the checkpoint's own)."""
+    if not isinstance(metadata, dict):
+        return metadata
+    stamped = dict(metadata)
+    if "run_id" not in stamped and metadata.get("keel_run_id"):
+        stamped["run_id"] = metadata["keel_run_id"]
+    if checkpoint is not None and checkpoint.get("thread_id"):
+        stamped.setdefault("thread_id", checkpoint["thread_id"])
+    return stamped
 
 
 def shown(value: Any) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -581,3 +582,114 @@ def test_runs_are_created_in_a_batch_and_cancelled_many_at_once(served: Served) 
     )
     with live_worker(served.app):
         assert client.runs.join(again["thread_id"], again["run_id"])["log"] == ["first", "last"]
+
+
+# -- a thread's stream ----------------------------------------------------------------------------
+
+
+def take(
+    stream: Any, count: Callable[[list[Any]], bool], got: list[Any] | None = None
+) -> list[Any]:
+    """The parts of a stream that does not end on its own, up to the first list `count`
+    accepts (read in a thread into `got`, given up after 60 s)."""
+    got = [] if got is None else got
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for part in stream:
+                got.append(part)
+                if count(got):
+                    break
+        finally:
+            done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(60), [(p.event, p.data) for p in got]
+    return got
+
+
+def runs_done(n: int) -> Callable[[list[Any]], bool]:
+    return lambda got: sum(p.event == "metadata" and "status" in p.data for p in got) >= n
+
+
+def test_a_threads_stream_follows_its_runs_one_after_another(svc: Served) -> None:
+    client = svc.client
+    thread = new_thread(svc)
+    before = client.runs.create(thread, "gated", input={"log": []})
+    client.runs.join(thread, before["run_id"])
+    GATES[thread] = threading.Event()
+    first = client.runs.create(thread, "gated", input={"log": []}, stream_mode=["updates"])
+    held = ["before", "held", "after", "before"]
+    at_hold = lambda: client.threads.get_state(thread)["values"].get("log") == held  # noqa: E731
+    wait_until(at_hold, 30, "the run to wait at its gate")
+    seen: list[Any] = []
+
+    def follow() -> None:
+        take(client.threads.join_stream(thread), runs_done(2), seen)
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    # The stream starts with the run under way (not the one that ended before it).
+    wait_until(lambda: len(seen) > 0 or not reader.is_alive(), 30, "the stream to start")
+    GATES[thread].set()
+    client.runs.join(thread, first["run_id"])
+    second = client.runs.create(thread, "gated", input={"log": []}, stream_mode=["updates"])
+    reader.join(60)
+    runs = [p.data["run_id"] for p in seen if p.event == "metadata"]
+    assert runs == [first["run_id"]] * 2 + [second["run_id"]] * 2
+    assert seen[0].data == {"run_id": first["run_id"], "attempt": 1}
+    assert seen[-1].data == {"status": "run_done", "run_id": second["run_id"]}
+    # Each run in the modes it was created with: from now for the first, whole for the second.
+    cut = [p.event for p in seen].index("metadata", 2)
+    assert data_parts(seen[:cut]) == [
+        ("updates", {"hold": {"log": ["held"]}}),
+        ("updates", {"after": {"log": ["after"]}}),
+    ]
+    assert data_parts(seen[cut:]) == langgraph_parts(gated, [{"log": []}], ["updates"])[0]
+    ids = [p.id for p in seen]
+    assert len(ids) == len(set(ids))
+    assert all(i.startswith(first["run_id"]) for i in ids[:cut]), ids
+    # Reconnecting after any event: exactly the events after it, across the runs.
+    for n in (0, 2, cut - 1, cut):
+        again = take(
+            client.threads.join_stream(thread, last_event_id=ids[n]), runs_done(2 - (n >= cut))
+        )
+        assert [p.id for p in again] == ids[n + 1 :], n
+    # `-1`: every run of the thread from its start.
+    whole = take(client.threads.join_stream(thread, last_event_id="-1"), runs_done(3))
+    assert [p.data["run_id"] for p in whole if p.event == "metadata"][:2] == [before["run_id"]] * 2
+    assert [p.id for p in whole][-len(ids) + cut :] == ids[cut:]
+    # Lifecycle only: the runs' framing.
+    framed = take(
+        client.threads.join_stream(thread, stream_mode="lifecycle", last_event_id="-1"),
+        runs_done(3),
+    )
+    assert {p.event for p in framed} == {"metadata"} and len(framed) == 6
+    with pytest.raises(UnprocessableEntityError):
+        parts(client.threads.join_stream(thread, stream_mode="telepathy"))  # type: ignore[arg-type]
+    with pytest.raises(NotFoundError):
+        parts(client.threads.join_stream(str(uuid.uuid4())))
+
+
+def test_checkpoints_and_message_chunks_name_their_run_and_thread(svc: Served) -> None:
+    client = svc.client
+    thread = str(client.threads.create(metadata={"owner": "ada"})["thread_id"])
+    runs = [client.runs.create(thread, "chat", input=say(t), metadata={"m": 1}) for t in "ab"]
+    for run in runs:
+        client.runs.join(thread, run["run_id"])
+    history = client.threads.get_history(thread, limit=100)
+    # As langgraph dev writes them: the run, the thread, its graph and assistant, its owner.
+    for state in history:
+        meta = state["metadata"]
+        assert meta["thread_id"] == thread and meta["run_id"] in [r["run_id"] for r in runs]
+        assert (meta["graph_id"], meta["assistant_id"]) == ("chat", assistant_id_of("chat"))
+        assert (meta["owner"], meta["m"]) == ("ada", 1)
+    assert client.threads.get_state(thread)["metadata"]["run_id"] == runs[1]["run_id"]
+    for run in runs:
+        mine = client.threads.get_history(thread, limit=100, metadata={"run_id": run["run_id"]})
+        assert [h["checkpoint_id"] for h in mine] == [
+            h["checkpoint_id"] for h in history if h["metadata"]["run_id"] == run["run_id"]
+        ]
+        assert len(mine) == 3  # its input, the step that takes it in, the reply
+    assert len(client.threads.get_history(thread, limit=100, metadata={"thread_id": thread})) == 6

@@ -97,9 +97,10 @@ def langgraph_stream(factory: Any, given: Any, modes: list[str], subgraphs: bool
 
 
 def test_messages_tuple_streams_each_token_with_its_metadata(live: Served) -> None:
+    thread = new_thread(live)
     streamed = parts(
         live.client.runs.stream(
-            new_thread(live),
+            thread,
             "talk",
             input={"messages": [{"role": "user", "content": "hi"}]},
             stream_mode=["messages-tuple", "values"],
@@ -119,6 +120,8 @@ def test_messages_tuple_streams_each_token_with_its_metadata(live: Served) -> No
         assert message["content"] == their_message["content"]
         assert metadata["langgraph_node"] == their_metadata["langgraph_node"] == "model"
         assert metadata["langgraph_step"] == their_metadata["langgraph_step"]
+        # As langgraph dev: the run and its thread.
+        assert (metadata["run_id"], metadata["thread_id"]) == (streamed[0].data["run_id"], thread)
     # agent-chat-ui reads the reply from `values` too: the whole message, at the end.
     values = [p.data for p in streamed if p.event == "values"]
     assert values[-1]["messages"][-1]["content"] == REPLY

@@ -28,6 +28,7 @@ from langgraph_sdk.errors import (
     ConflictError,
     NotFoundError,
     PermissionDeniedError,
+    UnprocessableEntityError,
 )
 from typing_extensions import TypedDict
 
@@ -618,3 +619,20 @@ def test_the_async_client(served: Served) -> None:
     got, state, assistants = asyncio.run(drive())
     assert contents(got["values"]) == contents(state["values"]) == ["hi", "echo: hi"]
     assert len(assistants) == 4
+
+
+def test_prune_deletes_the_threads_with_no_unfinished_run(served: Served) -> None:
+    c, app = served.client, served.app
+    idle, busy, kept = (c.threads.create(graph_id="chat")["thread_id"] for _ in range(3))
+    app.submit("chat", say("hi"), thread_id=idle)
+    drain(app)
+    app.submit("chat", say("hi"), thread_id=busy)  # queued: no worker takes it here
+    missing = str(uuid.uuid4())
+    assert c.threads.prune([idle, busy, missing, idle]) == {"pruned_count": 1}
+    with pytest.raises(NotFoundError):
+        c.threads.get(idle)
+    assert {c.threads.get(t)["status"] for t in (busy, kept)} == {"busy", "idle"}
+    with pytest.raises(UnprocessableEntityError) as refused:
+        c.threads.prune([kept], strategy="keep_latest")
+    assert "keep_latest" in refused.value.body["message"]  # type: ignore[index]
+    assert c.threads.get(kept)["thread_id"] == kept

@@ -108,6 +108,12 @@ class ThreadQueries:
         async with self.db.read() as tx:
             return await tx.all("thread_runs", {"thread_id": thread_id, "limit": limit})
 
+    async def thread_runs_after(self, thread_id: str, after: int, limit: int = 100) -> list[Row]:
+        """The thread's runs placed after `after` (a `thread_seq`), in their order."""
+        async with self.db.read() as tx:
+            params = {"thread_id": thread_id, "after": after, "limit": limit}
+            return await tx.all("thread_runs_after", params)
+
     @staticmethod
     async def thread_unfinished(tx: Tx, thread_id: str) -> list[Row]:
         """The thread's queued, running and waiting runs, in their order."""

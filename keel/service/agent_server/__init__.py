@@ -22,6 +22,8 @@ from keel.service.agent_server.info import info_router
 from keel.service.agent_server.run_batches import run_batches_router
 from keel.service.agent_server.runs import runs_router
 from keel.service.agent_server.store import store_router
+from keel.service.agent_server.thread_prune import thread_prune_router
+from keel.service.agent_server.thread_stream import thread_stream_router
 from keel.service.agent_server.threads import threads_router
 from keel.service.auth import Authenticator
 
@@ -37,6 +39,8 @@ def agent_server_router(keel_app: App, auth: Authenticator, *, user_auth: Any = 
         info_router(),
         assistants_router(keel_app, gate),
         threads_router(keel_app, gate),
+        thread_stream_router(keel_app, gate),
+        thread_prune_router(keel_app, gate),
         crons_router(keel_app, gate),
         runs_router(keel_app, gate),
         run_batches_router(keel_app, gate),

@@ -164,7 +164,14 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         for key in ("thread_id", "checkpoint_ns", "checkpoint_map"):
             given.pop(key, None)
         config["configurable"] = {**given, **stamp}
-        config["metadata"] = {**(config.get("metadata") or {}), **run_metadata, **stamp}
+        # As the Agent Server: the thread's metadata (an owner...) in each checkpoint's too.
+        thread_meta = {} if thread is None else thread_shape(thread)["metadata"]
+        config["metadata"] = {
+            **thread_meta,
+            **(config.get("metadata") or {}),
+            **run_metadata,
+            **stamp,
+        }
         config[KWARGS] = {
             "stream_mode": modes,
             "subgraphs": bool(body.stream_subgraphs),

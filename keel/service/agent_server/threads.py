@@ -469,7 +469,9 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
             limit = None if body.metadata else body.limit
             snapshots = keel_app.get_history(thread_id, limit, checkpoint_id_of(body.before))
         wanted = body.metadata or {}
-        states = [state_shape(s) for s in snapshots if contains(s.metadata or {}, wanted)]
+        # Matched on the metadata shown (with its `run_id` and `thread_id`).
+        shaped = [state_shape(s) for s in snapshots]
+        states = [s for s in shaped if contains(s["metadata"] or {}, wanted)]
         return [selected(s, body.select) for s in states[: body.limit]]
 
     @router.post("/threads/{thread_id}/history")

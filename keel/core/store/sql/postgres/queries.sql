@@ -1605,3 +1605,7 @@ FROM jsonb_to_recordset(%(ticks)s::jsonb)
     AS t (schedule_id text, tick double precision, outcome text, run_id text)
 ON CONFLICT (schedule_id, tick) DO NOTHING
 RETURNING schedule_id, tick, outcome, run_id, fired_at;
+
+-- name: thread_runs_after
+-- A thread's runs placed after `after` (their thread_seq), in their order.
+SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s AND thread_seq > %(after)s ORDER BY thread_seq LIMIT %(limit)s;

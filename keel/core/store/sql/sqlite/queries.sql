@@ -1475,3 +1475,7 @@ FROM json_each(:ticks)
 WHERE 1
 ON CONFLICT (schedule_id, tick) DO NOTHING
 RETURNING schedule_id, tick, outcome, run_id, fired_at;
+
+-- name: thread_runs_after
+-- A thread's runs placed after `after` (their thread_seq), in their order.
+SELECT * FROM keel_runs WHERE thread_id = :thread_id AND thread_seq > :after ORDER BY thread_seq LIMIT :limit;

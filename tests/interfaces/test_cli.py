@@ -497,10 +497,13 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert isinstance(effects, typer.core.TyperGroup)
     threads = group.commands["threads"]
     assert isinstance(threads, typer.core.TyperGroup)
-    groups = ("runs", "approvals", "effects", "threads")
+    schedules = group.commands["schedules"]
+    assert isinstance(schedules, typer.core.TyperGroup)
+    groups = ("runs", "approvals", "effects", "threads", "schedules")
     names = [(n,) for n in group.commands if n not in groups]
     names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
     names += [("effects", n) for n in effects.commands] + [("threads", n) for n in threads.commands]
+    names += [("schedules", n) for n in schedules.commands]
     expected = {"migrate", "demo", "dev", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune", "dispatcher", "audit"}
     assert {n[0] for n in names if len(n) == 1} == expected
@@ -508,13 +511,14 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == runs_commands
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     assert {n[1] for n in names if n[0] == "effects"} == {"list", "retry", "resolve"}
+    schedule_commands = {"list", "show", "create", "pause", "resume", "delete", "trigger"}
+    assert {n[1] for n in names if n[0] == "schedules"} == schedule_commands
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
     for name in names:
         result = invoke({}, *name, "--help")
         assert result.exit_code == 0, (name, result.output)
-        parent = {"runs": runs, "approvals": approvals, "effects": effects, "threads": threads}.get(
-            name[0]
-        )
+        parents = {"runs": runs, "approvals": approvals, "effects": effects, "threads": threads}
+        parent = {**parents, "schedules": schedules}.get(name[0])
         command = parent.commands[name[1]] if parent and len(name) == 2 else group.commands[name[0]]
         summary = (command.help or "").split(".")[0].split()
         assert len(summary) >= 3, name

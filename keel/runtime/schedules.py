@@ -384,9 +384,13 @@ async def run_scheduler(
             waiters = [asyncio.ensure_future(stopping.wait())]
             if wake is not None:
                 waiters.append(asyncio.ensure_future(wake.wait()))
-            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in waiters:
-                waiter.cancel()
+            try:
+                await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Also when the worker cancels this loop: a waiter left pending is destroyed
+                # later with an error in the log ("Task was destroyed but it is pending").
+                for waiter in waiters:
+                    waiter.cancel()
         if wake is not None:
             wake.clear()
 

@@ -242,11 +242,13 @@ class Worker(WorkerUpkeep):
                     asyncio.ensure_future(self._stopping.wait()),
                 ]
                 waiters += [task for _, task in self._tasks.values()]
-                done, _ = await asyncio.wait(
-                    waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED
-                )
-                for w in waiters[:2]:
-                    w.cancel()
+                try:
+                    done, _ = await asyncio.wait(
+                        waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    for w in waiters[:2]:  # ours; the runs' tasks go on
+                        w.cancel()
                 woken = bool(done)
                 if done & {t for _, t in self._tasks.values()}:
                     delay = self.poll_interval

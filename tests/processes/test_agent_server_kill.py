@@ -156,13 +156,7 @@ def test_a_stream_survives_its_worker_killed_mid_step(
 
         wait_until(two_steps_streamed, WORKER_TIMEOUT, "the stream to show steps 1 and 2")
         before_kill = list(streamed)
-        first.proc.kill()
-        assert first.wait() == KILLED
-        (markers / "go").touch()
-        second = worker(db_url, tmp_path, markers, 2, "--stop-when-idle")
-        assert second.wait() == 0, second.output()
-        reader.join(WORKER_TIMEOUT)
-        assert not reader.is_alive(), "the stream did not end"
+        _kill_and_finish(first, reader, db_url, tmp_path, markers)
     finally:
         first.proc.kill()
         (markers / "go").touch()
@@ -218,13 +212,7 @@ def test_a_stream_of_custom_chunks_survives_its_worker_killed_mid_step(
 
         wait_until(live_chunk_of_step_3, WORKER_TIMEOUT, "step 3's chunk, live")
         before_kill = list(streamed)
-        first.proc.kill()
-        assert first.wait() == KILLED
-        (markers / "go").touch()
-        second = worker(db_url, tmp_path, markers, 2, "--stop-when-idle")
-        assert second.wait() == 0, second.output()
-        reader.join(WORKER_TIMEOUT)
-        assert not reader.is_alive(), "the stream did not end"
+        _kill_and_finish(first, reader, db_url, tmp_path, markers)
     finally:
         first.proc.kill()
         (markers / "go").touch()
@@ -267,3 +255,17 @@ def test_a_stream_of_custom_chunks_survives_its_worker_killed_mid_step(
     # From the last event committed before it: no marker, nothing twice.
     clean = list(client.runs.join_stream(thread, run_id, last_event_id=before_kill[-2].id))
     assert committed(before_kill)[:-1] + data(clean) == expected
+
+
+def _kill_and_finish(
+    first: Any, reader: threading.Thread, db_url: str, tmp_path: Path, markers: Path
+) -> None:
+    """SIGKILL the worker holding step 3, let a second one finish the run, and wait for the
+    client's open stream to end."""
+    first.proc.kill()
+    assert first.wait() == KILLED
+    (markers / "go").touch()
+    second = worker(db_url, tmp_path, markers, 2, "--stop-when-idle")
+    assert second.wait() == 0, second.output()
+    reader.join(WORKER_TIMEOUT)
+    assert not reader.is_alive(), "the stream did not end"

@@ -1,6 +1,6 @@
 """Case 6: per-step cost as the graph's state grows, and database growth per run.
 
-The 5-node chain carries a string of 1 KB, 100 KB or 1 MB (random, so PostgreSQL's TOAST
+The 5-node chain carries a string of 1 KB, 100 KB, 1 MB or 10 MB (random, so PostgreSQL's TOAST
 compression cannot shrink it) and every node rewrites it, so every checkpoint carries it again.
 """
 
@@ -38,6 +38,8 @@ def _label(size: int) -> str:
 
 
 def _samples_for(settings: Settings, size: int) -> int:
+    if size in settings.state_large:
+        return settings.state_large_rounds
     if settings.quick:
         return settings.samples
     if size >= 1_000_000:
@@ -60,7 +62,13 @@ def prune_exists() -> bool:
     return found.returncode == 0
 
 
+def _warmup_for(settings: Settings, size: int) -> int:
+    # One warm-up round is enough to load the code paths; more would double a 10 MB run's cost.
+    return min(1, settings.warmup) if size in settings.state_large else settings.warmup
+
+
 def run(settings: Settings, dbs: Databases) -> CaseResult:
+    large = ", ".join(_label(s) for s in settings.state_large)
     result = CaseResult(
         "state",
         "6. Scale of state",
@@ -68,15 +76,22 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
         "it, so each checkpoint stores it again. Raw LangGraph (official saver, sync) against "
         "Keel (submit to finished, standing worker), one run of each per round, "
         f"{settings.warmup} warm-up rounds, then 30, 20 and 10 measured rounds for 1 KB, "
-        "100 KB and 1 MB. "
-        "Growth per run: database bytes after all rounds minus before, divided by the runs "
+        "100 KB and 1 MB"
+        + (
+            f"; {large}: 1 warm-up and {settings.state_large_rounds} measured rounds (a run "
+            "takes seconds, so its spread is wider). "
+            if large
+            else ". "
+        )
+        + "Growth per run: database bytes after all rounds minus before, divided by the runs "
         "(SQLite: used pages after folding the WAL in; PostgreSQL: `pg_database_size`).",
     )
     rows = []
     for backend in settings.backends:
         loop = Loop()
-        for size in settings.state_sizes:
+        for size in (*settings.state_sizes, *settings.state_large):
             n = _samples_for(settings, size)
+            warmup = _warmup_for(settings, size)
             item = {"n": 0, "blob": blob(size)}
             raw_url = dbs.new(backend, f"state_raw_{size}")
             keel_url = dbs.keel(backend, f"state_keel_{size}")
@@ -91,12 +106,12 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
                         "keel": lambda r, k=k, item=item: k.one("chain5-blob", item),
                     },
                     n,
-                    settings.warmup,
+                    warmup,
                 )
             finally:
                 raw.close()
                 k.close()
-            total_runs = n + settings.warmup
+            total_runs = n + warmup
             growth = (
                 (dbs.size(raw_url) - sizes_before[0]) / total_runs,
                 (dbs.size(keel_url) - sizes_before[1]) / total_runs,

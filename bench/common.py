@@ -57,6 +57,10 @@ class Settings:
     takeover_runs: int = 8
     lease_ttl: float = 2.0
     state_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
+    # Measured by case 6 only, with few rounds: a 10 MB state costs seconds per run, and case
+    # 6b's stall mix (max of state_sizes) would take minutes with it.
+    state_large: tuple[int, ...] = (10_000_000,)
+    state_large_rounds: int = 3
     memory_runs: dict[str, int] = field(default_factory=lambda: {"sqlite": 2000, "postgres": 2000})
     floor_commits: int = 60
 
@@ -85,6 +89,7 @@ class Settings:
             takeover_rounds=1,
             takeover_runs=2,
             state_sizes=(1_000, 100_000),
+            state_large=(),
             memory_runs={"sqlite": 60, "postgres": 60},
             floor_commits=20,
         )

@@ -19,8 +19,8 @@ from pathlib import Path
 from bench.common import BACKENDS, REPO, CaseResult, Databases, Settings, pg_admin
 
 CASES = (
-    "floor", "step", "shape", "effect", "approval", "drain", "drain-ratio", "takeover", "state",
-    "stall", "memory", "console", "prune", "idle", "retention", "thread", "schedules",
+    "floor", "step", "shape", "fanout", "effect", "approval", "drain", "drain-ratio", "takeover",
+    "state", "stall", "memory", "console", "prune", "idle", "retention", "thread", "schedules",
     "agent-server", "accumulate",
 )  # fmt: skip
 
@@ -33,6 +33,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         case_console,
         case_drain,
         case_drain_ratio,
+        case_fanout,
         case_floor,
         case_loop,
         case_memory,
@@ -50,6 +51,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "floor": lambda s, d, f: case_floor.run(s, d),
         "step": case_step.per_step,
         "shape": lambda s, d, f: case_shape.run(s, d),
+        "fanout": lambda s, d, f: case_fanout.run(s, d),
         "effect": case_step.per_effect,
         "approval": case_approval.run,
         "drain": lambda s, d, f: case_drain.run(s, d),

@@ -19,6 +19,7 @@ import keel
 
 NODES = ("a", "b", "c", "d", "e")
 FAN_WIDTH = 4
+FAN_WIDTHS = (1, 10, 100)  # case fanout's curve
 
 
 class State(TypedDict, total=False):
@@ -114,15 +115,34 @@ def _join(state: State) -> dict[str, Any]:
 
 def fanout4() -> StateGraph:
     """fan -> 4 parallel `leaf` tasks through `Send` -> join: 3 supersteps, 6 tasks."""
+    return _fanout(_spread)
+
+
+def _fanout(spread: Any) -> StateGraph:
     g = StateGraph(State)
     g.add_node("fan", _bump)
     g.add_node("leaf", _leaf)
     g.add_node("join", _join)
     g.add_edge(START, "fan")
-    g.add_conditional_edges("fan", _spread, ["leaf"])
+    g.add_conditional_edges("fan", spread, ["leaf"])
     g.add_edge("leaf", "join")
     g.add_edge("join", END)
     return g
+
+
+def _fanout_of(width: int) -> Any:
+    def spread(state: State) -> list[Send]:
+        return [Send("leaf", {"n": i}) for i in range(width)]
+
+    def factory() -> StateGraph:
+        return _fanout(spread)
+
+    factory.__doc__ = f"fan -> {width} `Send` leaves -> join: 3 supersteps, {width + 2} tasks."
+    return factory
+
+
+# One factory object per width: RawRunner compiles once per factory it is given.
+FANOUTS: dict[int, Any] = {w: _fanout_of(w) for w in FAN_WIDTHS}
 
 
 def _prepare(state: State) -> dict[str, Any]:
@@ -168,6 +188,7 @@ WORKFLOWS = {
     "chain20": chain20,
     "fanout4": fanout4,
     "approval": approval_keel,
+    **{f"fanout-{w}": f for w, f in FANOUTS.items()},
 }
 
 

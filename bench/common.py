@@ -63,6 +63,8 @@ class Settings:
     state_large_rounds: int = 3
     memory_runs: dict[str, int] = field(default_factory=lambda: {"sqlite": 2000, "postgres": 2000})
     floor_commits: int = 60
+    memory_inflight: int = 100  # runs one worker holds in flight at once (its concurrency)
+    memory_waiting: int = 1_000  # runs waiting for approval, for RSS per waiting run
 
     @classmethod
     def make(cls, quick: bool, backends: Sequence[str]) -> Settings:
@@ -92,6 +94,8 @@ class Settings:
             state_large=(),
             memory_runs={"sqlite": 60, "postgres": 60},
             floor_commits=20,
+            memory_inflight=10,
+            memory_waiting=50,
         )
 
 

@@ -6,6 +6,7 @@ durability (checkpoints, fencing, ledger, timeline), not the work of the nodes.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import operator
 import os
@@ -42,6 +43,12 @@ def _rewrite_blob(state: State) -> dict[str, Any]:
 
 def _sleepy(state: State) -> dict[str, Any]:
     time.sleep(float(os.environ.get("BENCH_STEP_SLEEP", "0.3")))
+    return _bump(state)
+
+
+async def _nap(state: State) -> dict[str, Any]:
+    # Awaits, so a worker can hold many such runs in flight on one event loop.
+    await asyncio.sleep(float(os.environ.get("BENCH_NAP", "5")))
     return _bump(state)
 
 
@@ -95,6 +102,11 @@ def chain5_no_effect() -> StateGraph:
 
 def chain5_slow() -> StateGraph:
     return chain(_sleepy)
+
+
+def nap() -> StateGraph:
+    """One node that awaits BENCH_NAP seconds: a run that stays in flight, idle."""
+    return chain(_nap, 1)
 
 
 def chain20() -> StateGraph:
@@ -186,6 +198,7 @@ WORKFLOWS = {
     "chain5-no-effect": chain5_no_effect,
     "chain5-slow": chain5_slow,
     "chain20": chain20,
+    "nap": nap,
     "fanout4": fanout4,
     "approval": approval_keel,
     **{f"fanout-{w}": f for w, f in FANOUTS.items()},

@@ -54,7 +54,7 @@ def _runner(case: str) -> Callable[[Settings, Databases, dict[str, float]], Case
         "fanout": lambda s, d, f: case_fanout.run(s, d),
         "effect": case_step.per_effect,
         "approval": case_approval.run,
-        "drain": lambda s, d, f: case_drain.run(s, d),
+        "drain": case_drain.run,
         "drain-ratio": lambda s, d, f: case_drain_ratio.run(s, d),
         "takeover": lambda s, d, f: case_takeover.run(s, d),
         "state": lambda s, d, f: case_state.run(s, d),

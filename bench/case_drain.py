@@ -1,11 +1,13 @@
-"""Case 4: drain a queue of five-step runs with 1 and 2 worker processes, Keel and DBOS.
+"""Case 4: drain a queue of five-step runs with 1, 2 (and 4) worker processes, Keel and DBOS.
 
 Keel: the bench admits the runs (`app.submit`), then starts `python -m keel worker
 bench.workloads:app --stop-when-idle --concurrency 8` processes. DBOS: the bench enqueues the
 same number of 5-step workflows with `DBOSClient`, then starts `python -m bench.dbos_workload
 worker` processes (queue with worker_concurrency=8, polled every 0.05 s). Throughput is runs /
 (last completion - first start), read from each system's own tables; the wall time from
-starting the processes to their exit (interpreter start included) is shown too.
+starting the processes to their exit (interpreter start included) is shown too. Beside them,
+the rate the database alone would allow: commits/s at the floor (one durable commit at a time)
+divided by the durable commits a run's execution makes (counted, bench/wire.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import case_floor
 from bench.common import (
     REPO,
     CaseResult,
@@ -29,6 +32,8 @@ from bench.common import (
     interleave,
     pg_counters,
 )
+from bench.drain_curve import busy_since, cpu_times, execution_commits, saturation
+from bench.drain_curve import workers as _workers
 
 CONCURRENCY = 8
 
@@ -40,6 +45,7 @@ class Drained:
     wall: float  # processes started -> all exited, s
     enqueue: float  # s to admit/enqueue all runs
     commits: float | None = None  # per run (PostgreSQL xact_commit)
+    cpu: float | None = None  # share of the machine's CPU time busy while the workers ran
 
     @property
     def rate(self) -> float:
@@ -116,9 +122,11 @@ def drain_keel(url: str, dbs: Databases, n: int, workers: int) -> Drained:
         app.close()
     before = pg_counters(dbs, url) if url.startswith("postgresql:") else None
     start = time.perf_counter()
+    cpu = cpu_times()
     procs, logs = keel_workers(url, dbs, workers)
     _wait_all(procs, logs, timeout=600)
     wall = time.perf_counter() - start
+    busy = busy_since(cpu)
     commits = None
     if before is not None:
         commits = (pg_counters(dbs, url) - before).xact_commit / n
@@ -138,7 +146,7 @@ def drain_keel(url: str, dbs: Databases, n: int, workers: int) -> Drained:
     if len(done) != n:
         raise RuntimeError(f"Keel drain: {len(done)} of {n} runs completed")
     window = max(float(r["finished_at"]) for r in done) - min(float(r["started_at"]) for r in done)
-    return Drained(n, window, wall, enqueue, commits)
+    return Drained(n, window, wall, enqueue, commits, busy)
 
 
 def setup_dbos(url: str, dbs: Databases) -> None:
@@ -164,6 +172,7 @@ def drain_dbos(url: str, dbs: Databases, n: int, workers: int) -> Drained:
     before = pg_counters(dbs, url) if url.startswith("postgresql:") else None
     procs, logs = [], []
     start = time.perf_counter()
+    cpu = cpu_times()
     for i in range(workers):
         log = dbs.tmp / f"dbos-worker-{prefix}-{i}.log"
         logs.append(log)
@@ -191,13 +200,19 @@ def drain_dbos(url: str, dbs: Databases, n: int, workers: int) -> Drained:
             )
     _wait_all(procs, logs, timeout=600)
     wall = time.perf_counter() - start
+    busy = busy_since(cpu)
     commits = None
     if before is not None:
         commits = (pg_counters(dbs, url) - before).xact_commit / n
     count, first, last = dbos_workload.succeeded(url, prefix)
     if count != n or first is None or last is None:
         raise RuntimeError(f"DBOS drain: {count} of {n} workflows succeeded")
-    return Drained(n, last - first, wall, enqueue, commits)
+    return Drained(n, last - first, wall, enqueue, commits, busy)
+
+
+def _cpu(ds: list[Drained]) -> str:
+    busy = [d.cpu * 100 for d in ds if d.cpu is not None]
+    return Summary.of(busy).fmt(0, "%") if busy else "n/a"
 
 
 def _ratio(a: Summary, b: Summary) -> str:
@@ -213,13 +228,19 @@ def dbos_problem() -> str | None:
     return None
 
 
-def run(settings: Settings, dbs: Databases) -> CaseResult:
+def run(settings: Settings, dbs: Databases, floors: dict[str, float]) -> CaseResult:
     n = settings.drain_runs
     result = CaseResult(
         "drain",
         "4. Drain: a queue of five-step runs",
         f"{n} five-step runs, admitted (Keel: `app.submit`) or enqueued (DBOS: `DBOSClient."
-        "enqueue`) first, then drained by 1 or 2 worker processes with 8 concurrent runs each: "
+        "enqueue`) first, then drained by worker processes with 8 concurrent runs each (Keel: "
+        + "; ".join(
+            f"{', '.join(map(str, w))} on {b}"
+            for b, w in settings.drain_workers.items()
+            if b in settings.backends
+        )
+        + "; DBOS: 1 and 2): "
         "`python -m keel worker bench.workloads:app --stop-when-idle --concurrency 8`, and "
         "DBOS 5-step workflows (`@DBOS.workflow` calling five `@DBOS.step`s) on a DBOS queue "
         "with `worker_concurrency=8` and a 0.05 s poll (Keel's busy poll; DBOS's default is 1 s)."
@@ -230,7 +251,15 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
         + ", ".join(f"{r} round(s) on {b}" for b, r in settings.drain_rounds.items())
         + ", no warm-up round (each "
         "round starts fresh processes). On SQLite, DBOS's database is switched to WAL first "
-        "(DBOS leaves it in rollback-journal mode).",
+        "(DBOS leaves it in rollback-journal mode). CPU busy: the whole machine's CPU time "
+        "not idle while the workers ran (psutil; 100% = both cores). `database alone`: "
+        "commits/s at the floor (case 8: one durable commit at a time) divided by the durable "
+        "commits a Keel worker makes per run (its execution, admission apart: counted as in "
+        "case 1, at concurrency 1). Concurrent commits share WAL flushes (group commit), so "
+        "a drain can pass that line; on PostgreSQL a second line divides instead the "
+        "commits/s of as many connections as the most workers run at once (8 per worker), "
+        "each committing one-row inserts in a loop for a few seconds: what the database "
+        "allows concurrent workers.",
     )
     problem = dbos_problem()
     if problem:
@@ -264,8 +293,11 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
 
             variants[name] = one
 
-        add("Keel, 1 worker", lambda url=keel_url: drain_keel(url, dbs, n, 1))
-        add("Keel, 2 workers", lambda url=keel_url: drain_keel(url, dbs, n, 2))
+        for count in settings.drain_workers[backend]:
+            add(
+                f"Keel, {_workers(count)}",
+                lambda url=keel_url, count=count: drain_keel(url, dbs, n, count),
+            )
         if not problem:
             dbos_url = dbs.new(backend, "drain_dbos")
             try:
@@ -291,11 +323,85 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
                     Summary.of([d.wall for d in ds]).fmt(2, " s"),
                     Summary.of([d.enqueue / d.runs * 1e3 for d in ds]).fmt(2),
                     f"{Summary.of(commits).median:.1f}" if commits else "n/a",
+                    _cpu(ds),
                     _ratio(rate, dbos_1),
                     _ratio(rate, dbos_2),
                 ]
             )
             result.data[f"{backend}.{name}"] = rate
+        floor_ms = floors.get(backend) or case_floor.measure(backend, dbs, settings.floor_commits)
+        per_run = execution_commits(settings, dbs, keel_url)
+        ceiling = 1e3 / floor_ms / per_run if per_run > 0 else float("nan")
+        rows.append(
+            [
+                backend,
+                "database alone (1 commit at a time)",
+                f"{ceiling:.1f}",
+                "-",
+                "-",
+                "-",
+                f"{per_run:.1f} wrote, at {floor_ms:.2f} ms each",
+                "-",
+                "-",
+                "-",
+            ]
+        )
+        if backend == "postgres" and per_run > 0:
+            # Workers commit concurrently, and concurrent commits share WAL flushes.
+            clients = CONCURRENCY * max(settings.drain_workers[backend])
+            grouped = case_floor.pg_parallel(dbs, clients, 1.0 if settings.quick else 3.0)
+            result.figures[f"{backend}.db_ceiling_parallel"] = grouped / per_run
+            rows.append(
+                [
+                    backend,
+                    f"database alone ({clients} commits at a time)",
+                    f"{grouped / per_run:.1f}",
+                    "-",
+                    "-",
+                    "-",
+                    f"{per_run:.1f} wrote, {grouped:,.0f} commits/s",
+                    "-",
+                    "-",
+                    "-",
+                ]
+            )
+        result.figures[f"{backend}.db_ceiling"] = ceiling
+        result.figures[f"{backend}.exec_commits"] = per_run
+        keel_rates = {
+            c: Summary.of(series[f"Keel, {_workers(c)}"])
+            for c in settings.drain_workers[backend]
+            if series.get(f"Keel, {_workers(c)}")
+        }
+        keel_cpu = {
+            c: Summary.of(cpus).median
+            for c in keel_rates
+            if (cpus := [d.cpu for d in drained[f"Keel, {_workers(c)}"] if d.cpu is not None])
+        }
+        result.data[f"{backend}.curve"] = {
+            "Keel": keel_rates,
+            "DBOS": {
+                c: Summary.of(series[f"DBOS, {_workers(c)}"])
+                for c in (1, 2)
+                if series.get(f"DBOS, {_workers(c)}")
+            },
+            "ceiling": ceiling,
+            "ceiling_parallel": result.figures.get(f"{backend}.db_ceiling_parallel"),
+        }
+        if keel_rates:
+            result.notes.append(
+                saturation(
+                    backend,
+                    keel_rates,
+                    keel_cpu,
+                    ceiling,
+                    result.figures.get(f"{backend}.db_ceiling_parallel"),
+                )
+            )
+            best = max(rate.median for rate in keel_rates.values())
+            result.figures[f"{backend}.knee_workers"] = min(
+                w for w, rate in keel_rates.items() if rate.median >= 0.9 * best
+            )
+            result.figures[f"{backend}.keel_best_rate"] = best
         if dbos_1.n:
             result.figures[f"{backend}.keel2_vs_dbos1"] = (
                 Summary.of(series["Keel, 2 workers"]).median / dbos_1.median
@@ -316,6 +422,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
                 "wall (with process start)",
                 "admit/enqueue ms/run",
                 "commits/run",
+                "CPU busy",
                 "vs DBOS 1 worker",
                 "vs DBOS 2 workers",
             ],

@@ -39,6 +39,58 @@ def _pg_floor(conn: psycopg.Connection[Any], n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+def measure(backend: str, dbs: Databases, n: int) -> float:
+    """ms per durable commit, one batch of n: for a case run without the floor case."""
+    url = dbs.new(backend, "floor_inline")
+    if backend == "sqlite":
+        return _sqlite_floor(dbs.sqlite_path(url), n) * 1e3
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE floor (i INTEGER, v TEXT)")
+        _pg_floor(conn, max(1, n // 10))  # warm the connection and the table
+        ms = _pg_floor(conn, n) * 1e3
+    dbs.drop(url)
+    return ms
+
+
+def pg_parallel(dbs: Databases, clients: int, seconds: float) -> float:
+    """Durable commits/s of `clients` connections committing at once (each its own thread).
+
+    PostgreSQL flushes the WAL once for every commit waiting at that moment (group commit), so
+    this, not 1 / floor, is what the database allows workers that commit concurrently.
+    """
+    import threading
+
+    url = dbs.new("postgres", "floor_parallel")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE floor (i INTEGER, v TEXT)")
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(clients)]
+    counts = [0] * clients
+    go = threading.Event()
+    deadline = [0.0]
+
+    def client(i: int) -> None:
+        go.wait()
+        while time.perf_counter() < deadline[0]:
+            conns[i].execute("INSERT INTO floor VALUES (%s, %s)", (i, "x" * 64))
+            counts[i] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        start = time.perf_counter()
+        deadline[0] = start + seconds
+        go.set()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+    finally:
+        for c in conns:
+            c.close()
+        dbs.drop(url)
+    return sum(counts) / elapsed
+
+
 def run(settings: Settings, dbs: Databases) -> CaseResult:
     result = CaseResult(
         "floor",

@@ -40,6 +40,10 @@ class Settings:
     count_runs: int = 12  # extra runs of the larger batch when counting commits
     drain_runs: int = 500
     drain_rounds: dict[str, int] = field(default_factory=lambda: {"sqlite": 2, "postgres": 2})
+    # Keel worker processes per drain (issue 34's curve: 1, 2, 4 on PostgreSQL).
+    drain_workers: dict[str, tuple[int, ...]] = field(
+        default_factory=lambda: {"sqlite": (1, 2), "postgres": (1, 2, 4)}
+    )
     drain_ratio_runs: int = 200
     drain_ratio_rounds: int = 3
     drain_ratio_count: tuple[int, int] = (10, 50)

@@ -156,6 +156,7 @@ def _footprint(settings: Settings, dbs: Databases, result: CaseResult) -> Table:
             ]
         )
         result.data[f"{backend}.footprint"] = f
+        result.data["footprint_sizes"] = (inflight, waiting)
         result.figures[f"{backend}.rss_idle_mib"] = f["idle"] / 2**20
         result.figures[f"{backend}.rss_per_inflight_kib"] = per_flight / 2**10
         result.figures[f"{backend}.rss_per_waiting_bytes"] = per_wait

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench import plots_curves
 from bench.common import CaseResult, Summary
 
 BACKENDS = ("sqlite", "postgres")
@@ -109,18 +110,6 @@ def draw(results: dict[str, CaseResult], folder: Path) -> dict[str, list[tuple[s
         ax.set_title("Approval cycle")
         save(fig, "approval", "approval.png", "ms per approval cycle")
 
-    if drain := results.get("drain"):
-        contenders = sorted({k.split(".", 1)[1] for k in drain.data})
-        fig, ax = plt.subplots(figsize=(7, 4))
-        _bars(
-            ax,
-            backends,
-            {c: [drain.data.get(f"{b}.{c}") for b in backends] for c in contenders},
-            "runs/s (median, min-max)",
-        )
-        ax.set_title("Drain: five-step runs through worker processes")
-        save(fig, "drain", "drain.png", "drain throughput, runs/s")
-
     if takeover := results.get("takeover"):
         fig, ax = plt.subplots(figsize=(6, 4))
         data = [(b, takeover.data[b]) for b in backends if takeover.data.get(b)]
@@ -144,7 +133,8 @@ def draw(results: dict[str, CaseResult], folder: Path) -> dict[str, list[tuple[s
             sizes = sorted(int(k.split(".")[1]) for k in state.data if k.startswith(b + "."))
             for who, style in (("raw", "--"), ("keel", "-")):
                 ys = [state.data[f"{b}.{s}"][who].median for s in sizes]
-                ax.plot(sizes, ys, style, marker="o", label=f"{b} {who}")
+                ax.plot(sizes, ys, style, marker="o", color=plots_curves.COLOURS[b],
+                        label=f"{b} {'Keel' if who == 'keel' else 'raw'}")  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("state size (bytes)")
@@ -167,6 +157,9 @@ def draw(results: dict[str, CaseResult], folder: Path) -> dict[str, list[tuple[s
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         save(fig, "memory", "memory.png", "worker RSS over completed runs")
+
+    # Issue 34's curves (fan-out width, drain by workers, drain ratio, worker footprint).
+    plots_curves.draw(plt, results, backends, save)
 
     if thread := results.get("thread"):
         from bench.case_thread import plot

@@ -263,6 +263,7 @@ def targets(results: dict[str, CaseResult], settings: Settings) -> list[Table]:
         row("A `keel worker` draining a backlog, Keel/raw ≤ 0.7 (case 4b)",
             "drain-ratio", "drain_ratio", at_most(0.7)),
     ]  # fmt: skip
+    issue34 += curve_rows(results, settings, fig, row, per_run)
     acc = results.get("accumulate")
     if acc is not None:
         labels = sorted({k.split(".", 2)[2] for k in acc.figures if ".run_vs_base." in k})
@@ -284,6 +285,53 @@ def targets(results: dict[str, CaseResult], settings: Settings) -> list[Table]:
     if any(r[3] != "n/a" for r in issue34):
         tables.insert(0, Table("Targets (issue 34)", columns, issue34))
     return tables
+
+
+def curve_rows(
+    results: dict[str, CaseResult],
+    settings: Settings,
+    fig: Callable[[str, str], float | None],
+    row: Callable[..., list[str]],
+    per_run: dict[str, Check],
+) -> list[list[str]]:
+    """Issue 34's curves, at their far end: state size, fan-out width, workers, waits."""
+    out: list[list[str]] = []
+
+    def info(label: str, case: str, key: str, digits: int = 2, unit: str = "") -> list[str]:
+        values = [_fig(fig(case, f"{b}.{key}"), digits, unit) for b in ("sqlite", "postgres")]
+        return [label, *values, "no bound in the issue: a curve (see its case)"]
+
+    sizes = (*settings.state_sizes, *settings.state_large)
+    if sizes and results.get("state"):
+        big = max(sizes)
+        label = f"{big / 1e6:g} MB" if big >= 1_000_000 else f"{big // 1000} KB"
+        out.append(info(f"Keel/raw per step with a {label} state (case 6)", "state",
+                        f"state_ratio_{big}"))  # fmt: skip
+    if results.get("fanout"):
+        width = max(graphs.FAN_WIDTHS)
+        out.append(row(f"Keel/raw, {width}-way Send fan-out (issue 12's bound; case 1c)",
+                       "fanout", f"fanout{width}_ratio", per_run))  # fmt: skip
+    if (drain := results.get("drain")) is not None:
+        cells = []
+        for b in ("sqlite", "postgres"):
+            knee, best = fig("drain", f"{b}.knee_workers"), fig("drain", f"{b}.keel_best_rate")
+            ceiling = fig("drain", f"{b}.db_ceiling_parallel") or fig("drain", f"{b}.db_ceiling")
+            cells.append(
+                "n/a"
+                if knee is None or best is None
+                else f"{knee:.0f} worker(s), {best:.0f} runs/s (database alone: "
+                f"{_fig(ceiling, 0)} runs/s)"
+            )
+        if any(c != "n/a" for c in cells) and drain.figures:
+            out.append(["Keel drain: where more workers stop paying (case 4)", *cells,
+                        "no bound in the issue: where this machine saturates"])  # fmt: skip
+    if results.get("memory"):
+        out.append(info("Worker RSS idle (case 7)", "memory", "rss_idle_mib", 1, " MiB"))
+        out.append(info(f"Worker RSS per run in flight ({settings.memory_inflight} at once)",
+                        "memory", "rss_per_inflight_kib", 0, " KiB"))  # fmt: skip
+        out.append(row("Worker RSS per waiting run ≈ 0 (judged: ≤ 1 KiB)", "memory",
+                       "rss_per_waiting_bytes", lambda v: v <= 1024, 0, " B"))  # fmt: skip
+    return out
 
 
 def commit_reading(results: dict[str, CaseResult]) -> list[str]:

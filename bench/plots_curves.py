@@ -52,9 +52,11 @@ def _fanout(plt: Any, res: CaseResult, backends: list[str], save: Save) -> None:
                 right.plot(
                     widths, counts, style, marker="o", color=COLOURS[b], label=f"{b} {label}"
                 )
+    widths = sorted({int(k.split(".")[1]) for k in res.data if "." in k})
     for ax in (left, right):
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xticks(widths, [str(w) for w in widths])
         ax.set_xlabel("fan-out width W (Send tasks)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

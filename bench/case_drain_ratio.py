@@ -37,9 +37,10 @@ from bench.common import (
 from bench.graphs import chain5
 from bench.runners import BenchError, KeelRunner, RawRunner
 from bench.wire import PgCounter, sqlite_counting
+from keel.runtime import worker
 
-DEFAULT_CONCURRENCY = 4
-"""`keel worker`'s default `--concurrency`."""
+DEFAULT_CONCURRENCY = worker.DEFAULT_CONCURRENCY
+"""`keel worker`'s default `--concurrency` (another checkout's worker runs at its own)."""
 
 
 def admit(dbs: Databases, url: str, n: int) -> str:
@@ -96,8 +97,7 @@ def worker_from(url: str, dbs: Databases, checkout: Path) -> tuple[list[Any], li
     env = {**_env(url, dbs), "PYTHONPATH": str(checkout)}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "keel", "worker", "bench.workloads:app", "--stop-when-idle",
-             "--concurrency", str(DEFAULT_CONCURRENCY)],
+            [sys.executable, "-m", "keel", "worker", "bench.workloads:app", "--stop-when-idle"],
             cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     return [proc], [log]

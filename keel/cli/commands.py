@@ -62,6 +62,7 @@ from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.cli.schedules import schedules_cli
 from keel.cli.threads import threads_cli
 from keel.core.waits import DecisionResult
+from keel.runtime.worker import DEFAULT_CONCURRENCY
 
 cli = typer.Typer(
     no_args_is_help=True,
@@ -136,7 +137,7 @@ def worker(
     ),
     config: ConfigOption = None,
     db: ProjectDbOption = None,
-    concurrency: int = typer.Option(4, min=1),
+    concurrency: int = typer.Option(DEFAULT_CONCURRENCY, min=1, help="Runs executed at once."),
     stop_when_idle: bool = typer.Option(False, help="Exit when no run is queued or running."),
     grace: float = typer.Option(30.0, help="Seconds running runs get to finish on SIGTERM."),
     metrics_port: int | None = typer.Option(

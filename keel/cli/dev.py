@@ -26,7 +26,7 @@ from keel.cli.render import redact
 from keel.runtime.app import App
 from keel.runtime.loading import load_app
 from keel.runtime.project import CONFIG_NAME, KEEL_KEY, load_project, project_of
-from keel.runtime.worker import Worker, new_worker_id
+from keel.runtime.worker import DEFAULT_CONCURRENCY, Worker, new_worker_id
 from keel.service.auth import is_loopback
 
 log = logging.getLogger("keel.dev")
@@ -185,7 +185,7 @@ def serve_with_workers(
     host: str,
     port: int,
     workers: int = 0,
-    concurrency: int = 10,
+    concurrency: int = DEFAULT_CONCURRENCY,
     grace: float = 5.0,
     open_loopback: bool = False,
     header_timeout: str | None = None,

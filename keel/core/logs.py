@@ -69,6 +69,9 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], .
         _masked,
     ),
 )
+# Every pattern above needs one of these words to match: a line with none of them (most lines)
+# is checked by one search instead of five substitutions.
+_MAY_HOLD_SECRET = re.compile(r"(?i)://|bearer|basic|xox|passw|pwd|secret|token|api[_-]?key")
 _secrets: set[str] = set()
 
 
@@ -89,8 +92,9 @@ def secrets_from_env() -> None:
 
 def redact(text: str) -> str:
     """`text` without the secrets it may hold; fit for a terminal or a log."""
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
+    if _MAY_HOLD_SECRET.search(text):
+        for pattern, replacement in _PATTERNS:
+            text = pattern.sub(replacement, text)
     # Longest first: a secret that contains another is removed whole.
     for value in sorted(_secrets, key=len, reverse=True):
         if value in text:

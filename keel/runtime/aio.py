@@ -43,7 +43,7 @@ from keel.runtime.replay import ReplayReport
 from keel.runtime.runtime import Runtime
 from keel.runtime.schedules import AsyncSchedules
 from keel.runtime.summary import RunSummary, summarize
-from keel.runtime.worker import Worker, WorkerStats, new_worker_id
+from keel.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerStats, new_worker_id
 
 log = logging.getLogger("keel.runtime")
 
@@ -599,7 +599,7 @@ class AsyncApp(ThreadOperations):
     async def run_worker(
         self,
         *,
-        concurrency: int = 4,
+        concurrency: int = DEFAULT_CONCURRENCY,
         stop_when_idle: bool = False,
         grace: float = 30.0,
         worker_id: str | None = None,

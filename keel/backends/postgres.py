@@ -58,6 +58,9 @@ ROUND_TRIP_SETTING = "KEEL_DB_ROUND_TRIP_TIMEOUT"
 """Seconds a checkout of a pooled connection may take before it is abandoned (`0` or `off`:
 unbounded). Default: a third of the lease TTL, at least `MIN_ROUND_TRIP`."""
 MIN_ROUND_TRIP = 2.0
+LOOPS_BESIDE_RUNS = 4
+"""Pooled connections a worker's own loops may hold at once besides its runs' (heartbeat,
+claims, the outbox's lanes, the scheduler): what `make_room` adds to the runs it is told of."""
 
 
 def round_trip_bound(lease_ttl: float, setting: str | None = None) -> float | None:
@@ -404,6 +407,7 @@ class PostgresConnector:
         self._queries = load_queries(self.dialect)
         self._pool: _Pool | None = None
         self._min_size, self._max_size = min_size, max_size
+        self._runs = 0  # executions the workers on this connector may run at once
         self.clock_override: Callable[[], float] | None = None
         self.lease_ttl = lease_ttl
         self.round_trip_timeout = (
@@ -454,6 +458,16 @@ class PostgresConnector:
             await pool.close()
             raise
         self._pool = pool
+
+    async def make_room(self, runs: int) -> None:
+        """Let the pool grow to a connection per execution of every worker on it, plus
+        `LOOPS_BESIDE_RUNS`: at 10 runs a worker, its heartbeats, outbox lanes and scheduler
+        would otherwise queue behind the runs for the default 10. Connections are still made
+        only when wanted."""
+        self._runs += runs
+        wanted = max(self._max_size, self._runs + LOOPS_BESIDE_RUNS)
+        if self._pool is not None and wanted > self._pool.max_size:
+            await self._pool.resize(self._pool.min_size, wanted)
 
     async def close(self) -> None:
         if self._pool is not None:

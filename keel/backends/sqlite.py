@@ -502,6 +502,9 @@ class SqliteConnector:
             return stale
         return exc
 
+    async def make_room(self, runs: int) -> None:
+        """One connection serves every execution: nothing to grow."""
+
     async def close(self) -> None:
         busy = (self._flusher, *self._late)
         waiting = [f for f in busy if f is not None and not f.done()]

@@ -156,6 +156,7 @@ class Worker(WorkerUpkeep):
     async def _run(self) -> WorkerStats:
         rt = self.runtime
         await rt.open()
+        await rt.connector.make_room(self.concurrency)
         rt.check_workflows()  # a graph that cannot compile is refused here, not at every claim
         self._refuse(await rt.hold_shapes(self.worker_id))
         await self._check_clock()  # ClockSkew: refuse to start

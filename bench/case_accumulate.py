@@ -79,6 +79,9 @@ def clone_history(url: str, copies: int) -> None:
 
     if sqlite:
         with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+            # Keel's triggers (webhooks) call keel_now(), which SQLite resolves when it
+            # prepares the INSERT even if no trigger fires: the runtime's clock, here too.
+            db.create_function("keel_now", 0, time.time)
             for table, cols in tables.items():
                 db.execute(
                     f"WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < ?)"

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import uuid
 
 import psycopg
 
+from bench.case_drain import keel_workers
 from bench.common import CaseResult, Databases, Settings, Summary, Table, interleave
 from bench.runners import BenchError, KeelRunner
 from bench.wire import PgCounter, sqlite_counting
@@ -144,6 +146,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
     )
     run_rows: list[list[str]] = []
     idle_rows: list[list[str]] = []
+    rss_rows: list[list[str]] = []
     for backend in settings.backends:
         urls: dict[str, str] = {}
         seeded: dict[str, float] = {}
@@ -181,6 +184,18 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
             for label, url in urls.items()
         }
         base = next(iter(levels))
+        most_waiting = max(levels, key=lambda k: levels[k][1])
+        rss = {label: _worker_rss(dbs, urls[label], settings) for label in (base, most_waiting)}
+        low, high = rss[base], rss[most_waiting]
+        if low is not None and high is not None:
+            waiting = counts[most_waiting]["waiting"] - counts[base]["waiting"]
+            per_waiting = (high - low) / max(1, waiting)
+            result.figures[f"{backend}.rss_per_waiting_run"] = per_waiting
+            for label, got in ((base, low), (most_waiting, high)):
+                rss_rows.append(
+                    [backend, label, f"{counts[label]['waiting']:,}", f"{got / 2**20:.1f}"]
+                    + ([f"{per_waiting:+.0f}"] if label == most_waiting else ["-"])
+                )
         for label in levels:
             run_s = Summary.of(per_run[label])
             claim_s = Summary.of(claims[label])
@@ -203,7 +218,6 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
             result.figures[f"{backend}.claim_vs_base.{label}"] = (
                 claim_s.median / Summary.of(claims[base]).median
             )
-        most_waiting = max(levels, key=lambda k: levels[k][1])
         idle_rows.append([backend, most_waiting, *_idle(dbs, urls[most_waiting], settings)])
         for url in urls.values():
             dbs.drop(url)
@@ -231,6 +245,20 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
             "grows shows here.",
         )
     )
+    if rss_rows:
+        result.tables.append(
+            Table(
+                "Worker RSS beside waiting runs",
+                ["backend", "level", "waiting runs", "worker RSS (MiB)", "bytes per waiting run"],
+                rss_rows,
+                "Target (issue 34): ≈ 0 bytes per waiting run. One worker process (`python -m "
+                f"keel worker`) per level executes {RSS_RUNS} 5-node runs, then its RSS (psutil) "
+                "is read after a stranded-run check has passed; bytes per waiting run: the "
+                "difference between the two levels over the difference in waiting runs (a "
+                "process's RSS moves by a MiB or so from one start to the next: that is the "
+                "noise).",
+            )
+        )
     result.tables.append(
         Table(
             "Four idle workers beside the waiting runs, per second",
@@ -301,6 +329,38 @@ def _rows_read_per_run(dbs: Databases, url: str, settings: Settings) -> float:
             runner.close()
         read.append(_pg_rows_read(url) - before)
     return (read[1] - read[0]) / runs
+
+
+RSS_RUNS = 20
+
+
+def _worker_rss(dbs: Databases, url: str, settings: Settings) -> int | None:
+    """Resident bytes of a worker process on this database, once it has executed RSS_RUNS
+    5-node runs and looked for stranded runs (it does when it starts); None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    runs = 4 if settings.quick else RSS_RUNS
+    (proc,), logs = keel_workers(url, dbs, 1, stop_when_idle=False)
+    app = dbs.app(url)
+    try:
+        prefix = f"rss-{uuid.uuid4().hex[:6]}"
+        ids = [
+            app.submit("chain5", job_id=f"{prefix}-{i}", input={"n": 0})["run_id"]
+            for i in range(runs)
+        ]
+        deadline = time.monotonic() + 120
+        while any(app.get_run(r).status != "completed" for r in ids):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"RSS worker: runs not completed:\n{logs[0].read_text()[-2000:]}")
+            time.sleep(0.2)
+        time.sleep(1.0)  # its last run's bookkeeping settled
+        return int(psutil.Process(proc.pid).memory_info().rss)
+    finally:
+        app.close()
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 IDLE_WORKERS = 4

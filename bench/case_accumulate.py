@@ -6,18 +6,23 @@ names a run or a thread (Keel's runs, events and waits; LangGraph's checkpoints,
 blobs) cloned under new ids until the level's count is reached, then ANALYZE: a history shaped
 like a real one, without executing 100,000 runs. On each level a standing in-process worker
 then executes new 5-node runs (timed from submit to `finished_at`, as in case 1), one per level
-per round, interleaved; then, with the workers stopped, a claim of a queued run is timed alone
-(`leases.claim`), one per level per round. Last, four idle workers on the database with the
-most waiting runs: their traffic per second, counted as case 10 counts one.
+per round, interleaved; then, with the workers stopped, the rows PostgreSQL reads per run are
+counted on each level, and a claim of a queued run is timed alone (`leases.claim`), one per
+level per round (counted before those claims: each leaves its run running under a live lease).
+Then a worker process's RSS on the level without waiting runs and on the one with the most.
+Last, four idle workers on the database with the most waiting runs: their traffic per second,
+counted as case 10 counts one.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+import uuid
 
 import psycopg
 
+from bench.case_drain import keel_workers
 from bench.common import CaseResult, Databases, Settings, Summary, Table, interleave
 from bench.runners import BenchError, KeelRunner
 from bench.wire import PgCounter, sqlite_counting
@@ -79,6 +84,9 @@ def clone_history(url: str, copies: int) -> None:
 
     if sqlite:
         with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+            # Keel's triggers (webhooks) call keel_now(), which SQLite resolves when it
+            # prepares the INSERT even if no trigger fires: the runtime's clock, here too.
+            db.create_function("keel_now", 0, time.time)
             for table, cols in tables.items():
                 db.execute(
                     f"WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < ?)"
@@ -141,6 +149,7 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
     )
     run_rows: list[list[str]] = []
     idle_rows: list[list[str]] = []
+    rss_rows: list[list[str]] = []
     for backend in settings.backends:
         urls: dict[str, str] = {}
         seeded: dict[str, float] = {}
@@ -163,21 +172,39 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
                 rounds,
                 warmup=2,
             )
-            for r in runners.values():
-                r.stop_worker()
-            claims = interleave(
-                {label: (lambda _r, k=r: _claim(k)) for label, r in runners.items()},
-                rounds,
-                warmup=2,
-            )
         finally:
             for r in runners.values():
                 r.close()
+        # Counted with no other client open, and before the timed claims: each leaves its run
+        # running under a live lease, and a claim reads every such run looking for an expired
+        # one (docs/benchmarks.md, section 15), which is not this column's question.
         reads = {
             label: _rows_read_per_run(dbs, url, settings) if backend == "postgres" else None
             for label, url in urls.items()
         }
+        claimers = {label: KeelRunner(dbs, url, lease_ttl=3600) for label, url in urls.items()}
+        try:
+            claims = interleave(
+                {label: (lambda _r, k=r: _claim(k)) for label, r in claimers.items()},
+                rounds,
+                warmup=2,
+            )
+        finally:
+            for r in claimers.values():
+                r.close()
         base = next(iter(levels))
+        most_waiting = max(levels, key=lambda k: levels[k][1])
+        rss = {label: _worker_rss(dbs, urls[label], settings) for label in (base, most_waiting)}
+        low, high = rss[base], rss[most_waiting]
+        if low is not None and high is not None:
+            waiting = counts[most_waiting]["waiting"] - counts[base]["waiting"]
+            per_waiting = (high - low) / max(1, waiting)
+            result.figures[f"{backend}.rss_per_waiting_run"] = per_waiting
+            for label, got in ((base, low), (most_waiting, high)):
+                rss_rows.append(
+                    [backend, label, f"{counts[label]['waiting']:,}", f"{got / 2**20:.1f}"]
+                    + ([f"{per_waiting:+.0f}"] if label == most_waiting else ["-"])
+                )
         for label in levels:
             run_s = Summary.of(per_run[label])
             claim_s = Summary.of(claims[label])
@@ -200,7 +227,6 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
             result.figures[f"{backend}.claim_vs_base.{label}"] = (
                 claim_s.median / Summary.of(claims[base]).median
             )
-        most_waiting = max(levels, key=lambda k: levels[k][1])
         idle_rows.append([backend, most_waiting, *_idle(dbs, urls[most_waiting], settings)])
         for url in urls.values():
             dbs.drop(url)
@@ -223,11 +249,26 @@ def run(settings: Settings, dbs: Databases) -> CaseResult:
             "read per run: the rows PostgreSQL's scans returned (pg_stat_user_tables "
             f"seq_tup_read + idx_tup_fetch) over {READ_RUNS} runs in a row on that level by a "
             "worker of their own (its connections closed before counting, so every backend "
-            "reported), less what a worker started and stopped with no run reads, per run: "
+            "reported), less what a worker started and stopped with no run reads, per run, "
+            "counted before the timed claims (no run left under a live lease): "
             "load does not move it, and a query that reads more as history "
             "grows shows here.",
         )
     )
+    if rss_rows:
+        result.tables.append(
+            Table(
+                "Worker RSS beside waiting runs",
+                ["backend", "level", "waiting runs", "worker RSS (MiB)", "bytes per waiting run"],
+                rss_rows,
+                "Target (issue 34): ≈ 0 bytes per waiting run. One worker process (`python -m "
+                f"keel worker`) per level executes {RSS_RUNS} 5-node runs, then its RSS (psutil) "
+                "is read after a stranded-run check has passed; bytes per waiting run: the "
+                "difference between the two levels over the difference in waiting runs (a "
+                "process's RSS moves by a MiB or so from one start to the next: that is the "
+                "noise).",
+            )
+        )
     result.tables.append(
         Table(
             "Four idle workers beside the waiting runs, per second",
@@ -298,6 +339,38 @@ def _rows_read_per_run(dbs: Databases, url: str, settings: Settings) -> float:
             runner.close()
         read.append(_pg_rows_read(url) - before)
     return (read[1] - read[0]) / runs
+
+
+RSS_RUNS = 20
+
+
+def _worker_rss(dbs: Databases, url: str, settings: Settings) -> int | None:
+    """Resident bytes of a worker process on this database, once it has executed RSS_RUNS
+    5-node runs and looked for stranded runs (it does when it starts); None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    runs = 4 if settings.quick else RSS_RUNS
+    (proc,), logs = keel_workers(url, dbs, 1, stop_when_idle=False)
+    app = dbs.app(url)
+    try:
+        prefix = f"rss-{uuid.uuid4().hex[:6]}"
+        ids = [
+            app.submit("chain5", job_id=f"{prefix}-{i}", input={"n": 0})["run_id"]
+            for i in range(runs)
+        ]
+        deadline = time.monotonic() + 120
+        while any(app.get_run(r).status != "completed" for r in ids):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"RSS worker: runs not completed:\n{logs[0].read_text()[-2000:]}")
+            time.sleep(0.2)
+        time.sleep(1.0)  # its last run's bookkeeping settled
+        return int(psutil.Process(proc.pid).memory_info().rss)
+    finally:
+        app.close()
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 IDLE_WORKERS = 4

@@ -311,9 +311,20 @@ class RunQueries:
     async def other_versions(self, names: list[str], keys: list[str], limit: int) -> list[Row]:
         """Unfinished runs of workflows named `names` under a version whose key is not in
         `keys`, oldest first."""
-        params = {"names": json.dumps(names), "keys": json.dumps(keys), "limit": limit}
+        # Two questions rather than one filter over every unfinished run: which versions their
+        # runs are on (an index probe per version), then the runs of the versions not served,
+        # if any. Runs waiting on a served version are never read (issue 34).
         async with self.db.read() as tx:
-            return await tx.all("other_versions", params)
+            found = await tx.all("unfinished_versions", {"names": json.dumps(names)})
+            served = set(keys)
+            pairs = [
+                [row["workflow"], row["workflow_version"]]
+                for row in found
+                if f"{row['workflow']}@{row['workflow_version']}" not in served
+            ]
+            if not pairs:
+                return []
+            return await tx.all("unfinished_runs_of", {"pairs": json.dumps(pairs), "limit": limit})
 
     @staticmethod
     async def notify_wake(tx: Tx, run_id: str) -> None:

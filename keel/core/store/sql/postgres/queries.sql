@@ -788,15 +788,6 @@ ON CONFLICT (workflow, version) DO NOTHING;
 SELECT digest, shape, recorded_at, recorded_by FROM keel_graph_shapes
 WHERE workflow = %(workflow)s AND version = %(version)s;
 
--- name: other_versions
--- Unfinished runs of these workflows under a version not among these keys.
-SELECT * FROM keel_runs
-WHERE status IN ('queued', 'running', 'waiting')
-  AND workflow IN (SELECT jsonb_array_elements_text(%(names)s::jsonb))
-  AND workflow || '@' || workflow_version NOT IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb))
-ORDER BY created_at, run_id
-LIMIT %(limit)s;
-
 -- name: set_traceparent
 -- Keep the run's trace context, unless it already has one (the first tracer wins).
 UPDATE keel_runs SET traceparent = %(traceparent)s
@@ -1609,3 +1600,36 @@ RETURNING schedule_id, tick, outcome, run_id, fired_at;
 -- name: thread_runs_after
 -- A thread's runs placed after `after` (their thread_seq), in their order.
 SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s AND thread_seq > %(after)s ORDER BY thread_seq LIMIT %(limit)s;
+
+-- name: unfinished_versions
+-- The versions that unfinished runs of these workflows are on, one row per (workflow, version).
+-- Found in keel_runs_unfinished one probe each (a loose index scan: the next version after the
+-- last one found), so the cost follows the versions, never the runs waiting on them (issue 34).
+-- The status list is the index's predicate, word for word.
+WITH RECURSIVE versions (workflow, workflow_version) AS (
+    SELECT n.name, (SELECT r.workflow_version FROM keel_runs AS r
+                    WHERE r.status IN ('queued', 'running', 'waiting') AND r.workflow = n.name
+                    ORDER BY r.workflow_version LIMIT 1)
+    FROM (SELECT DISTINCT jsonb_array_elements_text(%(names)s::jsonb) AS name) AS n
+    UNION ALL
+    SELECT v.workflow, (SELECT r.workflow_version FROM keel_runs AS r
+                        WHERE r.status IN ('queued', 'running', 'waiting')
+                          AND r.workflow = v.workflow AND r.workflow_version > v.workflow_version
+                        ORDER BY r.workflow_version LIMIT 1)
+    FROM versions AS v WHERE v.workflow_version IS NOT NULL
+)
+SELECT workflow, workflow_version FROM versions WHERE workflow_version IS NOT NULL;
+
+-- name: unfinished_runs_of
+-- Unfinished runs of these [workflow, version] pairs, oldest first: at most `limit` of each
+-- read, from keel_runs_unfinished.
+SELECT r.* FROM jsonb_array_elements(%(pairs)s::jsonb) AS p (pair)
+CROSS JOIN LATERAL (
+    SELECT * FROM keel_runs
+    WHERE status IN ('queued', 'running', 'waiting')
+      AND workflow = p.pair ->> 0 AND workflow_version = p.pair ->> 1
+    ORDER BY created_at, run_id
+    LIMIT %(limit)s
+) AS r
+ORDER BY r.created_at, r.run_id
+LIMIT %(limit)s;

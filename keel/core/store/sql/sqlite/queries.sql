@@ -698,15 +698,6 @@ ON CONFLICT (workflow, version) DO NOTHING;
 SELECT digest, shape, recorded_at, recorded_by FROM keel_graph_shapes
 WHERE workflow = :workflow AND version = :version;
 
--- name: other_versions
--- Unfinished runs of these workflows under a version not among these keys.
-SELECT * FROM keel_runs
-WHERE status IN ('queued', 'running', 'waiting')
-  AND workflow IN (SELECT value FROM json_each(:names))
-  AND workflow || '@' || workflow_version NOT IN (SELECT value FROM json_each(:keys))
-ORDER BY created_at, run_id
-LIMIT :limit;
-
 -- name: set_traceparent
 -- Keep the run's trace context, unless it already has one (the first tracer wins).
 UPDATE keel_runs SET traceparent = :traceparent
@@ -1479,3 +1470,35 @@ RETURNING schedule_id, tick, outcome, run_id, fired_at;
 -- name: thread_runs_after
 -- A thread's runs placed after `after` (their thread_seq), in their order.
 SELECT * FROM keel_runs WHERE thread_id = :thread_id AND thread_seq > :after ORDER BY thread_seq LIMIT :limit;
+
+-- name: unfinished_versions
+-- The versions that unfinished runs of these workflows are on, one row per (workflow, version).
+-- Found in keel_runs_unfinished one probe each (a loose index scan: the next version after the
+-- last one found), so the cost follows the versions, never the runs waiting on them (issue 34).
+-- The status list is the index's predicate, word for word: SQLite uses a partial index only for
+-- a query that repeats its WHERE term.
+WITH RECURSIVE versions (workflow, workflow_version) AS (
+    SELECT n.name, (SELECT r.workflow_version FROM keel_runs AS r
+                    WHERE r.status IN ('queued', 'running', 'waiting') AND r.workflow = n.name
+                    ORDER BY r.workflow_version LIMIT 1)
+    FROM (SELECT DISTINCT value AS name FROM json_each(:names)) AS n
+    UNION ALL
+    SELECT v.workflow, (SELECT r.workflow_version FROM keel_runs AS r
+                        WHERE r.status IN ('queued', 'running', 'waiting')
+                          AND r.workflow = v.workflow AND r.workflow_version > v.workflow_version
+                        ORDER BY r.workflow_version LIMIT 1)
+    FROM versions AS v WHERE v.workflow_version IS NOT NULL
+)
+SELECT workflow, workflow_version FROM versions WHERE workflow_version IS NOT NULL;
+
+-- name: unfinished_runs_of
+-- Unfinished runs of these [workflow, version] pairs, oldest first, from keel_runs_unfinished.
+-- CROSS JOIN keeps the pairs the outer loop (SQLite never reorders one): left to itself, the
+-- planner walks every run in created_at order to skip a sort.
+SELECT r.* FROM json_each(:pairs) AS p
+CROSS JOIN keel_runs AS r
+  ON r.workflow = json_extract(p.value, '$[0]')
+ AND r.workflow_version = json_extract(p.value, '$[1]')
+WHERE r.status IN ('queued', 'running', 'waiting')
+ORDER BY r.created_at, r.run_id
+LIMIT :limit;

@@ -119,6 +119,8 @@ class Batch:
     """One transaction's statements, sent together as one simple-query message: at the end,
     or when a row is needed before it (`one`, `all`, a `send`'s row read early)."""
 
+    pipelined = True
+
     def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
         self.connection = conn
         self._queries = queries

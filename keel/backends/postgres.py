@@ -337,6 +337,8 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class PostgresTx:
+    pipelined = True  # `send` does not wait for its row: statements go one after another
+
     def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
         self.connection = conn
         self._queries = queries

@@ -111,6 +111,8 @@ class SqliteTx:
     """Named queries from the event loop: each statement, with its fetch, is one call to the
     database thread (aiosqlite's public calls cost one per statement, fetch and close)."""
 
+    pipelined = False  # `send` runs its statement at once
+
     def __init__(
         self,
         conn: aiosqlite.Connection,
@@ -169,6 +171,8 @@ class ThreadTx:
     Its methods are coroutines that never suspend (sqlite3 is synchronous here), so the store's
     own async methods run on the thread unchanged: one implementation of each query, no hop
     per statement."""
+
+    pipelined = False
 
     def __init__(
         self, conn: sqlite3.Connection, queries: dict[str, str], chains: dict[str, tuple[str, ...]]

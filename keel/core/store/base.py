@@ -147,6 +147,11 @@ parameters and whether it runs once per parameter set (executemany)."""
 class Tx(Protocol):
     """Named queries inside one transaction (or one read)."""
 
+    pipelined: bool
+    """Whether `send` queues its statement to go with the rest of the transaction (PostgreSQL's
+    step transaction: one message) rather than running it now (SQLite): a caller may then
+    read a sent statement's row before deciding on the next without costing a round trip."""
+
     async def one(self, name: str, params: Params | None = None) -> Row | None: ...
 
     async def all(self, name: str, params: Params | None = None) -> list[Row]: ...

@@ -184,7 +184,15 @@ class LeaseQueries:
         async def claims(tx: Tx) -> list[Later]:
             if limits:
                 await tx.execute("claim_lock")
-            return [await tx.send("claim_next", params) for _ in range(count)]
+            sent: list[Later] = []
+            for _ in range(count):
+                sent.append(later := await tx.send("claim_next", params))
+                # Run one by one (SQLite), the claims stop at the first that finds nothing:
+                # the rest would find nothing either, in this same transaction. An idle
+                # polling worker asks for every free slot each time it looks.
+                if not tx.pipelined and await later() is None:
+                    break
+            return sent
 
         laters = await self.db.run_transaction(claims)
         rows = [row for later in laters if (row := await later()) is not None]

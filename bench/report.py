@@ -262,6 +262,14 @@ def targets(results: dict[str, CaseResult], settings: Settings) -> list[Table]:
     issue34 = [
         row("A `keel worker` draining a backlog, Keel/raw ≤ 0.7 (case 4b)",
             "drain-ratio", "drain_ratio", at_most(0.7)),
+        row("In-process 5-step run, Keel/raw ≤ 0.6 (SQLite), ≤ 0.75 (PostgreSQL) (case 1)",
+            "step", "keel_raw_ratio", {"sqlite": at_most(0.6), "postgres": at_most(0.75)}),
+        row("No regression of the approval cycle: ≤ 1.0x raw interrupt/resume (case 3)",
+            "approval", "approval_ratio", at_most(1.0)),
+        row("No regression of the effect cost: ≤ 2 durable commits with its record (case 2)",
+            "effect", "effect_extra_commits", at_most(2.0), 1),
+        row("No regression of the drain against DBOS: 2 Keel workers ≥ 2x 1 DBOS (case 4)",
+            "drain", "keel2_vs_dbos1", {"postgres": lambda v: v >= 2.0}),
     ]  # fmt: skip
     issue34 += curve_rows(results, settings, fig, row, per_run)
     acc = results.get("accumulate")

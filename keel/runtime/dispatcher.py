@@ -36,9 +36,17 @@ async def deliver_effects(
     webhooks.DELIVERING.set(services)  # this task's deliveries sign with this App's settings
     pacing = effect_dispatch.Pacing()
     failures = 0
+    idle = False  # the last pass delivered nothing
     while not stopping.is_set():
         try:
-            handled = await effect_dispatch.dispatch(services, worker_id, pacing, stopping=stopping)
+            if idle and wake is None and not await _due_now(services):
+                # Polling (SQLite): a look is one read, where a claim is a write transaction
+                # that takes the database's write lock, five times a second per worker.
+                handled = 0
+            else:
+                handled = await effect_dispatch.dispatch(
+                    services, worker_id, pacing, stopping=stopping
+                )
             failures = 0
         except Exception as exc:
             failures += 1
@@ -52,11 +60,19 @@ async def deliver_effects(
             pause = 0.0 if handled else min(poll, pacing.next_due() or poll)
             if not handled and wake is not None:
                 pause = await _quiet_pause(services, pacing, safety_poll)
+        idle = not handled
         if pause:
             waiting = [stopping] if wake is None else [stopping, wake]
             await _first_of(waiting, pause)
             if wake is not None:
                 wake.clear()
+
+
+async def _due_now(services: Services) -> bool:
+    """Whether an intent is deliverable, or a sender's claim has expired, by the database's
+    clock: what a claim would find (`intent_candidate`'s rows are among these)."""
+    due = await services.store.intents_due_in()
+    return due is not None and due <= 0
 
 
 async def _quiet_pause(services: Services, pacing: effect_dispatch.Pacing, cap: float) -> float:

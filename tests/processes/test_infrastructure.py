@@ -248,7 +248,10 @@ def test_sqlite_disk_full_then_freed_every_run_completes_and_sends_once(
     with SmtpSink(spool=tmp_path / "spool") as sink:
         crew = Fleet(url, sink, tmp_path)
         try:
-            ids = crew.submit(40, work=0.05)
+            # Half a second of work a run: a worker alone needs 5 s for the batch, so the second
+            # one starts while there is work left (at 0.05 s, one worker drained all 40 before
+            # the other had started on a loaded machine, and the test waited for it in vain).
+            ids = crew.submit(40, work=0.5)
             crew.start(2)
             crew.wait_started()
             wait_until(lambda: crew.delivered() >= 8, 60, "8 emails")

@@ -211,9 +211,12 @@ def test_three_workers_share_one_rate_limit(
     print(f"{count} intents in {times[-1] - times[0]:.2f} s: {overall:.1f}/s")
     assert overall <= 20 * 1.05, f"{overall:.1f}/s"
     # "20/s" means no second sees more than 20 deliveries (taken 50 ms apart by the database's
-    # clock); one more is allowed for when a request reaches the sink later than the next.
+    # clock). Times are read at the sink: a sender descheduled between its token and its
+    # request (two cores, three workers, the sink) delivers late, beside the next one on
+    # time, so two more are allowed in a window. Three workers each with a bucket of its own
+    # would show 60 in a second; a bucket that let its burst through twice, 40.
     for width in (1.0, 2.0, 5.0):
-        assert windows(times, width) <= 20 * width + 1, (width, windows(times, width))
+        assert windows(times, width) <= 20 * width + 2, (width, windows(times, width))
 
 
 def test_a_provider_refusing_for_ten_seconds_only_delays_delivery(

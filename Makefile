@@ -44,8 +44,10 @@ clean:
 	rm -rf .keel .pytest_cache .mypy_cache .ruff_cache
 
 # The crash matrix on both examples, on SQLite and (when $KEEL_TEST_POSTGRES_URL is set) on
-# PostgreSQL; CHAOS_ARGS may cap occurrences per point (e.g. --max-occurrences 3).
+# PostgreSQL; CHAOS_ARGS may cap occurrences per point (e.g. --max-occurrences 3). CHAOS_JOBS
+# cells run at once, each on its own database and sinks: the same cells, in less time.
 CHAOS_ARGS ?=
+CHAOS_JOBS ?= 2
 CHAOS_OUT := .keel/chaos
 CHAOS_TICKET := keel.demo.support_ticket:app --workflow support-ticket \
 	--input keel/demo/support_ticket/sample-ticket.json \
@@ -56,11 +58,11 @@ CHAOS_NEWSLETTER := examples.newsletter:app --workflow newsletter \
 
 chaos: $(STAMP)
 	mkdir -p $(CHAOS_OUT)
-	$(BIN)/keel chaos $(CHAOS_TICKET) --backend sqlite $(CHAOS_ARGS) --junit $(CHAOS_OUT)/ticket-sqlite.xml
-	$(BIN)/keel chaos $(CHAOS_NEWSLETTER) --backend sqlite $(CHAOS_ARGS) --junit $(CHAOS_OUT)/newsletter-sqlite.xml
+	$(BIN)/keel chaos $(CHAOS_TICKET) --backend sqlite --jobs $(CHAOS_JOBS) $(CHAOS_ARGS) --junit $(CHAOS_OUT)/ticket-sqlite.xml
+	$(BIN)/keel chaos $(CHAOS_NEWSLETTER) --backend sqlite --jobs $(CHAOS_JOBS) $(CHAOS_ARGS) --junit $(CHAOS_OUT)/newsletter-sqlite.xml
 	if [ -n "$$KEEL_TEST_POSTGRES_URL" ]; then \
-	  $(BIN)/keel chaos $(CHAOS_TICKET) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" $(CHAOS_ARGS) --junit $(CHAOS_OUT)/ticket-postgres.xml && \
-	  $(BIN)/keel chaos $(CHAOS_NEWSLETTER) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" $(CHAOS_ARGS) --junit $(CHAOS_OUT)/newsletter-postgres.xml; \
+	  $(BIN)/keel chaos $(CHAOS_TICKET) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" --jobs $(CHAOS_JOBS) $(CHAOS_ARGS) --junit $(CHAOS_OUT)/ticket-postgres.xml && \
+	  $(BIN)/keel chaos $(CHAOS_NEWSLETTER) --backend postgres --db "$$KEEL_TEST_POSTGRES_URL" --jobs $(CHAOS_JOBS) $(CHAOS_ARGS) --junit $(CHAOS_OUT)/newsletter-postgres.xml; \
 	else echo "PostgreSQL chaos matrix SKIPPED: set KEEL_TEST_POSTGRES_URL"; fi
 
 # Many runs at once, workers killed (and on PostgreSQL frozen) at random moments.

@@ -58,7 +58,7 @@ def _database(backend: str, template: str | None, tmp: pytest.TempPathFactory) -
         return
     name = f"keel_conformance_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_URL, autocommit=True, connect_timeout=3) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY')
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY WAL_LOG')
     try:
         yield f"{PG_URL.rpartition('/')[0]}/{name}"
     finally:

@@ -33,7 +33,9 @@ def _chaos(workflow: str, backend: str = "sqlite", **options: object) -> Report:
         postgres_url=postgres_url,
         env={"PAYMENTS_URL": "{http_url}"},
         cwd=ROOT,
-        **{"jobs": 2, **options},  # type: ignore[arg-type]
+        # The suite's deadline for effects that declare none (tests/conftest.py), not the
+        # harness's 5 s: a cell killed mid-charge waits that long before its key is reconciled.
+        **{"jobs": 2, "effect_timeout": 2.0, **options},  # type: ignore[arg-type]
     )
     return run_matrix(config)
 
@@ -53,7 +55,9 @@ CORRECT = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("workflow", "backend"), CORRECT)
 def test_a_correct_http_effect_passes_every_cell(workflow: str, backend: str) -> None:
-    report = _chaos(workflow, backend)
+    # Every fault point the run reaches, the first occurrence of each, and every cell right
+    # after the charge (sampling never skips those): the cells an unsafe effect fails in.
+    report = _chaos(workflow, backend, max_occurrences=1)
     # One charge; a reconciler's or a node's GET is a lookup, not a delivery.
     assert report.clean.world["http deliveries"] == 1
     assert report.clean.effects == {"charge": 1}

@@ -30,6 +30,12 @@ def test_the_dispatcher_killed_at_its_fault_points_delivers_each_intent_once(
             cwd=ROOT,
             jobs=2,
             points=OUTBOX_POINTS,
+            # Each point's first occurrence, and every cell right after a delivery (sampling
+            # never skips those): 4 and 5 cells of the 6 the whole matrix has.
+            max_occurrences=1,
+            # The suite's deadline for effects that declare none (tests/conftest.py), not the
+            # harness's 5 s: a cell killed mid-call waits that long before it is reconciled.
+            effect_timeout=2.0,
         )
     )
     assert report.clean.world["http deliveries"] == 2

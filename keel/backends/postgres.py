@@ -465,8 +465,9 @@ class PostgresConnector:
         """Let the pool grow to a connection per execution of every worker on it, plus
         `LOOPS_BESIDE_RUNS`: at 10 runs a worker, its heartbeats, outbox lanes and scheduler
         would otherwise queue behind the runs for the default 10. Connections are still made
-        only when wanted."""
-        self._runs += runs
+        only when wanted. A worker stopping gives its runs back (negative `runs`); the pool
+        keeps its size, which the next worker's runs then fit in."""
+        self._runs = max(0, self._runs + runs)
         wanted = max(self._max_size, self._runs + LOOPS_BESIDE_RUNS)
         if self._pool is not None and wanted > self._pool.max_size:
             await self._pool.resize(self._pool.min_size, wanted)

@@ -128,6 +128,7 @@ class Worker(WorkerUpkeep):
         )
         self._backlog = False
         """The last claim filled every slot it asked for: runs may still be queued."""
+        self._pool_room = 0  # runs this worker made room for in its connector's pool
         self._leaving: set[asyncio.Task[Outcome]] = set()
         """Executions that ended with their successor's claim and have not returned yet."""
         self._successor = Handoff(
@@ -151,12 +152,18 @@ class Worker(WorkerUpkeep):
 
     async def run(self) -> WorkerStats:
         with logs.bind(worker_id=self.worker_id):
-            return await self._run()
+            try:
+                return await self._run()
+            finally:
+                if self._pool_room:  # given back: a later worker on this runtime counts its own
+                    await self.runtime.connector.make_room(-self._pool_room)
+                    self._pool_room = 0
 
     async def _run(self) -> WorkerStats:
         rt = self.runtime
         await rt.open()
         await rt.connector.make_room(self.concurrency)
+        self._pool_room = self.concurrency
         rt.check_workflows()  # a graph that cannot compile is refused here, not at every claim
         self._refuse(await rt.hold_shapes(self.worker_id))
         await self._check_clock()  # ClockSkew: refuse to start

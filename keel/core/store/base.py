@@ -198,8 +198,9 @@ class Connector(Protocol):
 
     async def make_room(self, runs: int) -> None:
         """Room for `runs` more executions at once on this open connector (a worker starting
-        on it): PostgreSQL's pool may then hold a connection for each, beside the worker's
-        own loops; SQLite, one connection, has nothing to do."""
+        on it; negative: a worker stopping gives its room back): PostgreSQL's pool may then
+        hold a connection for each, beside the worker's own loops; SQLite, one connection, has
+        nothing to do."""
 
     def is_transient(self, exc: BaseException) -> bool:
         """True if this one exception (not its chain) is the driver saying the database or its

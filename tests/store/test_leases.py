@@ -18,6 +18,7 @@ import keel
 from keel.backends.pg_batch import _numbered
 from keel.core import leases
 from keel.core.store.base import load_queries
+from tests.support.sqlite_steps import vm_steps
 
 
 class State(TypedDict, total=False):
@@ -317,17 +318,7 @@ def _read_from_runs(node: dict[str, object]) -> int:
 def _steps_on_sqlite(db_url: str) -> int:
     """SQLite virtual-machine steps (in hundreds) of the claim's choice of a run."""
     sql = load_queries("sqlite")["claim_next"].split(";")[0]
-    steps = 0
-
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0
-
-    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
-        db.create_function("keel_now", 0, time.time)
-        db.set_progress_handler(count, 100)
-        found = db.execute(sql, _claim_params()).fetchall()
+    steps, found = vm_steps(db_url, sql, _claim_params())
     assert [r[0] for r in found] == ["todo-00000"]
     return steps
 

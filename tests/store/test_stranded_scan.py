@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 import keel
 from keel.backends.pg_batch import _numbered
 from keel.core.store.base import Row, load_queries
+from tests.support.sqlite_steps import vm_steps
 
 UNFINISHED = ("queued", "running", "waiting")
 COLUMNS = (
@@ -147,18 +147,7 @@ def _read_from_runs(node: dict[str, Any]) -> int:
 
 def _steps_on_sqlite(db_url: str, name: str, params: dict[str, Any]) -> tuple[int, list[Any]]:
     """SQLite virtual-machine steps (in hundreds) of the query, and what it found."""
-    steps = 0
-
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0
-
-    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
-        db.create_function("keel_now", 0, time.time)
-        db.set_progress_handler(count, 100)
-        found = db.execute(load_queries("sqlite")[name], params).fetchall()
-    return steps, found
+    return vm_steps(db_url, load_queries("sqlite")[name], params)
 
 
 PARAMS: dict[str, dict[str, Any]] = {

@@ -337,7 +337,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class PostgresTx:
-    pipelined = True  # `send` does not wait for its row: statements go one after another
+    pipelined = False  # `send` runs its statement now (its row is then read locally)
 
     def __init__(self, conn: AsyncConnection[DictRow], queries: dict[str, str]) -> None:
         self.connection = conn

@@ -20,6 +20,27 @@ from keel.core.errors import UsageError
 
 T = TypeVar("T")
 
+hop_inline: contextvars.ContextVar[bool] = contextvars.ContextVar("keel_hop_inline", default=False)
+"""Set where a hop to the loop's threads costs more than the work it moves (keel.langgraph.
+recording: upstream's saver serializing a small checkpoint's values with `asyncio.to_thread`)."""
+
+
+class LoopThreads(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor: a thread per blocking call, but for a call submitted where
+    `hop_inline` is set, which runs at once on the submitting thread. A hop is a pool thread's
+    wake-up and a second trip through the loop, and it gives the GIL to another thread: for
+    microseconds of work, on a loop busy with other runs, the hop is nearly all of the cost."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        if not hop_inline.get():
+            return super().submit(fn, *args, **kwargs)
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # the caller's await raises it, as it would from a thread
+            done.set_exception(exc)
+        return done
+
 
 class Portal:
     def __init__(self, name: str = "keel-loop") -> None:
@@ -41,9 +62,7 @@ class Portal:
                 loop = asyncio.new_event_loop()
 
                 # Sync LangGraph nodes run in the loop's default executor; keep it roomy.
-                loop.set_default_executor(
-                    concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="keel-node")
-                )
+                loop.set_default_executor(LoopThreads(64, thread_name_prefix="keel-node"))
 
                 def serve() -> None:
                     asyncio.set_event_loop(loop)

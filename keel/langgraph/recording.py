@@ -4,18 +4,17 @@ have executed, and Keel replays it inside its own step transaction (keel.langgra
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import aiosqlite
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import WRITES_IDX_MAP
-from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 from keel.backends.locks import TaskReentrantLock
+from keel.backends.pg_batch import LARGE
 from keel.backends.sqlite_reads import ThreadCursor, ThreadQuery
+from keel.core.portal import hop_inline
 from keel.core.store.base import Statement
 
 recording: ContextVar[list[Statement] | None] = ContextVar("keel_recording", default=None)
@@ -23,12 +22,16 @@ recording: ContextVar[list[Statement] | None] = ContextVar("keel_recording", def
 
 
 @contextmanager
-def recorded(recorder: list[Statement]) -> Iterator[None]:
-    """Record, rather than run, what upstream's saver issues in this block."""
+def recorded(recorder: list[Statement], *, inline: bool = False) -> Iterator[None]:
+    """Record, rather than run, what upstream's saver issues in this block; with `inline`, what
+    it hands to a thread to serialize runs at once instead (keel.core.portal.LoopThreads)."""
     reset = recording.set(recorder)
+    hop = hop_inline.set(True) if inline else None
     try:
         yield
     finally:
+        if hop is not None:
+            hop_inline.reset(hop)
         recording.reset(reset)
 
 
@@ -117,44 +120,49 @@ class SqliteLock:
         return self.inner.locked()
 
 
-# -- small writes, recorded without upstream's thread -------------------------------------------
+# -- small values, serialized without upstream's thread ------------------------------------------
 
-SMALL = 1024
-"""Characters or bytes past which a string value is left to upstream's thread to serialize."""
-
-
-def _small(value: Any) -> bool:
-    if value is None or isinstance(value, bool | int | float):
-        return True
-    return isinstance(value, str | bytes) and len(value) <= SMALL
+WALK = 512
+"""Values a look at a state's size goes through before it calls the state large."""
 
 
-def small_writes(
-    saver: AsyncPostgresSaver,
-    config: RunnableConfig,
-    writes: Sequence[tuple[str, Any]],
-    task_id: str,
-    task_path: str,
-) -> list[Statement] | None:
-    """What upstream's `AsyncPostgresSaver.aput_writes` issues for a task's writes if they are
-    all small (scalars, short strings: a counter, a branch's None), else None. Upstream hops to
-    a thread to serialize them; the step's `aput` waits for these statements, and on a busy
-    event loop that hop, not the microseconds msgpack takes, was nearly all of the wait.
-    tests/conformance/test_upstream_statements.py holds this equal to upstream's own."""
-    if not all(_small(value) for _, value in writes):
-        return None
-    query = (
-        saver.UPSERT_CHECKPOINT_WRITES_SQL
-        if all(channel in WRITES_IDX_MAP for channel, _ in writes)
-        else saver.INSERT_CHECKPOINT_WRITES_SQL
-    )
-    configurable = config["configurable"]
-    params = saver._dump_writes(
-        configurable["thread_id"],
-        configurable["checkpoint_ns"],
-        configurable["checkpoint_id"],
-        task_id,
-        task_path,
-        writes,
-    )
-    return [(query, params, True)]
+def small_state(values: Iterable[Any]) -> bool:
+    """Whether values (a checkpoint's channels, a task's writes) hold under `pg_batch.LARGE`
+    bytes of strings and bytes, as a bounded walk through their containers (and objects'
+    attributes: a message's) can tell. Anything it cannot look into (an array, a walk past
+    `WALK` values) counts as large.
+
+    Upstream's PostgreSQL saver serializes blob values and writes in a thread
+    (`asyncio.to_thread`); what Keel records for a small state it serializes on the loop
+    instead (`recorded(..., inline=True)`). The step's commit waits for those statements, and
+    on a loop busy with other runs the hop, not the microseconds msgpack takes, was nearly all
+    of the wait."""
+    stack = list(values)
+    budget, steps = LARGE, 0
+    while stack:
+        steps += 1
+        if steps > WALK:
+            return False
+        value = stack.pop()
+        kind = type(value)
+        if kind is str or kind is bytes or kind is bytearray:
+            budget -= len(value)
+            if budget < 0:
+                return False
+        elif value is None or kind is int or kind is float or kind is bool:
+            continue
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            stack.extend(value)
+        elif isinstance(value, str | bytes | int | float):  # a subclass: an enum, a str type
+            budget -= len(str(value))
+            if budget < 0:
+                return False
+        else:
+            attributes = getattr(value, "__dict__", None)
+            if not isinstance(attributes, dict):
+                return False
+            stack.extend(attributes.values())
+    return True

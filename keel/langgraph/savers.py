@@ -63,7 +63,7 @@ from keel.langgraph.recording import (
     SqliteLock,
     recorded,
     recording,
-    small_writes,
+    small_state,
 )
 from keel.langgraph.timeline import StepTimeline, checkpoint_id
 
@@ -274,7 +274,8 @@ class Fencing(StepTimeline):
         if not config["configurable"].get("checkpoint_ns"):
             self.roots[(run_id, token)] = checkpoint["id"]
         recorder: list[Statement] = []
-        with recorded(recorder):
+        # Upstream serializes the values it keeps as blobs in a thread: a small state's here.
+        with recorded(recorder, inline=small_state(checkpoint["channel_values"].values())):
             next_config: RunnableConfig = await super().aput(  # type: ignore[misc]
                 config, checkpoint, metadata, new_versions
             )
@@ -453,27 +454,15 @@ class Fencing(StepTimeline):
         task_id: str,
         task_path: str,
     ) -> list[Statement]:
-        """Upstream's statements for a task's writes, recorded from its own `aput_writes`
-        (or, where the saver knows them without it, `quick_writes`)."""
-        quick = self.quick_writes(config, writes, task_id, task_path)
-        if quick is not None:
-            return quick
-        return await self._record(super().aput_writes(config, writes, task_id, task_path))  # type: ignore[misc]
+        """Upstream's statements for a task's writes, recorded from its own `aput_writes`."""
+        call = super().aput_writes(config, writes, task_id, task_path)  # type: ignore[misc]
+        return await self._record(call, inline=small_state(value for _, value in writes))
 
-    def quick_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> list[Statement] | None:
-        """The statements for these writes without upstream's own path, where a saver knows
-        them; None: record upstream's."""
-        return None
-
-    async def _record(self, call: Coroutine[Any, Any, Any]) -> list[Statement]:
+    async def _record(
+        self, call: Coroutine[Any, Any, Any], *, inline: bool = False
+    ) -> list[Statement]:
         recorder: list[Statement] = []
-        with recorded(recorder):
+        with recorded(recorder, inline=inline):
             await call
         return recorder
 
@@ -568,7 +557,6 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
         super().__init__(pool)
 
     # Small writes without upstream's hop to a thread: `aput` waits for these statements.
-    quick_writes = small_writes
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:

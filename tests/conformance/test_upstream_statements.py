@@ -17,6 +17,7 @@ import json
 import operator
 import os
 import re
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -31,8 +32,10 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 from psycopg.rows import dict_row
 
+from keel.backends.pg_batch import LARGE
 from keel.backends.postgres import normalize_postgres_url
 from keel.backends.sqlite import sqlite_path
+from keel.core.portal import Portal
 from keel.langgraph import recording, savers, timeline
 
 EXPECTED = Path(__file__).with_name("upstream_statements.json")
@@ -192,32 +195,56 @@ def test_the_special_channels_keel_names_are_langgraphs() -> None:
     assert {constants.INTERRUPT, constants.ERROR, constants.RESUME} <= savers.SPECIAL
 
 
-def test_small_writes_keel_records_itself_are_what_upstreams_aput_writes_issues() -> None:
-    """FencedPostgresSaver records a task's small writes without upstream's hop to a thread
-    (recording.small_writes): the statements must be the ones upstream's own `aput_writes`
-    records, for both of its queries (ordinary writes, and special ones that upsert)."""
+def test_small_writes_are_serialized_on_the_loop_and_large_ones_in_a_thread() -> None:
+    """FencedPostgresSaver records a task's writes from upstream's own `aput_writes`; for small
+    values (recording.small_state) upstream's hop to a thread to serialize them runs on the
+    loop instead. Either way the statements are upstream's, for both of its queries (ordinary
+    writes, and special ones that upsert)."""
     from psycopg_pool import AsyncConnectionPool
 
     config = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c1"}}
-    cases: list[list[tuple[str, Any]]] = [
+    small: list[list[tuple[str, Any]]] = [
         [("n", 1), ("branch:to:b", None)],
         [("text", "short"), ("ratio", 0.5), ("flag", True), ("raw", b"\x00\x01")],
         [(constants.INTERRUPT, "why"), (constants.RESUME, 3)],
         [(constants.RESUME, "yes"), ("n", 2)],  # a resumed task: its resume beside its own
-        [("long", "x" * (recording.SMALL + 1))],  # upstream's own path: equal by construction
+        [("messages", [{"role": "user", "content": "hi " * 100}] * 10)],
+    ]
+    large: list[list[tuple[str, Any]]] = [
+        [("long", "x" * (LARGE + 1))],
+        [("n", 1), ("many", list(range(recording.WALK + 1)))],
     ]
 
-    async def both() -> list[tuple[list[Any], list[Any]]]:
+    async def both() -> list[tuple[bool, list[Any], list[Any], str, str]]:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool("postgresql://unused", open=False)
         saver = savers.FencedPostgresSaver(pool)
+        dumped_on: list[str] = []
+        dump = saver._dump_writes
+
+        def watched(*args: Any) -> Any:
+            dumped_on.append(threading.current_thread().name)
+            return dump(*args)
+
+        saver._dump_writes = watched  # type: ignore[method-assign]
         found = []
-        for writes in cases:
+        for writes in small + large:
             ours = await saver._record_writes(config, writes, "task-1", "~__pregel_pull, a")
             upstream = AsyncPostgresSaver.aput_writes(
                 saver, config, writes, "task-1", "~__pregel_pull, a"
             )
-            found.append((ours, await saver._record(upstream)))
+            theirs = await saver._record(upstream)
+            found.append((writes in small, ours, theirs, dumped_on[-2], dumped_on[-1]))
         return found
 
-    for ours, theirs in asyncio.run(both()):
+    portal = Portal(name="keel-test-loop")  # the loop a worker runs on, and its threads
+    try:
+        results = portal.call(both())
+    finally:
+        portal.close()
+    for is_small, ours, theirs, our_thread, upstream_thread in results:
         assert ours == theirs
+        assert upstream_thread.startswith("keel-node")  # upstream's own call: always a hop
+        if is_small:
+            assert our_thread == "keel-test-loop"
+        else:
+            assert our_thread.startswith("keel-node")

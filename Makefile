@@ -34,7 +34,8 @@ typecheck: $(STAMP)
 
 BENCH_STAMP := $(VENV)/.keel-bench-installed
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,bench]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,bench]" \
+	  --config-settings editable_mode=compat
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -62,6 +62,7 @@ from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.cli.schedules import schedules_cli
 from keel.cli.threads import threads_cli
 from keel.core.waits import DecisionResult
+from keel.runtime.upkeep import collect_less_often
 from keel.runtime.worker import DEFAULT_CONCURRENCY
 
 cli = typer.Typer(
@@ -167,6 +168,7 @@ def worker(
     """Execute runs of APP's workflows (or a langgraph.json project's graphs) until stopped
     (SIGTERM drains; twice stops now)."""
     loaded = chosen_app(app, config, db)
+    collect_less_often()  # this process only runs the worker (and its app's imports are done)
     try:
         check_database(loaded, hint=APP_HINT if config is None else PROJECT_HINT)
         if metrics_port is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -36,6 +37,29 @@ from keel.runtime.stranded import live_window, report_stranded
 from keel.runtime.watchdog import BlockRecorder, LoopWatchdog
 
 log = logging.getLogger("keel.runtime.worker")
+
+PYTHON_GEN0 = 700
+"""CPython's own threshold for a collection of its youngest generation (3.11-3.12)."""
+WORKER_GEN0 = 10_000
+"""The youngest generation's threshold in a worker process (`keel worker`)."""
+
+
+def collect_less_often() -> bool:
+    """Raise the youngest generation's collection threshold from 700 to `WORKER_GEN0`, unless
+    the process chose its own (an app module may, as it loads); whether it did.
+
+    For a process that runs a worker and nothing else. Every step allocates thousands of short-
+    lived containers (LangGraph's tasks and checkpoints, Keel's statements), so at 700 the
+    collector ran about 700 times per 1,000 runs drained, 0.5 ms a run: 7% of a PostgreSQL
+    worker's time. At 10,000 it ran 31 times, 0.15 ms a run. A cycle of garbage lives a little
+    longer; nothing that is not garbage is touched."""
+    gen0, gen1, gen2 = gc.get_threshold()
+    if gen0 != PYTHON_GEN0:
+        return False
+    gc.set_threshold(WORKER_GEN0, gen1, gen2)
+    return True
+
+
 STRANDED_CHECK_INTERVAL = 10.0
 """Seconds between looks for stranded runs (each new one is logged once)."""
 QUIET_STRANDED_CHECK_INTERVAL = 60.0

@@ -8,6 +8,7 @@ is counted by what the sink received.
 
 from __future__ import annotations
 
+import gc
 import getpass
 import io
 import json
@@ -36,6 +37,7 @@ from typer.testing import CliRunner, Result
 from keel.cli import render
 from keel.cli.commands import cli
 from keel.core.store.base import load_migrations
+from keel.runtime.upkeep import PYTHON_GEN0, WORKER_GEN0
 from keel.testing.postgres import drop_database
 from keel.testing.smtp import SmtpSink
 from tests.support.apps import versions
@@ -638,3 +640,14 @@ def test_a_graph_that_cannot_compile_is_refused_at_submit_and_worker_start(
     worker = keel(env, "worker", broken, "--stop-when-idle")
     assert worker.returncode == 1
     assert "does not compile" in one_error_line(worker.stderr)
+
+
+def test_the_worker_command_collects_less_often_than_python(env: dict[str, str]) -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(PYTHON_GEN0, *before[1:])
+    try:
+        result = invoke(env, "worker", FRESH, "--stop-when-idle")
+        assert result.exit_code == 0, result.output
+        assert gc.get_threshold() == (WORKER_GEN0, *before[1:])
+    finally:
+        gc.set_threshold(*before)

@@ -27,7 +27,6 @@ from keel.runtime.app import App
 from keel.runtime.loading import load_app
 from keel.runtime.project import CONFIG_NAME, KEEL_KEY, load_project, project_of
 from keel.runtime.worker import DEFAULT_CONCURRENCY, Worker, new_worker_id
-from keel.service.auth import is_loopback
 
 log = logging.getLogger("keel.dev")
 
@@ -349,6 +348,10 @@ def _changed_line(changed: dict[str, str]) -> str:
 
 
 def _loopback_host(host: str) -> bool:
+    # Imported here: the service (FastAPI and its models) is a third of the CLI's start-up, and
+    # every command but `serve` and `dev` does without it.
+    from keel.service.auth import is_loopback
+
     return host == "localhost" or is_loopback(host)
 
 

@@ -274,8 +274,11 @@ class Fencing(StepTimeline):
         if not config["configurable"].get("checkpoint_ns"):
             self.roots[(run_id, token)] = checkpoint["id"]
         recorder: list[Statement] = []
-        # Upstream serializes the values it keeps as blobs in a thread: a small state's here.
-        with recorded(recorder, inline=small_state(checkpoint["channel_values"].values())):
+        # Upstream serializes the changed channels it keeps as blobs in a thread: here, if
+        # they are small (the others it does not serialize, so they are not looked at).
+        values = checkpoint["channel_values"]
+        changed = (values[channel] for channel in new_versions if channel in values)
+        with recorded(recorder, inline=small_state(changed)):
             next_config: RunnableConfig = await super().aput(  # type: ignore[misc]
                 config, checkpoint, metadata, new_versions
             )
@@ -555,8 +558,6 @@ class FencedPostgresSaver(Fencing, AsyncPostgresSaver):
 
     def __init__(self, pool: AsyncConnectionPool[AsyncConnection[DictRow]]) -> None:
         super().__init__(pool)
-
-    # Small writes without upstream's hop to a thread: `aput` waits for these statements.
 
     @asynccontextmanager
     async def _cursor(self, *, pipeline: bool = False) -> AsyncIterator[Any]:

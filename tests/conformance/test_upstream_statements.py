@@ -228,12 +228,14 @@ def test_small_writes_are_serialized_on_the_loop_and_large_ones_in_a_thread() ->
         saver._dump_writes = watched  # type: ignore[method-assign]
         found = []
         for writes in small + large:
+            dumped_on.clear()
             ours = await saver._record_writes(config, writes, "task-1", "~__pregel_pull, a")
             upstream = AsyncPostgresSaver.aput_writes(
                 saver, config, writes, "task-1", "~__pregel_pull, a"
             )
             theirs = await saver._record(upstream)
-            found.append((writes in small, ours, theirs, dumped_on[-2], dumped_on[-1]))
+            our_thread, upstream_thread = dumped_on  # each call serialized its writes once
+            found.append((writes in small, ours, theirs, our_thread, upstream_thread))
         return found
 
     portal = Portal(name="keel-test-loop")  # the loop a worker runs on, and its threads

@@ -223,10 +223,15 @@ def test_a_provider_refusing_for_ten_seconds_only_delays_delivery(
     app: keel.App, provider: HttpSink, spawn: Spawn
 ) -> None:
     run_id = app.submit("outbox", job_id="o-6", input={"count": 10}).run_id
-    # Five seconds of 429 with a Retry-After, then five of 503 without one.
-    provider.refuse(429, seconds=5.0, retry_after=0.5)
+    # Five seconds of 429 with a Retry-After, then 503 without one until the same end: the
+    # 429s last until then unless replaced, so a late timer leaves no gap that accepts.
     refused_until = time.monotonic() + 10.0
-    then = threading.Timer(5.0, provider.refuse, args=(503,), kwargs={"seconds": 5.0})
+    provider.refuse(429, seconds=10.0, retry_after=0.5)
+
+    def then_503() -> None:
+        provider.refuse(503, seconds=max(refused_until - time.monotonic(), 0.0))
+
+    then = threading.Timer(5.0, then_503)
     then.start()
     try:
         worker = spawn()

@@ -83,11 +83,17 @@ async def traced(app: keel.App) -> AsyncIterator[Trace]:
                 if text.upper().startswith("COMMIT"):
                     trace.transactions.append(current_tx.pop())
 
-        await connector.connection.set_trace_callback(seen)
+        # Under the connector's lock: a transaction may run on the loop's thread on this same
+        # connection (SqliteConnector._here), and sqlite3 installs a callback holding the GIL
+        # while it waits for the connection's mutex, which that transaction's callbacks (this
+        # one, keel_now) hold while they wait for the GIL: the process would hang.
+        async with connector.lock:
+            await connector.connection.set_trace_callback(seen)
         try:
             yield trace
         finally:
-            await connector.connection.set_trace_callback(None)
+            async with connector.lock:
+                await connector.connection.set_trace_callback(None)
         return
 
     pool = connector.pool

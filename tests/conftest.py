@@ -10,6 +10,7 @@ with one line per tier saying how many tests passed (failed, ...) and how long i
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
 import uuid
@@ -128,6 +129,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Cheapest first, so that `-x` stops at a broken rule in seconds; stable within a tier.
     rank = {tier: n for n, tier in enumerate(TIERS)}
     items.sort(key=lambda item: rank.get(tier_of(item.nodeid), len(TIERS)))
+
+
+HUNG_AFTER = 600.0
+"""Seconds one test (setup, call, teardown) may take before the run prints every thread's stack
+and exits. pytest-timeout's signal fails a slow test, but cannot end a deadlock in C (a thread
+holding the GIL waiting for a lock held by one waiting for the GIL), nor a teardown that hangs
+after it fired: a hung run would otherwise spend CI's whole budget and print nothing useful."""
+
+
+_terminal: list[Any] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Output capture is off here: this is the terminal's stderr, where the stacks must go (a
+    # captured test's stderr is a file the exit would throw away).
+    _terminal.append(os.fdopen(os.dup(2), "w"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    faulthandler.dump_traceback_later(HUNG_AFTER, exit=True, file=_terminal[0])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -9,8 +9,9 @@ half-open connections"): connections carry TCP keepalives, a TCP user timeout an
 timeout tied to the lease TTL, and every checkout of a pooled connection (a transaction, a
 statement, a read, a saver call, the pool's own check) is abandoned past the round-trip bound:
 its socket is shut down under psycopg, the connection is closed and `RoundTripTimeout`, an
-infrastructure fault, is raised. A half-open path (a NAT, load balancer or pooler that lost the
-flow and swallows what is sent) answers nothing and closes nothing: only that bound notices.
+infrastructure fault, is raised (keel.backends.pg_bounds). A half-open path (a NAT, load
+balancer or pooler that lost the flow and swallows what is sent) answers nothing and closes
+nothing: only that bound notices.
 """
 
 from __future__ import annotations
@@ -19,25 +20,32 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import os
 import select
-import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from keel.backends.pg_batch import PREPARE_REFUSED, PREPARED_LOST, SET_FAKE_NOW, Batch
-from keel.core.errors import LeaseLost, RunNotFound, UsageError
+from keel.backends.pg_bounds import ROUND_TRIP_SETTING as ROUND_TRIP_SETTING
+from keel.backends.pg_bounds import (
+    UNBOUNDED_QUERIES,
+    Watch,
+    connection_options,
+    exempt,
+    round_trip_bound,
+    watched,
+)
+from keel.backends.pg_bounds import RoundTripTimeout as RoundTripTimeout
+from keel.core.errors import LeaseLost, RunNotFound
 from keel.core.store.base import Later, Params, Row, Statement, Tx, load_queries
 
 T = TypeVar("T")
@@ -54,166 +62,15 @@ until its TCP connection dies (keel chaos --fault freeze finds it). The frozen w
 its connection gone: an infrastructure fault, not a run failure."""
 
 
-ROUND_TRIP_SETTING = "KEEL_DB_ROUND_TRIP_TIMEOUT"
-"""Seconds a checkout of a pooled connection may take before it is abandoned (`0` or `off`:
-unbounded). Default: a third of the lease TTL, at least `MIN_ROUND_TRIP`."""
-MIN_ROUND_TRIP = 2.0
 LOOPS_BESIDE_RUNS = 4
 """Pooled connections a worker's own loops may hold at once besides its runs' (heartbeat,
 claims, the outbox's lanes, the scheduler): what `make_room` adds to the runs it is told of."""
 
 
-def round_trip_bound(lease_ttl: float, setting: str | None = None) -> float | None:
-    """The round-trip bound for a lease TTL, unless `setting` (KEEL_DB_ROUND_TRIP_TIMEOUT's
-    value) says otherwise: a third of the TTL, so a worker on a dead path notices while its
-    leases still hold, and at least a few seconds, so a busy server is not taken for a dead
-    one."""
-    if setting is not None and setting.strip():
-        text = setting.strip().lower()
-        if text in ("0", "off", "none"):
-            return None
-        try:
-            value = float(text.removesuffix("s"))
-        except ValueError:
-            raise UsageError(
-                f"{ROUND_TRIP_SETTING} must be seconds (or 0/off), not {setting!r}"
-            ) from None
-        return value if value > 0 else None
-    return max(lease_ttl / 3, MIN_ROUND_TRIP)
-
-
-def connection_options(url: str, lease_ttl: float, bound: float | None) -> dict[str, Any]:
-    """libpq options that bound what TCP itself waits for, unless `url` sets them: keepalives
-    on an idle connection (first probe after a third of the lease TTL), a TCP user timeout
-    (unacknowledged data or probes for two thirds of it end the connection) and a connect
-    timeout (the round-trip bound). Ignored on a Unix socket. Behind a proxy whose own kernel
-    acknowledges what it swallows, TCP never notices: the round-trip bound does."""
-    given = conninfo_to_dict(url)
-    wanted: dict[str, Any] = {
-        "keepalives": 1,
-        "keepalives_idle": max(1, round(lease_ttl / 3)),
-        "keepalives_interval": max(1, round(lease_ttl / 10)),
-        "keepalives_count": 3,
-        "tcp_user_timeout": max(1000, int(lease_ttl * 2000 / 3)),
-        "connect_timeout": max(2, math.ceil(bound if bound is not None else lease_ttl / 3)),
-    }
-    if "PGCONNECT_TIMEOUT" in os.environ:
-        del wanted["connect_timeout"]
-    return {name: value for name, value in wanted.items() if name not in given}
-
-
-class RoundTripTimeout(psycopg.OperationalError):
-    """A round trip to PostgreSQL got no answer within the bound: its connection was abandoned
-    (closed, never returned to the pool). An infrastructure fault, as a lost connection is."""
-
-
-class _Watch:
-    """Armed for one checkout: past `bound`, shut the connection's socket down under psycopg.
-
-    Not `asyncio.timeout`: cancelling a coroutine inside psycopg makes it send a cancel request
-    on a new connection and wait for the server to answer it (up to 5 s each), over the same
-    dead path. A socket shut down wakes whatever waits on it at once (end of file, or a broken
-    pipe), libpq calls the connection lost, and psycopg raises OperationalError: no request,
-    no wait, nothing that can hang."""
-
-    __slots__ = ("bound", "conn", "fired", "handle", "what")
-
-    def __init__(self, conn: AsyncConnection[Any], bound: float, what: str) -> None:
-        self.conn, self.bound, self.what, self.fired = conn, bound, what, False
-        self.handle: asyncio.TimerHandle | None = None
-
-    def __enter__(self) -> _Watch:
-        self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
-        return self
-
-    def __exit__(self, _type: object, exc: BaseException | None, _tb: object) -> None:
-        assert self.handle is not None
-        self.handle.cancel()
-        if (
-            self.fired
-            and isinstance(exc, psycopg.Error | OSError)
-            and not isinstance(exc, RoundTripTimeout)
-        ):
-            raise RoundTripTimeout(
-                f"no answer from PostgreSQL within {self.bound:g} s ({self.what}): connection "
-                f"abandoned ({ROUND_TRIP_SETTING})"
-            ) from exc
-
-    def _fire(self) -> None:
-        if self.conn in _unbounded:  # a migration's DDL or lock wait: look again later
-            self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
-            return
-        self.fired = True
-        _warn_timeout(self.conn, self.bound, self.what)
-        try:
-            fd = self.conn.pgconn.socket
-        except psycopg.Error:
-            return  # closed meanwhile
-        sock = socket.socket(fileno=fd)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.detach()  # the descriptor stays libpq's: closed with the connection
-
-
-_unbounded: set[AsyncConnection[Any]] = set()
-"""Connections running what the round-trip bound must not cut short (see `_exempt`)."""
-
-UNBOUNDED_QUERIES = frozenset({"migration_lock"})
-"""Queries that wait for another process on purpose (a migration in progress elsewhere)."""
-
-
-@contextlib.contextmanager
-def _exempt(conn: AsyncConnection[Any]) -> Iterator[None]:
-    """Not bounded: schema migrations (DDL may rewrite a large table) and the wait for the
-    migration lock. They run from `keel migrate`, not in a worker's steps; TCP keepalives and
-    the user timeout still end them on a dead path."""
-    _unbounded.add(conn)
-    try:
-        yield
-    finally:
-        _unbounded.discard(conn)
-
-
-WARN_EVERY = 30.0
-"""Seconds between two warnings of timed-out round trips (one outage times out many)."""
-_warned = {"at": -math.inf, "since": 0}
-
-
-def _warn_timeout(conn: AsyncConnection[Any], bound: float, what: str) -> None:
-    now = time.monotonic()
-    if now - _warned["at"] < WARN_EVERY:
-        _warned["since"] += 1
-        log.info("PostgreSQL round trip (%s) timed out after %g s", what, bound)
-        return
-    more = _warned["since"]
-    _warned["at"], _warned["since"] = now, 0
-    try:
-        where = f"{conn.info.host}:{conn.info.port}"
-    except psycopg.Error:
-        where = "the server"
-    log.warning(
-        "PostgreSQL round trip (%s) got no answer from %s within %g s (%s): connection "
-        "abandoned; the network path may be down or half-open%s",
-        what,
-        where,
-        bound,
-        ROUND_TRIP_SETTING,
-        f" ({more} more timed out since the last warning)" if more else "",
-        extra={"event": "database.round_trip_timeout"},
-    )
-
-
-def _watched(conn: AsyncConnection[Any], bound: float | None, what: str) -> Any:
-    return _Watch(conn, bound, what) if bound is not None else contextlib.nullcontext()
-
-
 async def _configure(conn: AsyncConnection[DictRow], *, bound: float | None = None) -> None:
     # Only where nothing bounds it yet (0, the server's default): a database or role setting
     # the deployment chose is kept.
-    with _watched(conn, bound, "a new connection's setup"):
+    with watched(conn, bound, "a new connection's setup"):
         await conn.execute(
             "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
             " WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
@@ -234,7 +91,7 @@ class _Pool(AsyncConnectionPool[AsyncConnection[DictRow]]):
     every return to a background task, so the connection comes back a loop turn (or more) after
     its transaction ended and the next step's checkout often finds it still away.
 
-    Each checkout is bounded by `bound` (see `_Watch`); a connection that timed out, or comes
+    Each checkout is bounded by `bound` (see `Watch`); a connection that timed out, or comes
     back inside a transaction or a query, is closed rather than rolled back by the pool (a
     round trip more on a path that may not answer)."""
 
@@ -250,12 +107,12 @@ class _Pool(AsyncConnectionPool[AsyncConnection[DictRow]]):
         # psycopg_pool's own, without its `async with conn` (a commit or rollback that finds
         # no transaction on these autocommit connections) and with the watch.
         conn = await self.getconn(timeout)
-        watch: _Watch | None = None
+        watch: Watch | None = None
         try:
             if self.bound is None:
                 yield conn
             else:
-                with _Watch(conn, self.bound, what) as watch:
+                with Watch(conn, self.bound, what) as watch:
                     yield conn
         finally:
             if (watch is not None and watch.fired) or conn.pgconn.transaction_status not in (
@@ -291,7 +148,7 @@ async def _check(conn: AsyncConnection[Any], *, bound: float | None = None) -> N
     opens) another connection."""
     idle = time.monotonic() - _idle_since.get(conn, 0.0)
     if idle > CHECK_AFTER_IDLE or _readable(conn):
-        with _watched(conn, bound, "a pooled connection's check"):
+        with watched(conn, bound, "a pooled connection's check"):
             await AsyncConnectionPool.check_connection(conn)
 
 
@@ -345,7 +202,7 @@ class PostgresTx:
 
     async def one(self, name: str, params: Params | None = None) -> Row | None:
         if name in UNBOUNDED_QUERIES:
-            with _exempt(self.connection):
+            with exempt(self.connection):
                 cur = await self.connection.execute(self._queries[name], params or {})
         else:
             cur = await self.connection.execute(self._queries[name], params or {})
@@ -363,7 +220,7 @@ class PostgresTx:
         return cur.rowcount
 
     async def script(self, sql: str) -> None:
-        with _exempt(self.connection):  # a migration's DDL
+        with exempt(self.connection):  # a migration's DDL
             await self.connection.execute(sql.encode())
 
     async def send(self, name: str, params: Params | None = None) -> Later:
@@ -574,13 +431,13 @@ class PostgresConnector:
                     self.url, autocommit=True, **self.connect_options
                 )
                 async with conn:
-                    with _watched(conn, bound, f"LISTEN {channel}"):
+                    with watched(conn, bound, f"LISTEN {channel}"):
                         await conn.execute(f"LISTEN {channel}")
                     on_notify(None)  # anything sent while we were not listening
                     while True:
                         async for notify in conn.notifies(timeout=every):
                             on_notify(notify.payload)
-                        with _watched(conn, bound, f"the LISTEN {channel} connection's check"):
+                        with watched(conn, bound, f"the LISTEN {channel} connection's check"):
                             await AsyncConnectionPool.check_connection(conn)
             except asyncio.CancelledError:
                 raise

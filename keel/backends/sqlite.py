@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import re
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -20,201 +19,23 @@ from typing import Any, TypeVar, cast
 import aiosqlite
 
 from keel.backends.locks import TaskReentrantLock
+from keel.backends.sqlite_tx import (
+    SqliteTx,
+    ThreadTx,
+    injected_failure,
+    is_transient,
+    run_to_end,
+    split_chain,
+)
 from keel.backends.sqlite_wal import WAL_CHECKPOINT_BYTES as WAL_CHECKPOINT_BYTES
 from keel.backends.sqlite_wal import WalKeeper, open_wal
 from keel.backends.sqlite_wal import checkpoint as _checkpoint
 from keel.core.errors import LeaseLost
-from keel.core.faults import statement_fails
 from keel.core.ids import digest
 from keel.core.notifications import notification_payload
-from keel.core.store.base import (
-    BULKY,
-    Later,
-    Params,
-    Row,
-    Statement,
-    Tx,
-    load_queries,
-    writing,
-)
+from keel.core.store.base import BULKY, Params, Row, Tx, load_queries, writing
 
 T = TypeVar("T")
-
-# Primary result codes of a file that is busy, locked, full or failing, not of a bad statement.
-_TRANSIENT_CODES = frozenset(
-    {
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_PROTOCOL,
-    }
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """The database file was busy, full or unreadable: retrying later can succeed."""
-    if not isinstance(exc, sqlite3.Error):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in _TRANSIENT_CODES  # extended codes carry the primary in the low byte
-    text = str(exc).lower()
-    return any(s in text for s in ("locked", "busy", "disk is full", "disk i/o error"))
-
-
-def _injected_failure() -> None:
-    # SQLite has no server to drop the connection: a `fail-next-statement` fault (keel chaos
-    # --fault db-error) fails the statement here as a lost file or full disk would.
-    if statement_fails():
-        raise sqlite3.OperationalError("disk I/O error (injected by keel chaos --fault db-error)")
-
-
-_CHAIN_SPLIT = re.compile(r";[ \t]*$", re.MULTILINE)
-
-
-def _run_chain(
-    conn: sqlite3.Connection, chain: tuple[str, ...], params: Params | None, *, own: bool
-) -> Row | None:
-    """A chain of statements (see `Connector.single`) on the database thread, in a transaction
-    of its own (`own`) or in the one already open on `conn`."""
-    bound = dict(params or {})
-    answer: Row = {}
-    if own:
-        conn.execute("BEGIN IMMEDIATE")
-    try:
-        for sql in chain:
-            cur = conn.execute(sql, bound)
-            if cur.description is None:
-                continue
-            rows = cur.fetchall()
-            if not rows:
-                answer = {}
-                break
-            answer.update(dict(rows[0]))
-            bound.update(answer)
-        if own:
-            conn.commit()
-    except BaseException:
-        if own:
-            conn.rollback()
-        raise
-    return answer or None
-
-
-def _split(sql: str) -> tuple[str, ...]:
-    return tuple(s.strip() for s in _CHAIN_SPLIT.split(sql) if s.strip())
-
-
-class SqliteTx:
-    """Named queries from the event loop: each statement, with its fetch, is one call to the
-    database thread (aiosqlite's public calls cost one per statement, fetch and close)."""
-
-    pipelined = False  # `send` runs its statement at once
-
-    def __init__(
-        self,
-        conn: aiosqlite.Connection,
-        queries: dict[str, str],
-        chains: dict[str, tuple[str, ...]],
-    ) -> None:
-        self.connection = conn
-        self._queries = queries
-        self._chains = chains
-
-    async def _on_thread(self, method: str, *args: Any) -> Any:
-        conn = self.connection
-
-        def statement() -> Any:
-            tx = ThreadTx(conn._conn, self._queries, self._chains)
-            return _run_to_end(getattr(tx, method)(*args))
-
-        return await conn._execute(statement)
-
-    async def one(self, name: str, params: Params | None = None) -> Row | None:
-        _injected_failure()
-        row: Row | None = await self._on_thread("one", name, params)
-        return row
-
-    async def all(self, name: str, params: Params | None = None) -> list[Row]:
-        _injected_failure()
-        rows: list[Row] = await self._on_thread("all", name, params)
-        return rows
-
-    async def execute(self, name: str, params: Params | None = None) -> int:
-        _injected_failure()
-        count: int = await self._on_thread("execute", name, params)
-        return count
-
-    async def script(self, sql: str) -> None:
-        await self._on_thread("script", sql)
-
-    async def send(self, name: str, params: Params | None = None) -> Later:
-        row = await self.one(name, params)
-        return _now(row)
-
-    async def replay(self, statement: Statement) -> None:
-        await self._on_thread("replay", statement)
-
-
-def _now(row: Row | None) -> Later:
-    async def later() -> Row | None:
-        return row
-
-    return later
-
-
-class ThreadTx:
-    """Named queries on the database thread itself, inside `SqliteConnector.run_transaction`.
-
-    Its methods are coroutines that never suspend (sqlite3 is synchronous here), so the store's
-    own async methods run on the thread unchanged: one implementation of each query, no hop
-    per statement."""
-
-    pipelined = False
-
-    def __init__(
-        self, conn: sqlite3.Connection, queries: dict[str, str], chains: dict[str, tuple[str, ...]]
-    ) -> None:
-        self.connection = conn
-        self._queries = queries
-        self._chains = chains
-
-    async def one(self, name: str, params: Params | None = None) -> Row | None:
-        _injected_failure()
-        chain = self._chains[name]
-        if len(chain) > 1:
-            return _run_chain(self.connection, chain, params, own=False)
-        cur = self.connection.execute(self._queries[name], params or {})
-        try:
-            row = cur.fetchone()
-        finally:
-            cur.close()
-        return dict(row) if row is not None else None
-
-    async def all(self, name: str, params: Params | None = None) -> list[Row]:
-        _injected_failure()
-        rows = self.connection.execute(self._queries[name], params or {}).fetchall()
-        return [dict(r) for r in rows]
-
-    async def execute(self, name: str, params: Params | None = None) -> int:
-        _injected_failure()
-        return self.connection.execute(self._queries[name], params or {}).rowcount
-
-    async def script(self, sql: str) -> None:
-        self.connection.execute(sql)
-
-    async def send(self, name: str, params: Params | None = None) -> Later:
-        return _now(await self.one(name, params))
-
-    async def replay(self, statement: Statement) -> None:
-        _injected_failure()
-        sql, params, many = statement
-        if many:
-            self.connection.executemany(sql, params)
-        else:
-            self.connection.execute(sql, params)
 
 
 def _fold(conn: sqlite3.Connection) -> Any:
@@ -224,18 +45,6 @@ def _fold(conn: sqlite3.Connection) -> Any:
 
 def _nothing() -> None:
     return None
-
-
-def _run_to_end(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that awaits only ThreadTx statements, here, to its end."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError(
-        "a statement of a database-thread transaction awaited something else than its Tx"
-    )
 
 
 class _Pending:
@@ -278,7 +87,7 @@ class SqliteConnector:
         self._busy_timeout_ms = busy_timeout_ms
         self._synchronous = synchronous
         self._queries = load_queries(self.dialect)
-        self._chains = {name: _split(sql) for name, sql in self._queries.items()}
+        self._chains = {name: split_chain(sql) for name, sql in self._queries.items()}
         self._named = (self._queries, self._chains)
         self._conn: aiosqlite.Connection | None = None
         self.clock_override: Callable[[], float] | None = None
@@ -483,9 +292,9 @@ class SqliteConnector:
             if not alone:
                 conn.execute("SAVEPOINT keel_step")
             try:
-                _injected_failure()
+                injected_failure()
                 coro = cast(Coroutine[Any, Any, Any], entry.body(ThreadTx(conn, *self._named)))
-                entry.result = entry.context.run(_run_to_end, coro)
+                entry.result = entry.context.run(run_to_end, coro)
             except Exception as exc:
                 entry.failed(self._reason(exc))
                 if not conn.in_transaction:
@@ -522,7 +331,7 @@ class SqliteConnector:
     async def transaction(self) -> AsyncIterator[SqliteTx]:
         conn = self.connection
         async with self.lock:
-            _injected_failure()
+            injected_failure()
             await conn.execute("BEGIN IMMEDIATE")
             try:
                 yield SqliteTx(conn, self._queries, self._chains)
@@ -552,7 +361,7 @@ class SqliteConnector:
     @asynccontextmanager
     async def read(self) -> AsyncIterator[SqliteTx]:
         async with self.lock:
-            _injected_failure()
+            injected_failure()
             yield SqliteTx(self.connection, self._queries, self._chains)
 
     async def listen(self, channel: str, on_notify: Callable[[str | None], None]) -> None:

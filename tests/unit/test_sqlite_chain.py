@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from keel.backends.sqlite import _run_chain, _split
+from keel.backends.sqlite_tx import _run_chain, split_chain
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def rows(conn: sqlite3.Connection) -> list[tuple[str, int]]:
 
 
 def test_columns_of_a_row_are_parameters_of_the_statements_after_it(conn) -> None:
-    chain = _split(
+    chain = split_chain(
         "SELECT v + 1 AS next FROM t WHERE k = :k;\n"
         "INSERT INTO t VALUES (:new, :next);\n"
         "SELECT COUNT(*) AS n FROM t;"
@@ -40,7 +40,7 @@ def test_columns_of_a_row_are_parameters_of_the_statements_after_it(conn) -> Non
 
 
 def test_a_statement_that_finds_nothing_ends_the_chain_and_what_ran_commits(conn) -> None:
-    chain = _split(
+    chain = split_chain(
         "UPDATE t SET v = v + 10 WHERE k = 'a';\n"
         "SELECT v FROM t WHERE k = :missing;\n"
         "DELETE FROM t;"
@@ -51,7 +51,7 @@ def test_a_statement_that_finds_nothing_ends_the_chain_and_what_ran_commits(conn
 
 
 def test_a_failing_statement_rolls_the_whole_chain_back(conn) -> None:
-    chain = _split("UPDATE t SET v = 99;\nINSERT INTO t VALUES ('a', 2);")
+    chain = split_chain("UPDATE t SET v = 99;\nINSERT INTO t VALUES ('a', 2);")
     with pytest.raises(sqlite3.IntegrityError):
         _run_chain(conn, chain, {}, own=True)
     assert rows(conn) == [("a", 1)]
@@ -60,7 +60,7 @@ def test_a_failing_statement_rolls_the_whole_chain_back(conn) -> None:
 
 def test_inside_an_open_transaction_the_chain_neither_begins_nor_commits(conn) -> None:
     conn.execute("BEGIN IMMEDIATE")
-    chain = _split("SELECT 5 AS v;\nINSERT INTO t VALUES ('c', :v);")
+    chain = split_chain("SELECT 5 AS v;\nINSERT INTO t VALUES ('c', :v);")
     assert _run_chain(conn, chain, {}, own=False) == {"v": 5}
     assert conn.in_transaction
     conn.rollback()

@@ -44,7 +44,7 @@ FORMATS: dict[str, str] = {
     "keel": "",
     # The protocol's shapes live with the HTTP service (a layer above): imported by name, at the
     # first delivery that needs them, so a worker that sends none never loads FastAPI.
-    "agent_server": "keel.service.agent_server.runs:protocol_run",
+    "agent_server": "keel.service.agent_server.run_rows:protocol_run",
 }
 
 DELIVERING: contextvars.ContextVar[Services | None] = contextvars.ContextVar(

@@ -20,7 +20,7 @@ from keel.core.errors import KeelError, RunNotFound
 from keel.core.lifecycle import Status
 from keel.runtime.app import App
 from keel.service.agent_server.authz import Gate, visible_thread
-from keel.service.agent_server.runs import roll_back
+from keel.service.agent_server.run_rows import roll_back
 from keel.service.auth import Principal
 from keel.service.errors import Refused
 

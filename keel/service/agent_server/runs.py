@@ -43,13 +43,10 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from keel.core import runs as core_runs
-from keel.core.errors import KeelError, RunFinished, RunNotFound, RunStillGoing, ThreadNotFound
-from keel.core.ids import validate_run_id
-from keel.core.lifecycle import FINISHED, Status, TerminationReason
+from keel.core.errors import KeelError, RunStillGoing, ThreadNotFound
+from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
-from keel.core.threads import first_unfinished, new_id, validate_thread_id
-from keel.runtime.aio import AsyncApp
+from keel.core.threads import first_unfinished, new_id
 from keel.runtime.app import App
 from keel.service.agent_server import stream
 from keel.service.agent_server.assistant_book import resolve_for_run
@@ -61,8 +58,14 @@ from keel.service.agent_server.run_bodies import (
     names,
     paused_statically,
 )
+from keel.service.agent_server.run_rows import (
+    delete_finished_run,
+    delete_thread_after,
+    protocol_run,
+    roll_back,
+    run_of_thread,
+)
 from keel.service.agent_server.shapes import (
-    run_shape,
     run_status,
     selected,
     thread_shape,
@@ -77,32 +80,6 @@ WAIT_SLICE = 5.0
 """Seconds between checks that a waiting request's client is still there."""
 PING_SECONDS = 15
 MAX_LIST = 1000
-
-
-def protocol_run(row: Row) -> dict[str, Any]:
-    """A Keel run as this protocol's run, with the options it was created with: what the
-    endpoints answer and a completion webhook's body (keel.runtime.webhooks)."""
-    body = run_shape(row)
-    kwargs = body["kwargs"]
-    kept = kwargs["config"].pop(KWARGS, None) or {}
-    kwargs.update(
-        {
-            "stream_mode": ["values"],
-            "context": kwargs.get("context") or {},
-            "interrupt_before": None,
-            "interrupt_after": None,
-            "webhook": None,
-            "feedback_keys": None,
-            "resumable": True,  # every Keel stream resumes by event id
-            "checkpoint_during": True,  # every step's checkpoint commits with its writes
-            **kept,
-        }
-    )
-    body["assistant_id"] = body["metadata"].get("assistant_id") or body["assistant_id"]
-    configurable = kwargs["config"].setdefault("configurable", {})
-    configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
-    body.setdefault("langsmith_session_name", None)
-    return body
 
 
 def runs_router(keel_app: App, auth: Gate) -> APIRouter:
@@ -218,7 +195,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             visible_thread(auth, keel_app, principal, thread_id, action, run_id=run_id)
         # The run's row alone (not its timeline, effects, waits: `App.get_run`), with the
         # thread's existence, in one call: a client polls this.
-        return call(_run_of_thread(keel_app.aio, thread_id, run_id, thread=not auth.custom))
+        return call(run_of_thread(keel_app.aio, thread_id, run_id, thread=not auth.custom))
 
     shape = protocol_run
 
@@ -234,13 +211,13 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
     def clean_now(body: RunIn, row: Row) -> None:
         """Delete a stateless run's thread now that the run was waited for."""
         if (body.on_completion or "delete") == "delete":
-            call(_delete_thread(keel_app.aio, row["run_id"], row["thread_id"], wait=False))
+            call(delete_thread_after(keel_app.aio, row["run_id"], row["thread_id"], wait=False))
 
     def clean_later(body: RunIn, row: Row) -> None:
         """Delete a stateless run's thread once the run has finished (a task of this server's)."""
         if (body.on_completion or "delete") != "delete":
             return
-        work = _delete_thread(keel_app.aio, row["run_id"], row["thread_id"], wait=True)
+        work = delete_thread_after(keel_app.aio, row["run_id"], row["thread_id"], wait=True)
         task = asyncio.run_coroutine_threadsafe(work, keel_app.aio.runtime.portal.loop)
         cleaning.add(task)
         task.add_done_callback(cleaning.discard)
@@ -373,7 +350,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             return shape(await in_thread(on_thread, principal, thread_id, run_id))
         # Clients poll this: read straight from the App's loop, no thread-pool hop.
         return shape(
-            await on_app(keel_app, _run_of_thread(keel_app.aio, thread_id, run_id, thread=True))
+            await on_app(keel_app, run_of_thread(keel_app.aio, thread_id, run_id, thread=True))
         )
 
     @router.get("/threads/{thread_id}/runs/{run_id}/join")
@@ -439,7 +416,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         row = on_thread(principal, thread_id, run_id, "delete")
         gone = None
         if Status(row["status"]) in FINISHED:
-            gone = call(_delete_run(keel_app.aio, thread_id, run_id))
+            gone = call(delete_finished_run(keel_app.aio, thread_id, run_id))
         if gone is None:
             raise Refused(
                 409,
@@ -495,52 +472,3 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
 
 def _json(body: Any, headers: dict[str, str]) -> Response:
     return JSONResponse(body, headers=headers)
-
-
-async def _delete_thread(app: AsyncApp, run_id: str, thread_id: str, *, wait: bool) -> None:
-    """Delete a stateless run's thread once the run finished (a paused one keeps it)."""
-    row = await app.wait(run_id) if wait else await app.runtime.store.get_run(run_id)
-    if row is None or Status(row["status"]) not in FINISHED:
-        return
-    try:
-        await app.delete_thread(thread_id)
-    except KeelError as exc:
-        log.info("thread %s of stateless run %s kept: %s", thread_id, run_id, exc)
-
-
-async def _run_of_thread(app: AsyncApp, thread_id: str, run_id: str, *, thread: bool) -> Row:
-    """The run's row if it is one of the thread's (and, with `thread`, the thread exists)."""
-    await app.open()
-    validate_thread_id(thread_id)
-    validate_run_id(run_id)
-    store = app.runtime.store
-    if thread and await store.get_thread(thread_id) is None:
-        raise ThreadNotFound(f"no thread {thread_id!r}")
-    row = await store.get_run(run_id)
-    if row is None or (row.get("thread_id") or row["run_id"]) != thread_id:
-        raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
-    return row
-
-
-async def _delete_run(app: AsyncApp, thread_id: str, run_id: str) -> dict[str, int] | None:
-    await app.open()
-    return await app.runtime.store.delete_finished_run(thread_id, run_id)
-
-
-async def roll_back(app: AsyncApp, run_id: str, by: str) -> Row:
-    """Cancel the run as a rollback: it ends `rolled_back` and what it checkpointed goes (a
-    running one's at its next step boundary, as a `rollback` strategy's does)."""
-    await app.open()
-    store = app.runtime.store
-    async with store.transaction() as tx:
-        run = await store.lock_run(tx, run_id)
-        if run is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        if Status(run["status"]) in FINISHED:
-            raise RunFinished(f"run {run_id} is already {run['status']}")
-        await core_runs.stop(store, tx, run, TerminationReason.ROLLED_BACK, {"by": by})
-        if run["status"] != Status.RUNNING and run.get("thread_id"):
-            await store.discard_rolled_back(tx, str(run["thread_id"]))
-        row = await store.read_run(tx, run_id)
-    assert row is not None
-    return row

@@ -33,7 +33,7 @@ from keel.core.store.base import Row
 from keel.runtime.app import App
 from keel.service.agent_server.authz import Gate, visible_thread
 from keel.service.agent_server.positions import Event, Position
-from keel.service.agent_server.runs import protocol_run
+from keel.service.agent_server.run_rows import protocol_run
 from keel.service.agent_server.stream import FIRST_POLL, LAST_POLL, Feed, Graphs, on_app
 from keel.service.agent_server.stream_chunks import Messages
 from keel.service.auth import Principal

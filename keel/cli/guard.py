@@ -173,10 +173,20 @@ def read_input(input_json: str | None, input_file: str | None) -> Any:
     else:
         assert input_json is not None
         text, where = input_json, "--input"
+    return json_value(text, where)
+
+
+def json_value(text: str, where: str) -> Any:
+    """`text` as JSON, or exit 2 saying where it is not (and, for a bare word, how a string
+    is written)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        fail(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", 2)
+        hint = f" (a string is written with quotes: '\"{text}\"')" if text.isidentifier() else ""
+        fail(
+            f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}{hint}",
+            BAD_USAGE,
+        )
 
 
 def effect_wait(details: RunDetails, wait_id: str | None) -> str | None:
@@ -197,3 +207,12 @@ def login() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name in this environment (a bare container)
         return "cli"
+
+
+def json_object(text: str | None, where: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    value = json_value(text, where)
+    if not isinstance(value, dict):
+        fail(f"{where} must be a JSON object, not {type(value).__name__}", BAD_USAGE)
+    return value

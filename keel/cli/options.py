@@ -8,13 +8,21 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from keel.cli import render
-from keel.cli.guard import BAD_USAGE, OPTIONS_HINT, check_database, fail, say
+from keel.cli.guard import (
+    BAD_USAGE,
+    OPTIONS_HINT,
+    check_database,
+    fail,
+    json_object,
+    json_value,
+    say,
+)
 from keel.cli.render import out
 from keel.core.store.base import Row
 from keel.runtime.app import App
@@ -77,10 +85,7 @@ def performed_result(result: str | None, performed: bool) -> object:
         return None
     if not performed:
         fail("--result only goes with --performed", BAD_USAGE)
-    try:
-        return json.loads(result)
-    except json.JSONDecodeError as exc:
-        fail(f"--result is not valid JSON: {exc.msg} at column {exc.colno}", BAD_USAGE)
+    return json_value(result, "--result")
 
 
 def listing(rows: list[Row], as_json: bool, table: Callable[[list[Row]], Table], none: str) -> None:
@@ -122,3 +127,21 @@ def open_app(
         yield app
     finally:
         app.close()
+
+
+def metadata_filter(items: list[str] | None) -> dict[str, Any]:
+    """`--metadata KEY=VALUE` (VALUE read as JSON when it is: `tier=2` is the number) or a
+    JSON object, repeated: what every matching thread's metadata holds."""
+    found: dict[str, Any] = {}
+    for item in items or []:
+        if item.lstrip().startswith("{"):
+            found.update(json_object(item, "--metadata") or {})
+            continue
+        key, equals, raw = item.partition("=")
+        if not equals or not key:
+            fail(f"--metadata {item!r}: give KEY=VALUE or a JSON object", BAD_USAGE)
+        try:
+            found[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            found[key] = raw
+    return found

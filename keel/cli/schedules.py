@@ -6,7 +6,6 @@ trigger admit runs of a workflow, so they take the App (--app or $KEEL_APP).
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -15,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from keel.cli.guard import BAD_USAGE, fail, guarded, say
+from keel.cli.guard import BAD_USAGE, fail, guarded, json_value, say
 from keel.cli.options import AppOption, DbOption, JsonOption, open_app
 from keel.cli.render import out, to_json
 
@@ -144,12 +143,7 @@ def schedules_create(
     """Create a schedule that starts a run of WORKFLOW at each tick."""
     if not (app or os.environ.get("KEEL_APP")):
         fail("keel schedules create needs --app MODULE:ATTRIBUTE: its workflow", BAD_USAGE)
-    value: Any = None
-    if input_json is not None:
-        try:
-            value = json.loads(input_json)
-        except json.JSONDecodeError as exc:
-            fail(f"--input is not valid JSON: {exc.msg}", BAD_USAGE)
+    value: Any = None if input_json is None else json_value(input_json, "--input")
     with open_app(app, None) as loaded:
         row = loaded.schedules.create(
             name,

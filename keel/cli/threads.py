@@ -9,15 +9,23 @@ thread's active run waits on; the first answer wins, a later one is refused (exi
 from __future__ import annotations
 
 import functools
-import json
 import os
 from enum import StrEnum
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
 from keel.cli import render, thread_view
-from keel.cli.guard import BAD_USAGE, fail, guarded, login, read_input, say
+from keel.cli.guard import (
+    BAD_USAGE,
+    fail,
+    guarded,
+    json_object,
+    json_value,
+    login,
+    read_input,
+    say,
+)
 from keel.cli.options import (
     ActionOption,
     AfterOption,
@@ -28,6 +36,7 @@ from keel.cli.options import (
     JsonOption,
     WaitOption,
     listing,
+    metadata_filter,
     open_app,
 )
 from keel.cli.render import out
@@ -75,44 +84,6 @@ CheckpointOption = Annotated[
 
 
 # -- arguments --------------------------------------------------------------------------------
-
-
-def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        hint = f" (a string is written with quotes: '\"{text}\"')" if text.isidentifier() else ""
-        fail(
-            f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}{hint}",
-            BAD_USAGE,
-        )
-
-
-def _object(text: str | None, where: str) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    value = _json(text, where)
-    if not isinstance(value, dict):
-        fail(f"{where} must be a JSON object, not {type(value).__name__}", BAD_USAGE)
-    return value
-
-
-def _metadata_filter(items: list[str] | None) -> dict[str, Any]:
-    """`--metadata KEY=VALUE` (VALUE read as JSON when it is: `tier=2` is the number) or a
-    JSON object, repeated: what every matching thread's metadata holds."""
-    found: dict[str, Any] = {}
-    for item in items or []:
-        if item.lstrip().startswith("{"):
-            found.update(_object(item, "--metadata") or {})
-            continue
-        key, equals, raw = item.partition("=")
-        if not equals or not key:
-            fail(f"--metadata {item!r}: give KEY=VALUE or a JSON object", BAD_USAGE)
-        try:
-            found[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            found[key] = raw
-    return found
 
 
 def _needs_app(app: str | None, command: str, why: str) -> None:
@@ -177,7 +148,7 @@ def threads_list(
     db: DbOption = None,
 ) -> None:
     """List threads, the most recently updated first, with their status and metadata."""
-    wanted = _metadata_filter(metadata)
+    wanted = metadata_filter(metadata)
     with open_app(app, db) as loaded:
         rows = loaded.search_threads(
             metadata=wanted,
@@ -209,7 +180,7 @@ def threads_create(
     db: DbOption = None,
 ) -> None:
     """Create an empty thread of WORKFLOW; its first run starts the conversation."""
-    values = _object(metadata, "--metadata")
+    values = json_object(metadata, "--metadata")
     _needs_app(app, "create", "the app with the workflow")
     with open_app(app, db) as loaded:
         row = loaded.create_thread(workflow, thread_id=thread_id, metadata=values)
@@ -346,7 +317,7 @@ def threads_submit(
 ) -> None:
     """Admit a run on THREAD (created if new): a turn that starts from the thread's latest
     checkpoint and merges its input through the graph's reducers."""
-    start = _object(command, "--command")
+    start = json_object(command, "--command")
     if start is not None and "resume" in start:
         fail("a resume answers an interrupt: use `keel threads resume THREAD VALUE`", BAD_USAGE)
     if input_json is None and input_file is None and start is None:
@@ -357,7 +328,7 @@ def threads_submit(
     value = (
         None if input_json is None and input_file is None else read_input(input_json, input_file)
     )
-    thread_metadata = _object(metadata, "--metadata")
+    thread_metadata = json_object(metadata, "--metadata")
     _needs_app(app, "submit", "the app with the workflow")
     with open_app(app, db) as loaded:
         try:
@@ -423,7 +394,7 @@ def threads_resume(
 ) -> None:
     """Answer the interrupt the thread's active run waits on with VALUE. The first answer wins;
     a later one changes nothing and exits 1 (0 if it repeats the winner's --action-id)."""
-    value = _json(value_json, "VALUE")
+    value = json_value(value_json, "VALUE")
     by = by or login()
     with open_app(app, db) as loaded:
         outcome = loaded.resume_thread(
@@ -474,7 +445,7 @@ def threads_update_state(
     """Write VALUES to the thread's state as a new checkpoint. The update is a run of its own
     that a worker executes, after the thread's queued and running runs (on an interrupted
     thread it answers the interrupt: the waiting run ends); this waits up to --timeout."""
-    values = _json(values_json, "VALUES")
+    values = json_value(values_json, "VALUES")
     _needs_app(app, "update-state", "the app with the thread's workflow")
     with open_app(app, db) as loaded:
         try:

@@ -13,39 +13,30 @@ and wakes a worker; no graph ever runs inside a request.
 aliases, which are local names, from real annotation objects.)
 """
 
-import functools
 import logging
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from importlib import metadata
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.middleware.cors import CORSMiddleware
 
 import keel
-from keel.core.errors import InvalidId, RunFinished, WrongWaitKind
 from keel.core.lifecycle import Status
-from keel.core.waits import DecisionResult
 from keel.runtime.summary import to_dict
 from keel.service import models as m
 from keel.service.agent_server import agent_server_router
+from keel.service.approvals_api import approvals_router
 from keel.service.auth import Authenticator, FailureLimit, Principal, load_tokens, no_tokens
 from keel.service.console import install_console
 from keel.service.docs import install_docs
 from keel.service.effects_api import effects_router
 from keel.service.errors import (
     API_PREFIX,
-    DECISION_CONFLICT,
     BodyLimit,
-    Refused,
-    conflict_message,
-    conflicts,
     install,
-    keel_message,
-    keel_status,
 )
 from keel.service.events import events_router
 from keel.service.files import artifact_file
@@ -53,6 +44,7 @@ from keel.service.health import health_router
 from keel.service.hooks import hooks_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
 from keel.service.replay import replay_router
+from keel.service.responses import MAX_PAGE, NOT_FOUND, paging, run_url
 from keel.service.schedules_api import schedules_router
 from keel.service.threads_api import threads_router
 from keel.service.tracing import instrument
@@ -60,8 +52,6 @@ from keel.service.tracing import instrument
 log = logging.getLogger("keel.service")
 SLACK_SECRET_ENV = "KEEL_SLACK_SIGNING_SECRET"
 CORS_ENV = "KEEL_CORS_ORIGINS"
-MAX_PAGE = 500
-_APPROVAL_ID = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": m.Problem, "description": "No token, or an unknown one."},
@@ -74,10 +64,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         "(`too_many_failures`): retry after `Retry-After` seconds.",
     },
 }
-NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    400: {"model": m.Problem, "description": "A malformed id."},
-    404: {"model": m.Problem, "description": "No such run, approval or artifact."},
-}
 NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
     409: {
@@ -86,11 +72,6 @@ NOT_UPGRADABLE: dict[int | str, dict[str, Any]] = {
         "that version (`version_mismatch`); a running run is 400.",
     },
 }
-
-
-def _refused_with(why: str) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI responses of an answer to a wait: not found, or refused (409) and why."""
-    return {**NOT_FOUND, 409: {"model": m.Problem, "description": why}}
 
 
 def create_app(
@@ -212,20 +193,6 @@ def _version() -> str:
         return "0"
 
 
-def _run_url(request: Request, run_id: str) -> str:
-    return str(request.url_for("get_run", run_id=run_id))
-
-
-def _paging(offset: int, limit: int, fetched: int) -> dict[str, Any]:
-    """A page's limit, offset and next offset, from the `fetched` rows (one more than a page
-    when there is a next one)."""
-    return {
-        "limit": limit,
-        "offset": offset,
-        "next_offset": offset + limit if fetched > limit else None,
-    }
-
-
 # -- runs ---------------------------------------------------------------------------------
 
 
@@ -261,7 +228,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             webhook=body.webhook,
             webhook_on=body.webhook_on,
         )
-        url = _run_url(request, row["run_id"])
+        url = run_url(request, row["run_id"])
         response.status_code = 201 if row.created else 200
         if row.created:
             response.headers["Location"] = url
@@ -296,15 +263,15 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         )
         now = keel_app.database_now()
         return m.RunPage(
-            runs=[m.run_model(r, _run_url(request, r["run_id"]), now) for r in rows[:limit]],
-            **_paging(offset, limit, len(rows)),
+            runs=[m.run_model(r, run_url(request, r["run_id"]), now) for r in rows[:limit]],
+            **paging(offset, limit, len(rows)),
         )
 
     @router.get("/runs/{run_id}", response_model=m.RunDetail, responses=NOT_FOUND)
     def get_run(run_id: RunId, request: Request, _: Reader) -> m.RunDetail:
         """Status, decision, termination reason, timeline, effects, waits, artifacts."""
         details = keel_app.get_run(run_id)
-        url = _run_url(request, run_id)
+        url = run_url(request, run_id)
         files = [
             m.Artifact(
                 name=a.name,
@@ -354,7 +321,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     ) -> m.Run:
         """Cancel a run: queued or waiting at once, running at its next step boundary."""
         row = keel_app.cancel(run_id, by=(body.by if body else None) or principal.label)
-        return m.run_model(row, _run_url(request, run_id))
+        return m.run_model(row, run_url(request, run_id))
 
     @router.post(
         "/runs/{run_id}/resume",
@@ -372,7 +339,7 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         keel_app.resume(run_id, by=(body.by if body else None) or principal.label)
         details = keel_app.get_run(run_id)
         row = details.annotated_run
-        return m.run_model(row, _run_url(request, run_id))
+        return m.run_model(row, run_url(request, run_id))
 
     @router.post("/runs/{run_id}/upgrade", response_model=m.Run, responses=NOT_UPGRADABLE)
     def upgrade_run(run_id: RunId, body: m.UpgradeIn, request: Request, principal: Writer) -> m.Run:
@@ -381,141 +348,6 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
         keel_app.upgrade_run(run_id, to=body.to, by=body.by or principal.label)
         details = keel_app.get_run(run_id)  # its stranded flag, as now derived
         row = details.annotated_run
-        return m.run_model(row, _run_url(request, run_id))
+        return m.run_model(row, run_url(request, run_id))
 
     return router
-
-
-# -- approvals -----------------------------------------------------------------------------
-
-
-def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
-    router = APIRouter(tags=["approvals"])
-    Reader = Annotated[Principal, Depends(auth.require("approvals:read"))]
-    Writer = Annotated[Principal, Depends(auth.require("approvals:write"))]
-    ApprovalId = Annotated[str, Path(description="The approval's (wait's) id.", max_length=200)]
-    IdempotencyKey = Annotated[
-        str | None, Header(min_length=1, max_length=200, description="Deduplication key.")
-    ]
-
-    @router.get("/approvals", response_model=m.ApprovalPage)
-    def list_approvals(
-        request: Request,
-        _: Reader,
-        status: Annotated[
-            Literal["pending"], Query(description="Only open waits are listed here.")
-        ] = "pending",
-        kind: Annotated[
-            str, Query(max_length=50, description="approval, effect, interrupt, or all.")
-        ] = "approval",
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
-    ) -> m.ApprovalPage:
-        """Open waits, oldest deadline first (decided ones are on their run's page)."""
-        want = offset + limit + 1
-        fetch = want
-        while True:
-            rows = keel_app.pending_waits(limit=fetch)
-            matching = [w for w in rows if kind == "all" or w["kind"] == kind]
-            if len(matching) >= want or len(rows) < fetch:
-                break
-            fetch *= 4
-        page = matching[offset : offset + limit + 1]
-        return m.ApprovalPage(
-            approvals=[m.approval_model(w, _run_url(request, w["run_id"])) for w in page[:limit]],
-            **_paging(offset, limit, len(page)),
-        )
-
-    @router.get("/approvals/{approval_id}", response_model=m.Approval, responses=NOT_FOUND)
-    def get_approval(approval_id: ApprovalId, request: Request, _: Reader) -> m.Approval:
-        """One wait, open or decided."""
-        wait = keel_app.get_wait(_checked(approval_id))
-        return m.approval_model(wait, _run_url(request, wait["run_id"]))
-
-    @router.post(
-        "/approvals/{approval_id}/decision",
-        response_model=m.DecisionOut,
-        responses=_refused_with(
-            "Another decision was recorded first (`decision_conflict`), or the run finished or "
-            "the wait expired (`run_finished`); `approval` shows what was recorded instead."
-        ),
-    )
-    def decide(
-        approval_id: ApprovalId,
-        body: m.DecisionIn,
-        request: Request,
-        principal: Writer,
-        idempotency_key: IdempotencyKey = None,
-    ) -> m.DecisionOut:
-        """Approve or reject; the first decision wins. The same decision again is told it was
-        recorded (200), another one is refused (409 `decision_conflict`)."""
-        approve = body.decision == "approve"
-        record = keel_app.approve if approve else keel_app.reject
-        wanted = "approved" if approve else "rejected"
-        return _answer(record, wanted, approval_id, body, request, principal, idempotency_key)
-
-    @router.post(
-        "/approvals/{approval_id}/resolution",
-        response_model=m.DecisionOut,
-        responses=_refused_with("Not an in-doubt effect, finished, or answered otherwise first."),
-    )
-    def resolve_effect(
-        approval_id: ApprovalId,
-        body: m.ResolutionIn,
-        request: Request,
-        principal: Writer,
-        idempotency_key: IdempotencyKey = None,
-    ) -> m.DecisionOut:
-        """Say whether an in-doubt effect reached the provider; the first answer wins."""
-        record = functools.partial(
-            keel_app.resolve_effect, performed=body.performed, result=body.result
-        )
-        wanted = "performed" if body.performed else "not_performed"
-        return _answer(record, wanted, approval_id, body, request, principal, idempotency_key)
-
-    def _answer(
-        record: Callable[..., DecisionResult],
-        wanted: str,
-        approval_id: str,
-        body: m.DecisionIn | m.ResolutionIn,
-        request: Request,
-        principal: Principal,
-        idempotency_key: str | None,
-    ) -> m.DecisionOut:
-        """Record an answer (`wanted`, as the wait records it); the wait as it is now, whether
-        this call recorded it. A refusal carries the wait too: the run finished, the wait takes
-        another kind of answer, or another answer won (a conflict: the CLI's exit 1)."""
-        wait = keel_app.get_wait(_checked(approval_id))
-        run_url = _run_url(request, wait["run_id"])
-        action_id = idempotency_key or body.action_id
-        try:
-            result = record(
-                wait["run_id"],
-                wait_id=approval_id,
-                by=body.by or principal.label,
-                principal=principal.label,
-                action_id=action_id,
-                comment=body.comment,
-                channel="http",
-            )
-        except (RunFinished, WrongWaitKind) as exc:
-            status, code = keel_status(exc)
-            now = m.approval_fields(keel_app.get_wait(approval_id), run_url)
-            raise Refused(status, code, keel_message(exc), approval=now) from None
-        fields = m.approval_fields(result.wait, run_url)
-        if conflicts(result, wanted, action_id):
-            raise Refused(
-                *DECISION_CONFLICT, conflict_message(result.wait, wanted), approval=fields
-            )
-        return m.DecisionOut(**fields, recorded=result.recorded)
-
-    return router
-
-
-def _checked(approval_id: str) -> str:
-    if not _APPROVAL_ID.fullmatch(approval_id):
-        raise InvalidId(
-            f"approval_id {approval_id[:60]!r} may only contain lowercase letters, digits, '.', "
-            "'_' and '-'"
-        )
-    return approval_id

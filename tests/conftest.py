@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import shutil
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -147,13 +148,30 @@ def pytest_configure(config: pytest.Config) -> None:
     _terminal.append(os.fdopen(os.dup(2), "w"))
 
 
+_deadline: list[float] = [0.0]
+
+
+def _arm(seconds: float) -> None:
+    faulthandler.dump_traceback_later(max(seconds, 1.0), exit=True, file=_terminal[0])
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    faulthandler.dump_traceback_later(HUNG_AFTER, exit=True, file=_terminal[0])
+    _deadline[0] = time.monotonic() + HUNG_AFTER
+    _arm(HUNG_AFTER)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_exception_interact(node: pytest.Item, call: Any, report: Any) -> None:
+    # pytest's own faulthandler plugin cancels the (one, process-wide) timer at every failure,
+    # pytest-timeout's among them: armed again for what is left, so that a teardown hanging
+    # after a failure still ends the run. Not under --pdb: a debugging session may take long.
+    if not node.config.getoption("usepdb"):
+        _arm(_deadline[0] - time.monotonic())
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -32,7 +32,7 @@ class Executions(StepTimeline):
         checkpoint exists, so the loop's first read is answered without the database."""
         self.plain_starts: set[tuple[str, int]] = set()
         """(run, token) of those whose graph's START step runs none of the user's code: its
-        checkpoint waits for the first step's too (see the module's docstring)."""
+        checkpoint waits for the first step's too (see keel.langgraph.savers)."""
         self.triggers: dict[tuple[str, int], Mapping[str, Sequence[str]]] = {}
         """(run, token) -> the graph's channels and the nodes each triggers (LangGraph's own
         `trigger_to_nodes`): how a checkpoint is known to be the run's last."""

@@ -34,7 +34,7 @@ APP = "tests.support.apps.fleet:app"
 TTL = 3.0
 RUNS = 10
 TIMED_OUT = "got no answer from"
-"""What a worker logs when a round trip times out (keel.backends.postgres)."""
+"""What a worker logs when a round trip times out (keel.backends.pg_bounds)."""
 
 
 class Crew:

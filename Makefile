@@ -20,9 +20,13 @@ demo: $(STAMP)
 # One pytest run over tests/, cheapest tier first; it ends with a line per tier (tests/README.md):
 # "tier unit: 158 passed in 9.8 s". Exit status 5 (no test collected) fails a full run, but
 # only means "nothing matched" when PYTEST_ARGS narrows it (e.g. PYTEST_ARGS='-k fencing').
+# TEST_JOBS processes share the tests (pytest-xdist; most tests wait, on fsyncs, leases and
+# subprocesses, rather than compute); TEST_JOBS=0 runs them in this one process, in tier order.
 NO_TESTS_OK := $(if $(strip $(PYTEST_ARGS)),true,false)
+TEST_JOBS ?= 4
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS) || { status=$$?; [ $$status -eq 5 ] && $(NO_TESTS_OK); }
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal $(PYTEST_ARGS) \
+	  || { status=$$?; [ $$status -eq 5 ] && $(NO_TESTS_OK); }
 
 lint: $(STAMP)
 	$(BIN)/ruff check keel examples tests bench

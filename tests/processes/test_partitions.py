@@ -126,6 +126,7 @@ def test_a_partition_mid_call_with_a_provider_slower_than_the_lease_charges_once
             for i in range(runs)
         ]
         wait_until(lambda: provider.arrived >= runs, 60, "every charge on the wire")
+        hung_ns = time.monotonic_ns()
         proxy.hang()  # the worker's database link hangs, its calls still under way
         spawn(url)  # another worker, on a healthy path, takes the runs over
         wait_until(lambda: _all_ended(app, run_ids), 90, "every run ended")
@@ -136,15 +137,26 @@ def test_a_partition_mid_call_with_a_provider_slower_than_the_lease_charges_once
         assert sum(charges.values()) == runs, charges
         assert set(charges.values()) == {1}, f"charged twice: {charges}"
         assert provider.arrived == runs
+        # A charge that arrived a whole provider call before the cut may have been answered and
+        # recorded on a healthy link (on a loaded machine the 20 calls spread out): `sent` or
+        # `confirmed`. One answered after the cut could only be found by the reconciler.
+        arrived = {str(d.json()["reference"]): d.received_ns for d in provider.lookup("/charges")}
+        cut_mid_call = 0
         held_off = 0
         for run_id in run_ids:
             run = app.get_run(run_id)
             assert run.status == "completed", (run_id, run.status, run.error)
-            assert [e["status"] for e in run.effects] == ["confirmed"]
-            held_off += "effect.awaiting_deadline" in [e["kind"] for e in run.timeline]
+            [effect] = run.effects
+            if arrived[effect["idempotency_key"]] > hung_ns - PROVIDER_SECONDS * 1e9:
+                cut_mid_call += 1
+                assert effect["status"] == "confirmed", (run_id, effect)
+                held_off += "effect.awaiting_deadline" in [e["kind"] for e in run.timeline]
+            else:
+                assert effect["status"] in ("sent", "confirmed"), (run_id, effect)
+        assert cut_mid_call >= runs // 2, f"only {cut_mid_call} of {runs} calls were cut mid-call"
         # The new owner took over within a lease of the cut, seconds before the calls' deadline:
         # it held off (a run it reached only past the deadline had nothing to wait for).
-        assert held_off >= runs // 2, f"only {held_off} of {runs} runs waited for a deadline"
+        assert held_off >= cut_mid_call // 2, f"{held_off} of {cut_mid_call} waited for a deadline"
         assert cut_off.poll() is None, "the cut-off worker exited"
 
 

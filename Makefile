@@ -23,7 +23,7 @@ demo: $(STAMP)
 # TEST_JOBS processes share the tests (pytest-xdist; most tests wait, on fsyncs, leases and
 # subprocesses, rather than compute); TEST_JOBS=0 runs them in this one process, in tier order.
 NO_TESTS_OK := $(if $(strip $(PYTEST_ARGS)),true,false)
-TEST_JOBS ?= 4
+TEST_JOBS ?= 3
 test: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal $(PYTEST_ARGS) \
 	  || { status=$$?; [ $$status -eq 5 ] && $(NO_TESTS_OK); }

@@ -29,6 +29,12 @@ from keel.testing.postgres import drop_database
 # Effects that declare no timeout get this one in the tests' apps (60 s by default): a key left
 # pending by a test's crash is reconciled once its call's deadline has passed, seconds later.
 os.environ.setdefault("KEEL_EFFECT_TIMEOUT", "2")
+# pytest-xdist's workers (make test) inherit COLUMNS=80 and LINES=24 from execnet, which a run
+# on one process does not have: the CLI would render its tables 80 wide instead of the 160 it
+# uses when piped, here and in the subprocesses the tests start.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 PG_URL = os.environ.get("KEEL_TEST_POSTGRES_URL", "postgresql://keel:keel@127.0.0.1:5432/keel")
 REQUIRE_PG = os.environ.get("KEEL_REQUIRE_POSTGRES") == "1"

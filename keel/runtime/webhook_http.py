@@ -109,13 +109,16 @@ def post(
 
     watchdog = threading.Timer(deadline, expire)
     watchdog.daemon = True
+    started = time.monotonic()
     watchdog.start()
     try:
         conn.request("POST", to.target, body=body, headers=headers)
         answer = conn.getresponse()
         status, wait = int(answer.status), answer.getheader("Retry-After")
     except (OSError, http.client.HTTPException) as exc:
-        if expired.is_set():
+        # The socket's own timeout can fire a moment before the watchdog when both are the
+        # deadline (timeout >= deadline): that is still the deadline passing.
+        if expired.is_set() or time.monotonic() - started >= deadline:
             raise TransientError(
                 f"webhook not delivered: no complete answer within its {deadline:g}s deadline"
             ) from None

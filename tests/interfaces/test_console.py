@@ -57,6 +57,8 @@ TOKENS = {
 }
 SHOTS = REPO / "docs" / "img"
 WAIT = 30_000  # ms: a bounded wait for the page, never a timing assertion
+# expect()'s own 5 s is short for a page on a machine that runs several tests at once.
+playwright_sync.expect.set_options(timeout=WAIT)
 
 pytestmark = pytest.mark.browser
 

@@ -521,6 +521,7 @@ def test_in_a_browser_find_a_thread_answer_its_interrupt_and_the_graph_gets_the_
 ) -> None:
     from playwright.sync_api import expect
 
+    expect.set_options(timeout=WAIT_MS)  # its own 5 s is short on a machine running many tests
     app = ask_app(make_app)
     run = waiting_thread(app, "t-browser", "which plan?", metadata={"customer": "acme"})
     app.create_thread("ask", thread_id="t-quiet", metadata={"customer": "other"})

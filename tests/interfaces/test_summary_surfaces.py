@@ -24,6 +24,7 @@ AppFactory = Callable[..., keel.App]
 
 def invoke(*args: str) -> Result:
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("KEEL_")}
+    env["COLUMNS"] = "200"  # wide enough for every column, whatever terminal runs the tests
     result = CliRunner().invoke(cli, list(args), env=env)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception

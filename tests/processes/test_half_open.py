@@ -141,7 +141,7 @@ def _stall(crew: Crew) -> tuple[list[str], list[Path], float]:
         wait_until(
             lambda log=log: TIMED_OUT in log.read_text(),
             2 * TTL + 1,
-            f"{log.name} to log a timed-out round trip:\n{crew.logs()}",
+            lambda log=log: f"{log.name} to log a timed-out round trip:\n{crew.logs()}",
         )
     noticed = time.monotonic() - stalled_at
     assert [p.poll() for p in crew.procs] == [None, None], crew.logs()
@@ -158,7 +158,9 @@ def test_half_open_path_then_healed_every_run_completes_and_sends_once(crew: Cre
     ids, _, noticed = _stall(crew)
     crew.proxy.heal()
     healed_at = time.monotonic()
-    wait_until(lambda: crew.completed(ids), 3 * TTL + 6, f"every run completed:\n{crew.logs()}")
+    wait_until(
+        lambda: crew.completed(ids), 3 * TTL + 6, lambda: f"every run completed:\n{crew.logs()}"
+    )
     took = time.monotonic() - healed_at
     for proc in crew.procs:  # the stalled workers recovered: they finish and leave on their own
         assert proc.wait(timeout=30) == 0, crew.logs()
@@ -170,7 +172,9 @@ def test_half_open_path_a_worker_on_a_good_path_completes_every_run_once(crew: C
     ids, _, noticed = _stall(crew)
     crew.start(proxied=False)
     fresh_at = time.monotonic()
-    wait_until(lambda: crew.completed(ids), 3 * TTL + 6, f"every run completed:\n{crew.logs()}")
+    wait_until(
+        lambda: crew.completed(ids), 3 * TTL + 6, lambda: f"every run completed:\n{crew.logs()}"
+    )
     took = time.monotonic() - fresh_at
     assert [p.poll() for p in crew.procs[:2]] == [None, None], crew.logs()  # still alive
     crew.check_sent_once(ids)

@@ -9,15 +9,17 @@ from typing import Any
 import keel
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `predicate` until it returns something truthy (returned); fail after `timeout`."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]) -> Any:
+    """Poll `predicate` until it returns something truthy (returned); fail after `timeout`,
+    saying `what` (called then, if a function: logs as they were when it failed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    said = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout}s waiting for {said}")
 
 
 def event_kinds(app: keel.App, run_id: str) -> list[str]:

@@ -66,7 +66,7 @@ def pg_template() -> Iterator[str]:
         if REQUIRE_PG:
             pytest.fail(f"{reason} (KEEL_REQUIRE_POSTGRES=1)")
         pytest.skip(reason)
-    name = f"keel_tpl_{os.getpid()}"
+    name = f"keel_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     drop_database(PG_URL, name)
     with _admin() as conn:
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -45,6 +45,14 @@ def raw(db_url: str) -> Iterator[Callable[[], psycopg.Connection[Any]]]:
         conn.close()
 
 
+@pytest.fixture
+def waiters(raw: Callable[[], psycopg.Connection[Any]]) -> Callable[[], int]:
+    """Sessions of the test's database waiting on a lock, polled through one connection (one
+    per poll would hold up to a connection every 20 ms until the test ends)."""
+    watch = raw()
+    return lambda: lock_waiters(watch)
+
+
 def lock_waiters(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity "
@@ -124,7 +132,7 @@ def _mail_app(make_app: AppFactory, provider: Provider) -> tuple[keel.App, str]:
 
 
 def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
-    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]], waiters: Callable[[], int]
 ) -> None:
     """The claim is one statement: it has locked and taken the run (status running) and waits
     to write its event when the cancel arrives. The cancel must wait for the claim, see the run
@@ -138,9 +146,9 @@ def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
     # its UPDATE took the row: the claim is held mid-statement, the row locked.
     stopwatch.execute("SELECT pg_advisory_lock(74213003, hashtext(%s))", (run,))
     claiming = Background(lambda: claim(app, "worker-a"))
-    until(lambda: lock_waiters(raw()) >= 1, "the claim to wait")
+    until(lambda: waiters() >= 1, "the claim to wait")
     cancelling = Background(lambda: app.cancel(run, by="ops"))
-    until(lambda: lock_waiters(raw()) >= 2, "the cancel to wait")
+    until(lambda: waiters() >= 2, "the cancel to wait")
     stopwatch.execute("SELECT pg_advisory_unlock(74213003, hashtext(%s))", (run,))
     lease, row = claiming.result()
     cancelling.result()
@@ -162,7 +170,7 @@ def test_cancel_racing_a_claim_never_leaves_a_cancelled_run_executing(
 
 
 def test_a_claim_racing_a_cancel_that_holds_the_run_skips_it(
-    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]], waiters: Callable[[], int]
 ) -> None:
     """The other order: the cancel has locked the queued run and waits to write its event when
     the claim arrives. The claim must not take the run the cancel is ending (nor wait for it):
@@ -173,7 +181,7 @@ def test_a_claim_racing_a_cancel_that_holds_the_run_skips_it(
     stopwatch = raw()
     stopwatch.execute("SELECT pg_advisory_lock(74213003, hashtext(%s))", (run,))
     cancelling = Background(lambda: app.cancel(run, by="ops"))
-    until(lambda: lock_waiters(raw()) >= 1, "the cancel to wait")
+    until(lambda: waiters() >= 1, "the cancel to wait")
     rt = app.aio.runtime
     got = rt.portal.call(leases.claim(rt.store, "worker-a", rt.workflows.keys(), rt.lease_ttl))
     assert got is None, "a claim took a run that a cancel had locked"
@@ -240,7 +248,7 @@ def run_waiting_on_two(make_app: AppFactory, gate: Gate) -> tuple[keel.App, str]
 
 
 def test_second_approval_racing_the_reregistration_is_not_lost(
-    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]], waiters: Callable[[], int]
 ) -> None:
     """The second approver answers while the worker, resumed by the first, re-registers the
     second wait. Whatever the interleaving, the run must resume with both answers."""
@@ -257,14 +265,14 @@ def test_second_approval_racing_the_reregistration_is_not_lost(
     # The second decision stops right after it read the run (still running)...
     stopwatch.execute("SELECT 1 FROM keel_waits WHERE wait_id = %s FOR UPDATE", (wait_b,))
     deciding = Background(lambda: app.approve(run, by="bob", wait_id=wait_b))
-    until(lambda: lock_waiters(raw()) >= 1, "the second decision to wait")
+    until(lambda: waiters() >= 1, "the second decision to wait")
     gate.armed = False
     gate.open.set()  # ...while the worker finishes the step and re-registers wait b.
     status = raw()
 
     def registered_or_queued() -> bool:
         row = status.execute("SELECT status FROM keel_runs WHERE run_id = %s", (run,)).fetchone()
-        return (row is not None and row[0] == "waiting") or lock_waiters(raw()) >= 2
+        return (row is not None and row[0] == "waiting") or waiters() >= 2
 
     until(registered_or_queued, "the worker to register the wait (or to queue behind the decision)")
     stopwatch.execute("COMMIT")
@@ -278,7 +286,7 @@ def test_second_approval_racing_the_reregistration_is_not_lost(
 
 
 def test_second_approval_and_reregistration_do_not_deadlock(
-    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]]
+    make_app: AppFactory, raw: Callable[[], psycopg.Connection[Any]], waiters: Callable[[], int]
 ) -> None:
     """Lock order: a decision updates the wait, then the run; a registration locks the run
     (fence, FOR SHARE), then inserts the wait. Crossed, PostgreSQL aborts one of them."""
@@ -296,10 +304,10 @@ def test_second_approval_and_reregistration_do_not_deadlock(
     # second decision between its wait update and its run update...
     stopwatch.execute("SELECT 1 FROM keel_runs WHERE run_id = %s FOR SHARE", (run,))
     deciding = Background(lambda: app.approve(run, by="bob", wait_id=wait_b))
-    until(lambda: lock_waiters(raw()) >= 1, "the second decision to wait")
+    until(lambda: waiters() >= 1, "the second decision to wait")
     gate.armed = False
     gate.open.set()  # ...while the worker registers wait b under its own FOR SHARE fence.
-    until(lambda: lock_waiters(raw()) >= 2, "the registration to wait")
+    until(lambda: waiters() >= 2, "the registration to wait")
     stopwatch.execute("COMMIT")
     errors = []
     try:

@@ -3,6 +3,7 @@ wrong argument to an effect is a type error (the decorator keeps the function's 
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -52,10 +53,17 @@ def run(*cmd: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_mypy_on_a_user_project_with_the_installed_wheel(tmp_path: Path) -> None:
+    # Built from a copy: a build in the checkout rewrites keel.egg-info and leaves build/
+    # there, beside the other test processes that read the package's metadata from it.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "keel", source / "keel", ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     built = run(
         sys.executable, "-m", "pip", "wheel", "--no-deps",
-        "--disable-pip-version-check", "-q", "-w", wheels, ROOT, cwd=tmp_path,
+        "--disable-pip-version-check", "-q", "-w", wheels, source, cwd=tmp_path,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     (wheel,) = wheels.glob("keel-*.whl")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -32,7 +31,7 @@ from keel.service import create_app
 from keel.service.auth import is_loopback
 from tests.support.apps.service import LiveServer
 from tests.support.checks import wait_until
-from tests.support.service_client import READER, TOKENS, bearer
+from tests.support.service_client import READER, TOKENS, bearer, free_port
 from tests.support.workers import drain
 
 AGENT = '''
@@ -425,12 +424,6 @@ def test_open_loopback_lets_in_only_tokenless_requests_from_this_machine(project
 
 
 # -- the commands, as real processes -----------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, Any]:

@@ -105,13 +105,29 @@ def start_serve(
     db_url: str, artifacts: Path, **extra_env: str
 ) -> tuple[subprocess.Popen[str], str]:
     """`keel.service.serve()` in a subprocess, on tests/support/apps/service.py's App; wait until
-    it answers."""
-    port = free_port()
+    it answers. A free port is picked, then released for the server to bind: another process
+    may take it in between, so a server that could not bind is started again on another."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
     env.update(
         KEEL_DATABASE_URL=db_url, KEEL_ARTIFACTS_DIR=str(artifacts), KEEL_API_TOKENS=f"{ADMIN}=*"
     )
     env.update(extra_env)
+    for _ in range(BIND_ATTEMPTS - 1):
+        try:
+            return _serve_on(free_port(), env)
+        except PortTaken:
+            continue
+    return _serve_on(free_port(), env)
+
+
+BIND_ATTEMPTS = 3
+
+
+class PortTaken(AssertionError):
+    """The server exited because another process bound its port first."""
+
+
+def _serve_on(port: int, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     code = (
         "from keel.service import serve; "
         f"serve('tests.support.apps.service:app', port={port}, log_level='warning')"
@@ -130,6 +146,8 @@ def start_serve(
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             _, err = proc.communicate(timeout=10)
+            if "address already in use" in err.lower():
+                raise PortTaken(f"port {port} was taken: {err}")
             raise AssertionError(f"serve() did not start: {err}")
         time.sleep(0.05)
 

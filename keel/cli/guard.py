@@ -210,6 +210,8 @@ def login() -> str:
 
 
 def json_object(text: str | None, where: str) -> dict[str, Any] | None:
+    """`text` (an option's JSON) as a dict, None if not given; a clear usage error, naming
+    `where`, for JSON that does not parse or is not an object."""
     if text is None:
         return None
     value = json_value(text, where)

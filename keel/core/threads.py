@@ -90,7 +90,24 @@ def validate_command(command: Any) -> dict[str, Any] | None:
             "a command resumes an interrupt (resume) or starts a run with update/goto, not both: "
             "resume first, then submit the update"
         )
+    goto = command.get("goto")
+    if goto is not None:
+        for target in goto if isinstance(goto, list) else [goto]:
+            if not isinstance(target, str) and not _is_send(target):
+                raise UsageError(
+                    'command.goto takes node names and sends ({"node": name, "input": '
+                    f"value}}), or a list of them, not {target!r:.100}"
+                )
     return dict(command)
+
+
+def _is_send(target: Any) -> bool:
+    """A `Send` as the protocol's SDKs write it: `{"node": name, "input": value}`."""
+    return (
+        isinstance(target, dict)
+        and set(target) <= {"node", "input"}
+        and isinstance(target.get("node"), str)
+    )
 
 
 async def admit(

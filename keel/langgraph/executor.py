@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.store.base import BaseStore
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from keel.core import attempts, failures, leases, logs, threads, waits
 from keel.core.codec import dumps, loads
@@ -354,7 +354,7 @@ class Executor:
         if how == "update_state":
             return StateUpdate(value.get("values"), value.get("as_node"))
         if how == "command":
-            return Command(update=value.get("update"), goto=value.get("goto") or ())
+            return Command(update=value.get("update"), goto=_goto(value.get("goto") or ()))
         return value
 
     async def _update_state(
@@ -451,6 +451,16 @@ class Executor:
             )
             return LeaseEnd.LOST
         return status
+
+
+def _goto(goto: Any) -> Any:
+    """A command's `goto` as LangGraph takes it: the protocol's `{"node", "input"}` objects (how
+    its SDKs write a `Send`) as Sends; node names as they are."""
+    if isinstance(goto, list):
+        return [_goto(target) for target in goto]
+    if isinstance(goto, dict):
+        return Send(goto["node"], goto.get("input"))
+    return goto
 
 
 def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> None:

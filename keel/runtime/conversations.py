@@ -438,7 +438,7 @@ def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
             "id": t.id,
             "name": t.name,
             "path": list(t.path),
-            "error": None if t.error is None else repr(t.error),
+            "error": t.error if t.error is None or isinstance(t.error, str) else repr(t.error),
             "interrupts": [{"value": shown(i.value), "id": i.id} for i in t.interrupts],
             "result": t.result,
         }

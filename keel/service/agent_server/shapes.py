@@ -111,11 +111,22 @@ def graph_of(thread: Row) -> str | None:
     return None if workflow == NO_GRAPH else workflow
 
 
+def error_body(error: str | None) -> dict[str, str]:
+    """A failed run's error as the protocol shows it: `{"error": type, "message": text}` (Keel
+    records `Type: message`)."""
+    text = error or "the run failed"
+    kind, sep, message = text.partition(": ")
+    if sep and kind.isidentifier():
+        return {"error": kind, "message": message}
+    return {"error": "Error", "message": text}
+
+
 def thread_shape(
     thread: Row, state: dict[str, Any] | None = None, error: str | None = None
 ) -> dict[str, Any]:
     """A thread (`App.get_thread`'s row) as the Agent Server's: `state` (its `state_shape`)
-    gives `values` and `interrupts`; `error` is what its failed last run raised.
+    gives `values` and `interrupts`; `error` is what its failed last run raised (shown as
+    `{"error": type, "message": text}`, as a failed run's).
 
     The metadata shows `graph_id` and `assistant_id` for every thread of a workflow, as the
     Agent Server stamps them at a thread's first run: a thread Keel's own API or `App.submit`
@@ -139,7 +150,7 @@ def thread_shape(
         "config": {},
         "values": state["values"] if stamped and state is not None else None,
         "interrupts": interrupts,
-        "error": error,
+        "error": error_body(error) if error is not None else None,
     }
 
 

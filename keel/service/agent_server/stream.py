@@ -63,6 +63,7 @@ from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable, shown
 from keel.service.agent_server.positions import Event, Position
+from keel.service.agent_server.shapes import error_body
 from keel.service.agent_server.stream_chunks import Messages, chunk_event, superseded
 
 T = TypeVar("T")
@@ -101,16 +102,6 @@ def parse_modes(given: str | list[str] | None, default: list[str]) -> list[str]:
             f"unknown stream_mode {', '.join(map(repr, unknown))}: Keel streams {', '.join(MODES)}"
         )
     return modes
-
-
-def error_body(error: str | None) -> dict[str, str]:
-    """A failed run's error as the protocol shows it: `{"error": type, "message": text}` (Keel
-    records `Type: message`)."""
-    text = error or "the run failed"
-    kind, sep, message = text.partition(": ")
-    if sep and kind.isidentifier():
-        return {"error": kind, "message": message}
-    return {"error": "Error", "message": text}
 
 
 def interrupt_json(item: Any) -> dict[str, Any]:
@@ -432,7 +423,8 @@ async def events(
 async def outcome(keel_app: App, graphs: Graphs, run: Row) -> Any:
     """What `wait` and `join` answer for a run that ended or paused: the state values at its
     last checkpoint (with `__interrupt__` when it paused there), `{"__error__": {error,
-    message}}` when it failed, `{}` when it wrote no checkpoint."""
+    message}}` when it failed; the thread's latest values when it wrote no checkpoint of its own
+    (no input on a finished thread, an update alone), as LangGraph's `invoke` returns them."""
     if run["status"] == Status.FAILED:
         return {"__error__": error_body(run.get("error"))}
     graph = await graphs.of(run)
@@ -442,9 +434,8 @@ async def outcome(keel_app: App, graphs: Graphs, run: Row) -> Any:
     async with _listing(saver, thread, str(run["run_id"]), limit=1) as found:
         async for saved in found:
             newest = saved.config
-    if newest is None:
-        return {}
-    state: StateSnapshot = await graph.aget_state(newest)
+    latest: dict[str, Any] = {"configurable": {"thread_id": thread}}
+    state: StateSnapshot = await graph.aget_state(newest or latest)
     values = jsonable(state.values)
     interrupts = [interrupt_json(i) for task in state.tasks for i in task.interrupts]
     if run["status"] == Status.WAITING and interrupts:

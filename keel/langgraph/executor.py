@@ -32,12 +32,13 @@ from keel.core.store.base import Row
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph import chunks, outcomes, static_interrupts, traces
+from keel.langgraph import chunks, outcomes, retries, static_interrupts, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 from keel.langgraph.successor import Successor, then_claim
 
 log = logging.getLogger("keel.executor")
+retries.install()  # a RetryPolicy's retry finds its first attempt's subgraph effects
 
 _compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 """Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""

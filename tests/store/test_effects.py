@@ -3,8 +3,9 @@ own, and LangGraph's RetryPolicy re-running a failed node) and failures."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.runnables import RunnableLambda
@@ -397,3 +398,73 @@ def test_node_retried_by_langgraph_performs_its_effect_once(make_app: AppFactory
     assert len(attempts) == 2  # the node ran twice...
     assert len(provider.deliveries) == 1  # ...the email went out once
     assert attempts[0] == attempts[1] == details.output["receipt"]["id"]
+
+
+class OrderState(TypedDict, total=False):
+    order: str
+    receipts: Annotated[list[Any], operator.add]
+
+
+@pytest.mark.parametrize("fails", ["the charging node", "a later node", "the calling node"])
+def test_subgraph_retried_by_langgraph_performs_its_effects_once(
+    make_app: AppFactory, fails: str
+) -> None:
+    """A retry invokes its subgraphs again: LangGraph counts the invocations on, and ran the
+    retry's under a namespace of its own (new keys), unless Keel counts each attempt's from the
+    first again (keel.langgraph.retries). Two invocations in one attempt stay two calls."""
+    provider = Provider()
+    failed: list[str] = []
+
+    @keel.effect("charge")
+    def charge(order: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, order)
+
+    def once(where: str) -> None:
+        if fails == where and not failed:
+            failed.append(where)
+            raise ConnectionError(f"{where} failed after the charge")  # retried
+
+    def pay(state: OrderState) -> dict[str, Any]:
+        receipt = charge(state["order"])
+        once("the charging node")
+        return {"receipts": [receipt["id"]]}
+
+    def record(state: OrderState) -> dict[str, Any]:
+        once("a later node")
+        return {}
+
+    sub = StateGraph(OrderState)
+    sub.add_node("pay", pay)
+    sub.add_node("record", record)
+    sub.add_edge(START, "pay")
+    sub.add_edge("pay", "record")
+    sub.add_edge("record", END)
+    billing = sub.compile()
+    retry = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
+
+    def calling(state: OrderState) -> dict[str, Any]:
+        first = billing.invoke({"order": state["order"]})
+        second = billing.invoke({"order": state["order"] + "-refill"})
+        once("the calling node")
+        return {"receipts": first["receipts"] + second["receipts"]}
+
+    def build() -> StateGraph:
+        g = StateGraph(OrderState)
+        if fails == "the calling node":
+            g.add_node("billing", calling, retry_policy=retry)
+        else:
+            g.add_node("billing", billing, retry_policy=retry)
+        g.add_edge(START, "billing")
+        g.add_edge("billing", END)
+        return g
+
+    app = make_app()
+    app.workflow("orders")(build)
+    run = app.submit("orders", job_id="retry-sub", input={"order": "o-1"})["run_id"]
+    drain(app)
+    details = app.get_run(run)
+    assert details.status == "completed", details.run["error"]
+    assert failed == [fails]  # the retry happened
+    calls = 2 if fails == "the calling node" else 1
+    assert len(provider.deliveries) == calls, provider.deliveries  # charged once per call
+    assert sorted(details.output["receipts"]) == [f"p-{n}" for n in range(1, calls + 1)]

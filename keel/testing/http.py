@@ -82,6 +82,11 @@ class HttpSink:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if len(body) < length:
+                    # The caller died before its whole body was sent: a provider never
+                    # takes an incomplete request, so neither is it counted here.
+                    self.close_connection = True
+                    return
                 request = ReceivedRequest(
                     self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
                 )

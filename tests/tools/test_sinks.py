@@ -3,6 +3,7 @@ seen Idempotency-Key once. A reconciler looks a delivery up with a GET."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
@@ -28,6 +29,17 @@ def test_only_changes_are_deliveries_and_a_get_is_a_lookup() -> None:
         assert len(sink.requests) == 7
     assert found == {"deliveries": [{"reference": "k1", "amount": 5, "delivery": 1}]}
     assert missing == {"deliveries": []}
+
+
+def test_a_request_whose_caller_died_before_its_body_is_not_a_delivery() -> None:
+    with HttpSink() as sink:
+        port = int(sink.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as cut:
+            # The headers promise 60 bytes; the caller is killed before it writes them.
+            cut.sendall(b"POST /charges HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n")
+        httpx.post(sink.url + "/charges", json={"reference": "whole"})  # after it, in full
+        assert [d.json()["reference"] for d in sink.deliveries] == ["whole"]
+        assert sink.arrived == 1
 
 
 def test_a_repeat_under_a_seen_idempotency_key_is_answered_alike_and_not_counted() -> None:

@@ -14,6 +14,7 @@ from langgraph.pregel import Pregel
 from keel.core.errors import InvalidWorkflow, NotInRun
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.workflows import Workflow
+from keel.langgraph.retries import renumbered
 from keel.langgraph.savers import FencedSaver
 
 # LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
@@ -38,7 +39,10 @@ def locate() -> StepRef:
         node=str(meta.get("langgraph_node", "")),
         step=int(meta.get("langgraph_step", -1)),
         path="/".join(str(p) for p in path),
-        namespace=namespace_without_task_ids(str(meta.get("langgraph_checkpoint_ns", ""))),
+        # A retry's subgraph invocations numbered as its first attempt's (keel.langgraph.retries).
+        namespace=namespace_without_task_ids(
+            renumbered(str(meta.get("langgraph_checkpoint_ns", "")))
+        ),
         # LangGraph makes a scratchpad per attempt of a task and shares it with the runnables
         # the node invokes (tools, chains): what numbers the task's effect calls. Without one
         # (another LangGraph), the config, which is per attempt too but not shared with them.

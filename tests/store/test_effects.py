@@ -468,3 +468,59 @@ def test_subgraph_retried_by_langgraph_performs_its_effects_once(
     calls = 2 if fails == "the calling node" else 1
     assert len(provider.deliveries) == calls, provider.deliveries  # charged once per call
     assert sorted(details.output["receipts"]) == [f"p-{n}" for n in range(1, calls + 1)]
+
+
+def test_a_retried_nodes_subgraph_runs_afresh_and_changed_arguments_are_refused(
+    make_app: AppFactory,
+) -> None:
+    """The retry's subgraph runs with the retry's input (a check that failed and asks again
+    gets a new answer, not the first attempt's); an effect it calls with other arguments at
+    the first attempt's place is refused, as any changed replay is, and performs nothing."""
+    provider = Provider()
+    asked: list[str] = []
+
+    @keel.effect("charge")
+    def charge(order: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, order)
+
+    def answer(state: OrderState) -> dict[str, Any]:
+        asked.append(state["order"])
+        if state["order"].startswith("pay"):
+            charge(state["order"])
+        return {"receipts": [f"answer to {state['order']}"]}
+
+    sub = StateGraph(OrderState)
+    sub.add_node("answer", answer)
+    sub.add_edge(START, "answer")
+    sub.add_edge("answer", END)
+    agent = sub.compile()
+
+    def check(state: OrderState) -> dict[str, Any]:
+        attempt = len(asked) + 1
+        got = agent.invoke({"order": f"{state['order']} #{attempt}"})
+        if attempt == 1:
+            raise ValueError("the answer did not pass the check")  # retried
+        return {"receipts": got["receipts"]}
+
+    def build() -> StateGraph:
+        g = StateGraph(OrderState)
+        retry = RetryPolicy(
+            max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ValueError
+        )
+        g.add_node("check", check, retry_policy=retry)
+        g.add_edge(START, "check")
+        g.add_edge("check", END)
+        return g
+
+    app = make_app()
+    app.workflow("checked")(build)
+    asking = app.submit("checked", job_id="ask", input={"order": "ask"})["run_id"]
+    drain(app)
+    assert app.get_run(asking).output["receipts"] == ["answer to ask #2"]
+    asked.clear()
+    paying = app.submit("checked", job_id="pay", input={"order": "pay"})["run_id"]
+    drain(app)
+    details = app.get_run(paying)
+    assert details.status == "failed"
+    assert "NondeterminismError" in details.run["error"], details.run["error"]
+    assert provider.deliveries and len(provider.deliveries) == 1  # the first attempt's only

@@ -17,7 +17,10 @@ earlier admission committed:
   performed is still on record, shown on the thread.
 
 A run waiting on an interrupt is the thread's active run: a resume answers its wait (first
-answer wins, as for every wait); new input follows the strategy.
+answer wins, as for every wait); new input follows the strategy. Unless the submission takes
+LangGraph Platform's view (`end_paused`, as the Agent Server API does): there a run paused on
+`interrupt()` or an approval has returned, so new input ends it (cancelled, reason
+`interrupted`, its steps and checkpoints kept) and the strategy applies to the runs left.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.ids import input_hash, run_id, validate_job_id
-from keel.core.lifecycle import TerminationReason
+from keel.core.lifecycle import Status, TerminationReason
 from keel.core.runs import Admission, stop
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.run_queries import NewRun
 from keel.core.store.store import Store
 from keel.core.store.thread_queries import ThreadPlace
+from keel.core.wait_model import WaitKind, WaitStatus
 
 STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
 """What a submission on a thread with an unfinished run does (`multitask_strategy`)."""
@@ -130,6 +134,7 @@ async def admit(
     not_before: float | None = None,
     merge_metadata: dict[str, Any] | None = None,
     then: Callable[[Tx], Awaitable[Later]] | None = None,
+    end_paused: bool = False,
 ) -> Admission:
     """Admit a run on a thread, in one transaction under the thread's row (see the module).
     A delayed run (`delay`, `not_before`: keel.core.timers) takes its place in the thread's
@@ -198,6 +203,8 @@ async def admit(
             if found is not None:
                 return Admission(found, False, [])
         unfinished = await store.thread_unfinished(tx, thread_id)
+        if unfinished and end_paused:
+            unfinished = await _end_paused(store, tx, unfinished, rid)
         if unfinished and strategy == "reject":
             active = unfinished[0]
             raise ThreadBusy(
@@ -246,6 +253,30 @@ async def admit(
         return Admission(row, True, [], claimed)
 
     return await store.step_transaction(body)
+
+
+PAUSED_KINDS = frozenset({WaitKind.INTERRUPT, WaitKind.APPROVAL})
+"""The waits LangGraph knows as an interrupt. A run waiting on anything else (a person's word
+on an in-doubt effect, an outbox delivery, a timer) stays the thread's active run."""
+
+
+async def _end_paused(store: Store, tx: Tx, unfinished: list[Row], by: str) -> list[Row]:
+    """End each of the thread's runs paused on an interrupt (see the module); the rest."""
+    left = []
+    for other in unfinished:
+        if other["status"] == Status.WAITING:
+            # The run's row first, as a decision takes it: a decision recorded meanwhile has
+            # queued the run, which then goes on as an unfinished run.
+            locked = await store.lock_run(tx, str(other["run_id"]))
+            if locked is not None and locked["status"] == Status.WAITING:
+                waits = await store.read_waits(tx, str(other["run_id"]))
+                pending = [w["kind"] for w in waits if w["status"] == WaitStatus.PENDING]
+                if pending and PAUSED_KINDS.issuperset(pending):
+                    event = {"by": f"run {by}", "paused": "new input on the thread"}
+                    await stop(store, tx, locked, TerminationReason.INTERRUPTED, event)
+                    continue
+        left.append(other)
+    return left
 
 
 def _changes(stored: Any, keys: dict[str, Any]) -> bool:

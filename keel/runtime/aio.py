@@ -123,6 +123,7 @@ class AsyncApp(ThreadOperations, Oversight):
         webhook_on: Iterable[str] | None = None,
         webhook_format: str = "keel",
         merge_metadata: dict[str, Any] | None = None,
+        end_paused: bool = False,
     ) -> Submission:
         """Admit a run, durably, before any of it executes.
 
@@ -154,7 +155,10 @@ class AsyncApp(ThreadOperations, Oversight):
 
         `merge_metadata` (with a `thread_id`): keys merged into the thread's metadata, new or
         existing, in the admission's own transaction (the Agent Server stamps `graph_id` and
-        `assistant_id` so), where `metadata` only names a new thread's."""
+        `assistant_id` so), where `metadata` only names a new thread's. `end_paused`: LangGraph
+        Platform's view of a thread, where a run paused on `interrupt()` has returned: this new
+        run (not a resume) ends such a run of the thread instead of queueing behind it
+        (docs/threads.md)."""
         delay, start_at = timers.start_time(after, not_before)
         await self.open()
         hook = None
@@ -181,6 +185,7 @@ class AsyncApp(ThreadOperations, Oversight):
             delay=delay,
             start_at=start_at,
             merge_metadata=merge_metadata,
+            end_paused=end_paused,
         )
         if hook is not None:
             await webhooks.register(
@@ -207,6 +212,7 @@ class AsyncApp(ThreadOperations, Oversight):
         delay: float | None,
         start_at: float | None,
         merge_metadata: dict[str, Any] | None = None,
+        end_paused: bool = False,
     ) -> Submission:
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
@@ -235,6 +241,7 @@ class AsyncApp(ThreadOperations, Oversight):
                 delay=delay,
                 not_before=start_at,
                 merge_metadata=merge_metadata,
+                end_paused=end_paused,
             )
         if job_id is None:
             job_id = threads.new_id()

@@ -230,6 +230,7 @@ class ThreadOperations:
         delay: float | None = None,
         not_before: float | None = None,
         merge_metadata: dict[str, Any] | None = None,
+        end_paused: bool = False,
     ) -> Submission:
         if checkpoint_id is not None and thread_id is None:
             raise UsageError("checkpoint_id names a checkpoint of a thread: give thread_id")
@@ -255,6 +256,7 @@ class ThreadOperations:
                 not_before=not_before,
                 merge_metadata=merge_metadata,
                 then=claim,
+                end_paused=end_paused,
             )
             if admitted.created:
                 await self._trace(admitted.row)  # before the worker it goes to can start it
@@ -284,6 +286,7 @@ class ThreadOperations:
         not_before: float | None,
         merge_metadata: dict[str, Any] | None,
         then: Claim | None,
+        end_paused: bool,
     ) -> Admission:
         return await threads.admit(
             self.runtime.store,
@@ -304,6 +307,7 @@ class ThreadOperations:
             not_before=not_before,
             merge_metadata=merge_metadata,
             then=then,
+            end_paused=end_paused,
         )
 
     async def wait(

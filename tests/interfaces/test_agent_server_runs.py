@@ -391,26 +391,16 @@ def test_join_stream_resumes_after_any_event_id(svc: Served) -> None:
 # -- strategies, cancel, refusals ----------------------------------------------------------------
 
 
-def test_reject_on_a_busy_thread_is_409_and_admits_nothing(svc: Served) -> None:
+def test_a_second_answer_to_the_same_pause_is_409(svc: Served) -> None:
+    # A busy thread's `reject` and new input on a paused thread: test_agent_server_paused.py.
     client = svc.client
     thread = new_thread(svc)
-    client.runs.wait(thread, "ask", input={"question": "a"})  # paused: the thread's run is open
-    for attempt in (
-        lambda: client.runs.create(
-            thread, "ask", input={"question": "b"}, multitask_strategy="reject"
-        ),
-        lambda: parts(
-            client.runs.stream(thread, "ask", input={"question": "b"}, multitask_strategy="reject")
-        ),
-    ):
-        with pytest.raises(ConflictError) as refused:
-            attempt()
-        assert refused.value.body["error"] == "thread_busy"  # type: ignore[index]
-    assert len(client.runs.list(thread)) == 1
-    # A second answer to the same pause loses.
+    client.runs.wait(thread, "ask", input={"question": "a"})
     client.runs.create(thread, "ask", command={"resume": "first"})
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError) as refused:
         client.runs.create(thread, "ask", command={"resume": "second"})
+    assert refused.value.body["error"] in ("decision_conflict", "no_pending_wait")  # type: ignore[index]
+    assert len(client.runs.list(thread)) == 1
 
 
 def test_cancel_stops_a_running_run_at_its_next_step(svc: Served) -> None:

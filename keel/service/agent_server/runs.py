@@ -174,6 +174,9 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             context=assistant.run_context(body.context),
             checkpoint_id=checkpoint_id,
             multitask_strategy=body.multitask_strategy or "enqueue",
+            # LangGraph's view: a run paused on interrupt() has returned, so new input ends it
+            # (the strategy then weighs the thread's other runs) rather than waiting behind it.
+            end_paused=True,
             # A thread this run makes has the run's metadata (an owner an auth handler put).
             metadata={**run_metadata, **stamp},
             # Every run's thread says which graph and assistant ran last, as LangGraph

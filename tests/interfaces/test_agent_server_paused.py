@@ -1,0 +1,112 @@
+"""A thread paused on `interrupt()`, driven through langgraph-sdk as a chat UI drives it: on
+LangGraph's server the paused run has returned, so new input runs at once, whatever the
+multitask strategy, and nothing of the paused turn is rolled back. Keel answers the same (the
+paused run ends `interrupted`, its steps kept), compared with LangGraph's own `invoke` of the
+same turns on an InMemorySaver; a run still running keeps the thread busy as before. On both
+backends, a real server and worker.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from fastapi import FastAPI
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from langgraph_sdk import get_sync_client
+from langgraph_sdk.errors import ConflictError
+
+import keel
+from keel.runtime.conversations import jsonable
+from keel.service.agent_server import agent_server_router
+from keel.service.auth import Authenticator, load_tokens
+from keel.service.errors import install
+from tests.interfaces.test_agent_server_runs import GATES, Served, gated, live_worker, without_ids
+from tests.support.apps.service import LiveServer
+from tests.support.checks import wait_until
+from tests.support.service_client import ADMIN, TOKENS
+
+
+class Noted(TypedDict, total=False):
+    question: str
+    answer: Any
+    log: Annotated[list[str], operator.add]
+
+
+def noted() -> StateGraph:
+    """note (logs the question) -> ask (interrupt) -> done."""
+
+    def ask(state: Noted) -> dict[str, Any]:
+        return {"answer": interrupt({"question": state["question"]}), "log": ["answered"]}
+
+    g = StateGraph(Noted)
+    g.add_node("note", lambda s: {"log": [f"noted {s['question']}"]})
+    g.add_node("ask", ask)
+    g.add_node("done", lambda s: {"log": ["done"]})
+    g.add_edge(START, "note")
+    g.add_edge("note", "ask")
+    g.add_edge("ask", "done")
+    g.add_edge("done", END)
+    return g
+
+
+@pytest.fixture
+def svc(make_app: Callable[..., keel.App]) -> Iterator[Served]:
+    app = make_app(lease_ttl=5)
+    app.workflow("noted")(noted)
+    app.workflow("gated")(gated)
+    api = FastAPI()
+    install(api)
+    api.include_router(agent_server_router(app, Authenticator(load_tokens(TOKENS))))
+    with LiveServer(api) as live, live_worker(app):
+        yield Served(app, live.url, get_sync_client(url=live.url, api_key=ADMIN))
+
+
+def langgraph_turns(turns: list[Any]) -> list[Any]:
+    """What LangGraph's own `invoke` returns for each turn on one thread, interrupt ids aside."""
+    graph = noted().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    return [without_ids(jsonable(graph.invoke(turn, config))) for turn in turns]
+
+
+@pytest.mark.parametrize("strategy", [None, "enqueue", "reject", "interrupt", "rollback"])
+def test_new_input_on_a_paused_thread_runs_at_once_and_keeps_the_paused_turn(
+    svc: Served, strategy: str | None
+) -> None:
+    client = svc.client
+    thread = client.threads.create()["thread_id"]
+    options = {"multitask_strategy": strategy} if strategy else {}
+    paused = client.runs.wait(thread, "noted", input={"question": "a"})
+    (first,) = client.runs.list(thread)
+    again = client.runs.wait(thread, "noted", input={"question": "b"}, **options)
+    done = client.runs.wait(thread, "noted", command={"resume": "yes"})
+    expected = langgraph_turns([{"question": "a"}, {"question": "b"}, Command(resume="yes")])
+    assert [without_ids(paused), without_ids(again), done] == expected
+    assert done["log"] == ["noted a", "noted b", "answered", "done"]  # turn a kept
+    runs = {r["run_id"]: r["status"] for r in client.runs.list(thread)}
+    assert runs.pop(first["run_id"]) == "interrupted"  # the paused run ended, superseded
+    assert list(runs.values()) == ["success"]  # the second run, paused then resumed
+
+
+def test_a_running_run_still_keeps_the_thread_busy(svc: Served) -> None:
+    client = svc.client
+    thread = client.threads.create()["thread_id"]
+    GATES[thread] = threading.Event()
+    running = client.runs.create(thread, "gated", input={"log": []})
+    wait_until(
+        lambda: client.runs.get(thread, running["run_id"])["status"] == "running", 30, "running"
+    )
+    with pytest.raises(ConflictError) as refused:
+        client.runs.create(thread, "gated", input={"log": []}, multitask_strategy="reject")
+    assert refused.value.body["error"] == "thread_busy"  # type: ignore[index]
+    queued = client.runs.create(thread, "gated", input={"log": []})  # enqueue: waits its turn
+    assert client.runs.get(thread, queued["run_id"])["status"] == "pending"
+    GATES[thread].set()
+    client.runs.join(thread, queued["run_id"])
+    statuses = [client.runs.get(thread, r["run_id"])["status"] for r in (running, queued)]
+    assert statuses == ["success", "success"]

@@ -56,6 +56,10 @@ class RunContext:
     thread_id: str = ""
     """The LangGraph thread the run executes on (its checkpoints' `thread_id`); empty: the run
     is a thread of its own, named by its run id."""
+    subgraph_ordinals: dict[str, int] = field(default_factory=dict)
+    """A retried task's subgraph invocations in this execution, by the namespace LangGraph
+    gave each: its number within its attempt, what its effects' keys use
+    (keel.langgraph.retries)."""
     settle: Callable[[], Awaitable[None]] | None = None
     """Commit the checkpoints the execution still holds back (a first execution's input and
     START step wait for its first step's): called before an effect whose key names a task

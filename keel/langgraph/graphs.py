@@ -11,6 +11,7 @@ from langgraph.config import get_config
 from langgraph.constants import START
 from langgraph.pregel import Pregel
 
+from keel.core.context import _current as _running
 from keel.core.errors import InvalidWorkflow, NotInRun
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.workflows import Workflow
@@ -33,6 +34,7 @@ def locate() -> StepRef:
         raise NotInRun("this must be called inside a LangGraph node") from None
     meta = config.get("metadata", {})
     path = meta.get("langgraph_path", ())
+    ctx = _running.get()
     return StepRef(
         # A run on a thread of many runs names itself (config metadata); else the thread is it.
         run_id=str(meta.get("keel_run_id") or config["configurable"]["thread_id"]),
@@ -41,7 +43,10 @@ def locate() -> StepRef:
         path="/".join(str(p) for p in path),
         # A retry's subgraph invocations numbered as its first attempt's (keel.langgraph.retries).
         namespace=namespace_without_task_ids(
-            renumbered(str(meta.get("langgraph_checkpoint_ns", "")))
+            renumbered(
+                str(meta.get("langgraph_checkpoint_ns", "")),
+                ctx.subgraph_ordinals if ctx is not None else {},
+            )
         ),
         # LangGraph makes a scratchpad per attempt of a task and shares it with the runnables
         # the node invokes (tools, chains): what numbers the task's effect calls. Without one

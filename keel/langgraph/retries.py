@@ -29,10 +29,10 @@ import dataclasses
 import itertools
 import logging
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from keel.core.context import RunContext
 from keel.core.context import _current as _running
 
 log = logging.getLogger("keel.langgraph")
@@ -40,41 +40,36 @@ log = logging.getLogger("keel.langgraph")
 SCRATCHPAD = "__pregel_scratchpad"  # LangGraph's CONFIG_KEY_SCRATCHPAD
 NAMESPACE = "checkpoint_ns"  # LangGraph's CONFIG_KEY_CHECKPOINT_NS
 SEPARATOR = "|"
-KEPT = 10_000
-"""Renumbered invocations remembered (the oldest go first): only retried tasks that invoke
-subgraphs add any, and a task's are read while its attempt runs."""
-
-_ordinals: OrderedDict[str, int] = OrderedDict()
-"""`<task namespace>|<LangGraph's number>` -> the invocation's number within its attempt."""
-_lock = threading.Lock()
 
 
 class AttemptCounter:
-    """A retry's subgraph counter: LangGraph's numbers, each remembered with the attempt's own."""
+    """A retry's subgraph counter: LangGraph's numbers, each kept with the attempt's own in the
+    execution's `RunContext.subgraph_ordinals` (another execution, a replay among them, keeps
+    its own: a task id LangGraph gives again is never read with this one's numbers)."""
 
-    def __init__(self, numbers: Callable[[], int], namespace: str) -> None:
+    def __init__(self, numbers: Callable[[], int], namespace: str, ctx: RunContext) -> None:
         self.numbers = numbers
         self.namespace = namespace
+        self.ctx = ctx
         self._ordinal = itertools.count(0).__next__
+        self._lock = threading.Lock()
 
     def __call__(self) -> int:
-        number, ordinal = self.numbers(), self._ordinal()
-        with _lock:
-            _ordinals[f"{self.namespace}{SEPARATOR}{number}"] = ordinal
-            while len(_ordinals) > KEPT:
-                _ordinals.popitem(last=False)
+        with self._lock:  # the pair taken together: a node may invoke subgraphs from threads
+            number, ordinal = self.numbers(), self._ordinal()
+            self.ctx.subgraph_ordinals[f"{self.namespace}{SEPARATOR}{number}"] = ordinal
         return number
 
 
-def renumbered(namespace: str) -> str:
+def renumbered(namespace: str, ordinals: Mapping[str, int]) -> str:
     """`namespace` with each retry's invocation numbers as its first attempt's would be."""
-    if SEPARATOR not in namespace or not _ordinals:
+    if not ordinals or SEPARATOR not in namespace:
         return namespace
     parts = namespace.split(SEPARATOR)
     kept: list[str] = []
     for index, part in enumerate(parts):
         if part.isdigit() and index > 0:
-            ordinal = _ordinals.get(SEPARATOR.join(parts[: index + 1]))
+            ordinal = ordinals.get(SEPARATOR.join(parts[: index + 1]))
             if ordinal is not None:
                 if ordinal:
                     kept.append(str(ordinal))
@@ -88,11 +83,12 @@ def _counting_each_attempt(reset: Callable[[Any], Any]) -> Callable[[Any], Any]:
         config = reset(config)
         configurable = config.get("configurable", {})
         scratchpad = configurable.get(SCRATCHPAD)
-        if _running.get() is None or scratchpad is None:
+        ctx = _running.get()
+        if ctx is None or scratchpad is None:
             return config
         numbers = scratchpad.subgraph_counter
         numbers = getattr(numbers, "numbers", numbers)  # an earlier retry's: LangGraph's own
-        counter = AttemptCounter(numbers, str(configurable.get(NAMESPACE, "")))
+        counter = AttemptCounter(numbers, str(configurable.get(NAMESPACE, "")), ctx)
         fresh = dataclasses.replace(scratchpad, subgraph_counter=counter)
         return {**config, "configurable": {**configurable, SCRATCHPAD: fresh}}
 

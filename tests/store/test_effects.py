@@ -524,3 +524,56 @@ def test_a_retried_nodes_subgraph_runs_afresh_and_changed_arguments_are_refused(
     assert details.status == "failed"
     assert "NondeterminismError" in details.run["error"], details.run["error"]
     assert provider.deliveries and len(provider.deliveries) == 1  # the first attempt's only
+
+
+def test_a_retrys_numbering_is_the_executions_own(make_app: AppFactory) -> None:
+    """A run resumed in the same process gives its task the same id (same checkpoint): what an
+    earlier execution's retry numbered must not re-key this one's second subgraph call as its
+    first (it would be taken for done and never performed)."""
+    provider = Provider()
+    failing = [True]
+
+    @keel.effect("send")
+    def send(order: str, *, idempotency_key: str) -> Any:
+        return provider.deliver(idempotency_key, order)
+
+    def say(state: OrderState) -> dict[str, Any]:
+        send(state["order"])
+        return {}
+
+    sub = StateGraph(OrderState)
+    sub.add_node("say", say)
+    sub.add_edge(START, "say")
+    sub.add_edge("say", END)
+    said = sub.compile()
+
+    def node(state: OrderState) -> dict[str, Any]:
+        said.invoke({"order": "first"})
+        if failing[0]:
+            raise ValueError("provider down")  # retried once, then the run fails
+        said.invoke({"order": "second"})  # a second call: a second effect
+        return {}
+
+    def build() -> StateGraph:
+        g = StateGraph(OrderState)
+        retry = RetryPolicy(
+            max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ValueError
+        )
+        g.add_node("node", node, retry_policy=retry)
+        g.add_edge(START, "node")
+        g.add_edge("node", END)
+        return g
+
+    app = make_app()
+    # "exit": nothing is checkpointed before the end, so the resumed run runs the task again
+    # under the same id, its subgraphs afresh.
+    app.workflow("twice", durability="exit")(build)
+    run = app.submit("twice", job_id="twice", input={"order": "go"})["run_id"]
+    drain(app)
+    assert app.get_run(run).status == "failed"
+    assert len(provider.deliveries) == 1  # "first", found again by the retry
+    failing[0] = False
+    app.resume(run)
+    drain(app)
+    assert app.get_run(run).status == "completed"
+    assert [provider.results[k]["payload"] for k in provider.deliveries] == ["first", "second"]

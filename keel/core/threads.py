@@ -19,7 +19,7 @@ earlier admission committed:
 A run waiting on an interrupt is the thread's active run: a resume answers its wait (first
 answer wins, as for every wait); new input follows the strategy. Unless the submission takes
 LangGraph Platform's view (`end_paused`, as the Agent Server API does): there a run paused on
-`interrupt()` or an approval has returned, so new input ends it (cancelled, reason
+`interrupt()` has returned, so new input ends it (cancelled, reason
 `interrupted`, its steps and checkpoints kept) and the strategy applies to the runs left.
 """
 
@@ -38,7 +38,7 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.ids import input_hash, run_id, validate_job_id
-from keel.core.lifecycle import Status, TerminationReason
+from keel.core.lifecycle import FINISHED, Status, TerminationReason
 from keel.core.runs import Admission, stop
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.run_queries import NewRun
@@ -217,7 +217,8 @@ async def admit(
         if unfinished and strategy in SUPERSEDES:
             for other in unfinished:
                 locked = await store.lock_run(tx, str(other["run_id"]))
-                assert locked is not None
+                if locked is None or Status(locked["status"]) in FINISHED:
+                    continue  # it ended meanwhile (a cancel, a deadline's policy)
                 await stop(store, tx, locked, SUPERSEDES[strategy], {"by": f"run {rid}"})
             if strategy == "rollback":
                 # What the stopped runs checkpointed goes at once (a running one's, at its end:
@@ -255,27 +256,33 @@ async def admit(
     return await store.step_transaction(body)
 
 
-PAUSED_KINDS = frozenset({WaitKind.INTERRUPT, WaitKind.APPROVAL})
-"""The waits LangGraph knows as an interrupt. A run waiting on anything else (a person's word
-on an in-doubt effect, an outbox delivery, a timer) stays the thread's active run."""
+PAUSED_KINDS = frozenset({WaitKind.INTERRUPT})
+"""The waits LangGraph knows: a plain `interrupt()`. A run waiting on anything else stays the
+thread's active run: a `keel.approval` (its approvers, deadline and escalation are Keel's
+promise, not to be ended by whoever may write to the thread), a person's word on an in-doubt
+effect, an outbox delivery, a timer."""
 
 
 async def _end_paused(store: Store, tx: Tx, unfinished: list[Row], by: str) -> list[Row]:
     """End each of the thread's runs paused on an interrupt (see the module); the rest."""
     left = []
     for other in unfinished:
-        if other["status"] == Status.WAITING:
-            # The run's row first, as a decision takes it: a decision recorded meanwhile has
-            # queued the run, which then goes on as an unfinished run.
-            locked = await store.lock_run(tx, str(other["run_id"]))
-            if locked is not None and locked["status"] == Status.WAITING:
-                waits = await store.read_waits(tx, str(other["run_id"]))
-                pending = [w["kind"] for w in waits if w["status"] == WaitStatus.PENDING]
-                if pending and PAUSED_KINDS.issuperset(pending):
-                    event = {"by": f"run {by}", "paused": "new input on the thread"}
-                    await stop(store, tx, locked, TerminationReason.INTERRUPTED, event)
-                    continue
-        left.append(other)
+        if other["status"] != Status.WAITING:
+            left.append(other)
+            continue
+        # The run's row first, as a decision takes it: a decision recorded meanwhile has queued
+        # the run, which then goes on as an unfinished run; one that ended meanwhile is gone.
+        locked = await store.lock_run(tx, str(other["run_id"]))
+        if locked is None or Status(locked["status"]) in FINISHED:
+            continue
+        if locked["status"] == Status.WAITING:
+            waits = await store.read_waits(tx, str(other["run_id"]))
+            pending = [w["kind"] for w in waits if w["status"] == WaitStatus.PENDING]
+            if pending and PAUSED_KINDS.issuperset(pending):
+                event = {"by": f"run {by}", "paused": "new input on the thread"}
+                await stop(store, tx, locked, TerminationReason.INTERRUPTED, event)
+                continue
+        left.append(locked)
     return left
 
 

@@ -30,6 +30,7 @@ from tests.interfaces.test_agent_server_runs import GATES, Served, gated, live_w
 from tests.support.apps.service import LiveServer
 from tests.support.checks import wait_until
 from tests.support.service_client import ADMIN, TOKENS
+from tests.support.thread_graphs import reviewing
 
 
 class Noted(TypedDict, total=False):
@@ -60,6 +61,7 @@ def svc(make_app: Callable[..., keel.App]) -> Iterator[Served]:
     app = make_app(lease_ttl=5)
     app.workflow("noted")(noted)
     app.workflow("gated")(gated)
+    app.workflow("review")(reviewing)
     api = FastAPI()
     install(api)
     api.include_router(agent_server_router(app, Authenticator(load_tokens(TOKENS))))
@@ -110,3 +112,18 @@ def test_a_running_run_still_keeps_the_thread_busy(svc: Served) -> None:
     client.runs.join(thread, queued["run_id"])
     statuses = [client.runs.get(thread, r["run_id"])["status"] for r in (running, queued)]
     assert statuses == ["success", "success"]
+
+
+def test_a_run_paused_on_an_approval_stays_the_threads_active_run(svc: Served) -> None:
+    # Its approvers, deadline and escalation are Keel's promise: new input does not end it.
+    client = svc.client
+    thread = client.threads.create()["thread_id"]
+    client.runs.create(thread, "review", input={"question": "refund?"})
+    wait_until(lambda: [r["status"] for r in client.runs.list(thread)] == ["success"], 30, "paused")
+    with pytest.raises(ConflictError):
+        client.runs.create(thread, "review", input={"question": "b"}, multitask_strategy="reject")
+    queued = client.runs.create(thread, "review", input={"question": "b"})
+    assert client.runs.get(thread, queued["run_id"])["status"] == "pending"
+    (waiting,) = [r for r in svc.app.thread_runs(thread) if r["status"] == "waiting"]
+    assert svc.app.approve(waiting["run_id"], by="manager").recorded
+    wait_until(lambda: client.runs.get(thread, queued["run_id"])["status"] == "success", 30, "next")

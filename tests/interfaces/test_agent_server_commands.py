@@ -16,21 +16,14 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from fastapi import FastAPI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
-from langgraph_sdk import get_sync_client
 from langgraph_sdk.errors import BadRequestError
 
 import keel
 from keel.runtime.conversations import jsonable
-from keel.service.agent_server import agent_server_router
-from keel.service.auth import Authenticator, load_tokens
-from keel.service.errors import install
-from tests.interfaces.test_agent_server_runs import Served, failing, live_worker
-from tests.support.apps.service import LiveServer
-from tests.support.service_client import ADMIN, TOKENS
+from tests.interfaces.test_agent_server_runs import Served, failing, serving
 
 
 class Route(TypedDict, total=False):
@@ -60,11 +53,8 @@ def svc(make_app: Callable[..., keel.App]) -> Iterator[Served]:
     app = make_app(lease_ttl=5)
     app.workflow("routed")(routed)
     app.workflow("failing")(failing)
-    api = FastAPI()
-    install(api)
-    api.include_router(agent_server_router(app, Authenticator(load_tokens(TOKENS))))
-    with LiveServer(api) as live, live_worker(app):
-        yield Served(app, live.url, get_sync_client(url=live.url, api_key=ADMIN))
+    with serving(app) as served:
+        yield served
 
 
 def langgraph_turns(factory: Callable[[], StateGraph], turns: list[Any]) -> list[Any]:

@@ -14,22 +14,15 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from fastapi import FastAPI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
-from langgraph_sdk import get_sync_client
 from langgraph_sdk.errors import ConflictError
 
 import keel
 from keel.runtime.conversations import jsonable
-from keel.service.agent_server import agent_server_router
-from keel.service.auth import Authenticator, load_tokens
-from keel.service.errors import install
-from tests.interfaces.test_agent_server_runs import GATES, Served, gated, live_worker, without_ids
-from tests.support.apps.service import LiveServer
+from tests.interfaces.test_agent_server_runs import GATES, Served, gated, serving, without_ids
 from tests.support.checks import wait_until
-from tests.support.service_client import ADMIN, TOKENS
 from tests.support.thread_graphs import reviewing
 
 
@@ -62,11 +55,8 @@ def svc(make_app: Callable[..., keel.App]) -> Iterator[Served]:
     app.workflow("noted")(noted)
     app.workflow("gated")(gated)
     app.workflow("review")(reviewing)
-    api = FastAPI()
-    install(api)
-    api.include_router(agent_server_router(app, Authenticator(load_tokens(TOKENS))))
-    with LiveServer(api) as live, live_worker(app):
-        yield Served(app, live.url, get_sync_client(url=live.url, api_key=ADMIN))
+    with serving(app) as served:
+        yield served
 
 
 def langgraph_turns(turns: list[Any]) -> list[Any]:

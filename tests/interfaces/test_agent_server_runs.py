@@ -152,6 +152,16 @@ def live_worker(app: keel.App) -> Iterator[None]:
         done.result(timeout=30)
 
 
+@contextmanager
+def serving(app: keel.App) -> Iterator[Served]:
+    """The protocol's routes for `app` on a live server, a worker running, an SDK client."""
+    api = FastAPI()
+    install(api)
+    api.include_router(agent_server_router(app, Authenticator(load_tokens(TOKENS))))
+    with LiveServer(api) as live, live_worker(app):
+        yield Served(app, live.url, get_sync_client(url=live.url, api_key=ADMIN))
+
+
 @pytest.fixture
 def svc(served: Served) -> Iterator[Served]:
     """The served App with a worker running."""

@@ -245,6 +245,8 @@ class BodyLimit:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
+            if declared <= DRAIN_BYTES:
+                await _drain(receive)
             await self._refuse(scope, receive, send)
             return
         chunks: list[bytes] = []
@@ -256,6 +258,8 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
+                if message.get("more_body", False):
+                    await _drain(receive)
                 await self._refuse(scope, receive, send)
                 return
             chunks.append(chunk)
@@ -288,6 +292,24 @@ class BodyLimit:
         # The unread rest of the body makes the connection unusable for another request.
         response.headers["Connection"] = "close"
         await response(scope, receive, send)
+
+
+DRAIN_BYTES = 1 << 20
+"""Bytes of an oversized body read and dropped before its 413 goes out. A connection closed
+with unread data is reset by the kernel, and the reset can reach the client before the 413
+does (it then sees "connection reset", not why); past this, it is closed unread."""
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop the rest of a request body, up to `DRAIN_BYTES`."""
+    dropped = 0
+    while dropped <= DRAIN_BYTES:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 FORM_PATHS = ("/slack/actions",)

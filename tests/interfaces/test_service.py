@@ -8,9 +8,11 @@ tests/support/apps/service.py; the `serve` and `svc` fixtures are in conftest.py
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -275,6 +277,28 @@ def test_streamed_body_over_the_limit_is_413_without_content_length(
     )
     assert streamed_ok.status_code == 201, streamed_ok.text
     assert [r["job_id"] for r in svc.http.get("/v1/runs").json()["runs"]] == ["small"]
+
+
+def test_a_body_far_over_the_limit_still_hears_its_413(serve: Callable[..., Service]) -> None:
+    # Refused after 2 KB: the rest of the body is read and dropped before the 413 goes out.
+    # Closed unread, the connection was reset, and a client that reads its answer after the
+    # reset arrived (a busy machine; here, a pause) saw "connection reset" instead of why.
+    svc = serve(max_body_bytes=2048)
+    host, port = svc.url.removeprefix("http://").split(":")
+    body = json.dumps({"workflow": WORKFLOW, "job_id": "big", "input": {"t": "x" * 200_000}})
+    request = (
+        f"POST /v1/runs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ADMIN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        time.sleep(0.5)  # the server answered and closed meanwhile
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"body_too_large" in answer
+    assert svc.http.get("/v1/runs").json()["runs"] == []
 
 
 def test_list_runs_filters_and_pages(svc: Service) -> None:

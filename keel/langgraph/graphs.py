@@ -15,12 +15,9 @@ from keel.core.context import _current as _running
 from keel.core.errors import InvalidWorkflow, NotInRun
 from keel.core.ids import StepRef, namespace_without_task_ids
 from keel.core.workflows import Workflow
-from keel.langgraph.retries import renumbered
+from keel.langgraph.retries import SCRATCHPAD, renumbered
 from keel.langgraph.savers import FencedSaver
 
-# LangGraph's CONFIG_KEY_SCRATCHPAD (a private module): tests/store/test_effects.py fails if
-# LangGraph stops sharing one per task attempt.
-SCRATCHPAD = "__pregel_scratchpad"
 # LangGraph's CONFIG_KEY_TASK_ID (private since 1.0): the id its saver writes the task's
 # writes under, which the outbox's staged intents commit with.
 CONFIG_KEY_TASK_ID = "__pregel_task_id"

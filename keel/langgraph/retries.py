@@ -37,7 +37,9 @@ from keel.core.context import _current as _running
 
 log = logging.getLogger("keel.langgraph")
 
-SCRATCHPAD = "__pregel_scratchpad"  # LangGraph's CONFIG_KEY_SCRATCHPAD
+SCRATCHPAD = "__pregel_scratchpad"
+"""LangGraph's CONFIG_KEY_SCRATCHPAD (a private module), one per task attempt, shared with the
+runnables the node invokes: tests/store/test_effects.py fails if LangGraph stops doing so."""
 NAMESPACE = "checkpoint_ns"  # LangGraph's CONFIG_KEY_CHECKPOINT_NS
 SEPARATOR = "|"
 

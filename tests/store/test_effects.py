@@ -405,6 +405,18 @@ class OrderState(TypedDict, total=False):
     receipts: Annotated[list[Any], operator.add]
 
 
+ONCE_MORE = RetryPolicy(max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ValueError)
+
+
+def one_node(name: str, action: Any, retry: RetryPolicy | None = None) -> StateGraph:
+    """START -> `name` (`action`, retried under `retry`) -> END, on OrderState."""
+    g = StateGraph(OrderState)
+    g.add_node(name, action, retry_policy=retry)
+    g.add_edge(START, name)
+    g.add_edge(name, END)
+    return g
+
+
 @pytest.mark.parametrize("fails", ["the charging node", "a later node", "the calling node"])
 def test_subgraph_retried_by_langgraph_performs_its_effects_once(
     make_app: AppFactory, fails: str
@@ -449,14 +461,7 @@ def test_subgraph_retried_by_langgraph_performs_its_effects_once(
         return {"receipts": first["receipts"] + second["receipts"]}
 
     def build() -> StateGraph:
-        g = StateGraph(OrderState)
-        if fails == "the calling node":
-            g.add_node("billing", calling, retry_policy=retry)
-        else:
-            g.add_node("billing", billing, retry_policy=retry)
-        g.add_edge(START, "billing")
-        g.add_edge("billing", END)
-        return g
+        return one_node("billing", calling if fails == "the calling node" else billing, retry)
 
     app = make_app()
     app.workflow("orders")(build)
@@ -489,11 +494,7 @@ def test_a_retried_nodes_subgraph_runs_afresh_and_changed_arguments_are_refused(
             charge(state["order"])
         return {"receipts": [f"answer to {state['order']}"]}
 
-    sub = StateGraph(OrderState)
-    sub.add_node("answer", answer)
-    sub.add_edge(START, "answer")
-    sub.add_edge("answer", END)
-    agent = sub.compile()
+    agent = one_node("answer", answer).compile()
 
     def check(state: OrderState) -> dict[str, Any]:
         attempt = len(asked) + 1
@@ -503,14 +504,7 @@ def test_a_retried_nodes_subgraph_runs_afresh_and_changed_arguments_are_refused(
         return {"receipts": got["receipts"]}
 
     def build() -> StateGraph:
-        g = StateGraph(OrderState)
-        retry = RetryPolicy(
-            max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ValueError
-        )
-        g.add_node("check", check, retry_policy=retry)
-        g.add_edge(START, "check")
-        g.add_edge("check", END)
-        return g
+        return one_node("check", check, ONCE_MORE)
 
     app = make_app()
     app.workflow("checked")(build)
@@ -541,11 +535,7 @@ def test_a_retrys_numbering_is_the_executions_own(make_app: AppFactory) -> None:
         send(state["order"])
         return {}
 
-    sub = StateGraph(OrderState)
-    sub.add_node("say", say)
-    sub.add_edge(START, "say")
-    sub.add_edge("say", END)
-    said = sub.compile()
+    said = one_node("say", say).compile()
 
     def node(state: OrderState) -> dict[str, Any]:
         said.invoke({"order": "first"})
@@ -555,14 +545,7 @@ def test_a_retrys_numbering_is_the_executions_own(make_app: AppFactory) -> None:
         return {}
 
     def build() -> StateGraph:
-        g = StateGraph(OrderState)
-        retry = RetryPolicy(
-            max_attempts=2, initial_interval=0.01, jitter=False, retry_on=ValueError
-        )
-        g.add_node("node", node, retry_policy=retry)
-        g.add_edge(START, "node")
-        g.add_edge("node", END)
-        return g
+        return one_node("node", node, ONCE_MORE)
 
     app = make_app()
     # "exit": nothing is checkpointed before the end, so the resumed run runs the task again

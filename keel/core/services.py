@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keel.core.answers import UnrecordedAnswers
 from keel.core.clock import Clock
 from keel.core.infra import Attempts
 from keel.core.notifications import Notifier
@@ -35,3 +36,5 @@ class Services:
     """Seconds one provider call of an effect that declares no `timeout=` may take."""
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     """How completion webhooks are signed and where they may go (keel.runtime.webhooks)."""
+    answers: UnrecordedAnswers = field(default_factory=UnrecordedAnswers)
+    """Provider answers this process heard but could not record (keel.core.answers)."""

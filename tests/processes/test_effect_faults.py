@@ -75,6 +75,32 @@ def test_worker_frozen_before_the_provider_call_sends_nothing_when_it_wakes(
     assert_fenced(chaos.details(run_id), [zombie], takeover=True)
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])  # the connector fails a statement: SQLite's
+@pytest.mark.parametrize("workflow", ["mailer", "mailer-unreconciled"])
+def test_an_answer_heard_before_the_database_went_away_is_recorded_not_waited_out(
+    chaos: Chaos, workflow: str
+) -> None:
+    """The provider answered, then the ledger's record of it failed (the database went away).
+    The run comes back to the same worker, which records the answer it heard: it neither waits
+    out the call's deadline nor asks the provider (with no reconciler, a person would have had
+    to), and the email is sent once."""
+    run_id = chaos.submit(workflow, "A-1")
+    chaos.prepare()
+    assert chaos.app.approve(run_id, by="alice").recorded
+    worker = chaos.spawn("effect.after_perform:send_email!fail-next-statement")
+    wait_until(lambda: frozen(worker), timeout=40, what="the worker to reach its record")
+    os.kill(worker.pid, signal.SIGCONT)  # its next statement, the record, fails
+    assert worker.wait() == 0, worker.output()
+    details = chaos.wait_for(run_id, "completed")
+    report = chaos.report(run_id)
+    kinds = [e["kind"] for e in details.timeline]
+    assert "attempt.interrupted" in kinds, report  # the record did fail
+    assert "effect.awaiting_deadline" not in kinds, report
+    assert [e["status"] for e in details.effects] == ["sent"], report  # not reconciled
+    assert len(chaos.mails_for(details)) == 1, report
+    assert chaos.sink.count(subject="Re: ticket A-1") == 1, report
+
+
 def test_worker_frozen_before_an_artifact_rename_leaves_the_next_owners_file_alone(
     chaos: Chaos,
 ) -> None:

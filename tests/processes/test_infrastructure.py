@@ -28,6 +28,8 @@ from tests.support.checks import wait_until
 
 APP = "tests.support.apps.fleet:app"
 STEPS = ["analyze", "work", "send", "close", "archive"]
+EFFECT_TIMEOUT = 15.0
+"""The emails' timeout: longer than the SMTP client's own 10 s (tests/support/apps/fleet.py)."""
 
 
 def _up(cluster: ThrowawayCluster) -> None:
@@ -70,6 +72,9 @@ class Fleet:
                     "--stop-when-idle",
                     database_url=self.url,
                     lease_ttl=lease_ttl,
+                    # A call cut off by an outage makes its run's next owner in another process
+                    # wait out that call's deadline: within the checks' bound, not a minute.
+                    effect_timeout=EFFECT_TIMEOUT,
                     artifacts_dir=self.tmp / "artifacts",
                     env={
                         "FLEET_SMTP_URL": self.sink.url,

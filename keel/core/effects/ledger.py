@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
 from keel.core import heartbeat
+from keel.core.answers import Heard
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
 from keel.core.effects import in_doubt
@@ -165,15 +166,27 @@ class Effect(DeclaredEffect[P, R]):
                 if answered is not None:
                     ok, value = answered
                     if ok:
-                        await record(
-                            ctx, key, EffectStatus.SENT, int(row["attempts"]) + 1, result=value
-                        )
+                        await _record_answer(ctx, key, int(row["attempts"]) + 1, value)
                         span.note(outcome="performed (answered late)")
                         return value
                 elif row["status"] == EffectStatus.PENDING:
                     await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
                 continue
+            heard = _heard(ctx, row)
+            if heard is not None:
+                # This process made the key's last call and heard its answer; only the record
+                # was lost (the database went away): no deadline to wait out, nothing to ask.
+                log.info(
+                    "effect %s: recording the answer its call under %s heard before the "
+                    "database went away",
+                    self.name,
+                    key,
+                    extra={"event": "effect.answer_kept", "effect": self.name},
+                )
+                await _record_answer(ctx, key, heard.attempts, heard.value)
+                span.note(outcome="performed (its answer recorded late)")
+                return heard.value
             if row["status"] == EffectStatus.PENDING and deadline_in > 0:
                 await self._await_deadline(ctx, key, deadline_in)
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
@@ -332,7 +345,7 @@ class Effect(DeclaredEffect[P, R]):
                 raise EffectFailed(key, repr(exc)) from exc
             took("effect.perform", started, key, self.name, attempts)
             fault_point("effect.after_perform", self.name, where.node, where.path)
-            await record(ctx, key, EffectStatus.SENT, attempts, result=result)
+            await _record_answer(ctx, key, attempts, result)
             fault_point("effect.after_record", self.name, where.node, where.path)
             return result
 
@@ -413,6 +426,26 @@ async def _keep(ctx: RunContext) -> None:
     (LeaseLost, RunCancelled)."""
     await heartbeat.renew(ctx)
     await check_lease(ctx)
+
+
+async def _record_answer(ctx: RunContext, key: str, attempts: int, value: Any) -> None:
+    """Record the provider's answer to this execution's call (`sent`). An answer whose record
+    the database could not take is kept for the run's next execution in this process
+    (keel.core.answers); one fenced out (LeaseLost) is not: the run has another owner."""
+    try:
+        await record(ctx, key, EffectStatus.SENT, attempts, result=value)
+    except LeaseLost:
+        raise
+    except Exception:
+        ctx.services.answers.keep(key, ctx.token, Heard(attempts, value))
+        raise
+
+
+def _heard(ctx: RunContext, row: dict[str, Any]) -> Heard | None:
+    """The answer this process heard to the last call of a key still pending, if it kept one."""
+    if row["status"] != EffectStatus.PENDING or row.get("lease_token") is None:
+        return None
+    return ctx.services.answers.take(str(row["idempotency_key"]), int(row["lease_token"]))
 
 
 class _LeaseUnchecked(Exception):

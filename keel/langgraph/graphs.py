@@ -4,6 +4,7 @@ whether a run's checkpoint can go on in it (`checkpoint_misfits`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, cast
 
 from langchain_core.runnables import RunnableConfig
@@ -69,18 +70,50 @@ def compile_graph(workflow: Workflow, checkpointer: Any = None, store: Any = Non
         update: dict[str, Any] = {"checkpointer": checkpointer}
         if store is not None:
             update["store"] = store
-        return builder.copy(update=update)
+        return _runnable(workflow, builder.copy(update=update))
     if not callable(getattr(builder, "compile", None)):
         raise InvalidWorkflow(
             f"workflow {workflow.key}: the factory must return a LangGraph builder (a "
             f"StateGraph) or a compiled graph, not {type(builder).__name__}"
         )
     try:
-        return builder.compile(checkpointer=checkpointer, store=store)
+        graph = builder.compile(checkpointer=checkpointer, store=store)
     except Exception as exc:
         raise InvalidWorkflow(
             f"workflow {workflow.key}: its graph does not compile: {type(exc).__name__}: {exc}"
         ) from exc
+    return _runnable(workflow, graph)
+
+
+def _runnable(workflow: Workflow, graph: Pregel) -> Pregel:
+    """The graph, unless LangGraph is known to fail every run of it under the workflow's
+    durability: a subgraph node compiled with `checkpointer=False` under "sync" raises
+    AttributeError ('_put_checkpoint_fut') in LangGraph itself, with or without Keel."""
+    if workflow.durability != "sync":
+        return graph
+    for name in _checkpointless_subgraphs(graph):
+        raise InvalidWorkflow(
+            f"workflow {workflow.key}: subgraph {name!r} is compiled with checkpointer=False, "
+            "which LangGraph cannot run under durability='sync' (every run fails with "
+            "AttributeError). Compile it without a checkpointer argument (it then uses the "
+            "run's), or register the workflow with durability='async'"
+        )
+    return graph
+
+
+def _checkpointless_subgraphs(graph: Pregel, prefix: str = "") -> Iterator[str]:
+    """The namespaces of subgraph nodes compiled with `checkpointer=False`, however deep
+    (LangGraph's own `get_subgraphs` leaves them out)."""
+    for name, node in graph.nodes.items():
+        parts: list[Any] = [node.bound]
+        for part in parts:
+            parts.extend(getattr(part, "steps", None) or ())  # a node that is a sequence
+            if not isinstance(part, Pregel):
+                continue
+            if part.checkpointer is False:
+                yield f"{prefix}{name}"
+            else:
+                yield from _checkpointless_subgraphs(part, f"{prefix}{name}|")
 
 
 def plain_start(graph: Any) -> bool:

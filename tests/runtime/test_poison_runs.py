@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.func import entrypoint, task
-from langgraph.graph import END, StateGraph
+from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.core.errors import InvalidWorkflow
@@ -44,6 +44,43 @@ def test_a_graph_without_an_edge_from_start_is_refused_at_registration(
     with pytest.raises(InvalidWorkflow, match="must return a LangGraph builder"):
         app.workflow("not-a-graph")(lambda: "a graph, surely")
     assert app.aio.runtime.workflows.keys() == []  # nothing half-registered
+
+
+def _with_subgraph(checkpointer: bool | None, *, nested: bool = False) -> StateGraph:
+    inner = StateGraph(S)
+    inner.add_node("upper", lambda s: {"text": s.get("text", "").upper()})
+    inner.add_edge(START, "upper")
+    compiled = inner.compile(checkpointer=checkpointer)
+    if nested:
+        middle = StateGraph(S)
+        middle.add_node("inner", compiled)
+        middle.add_edge(START, "inner")
+        compiled = middle.compile()
+    outer = StateGraph(S)
+    outer.add_node("sub", compiled)
+    outer.add_edge(START, "sub")
+    return outer
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_subgraph_compiled_without_checkpointing_is_refused_under_sync_durability(
+    make_app: AppFactory, nested: bool
+) -> None:
+    """LangGraph itself fails every run of such a graph under durability="sync"
+    (AttributeError): refused at registration, naming the subgraph and the ways out."""
+    app = make_app()
+    where = "sub|inner" if nested else "sub"
+    with pytest.raises(InvalidWorkflow, match=rf"subgraph '{where}' is compiled with checkpoint"):
+        app.workflow("no-saver")(lambda: _with_subgraph(False, nested=nested))
+    assert app.aio.runtime.workflows.keys() == []
+    # Under "async" LangGraph runs it; a subgraph that inherits the saver runs under "sync".
+    app.workflow("no-saver", durability="async")(lambda: _with_subgraph(False, nested=nested))
+    app.workflow("inherits")(lambda: _with_subgraph(None, nested=nested))
+    names = ("no-saver", "inherits")
+    runs = [app.submit(name, {"text": "hi"}, job_id=name).run_id for name in names]
+    drain(app)
+    assert [app.get_run(r).status for r in runs] == ["completed", "completed"]
+    assert [app.get_run(r).output["text"] for r in runs] == ["HI", "HI"]
 
 
 def test_a_compiled_graph_runs_on_keels_saver_not_its_own(make_app: AppFactory) -> None:

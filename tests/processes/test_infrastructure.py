@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -23,8 +24,9 @@ import keel
 from keel.testing import SmtpSink, spawn_worker
 from keel.testing.pgcluster import ThrowawayCluster
 from tests.support import REPO
-from tests.support.apps import fleet
+from tests.support.apps import fleet, mailer
 from tests.support.checks import wait_until
+from tests.support.crash import Chaos
 
 APP = "tests.support.apps.fleet:app"
 STEPS = ["analyze", "work", "send", "close", "archive"]
@@ -206,6 +208,50 @@ def test_postgres_down_for_40_seconds_pauses_work_and_then_finishes_it(
     assert pg_fleet.delivered() - sent_while_down <= 12
     cluster.start()
     pg_fleet.check(ids, exits_within=60)
+
+
+@pytest.mark.postgres
+def test_postgres_stopped_between_an_answer_and_its_record_the_worker_records_that_answer(
+    cluster: ThrowawayCluster, tmp_path: Path
+) -> None:
+    """The provider answered; before the ledger recorded it, the server went down. When it is
+    back, the worker (alone, so the run comes back to it) records the answer it heard: the key
+    is `sent`, not reconciled after its deadline, and the email went out once."""
+    _up(cluster)
+    url = cluster.create_database(f"keel_{uuid.uuid4().hex[:8]}")
+    app = mailer.register(keel.App(url, artifacts_dir=tmp_path / "artifacts"))
+    app.migrate()
+    with SmtpSink(spool=tmp_path / "spool") as sink:
+        chaos = Chaos(app=app, db_url=url, sink=sink, spool=tmp_path / "spool", tmp_path=tmp_path)
+        try:
+            run_id = chaos.submit("mailer", "K-1")
+            chaos.prepare()
+            assert app.approve(run_id, by="alice").recorded
+            worker = chaos.spawn("effect.after_perform:send_email!stop")
+            wait_until(lambda: _stopped(worker.pid), 40, "the worker to reach its record")
+            assert sink.count(subject="Re: ticket K-1") == 1  # the provider has it
+            cluster.stop("fast")
+            os.kill(worker.pid, signal.SIGCONT)  # its record meets a server that is down
+            wait_until(lambda: "PoolTimeout" in worker.output(), 40, "the worker to miss it")
+            cluster.start()
+            assert worker.wait() == 0, worker.output()
+            details = chaos.wait_for(run_id, "completed")
+            report = chaos.report(run_id)
+            kinds = [e["kind"] for e in details.timeline]
+            assert "effect.awaiting_deadline" not in kinds, report
+            assert [e["status"] for e in details.effects] == ["sent"], report
+            assert len(chaos.mails_for(details)) == 1, report
+            assert sink.count(subject="Re: ticket K-1") == 1, report
+        finally:
+            _up(cluster)
+            chaos.stop_all()
+            app.close()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP at its fault point): state T in /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] in ("T", "t")
 
 
 @pytest.fixture

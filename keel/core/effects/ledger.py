@@ -91,12 +91,11 @@ class Effect(DeclaredEffect[P, R]):
         where = ctx.locate()
         # Numbered now, in the order the node makes its calls, not the order coroutines start.
         index = ctx.calls.next(where, self.name)
-        on_thread = ctx.thread_id and self.arguments.key is not None
         call = Call(
             where,
             index,
             business_key(ctx.thread_id, self.name, identity)
-            if on_thread
+            if self._shared(ctx)
             else effect_key(where, self.name, index),
             legacy_key(where, self.name, args, kwargs),
             identity,
@@ -136,8 +135,13 @@ class Effect(DeclaredEffect[P, R]):
         with ctx.tracer.effect(call.where, self.name) as span:
             return await self._settled(ctx, call, host, span)
 
+    def _shared(self, ctx: RunContext) -> bool:
+        """Whether this effect's keys are its thread's, shared by the thread's runs (`key=`)."""
+        return bool(ctx.thread_id and self.arguments.key is not None)
+
     async def _settled(self, ctx: RunContext, call: Call, host: Host | None, span: Mark) -> Any:
         fault_point("effect.before_reserve", self.name, call.where.node, call.where.path)
+        shared = self._shared(ctx)
         timeout = self.options.timeout_for(ctx.services)
         row, new, lease, deadline_in = await reserve(ctx, call, self.name, timeout)
         key = str(row["idempotency_key"])
@@ -166,14 +170,16 @@ class Effect(DeclaredEffect[P, R]):
                 if answered is not None:
                     ok, value = answered
                     if ok:
-                        await _record_answer(ctx, key, int(row["attempts"]) + 1, value)
+                        await _record_answer(
+                            ctx, key, int(row["attempts"]) + 1, value, keep=not shared
+                        )
                         span.note(outcome="performed (answered late)")
                         return value
                 elif row["status"] == EffectStatus.PENDING:
                     await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
                 continue
-            heard = _heard(ctx, row)
+            heard = None if shared else _heard(ctx, row)
             if heard is not None:
                 # This process made the key's last call and heard its answer; only the record
                 # was lost (the database went away): no deadline to wait out, nothing to ask.
@@ -184,7 +190,8 @@ class Effect(DeclaredEffect[P, R]):
                     key,
                     extra={"event": "effect.answer_kept", "effect": self.name},
                 )
-                await _record_answer(ctx, key, heard.attempts, heard.value)
+                # Kept again under the row's token if this record fails too: still that call's.
+                await _record_answer(ctx, key, heard.attempts, heard.value, token=heard.token)
                 span.note(outcome="performed (its answer recorded late)")
                 return heard.value
             if row["status"] == EffectStatus.PENDING and deadline_in > 0:
@@ -345,7 +352,7 @@ class Effect(DeclaredEffect[P, R]):
                 raise EffectFailed(key, repr(exc)) from exc
             took("effect.perform", started, key, self.name, attempts)
             fault_point("effect.after_perform", self.name, where.node, where.path)
-            await _record_answer(ctx, key, attempts, result)
+            await _record_answer(ctx, key, attempts, result, keep=not self._shared(ctx))
             fault_point("effect.after_record", self.name, where.node, where.path)
             return result
 
@@ -428,24 +435,40 @@ async def _keep(ctx: RunContext) -> None:
     await check_lease(ctx)
 
 
-async def _record_answer(ctx: RunContext, key: str, attempts: int, value: Any) -> None:
-    """Record the provider's answer to this execution's call (`sent`). An answer whose record
-    the database could not take is kept for the run's next execution in this process
-    (keel.core.answers); one fenced out (LeaseLost) is not: the run has another owner."""
+async def _record_answer(
+    ctx: RunContext,
+    key: str,
+    attempts: int,
+    value: Any,
+    *,
+    token: int | None = None,
+    keep: bool = True,
+) -> None:
+    """Record the provider's answer to a call of this run's, made under `token` (default: this
+    execution's), as `sent`. An answer whose record the database could not take is kept for
+    the run's next execution in this process (keel.core.answers); one fenced out (LeaseLost)
+    is not: the run has another owner."""
     try:
         await record(ctx, key, EffectStatus.SENT, attempts, result=value)
     except LeaseLost:
         raise
     except Exception:
-        ctx.services.answers.keep(key, ctx.token, Heard(attempts, value))
+        if keep:
+            heard = Heard(ctx.token if token is None else token, attempts, value)
+            ctx.services.answers.keep(ctx.run_id, key, heard)
         raise
 
 
 def _heard(ctx: RunContext, row: dict[str, Any]) -> Heard | None:
-    """The answer this process heard to the last call of a key still pending, if it kept one."""
-    if row["status"] != EffectStatus.PENDING or row.get("lease_token") is None:
+    """The answer this process heard to the last call of a key of this run still pending, if
+    it kept one (anything kept for the key is forgotten: a settled key needs none)."""
+    token = row.get("lease_token")
+    heard = ctx.services.answers.take(
+        ctx.run_id, str(row["idempotency_key"]), None if token is None else int(token)
+    )
+    if row["status"] != EffectStatus.PENDING or row.get("run_id") != ctx.run_id:
         return None
-    return ctx.services.answers.take(str(row["idempotency_key"]), int(row["lease_token"]))
+    return heard
 
 
 class _LeaseUnchecked(Exception):

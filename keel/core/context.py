@@ -23,7 +23,14 @@ class Replaying(Protocol):
     """What serves a replayed run's effects from its recorded ledger (keel.runtime.replay)."""
 
     def effect(
-        self, name: str, key: str, legacy_key: str, where: StepRef, index: int, identity: Identity
+        self,
+        name: str,
+        key: str,
+        legacy_key: str,
+        where: StepRef,
+        index: int,
+        identity: Identity,
+        tool: str | None = None,
     ) -> Any:
         """The recorded result of this call; raises to stop the replay where it diverged."""
         ...
@@ -56,6 +63,9 @@ class RunContext:
     thread_id: str = ""
     """The LangGraph thread the run executes on (its checkpoints' `thread_id`); empty: the run
     is a thread of its own, named by its run id."""
+    effect_keys: int = 1
+    """How the run's effect calls are numbered (`keel_runs.effect_keys`, keel.core.effects.keys):
+    2 numbers calls inside a tool call within that tool call."""
     subgraph_ordinals: dict[str, int] = field(default_factory=dict)
     """A retried task's subgraph invocations in this execution, by the namespace LangGraph
     gave each: its number within its attempt, what its effects' keys use

@@ -162,7 +162,8 @@ class Identity:
 
 
 class CallOrder:
-    """Counts a run's effect calls per task execution, to number repeated calls of an effect.
+    """Counts a run's effect calls per task execution, to number repeated calls of an effect,
+    and remembers a task execution whose call was refused as changed (`refuse`).
 
     A task execution is named by `StepRef.scope`, an object LangGraph makes once per attempt
     of a task (a retried node starts counting from 0 again, as it starts from its first line).
@@ -173,10 +174,10 @@ class CallOrder:
         # task -> (scope, step, namespace, counts); a scope object is held so its id stays
         # unique while it is counted.
         self._tasks: dict[object, tuple[object, int, str, Counter[str]]] = {}
+        self._refused: dict[object, Exception] = {}
 
     def next(self, where: StepRef, name: str) -> int:
-        # Without a scope (a node played by hand) the place itself names the task.
-        task: object = where if where.scope is None else id(where.scope)
+        task = self._task(where)
         entry = self._tasks.get(task)
         if entry is None or (where.scope is not None and entry[0] is not where.scope):
             self._tasks = {
@@ -184,9 +185,28 @@ class CallOrder:
                 for t, e in self._tasks.items()
                 if not (e[2] == where.namespace and e[1] < where.step)
             }
+            self._refused = {t: e for t, e in self._refused.items() if t in self._tasks}
             entry = (where.scope, where.step, where.namespace, Counter())
             self._tasks[task] = entry
         counts = entry[3]
         call = counts[name]
         counts[name] += 1
         return call
+
+    def refuse(self, where: StepRef, error: Exception) -> None:
+        """The task at `where` diverged from its recorded run (`error`): its later calls, a
+        sibling tool's or coroutine's among them, are refused too, never performed."""
+        self._refused.setdefault(self._task(where), error)
+
+    def refusal(self, where: StepRef) -> Exception | None:
+        """Why the task at `where` refuses its calls, if it does."""
+        task = self._task(where)
+        entry = self._tasks.get(task)
+        if entry is None or (where.scope is not None and entry[0] is not where.scope):
+            return None  # another attempt of the task: it starts afresh
+        return self._refused.get(task)
+
+    @staticmethod
+    def _task(where: StepRef) -> object:
+        # Without a scope (a node played by hand) the place itself names the task.
+        return where if where.scope is None else id(where.scope)

@@ -36,6 +36,7 @@ from keel.langgraph import chunks, outcomes, retries, static_interrupts, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 from keel.langgraph.successor import Successor, then_claim
+from keel.langgraph.tool_calls import ToolCalls
 
 log = logging.getLogger("keel.executor")
 retries.install()  # a RetryPolicy's retry finds its first attempt's subgraph effects
@@ -176,8 +177,8 @@ class Executor:
                 "run_id": lease.run_id,
             },
         }
-        if steps is not None:
-            config["callbacks"] = [steps]
+        # Which tool call an effect is made in, for its key (keel.langgraph.tool_calls).
+        config["callbacks"] = [ToolCalls()] if steps is None else [ToolCalls(), steps]
         ctx = RunContext(
             run_id=lease.run_id,
             job_id=run["job_id"],
@@ -191,6 +192,7 @@ class Executor:
             tracer=steps if steps is not None else NO_TRACER,
             settle=functools.partial(self.saver.settle, lease.run_id, lease.token),
             thread_id=thread or "",
+            effect_keys=int(run.get("effect_keys") or 1),
         )
         # A run on a thread of many runs reads the thread's checkpoints even on its first claim.
         never_ran = bool(run.get("first_claim")) and thread is None

@@ -38,6 +38,7 @@ from keel.core.store.base import Row
 from keel.core.wait_model import WaitKind, WaitStatus
 from keel.core.waits import resume_value
 from keel.langgraph.graphs import compile_graph, locate
+from keel.langgraph.tool_calls import ToolCalls
 from keel.runtime.replay_steps import (
     Difference,
     Halt,
@@ -110,12 +111,19 @@ class _Answers:
         return _Stop(halt)
 
     def effect(
-        self, name: str, key: str, legacy_key: str, where: StepRef, index: int, identity: Identity
+        self,
+        name: str,
+        key: str,
+        legacy_key: str,
+        where: StepRef,
+        index: int,
+        identity: Identity,
+        tool: str | None = None,
     ) -> Any:
         legacy = self.effects.get(legacy_key)
         row = legacy if legacy is not None and legacy["arg_hashes"] is None else None
         if row is None and where.namespace and key not in self.effects:
-            key = effect_key(self._as_recorded(where), name, index)
+            key = effect_key(self._as_recorded(where), name, index, tool)
         row = row or self.effects.get(key)
         if row is None:
             raise self._differs(
@@ -312,9 +320,14 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         locate=locate,
         pause=answers.pause,
         replay=answers,
+        effect_keys=int(run.get("effect_keys") or 1),
     )
     answers.ctx = ctx
-    config = {"configurable": {"thread_id": run_id}, "recursion_limit": workflow.recursion_limit}
+    config = {
+        "configurable": {"thread_id": run_id},
+        "recursion_limit": workflow.recursion_limit,
+        "callbacks": [ToolCalls()],  # the run's tool calls name its effects' keys
+    }
     crash: Exception | None = None
     entered = enter(ctx)
     try:

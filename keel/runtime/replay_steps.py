@@ -10,6 +10,7 @@ import dataclasses
 from collections import Counter
 from typing import Any, Literal, cast
 
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, Field
 
@@ -135,6 +136,19 @@ async def read_steps(
     return history, steps
 
 
+def _same(value: Any) -> Any:
+    """What a write is compared by: messages without their ids. LangGraph's `add_messages`
+    gives a message that has none (a ToolNode's answers, most hand-built ones) a new uuid on
+    every execution, so its id tells nothing about what the node wrote."""
+    if isinstance(value, BaseMessage):
+        return value.model_copy(update={"id": None})
+    if isinstance(value, dict):
+        return {key: _same(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_same(item) for item in value)
+    return value
+
+
 def _id(snapshot: Any) -> str:
     return str(snapshot.config["configurable"]["checkpoint_id"])
 
@@ -165,7 +179,7 @@ def compare(
                     )
                 )
     for path, (node, writes) in recorded.tasks.items():
-        if path in replayed.tasks and replayed.tasks[path][1] != writes:
+        if path in replayed.tasks and _same(replayed.tasks[path][1]) != _same(writes):
             found.append(
                 Difference(
                     what="writes",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import psycopg
@@ -99,6 +100,27 @@ def test_an_answer_heard_before_the_database_went_away_is_recorded_not_waited_ou
     assert [e["status"] for e in details.effects] == ["sent"], report  # not reconciled
     assert len(chaos.mails_for(details)) == 1, report
     assert chaos.sink.count(subject="Re: ticket A-1") == 1, report
+
+
+def test_parallel_tool_calls_killed_between_their_emails_send_each_once(chaos: Chaos) -> None:
+    """ToolNode runs an AI message's three tool calls on threads: the worker dies after the
+    first email is recorded, and the next owner runs the tool calls again in whatever order.
+    Each recipient gets one email (before tool-call keys, most such runs failed as changed and
+    some emailed a recipient twice)."""
+    tickets = [f"P-{i}" for i in range(3)]
+    run_ids = [
+        str(chaos.app.submit("agent", job_id=f"agent-{t.lower()}", input={"ticket": t})["run_id"])
+        for t in tickets
+    ]
+    chaos.crash("effect.after_record:send_email@1")
+    chaos.drain()
+    for ticket, run_id in zip(tickets, run_ids, strict=True):
+        details = chaos.details(run_id)
+        report = chaos.report(run_id)
+        assert (details.status, details.run["error"]) == ("completed", None), report
+        to = Counter(str(m.message["To"]) for m in chaos.mails_for(details))
+        assert to == Counter(f"{ticket}-{n}" for n in range(3)), report
+    assert chaos.sink.count() == 9
 
 
 def test_worker_frozen_before_an_artifact_rename_leaves_the_next_owners_file_alone(

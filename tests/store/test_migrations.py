@@ -140,6 +140,11 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     upgraded = new.get_run(row["run_id"])
     assert {k: upgraded.run[k] for k in row} == row  # every v1 column kept its value
     assert "heartbeat_at" in upgraded.run  # a column added by a later migration
+    # Admitted before 0032: its effects keep the keys numbered per task; new runs number
+    # calls inside a tool call within that call (keel.core.effects.keys).
+    assert upgraded.run["effect_keys"] == 1
+    fresh = new.submit("echo", job_id="j-new", input={"text": "after"})
+    assert new.get_run(fresh["run_id"]).run["effect_keys"] == 2
     assert [e["kind"] for e in upgraded.timeline] == ["admitted"]
     assert (
         new.aio.runtime.portal.call(new.aio.runtime.store.workers(3600)) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from keel.core.codec import canonical_json
@@ -27,9 +28,28 @@ SUPPLIED = frozenset({"idempotency_key", "fencing_token", "lease_token"})
 """Keywords Keel passes to an effect's function itself; a caller never passes them."""
 
 
-def effect_key(where: StepRef, name: str, call: int) -> str:
-    """The key of the `call`-th call (from 0) of effect `name` by the task at `where`."""
-    return where.key("effect", name, f"call:{call}")
+TOOL_KEYS = 2
+"""`keel_runs.effect_keys` of runs whose calls inside a tool call are numbered per tool call
+(migration 0032); runs admitted before it number them per task (1)."""
+
+tool_call: ContextVar[str | None] = ContextVar("keel_tool_call", default=None)
+"""The id of the tool call (LangChain's `tool_call_id`) whose tool is running here, set by
+keel.langgraph.tool_calls. A ToolNode runs an AI message's tool calls at once, so the order in
+which they call an effect is not the same on every execution; their ids, read from the
+checkpointed message, are."""
+
+
+def call_counter(name: str, effect_keys: int) -> tuple[str, str | None]:
+    """What numbers a call of effect `name` (the counter's name) and the tool call it is made
+    in, if the run's keys name it: calls inside a tool call are numbered within that call."""
+    scope = tool_call.get() if effect_keys >= TOOL_KEYS else None
+    return (name if scope is None else f"{name}\0tool:{scope}"), scope
+
+
+def effect_key(where: StepRef, name: str, call: int, tool: str | None = None) -> str:
+    """The key of the `call`-th call (from 0) of effect `name` by the task at `where` (within
+    tool call `tool`, when it is made in one and the run's keys say so)."""
+    return where.key("effect", name, f"call:{call}" if tool is None else f"tool:{tool}:call:{call}")
 
 
 def business_key(thread_id: str, name: str, identity: Identity) -> str:

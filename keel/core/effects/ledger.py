@@ -26,7 +26,13 @@ from keel.core.context import RunContext, current
 from keel.core.effects import in_doubt
 from keel.core.effects.calls import Abandoned, Pending, call_within, token_keyword
 from keel.core.effects.in_doubt import reopen_expired
-from keel.core.effects.keys import Identity, business_key, effect_key, legacy_key
+from keel.core.effects.keys import (
+    Identity,
+    business_key,
+    call_counter,
+    effect_key,
+    legacy_key,
+)
 from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.effects.rows import (
     SETTLED,
@@ -89,14 +95,23 @@ class Effect(DeclaredEffect[P, R]):
         # Arguments the function cannot take fail here, before anything is counted or reserved.
         identity = self.arguments.identity(args, kwargs)
         where = ctx.locate()
-        # Numbered now, in the order the node makes its calls, not the order coroutines start.
-        index = ctx.calls.next(where, self.name)
+        refused = ctx.calls.refusal(where) if ctx.replay is None else None
+        if isinstance(refused, NondeterminismError):
+            # Its task diverged from the recorded run and is failing: a call it makes meanwhile
+            # (a sibling tool's, another coroutine's) is not performed either.
+            raise NondeterminismError(
+                node=refused.node, effect=refused.effect, key=refused.key, changed=refused.changed
+            )
+        # Numbered now, in the order the node makes its calls, not the order coroutines start
+        # (within its tool call, when it is made in one: those run at once).
+        counter, tool = call_counter(self.name, ctx.effect_keys)
+        index = ctx.calls.next(where, counter)
         call = Call(
             where,
             index,
             business_key(ctx.thread_id, self.name, identity)
             if self._shared(ctx)
-            else effect_key(where, self.name, index),
+            else effect_key(where, self.name, index, tool),
             legacy_key(where, self.name, args, kwargs),
             identity,
             args,
@@ -104,7 +119,9 @@ class Effect(DeclaredEffect[P, R]):
         )
         if ctx.replay is not None:
             # A replay performs nothing and writes nothing: the recorded ledger answers.
-            served = ctx.replay.effect(self.name, call.key, call.legacy_key, where, index, identity)
+            served = ctx.replay.effect(
+                self.name, call.key, call.legacy_key, where, index, identity, tool
+            )
             if self.is_async and ctx.services.portal.on_loop():
                 return cast(R, _ready(served))
             return cast(R, served)
@@ -282,12 +299,16 @@ class Effect(DeclaredEffect[P, R]):
         if not changed:
             return
         key = str(row["idempotency_key"])
+        refused = NondeterminismError(
+            node=call.where.node, effect=self.name, key=key, changed=changed
+        )
+        ctx.calls.refuse(call.where, refused)
         await event(
             ctx,
             "effect.nondeterminism",
             {"key": key, "effect": self.name, "node": call.where.node, "changed": changed},
         )
-        raise NondeterminismError(node=call.where.node, effect=self.name, key=key, changed=changed)
+        raise refused
 
     async def _perform(
         self,

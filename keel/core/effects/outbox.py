@@ -26,7 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import current
-from keel.core.effects.keys import Identity
+from keel.core.effects.keys import Identity, call_counter
 from keel.core.effects.ledger import Effect
 from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.errors import EffectFailed, NondeterminismError, NotInRun, UsageError
@@ -140,8 +140,10 @@ def stage(effect: OutboxEffect[Any, Any], args: tuple[Any, ...], kwargs: dict[st
     where = ctx.locate()
     if not where.task_id:
         raise NotInRun(f"outbox effect {effect.name!r} must be called inside a LangGraph node")
-    index = ctx.calls.next(where, PREFIX + effect.name)
-    intent_id = where.key("outbox", effect.name, f"call:{index}")
+    counter, tool = call_counter(PREFIX + effect.name, ctx.effect_keys)
+    index = ctx.calls.next(where, counter)
+    place = f"call:{index}" if tool is None else f"tool:{tool}:call:{index}"
+    intent_id = where.key("outbox", effect.name, place)
     if ctx.replay is not None:
         return intent_id  # a replay records nothing: the same id, nothing staged
     intent = _Intent(

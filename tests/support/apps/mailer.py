@@ -20,19 +20,26 @@ Workflows:
 - `stamped`: send an email whose body carries the time it was written (new on every replay);
   `stamped-keyed` sends it through an effect whose `key=` leaves the body out.
 - `report`: write an artifact saying which process wrote it.
+- `agent`: a fake model asks for three tool calls at once; LangGraph's ToolNode runs them on
+  threads, and each emails its own recipient (`<ticket>-<n>`) after a random pause of its own.
 """
 
 from __future__ import annotations
 
 import operator
 import os
+import random
 import smtplib
 import time
 from email.message import EmailMessage
 from typing import Annotated, Any, TypedDict
 from urllib.parse import urlsplit
 
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
 
 import keel
 from keel.core.effects.ledger import Effect
@@ -199,6 +206,38 @@ def report_graph() -> StateGraph:
     return g
 
 
+class AgentState(TypedDict, total=False):
+    ticket: str
+    messages: Annotated[list[Any], add_messages]
+
+
+@tool
+def email_customer(to: str, ticket: str) -> str:
+    """Email `to` about `ticket`."""
+    time.sleep(random.uniform(0, 0.05))  # tool calls run at once: their order varies
+    sent = send_email(to, f"Re: ticket {ticket}", f"About {ticket}.")
+    return str(sent["message_id"])
+
+
+def agent_graph() -> StateGraph:
+    def model(state: AgentState) -> AgentState:
+        ticket = state["ticket"]
+        calls = [
+            {"name": "email_customer", "args": {"to": f"{ticket}-{n}", "ticket": ticket}}
+            | {"id": f"call_{n}"}
+            for n in range(3)
+        ]
+        return {"messages": [AIMessage(content="", tool_calls=calls, id=f"ai-{ticket}")]}
+
+    g = StateGraph(AgentState)
+    g.add_node("model", model)
+    g.add_node("tools", ToolNode([email_customer]))
+    g.add_edge(START, "model")
+    g.add_edge("model", "tools")
+    g.add_edge("tools", END)
+    return g
+
+
 def register(target: keel.App) -> keel.App:
     target.workflow("mailer")(lambda: mailer_graph(send_email))
     target.workflow("mailer-unreconciled")(lambda: mailer_graph(send_email_unreconciled))
@@ -207,6 +246,7 @@ def register(target: keel.App) -> keel.App:
     target.workflow("stamped")(lambda: stamped_graph(send_email))
     target.workflow("stamped-keyed")(lambda: stamped_graph(send_email_keyed))
     target.workflow("report")(report_graph)
+    target.workflow("agent")(agent_graph)
     return target
 
 

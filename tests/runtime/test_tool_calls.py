@@ -1,0 +1,228 @@
+"""Effects inside LangGraph's ToolNode: an AI message's tool calls run at once, so the order in
+which they reach an effect changes between executions; their effects are numbered per tool
+call (its id is in the checkpointed message), the same on every execution.
+
+Each test runs three tool calls (sync tools on threads, async tools as tasks) that each send an
+email after a random pause, and counts what the provider received. Before the tool-call keys a
+resume refused most of these runs as changed, and sent some emails twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import AIMessage
+from langchain_core.tools import BaseTool, tool
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode
+from langgraph.types import interrupt
+
+import keel
+from keel.core.ids import StepRef
+from tests.support.providers import Provider
+from tests.support.workers import drain
+
+AppFactory = Callable[..., keel.App]
+ROUNDS = 6
+"""Runs per test: a wrong key scheme fails nearly every one of them (a 1-in-6 order at best)."""
+
+
+class State(TypedDict, total=False):
+    tag: str
+    messages: Annotated[list[Any], add_messages]
+
+
+def tools_for(provider: Provider, kind: str) -> tuple[BaseTool, BaseTool]:
+    """`notify(to)` and `notify_and_confirm(to)` (which then pauses), as sync or async tools,
+    each pausing up to 20 ms first so the calls' order varies."""
+
+    def deliver(to: str, *, idempotency_key: str) -> Any:
+        provider.calls.append(to)
+        return provider.deliver(idempotency_key, to)
+
+    if kind == "sync":
+        send = keel.effect("send_email")(deliver)
+
+        @tool
+        def notify(to: str) -> str:
+            """Email `to`."""
+            time.sleep(random.uniform(0, 0.02))
+            send(to)
+            return f"sent {to}"
+
+        @tool
+        def notify_and_confirm(to: str) -> str:
+            """Email `to`, then ask a person."""
+            time.sleep(random.uniform(0, 0.02))
+            send(to)
+            return f"sent {to}, {interrupt(f'confirm {to}?')}"
+
+        return notify, notify_and_confirm
+
+    async def adeliver(to: str, *, idempotency_key: str) -> Any:
+        return deliver(to, idempotency_key=idempotency_key)
+
+    asend = keel.effect("send_email")(adeliver)
+
+    @tool
+    async def anotify(to: str) -> str:
+        """Email `to`."""
+        await asyncio.sleep(random.uniform(0, 0.02))
+        await asend(to)
+        return f"sent {to}"
+
+    @tool
+    async def anotify_and_confirm(to: str) -> str:
+        """Email `to`, then ask a person."""
+        await asyncio.sleep(random.uniform(0, 0.02))
+        await asend(to)
+        return f"sent {to}, {interrupt(f'confirm {to}?')}"
+
+    return anotify, anotify_and_confirm
+
+
+def agent_graph(provider: Provider, kind: str, *, pause: bool, calls: int = 3) -> StateGraph:
+    """A fake model that asks for `calls` tool calls at once (fixed ids), then a ToolNode; the
+    last call pauses after its email when `pause`."""
+    plain, confirm = tools_for(provider, kind)
+
+    def model(state: State) -> State:
+        names = [plain.name] * (calls - 1) + [(confirm if pause else plain).name]
+        asked = [
+            {"name": name, "args": {"to": f"{state['tag']}-{n}"}, "id": f"call_{n}"}
+            for n, name in enumerate(names)
+        ]
+        return {"messages": [AIMessage(content="", tool_calls=asked, id="ai-1")]}
+
+    g = StateGraph(State)
+    g.add_node("model", model)
+    g.add_node("tools", ToolNode([plain, confirm]))
+    g.add_edge(START, "model")
+    g.add_edge("model", "tools")
+    g.add_edge("tools", END)
+    return g
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_parallel_tool_calls_resumed_after_a_pause_send_each_email_once(
+    make_app: AppFactory, kind: str
+) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow("agent")(lambda: agent_graph(provider, kind, pause=True))
+    tags = [f"r{i}" for i in range(ROUNDS)]
+    runs = [app.submit("agent", {"tag": tag}, thread_id=f"t-{tag}").run_id for tag in tags]
+    drain(app)
+    assert {app.get_run(r).status for r in runs} == {"waiting"}
+    for tag in tags:
+        app.resume(f"t-{tag}", "yes")  # LangGraph runs the whole ToolNode task again
+    drain(app)
+    details = [app.get_run(r) for r in runs]
+    assert [(d.status, d.run["error"]) for d in details] == [("completed", None)] * ROUNDS
+    assert Counter(provider.calls) == Counter(f"{tag}-{n}" for tag in tags for n in range(3))
+    assert len(provider.deliveries) == 3 * ROUNDS
+    for d in details:
+        assert sorted(e["status"] for e in d.effects) == ["sent"] * 3
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_replay_of_parallel_tool_calls_serves_each_from_its_own_row(
+    make_app: AppFactory, kind: str
+) -> None:
+    provider = Provider()
+    app = make_app()
+    app.workflow("agent")(lambda: agent_graph(provider, kind, pause=False))
+    runs = [app.submit("agent", {"tag": f"r{i}"}, job_id=f"j-{i}").run_id for i in range(ROUNDS)]
+    drain(app)
+    assert {app.get_run(r).status for r in runs} == {"completed"}
+    for run_id in runs:
+        report = app.replay(run_id)
+        # Each effect finds its own row; and the ToolNode's messages, which LangGraph gives
+        # new ids on every execution, are not taken for other values written.
+        assert report.effects_served == 3, report.model_dump()
+        assert not report.diverged, report.model_dump()
+    assert len(provider.deliveries) == 3 * ROUNDS  # the replays sent nothing
+
+
+def test_a_run_admitted_before_tool_call_keys_keeps_its_keys_across_a_resume(
+    make_app: AppFactory, db_url: str
+) -> None:
+    """Runs admitted before migration 0032 (`effect_keys` 1) recorded their effects under keys
+    numbered per task: a resume after the upgrade must find them there, not send again. One
+    tool call, so that numbering is the same on both executions."""
+    provider = Provider()
+    app = make_app()
+    app.workflow("agent")(lambda: agent_graph(provider, "sync", pause=True, calls=1))
+    old = app.submit("agent", {"tag": "old"}, thread_id="t-old").run_id
+    new = app.submit("agent", {"tag": "new"}, thread_id="t-new").run_id
+    _set_effect_keys(app, db_url, old, 1)
+    drain(app)
+    suffixes = {old: "call:0", new: "tool:call_0:call:0"}
+    for run_id, suffix in suffixes.items():
+        [row] = app.get_run(run_id).effects
+        place = StepRef(run_id, "tools", int(row["step"]), str(row["task_path"]), "tools")
+        assert row["idempotency_key"] == place.key("effect", "send_email", suffix)
+    app.resume("t-old", "yes")
+    app.resume("t-new", "yes")
+    drain(app)
+    assert [app.get_run(r).status for r in (old, new)] == ["completed", "completed"]
+    assert sorted(provider.calls) == ["new-0", "old-0"]
+
+
+def _set_effect_keys(app: keel.App, db_url: str, run_id: str, value: int) -> None:
+    if db_url.startswith("sqlite"):
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+            conn.execute("UPDATE keel_runs SET effect_keys = ? WHERE run_id = ?", (value, run_id))
+        return
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE keel_runs SET effect_keys = %s WHERE run_id = %s", (value, run_id))
+
+
+def test_after_a_call_refused_as_changed_its_task_performs_nothing_more(
+    make_app: AppFactory,
+) -> None:
+    """A sibling tool (or a node that catches the error) goes on calling effects after its task
+    diverged: those calls are refused too, not performed under numbers no call had before."""
+    provider = Provider()
+    refused: list[str] = []
+
+    @keel.effect("send_email")
+    def send(to: str, *, idempotency_key: str) -> Any:
+        provider.calls.append(to)
+        return provider.deliver(idempotency_key, to)
+
+    def node(state: State) -> State:
+        first = "a" if not provider.calls else "b"  # another recipient when run again
+        try:
+            send(first)
+        except keel.NondeterminismError as exc:
+            refused.append(exc.key)
+        if refused:
+            send("c")  # the task diverged: refused, never sent
+        return {"tag": interrupt("send more?")}
+
+    g = StateGraph(State)
+    g.add_node("node", node)
+    g.add_edge(START, "node")
+    g.add_edge("node", END)
+    app = make_app()
+    app.workflow("mailer")(lambda: g)
+    run_id = app.submit("mailer", {"tag": "t"}, thread_id="t-1").run_id
+    drain(app)
+    app.resume("t-1", "yes")
+    drain(app)
+    details = app.get_run(run_id)
+    assert details.status == "failed"
+    assert details.run["error"].startswith("NondeterminismError"), details.run["error"]
+    assert len(refused) == 1 and refused[0] in details.run["error"]
+    assert provider.calls == ["a"]

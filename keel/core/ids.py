@@ -10,6 +10,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import re
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -163,48 +164,63 @@ class Identity:
 
 class CallOrder:
     """Counts a run's effect calls per task execution, to number repeated calls of an effect,
-    and remembers a task execution whose call was refused as changed (`refuse`).
+    and remembers where a task execution's call was refused as changed (`refuse`).
 
     A task execution is named by `StepRef.scope`, an object LangGraph makes once per attempt
     of a task (a retried node starts counting from 0 again, as it starts from its first line).
     Counters of earlier steps of the same namespace are dropped: those tasks have finished.
+    Parallel tool calls of one task count from their threads at once: one lock for all.
     """
 
     def __init__(self) -> None:
         # task -> (scope, step, namespace, counts); a scope object is held so its id stays
         # unique while it is counted.
         self._tasks: dict[object, tuple[object, int, str, Counter[str]]] = {}
-        self._refused: dict[object, Exception] = {}
+        self._refused: dict[tuple[object, str | None], Exception] = {}
+        self._lock = threading.Lock()
 
     def next(self, where: StepRef, name: str) -> int:
+        with self._lock:
+            counts = self._entry(where, start=True)
+            assert counts is not None
+            call = counts[name]
+            counts[name] += 1
+            return call
+
+    def refuse(self, where: StepRef, within: str | None, error: Exception) -> None:
+        """The task at `where` diverged from its recorded run (`error`) in tool call `within`
+        (None: outside any): its later calls there, another coroutine's among them, are
+        refused too, never performed. Other tool calls of the task go on."""
+        with self._lock:
+            if self._entry(where, start=False) is not None:
+                self._refused.setdefault((self._task(where), within), error)
+
+    def refusal(self, where: StepRef, within: str | None) -> Exception | None:
+        """Why the task at `where` refuses its calls in tool call `within`, if it does."""
+        with self._lock:
+            if self._entry(where, start=False) is None:
+                return None  # another attempt of the task (or none yet): it starts afresh
+            return self._refused.get((self._task(where), within))
+
+    def _entry(self, where: StepRef, *, start: bool) -> Counter[str] | None:
+        """The counts of the task execution at `where`; with `start`, a new one replaces what
+        an earlier attempt of it, or a finished step's task, left."""
         task = self._task(where)
         entry = self._tasks.get(task)
-        if entry is None or (where.scope is not None and entry[0] is not where.scope):
-            self._tasks = {
-                t: e
-                for t, e in self._tasks.items()
-                if not (e[2] == where.namespace and e[1] < where.step)
-            }
-            self._refused = {t: e for t, e in self._refused.items() if t in self._tasks}
-            entry = (where.scope, where.step, where.namespace, Counter())
-            self._tasks[task] = entry
-        counts = entry[3]
-        call = counts[name]
-        counts[name] += 1
-        return call
-
-    def refuse(self, where: StepRef, error: Exception) -> None:
-        """The task at `where` diverged from its recorded run (`error`): its later calls, a
-        sibling tool's or coroutine's among them, are refused too, never performed."""
-        self._refused.setdefault(self._task(where), error)
-
-    def refusal(self, where: StepRef) -> Exception | None:
-        """Why the task at `where` refuses its calls, if it does."""
-        task = self._task(where)
-        entry = self._tasks.get(task)
-        if entry is None or (where.scope is not None and entry[0] is not where.scope):
-            return None  # another attempt of the task: it starts afresh
-        return self._refused.get(task)
+        if entry is not None and (where.scope is None or entry[0] is where.scope):
+            return entry[3]
+        if not start:
+            return None
+        self._tasks = {
+            t: e
+            for t, e in self._tasks.items()
+            if not (e[2] == where.namespace and e[1] < where.step)
+        }
+        self._tasks.pop(task, None)
+        self._refused = {k: e for k, e in self._refused.items() if k[0] in self._tasks}
+        entry = (where.scope, where.step, where.namespace, Counter())
+        self._tasks[task] = entry
+        return entry[3]
 
     @staticmethod
     def _task(where: StepRef) -> object:

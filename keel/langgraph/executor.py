@@ -32,14 +32,14 @@ from keel.core.store.base import Row
 from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
-from keel.langgraph import chunks, outcomes, retries, static_interrupts, traces
+from keel.langgraph import chunks, outcomes, retries, static_interrupts, tool_calls, traces
 from keel.langgraph.graphs import compile_graph, locate, plain_start
 from keel.langgraph.savers import FencedSaver
 from keel.langgraph.successor import Successor, then_claim
-from keel.langgraph.tool_calls import ToolCalls
 
 log = logging.getLogger("keel.executor")
 retries.install()  # a RetryPolicy's retry finds its first attempt's subgraph effects
+tool_calls.install()  # a ToolNode's parallel calls number their effects each in its own call
 
 _compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 """Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""
@@ -177,8 +177,8 @@ class Executor:
                 "run_id": lease.run_id,
             },
         }
-        # Which tool call an effect is made in, for its key (keel.langgraph.tool_calls).
-        config["callbacks"] = [ToolCalls()] if steps is None else [ToolCalls(), steps]
+        if steps is not None:
+            config["callbacks"] = [steps]
         ctx = RunContext(
             run_id=lease.run_id,
             job_id=run["job_id"],

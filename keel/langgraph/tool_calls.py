@@ -1,69 +1,88 @@
-"""Which tool call an effect is made in.
+"""Which tool call of a ToolNode an effect is made in.
 
 LangGraph's ToolNode runs the tool calls of one AI message at once (sync tools on threads, async
 ones as tasks), so the order in which they reach an effect changes from one execution to the
 next. Keys numbered by that order named another call after a crash or a resume: a call refused
-as changed, or, worse, sent again under a number no call had used yet. Each tool call has an
-id, though, stored in the checkpointed message and so the same on every execution.
+as changed, or, worse, sent again under a number no call had used yet.
 
-LangChain hands that id to callbacks (`on_tool_start(tool_call_id=...)`) in the thread or task
-that runs the tool, right before the tool's body runs in a copy of that context. `ToolCalls`
-puts it in `keel.core.effects.keys.tool_call` there, so the tool's effects are numbered within
-their tool call, and puts back what was there when the tool ends.
+A ToolNode's calls come from its input, which LangGraph checkpointed (the model's message in the
+state, or a `Send`), so each call's id, name and arguments are the same on every execution.
+`install()` wraps the ToolNode method that runs one call so that it names the call in
+`keel.core.effects.keys.tool_call` while it runs: the tool's effects are numbered within their
+tool call. Tools run any other way (a node that invokes them itself, with ids a model made up
+anew on each execution) are not named: their calls keep the task's order, which is theirs.
 """
 
 from __future__ import annotations
 
-import threading
+import functools
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
-from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
-
+from keel.core.codec import canonical_json
 from keel.core.effects.keys import tool_call
+from keel.core.ids import digest
+
+log = logging.getLogger("keel.langgraph.tool_calls")
 
 
-class ToolCalls(BaseCallbackHandler):
-    """Sets the running tool call's id for the effects its tool makes. One per execution."""
+def scope_of(call: Mapping[str, Any]) -> str:
+    """A tool call's name in effect keys: its id, and a digest of its tool and arguments (two
+    calls of one message with the same id, or none, are still told apart by what they ask)."""
+    asked = digest(str(call.get("name", "")), canonical_json(call.get("args", {})))[:16]
+    return f"{call.get('id') or ''}:{asked}"
 
-    run_inline = True  # in the tool call's own thread or task: where its body will run
-    raise_error = False
-    # Only tool events matter (LangChain files them under "agent"): it skips the rest here.
-    ignore_chain = True
-    ignore_llm = True
-    ignore_chat_model = True
-    ignore_retriever = True
-    ignore_retry = True
-    ignore_custom_event = True
 
-    def __init__(self) -> None:
-        self._before: dict[UUID, str | None] = {}
-        self._lock = threading.Lock()  # sync tools start and end on threads of their own
+def _named(call: Mapping[str, Any]) -> str:
+    """The scope the call runs in: nested in the one around it (a ToolNode a tool runs)."""
+    outer = tool_call.get()
+    return scope_of(call) if outer is None else f"{outer}/{scope_of(call)}"
 
-    def on_tool_start(
-        self,
-        serialized: dict[str, Any] | None,
-        input_str: str,
-        *,
-        run_id: UUID,
-        **kwargs: Any,
-    ) -> None:
-        call_id = kwargs.get("tool_call_id")
-        if not call_id:
-            return  # a tool invoked with plain arguments: its caller's scope, if any, goes on
-        with self._lock:
-            self._before[run_id] = tool_call.get()
-        tool_call.set(str(call_id))
 
-    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._restore(run_id)
+def _sync(run_one: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(run_one)
+    def run_one_named(self: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
+        # On the pool thread ToolNode gave this call, in a context copied for it alone.
+        token = tool_call.set(_named(call))
+        try:
+            return run_one(self, call, *args, **kwargs)
+        finally:
+            tool_call.reset(token)
 
-    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._restore(run_id)
+    run_one_named.keel_wrapped = True  # type: ignore[attr-defined]
+    return run_one_named
 
-    def _restore(self, run_id: UUID) -> None:
-        with self._lock:
-            if run_id not in self._before:
-                return
-            before = self._before.pop(run_id)
-        tool_call.set(before)
+
+def _async(arun_one: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(arun_one)
+    async def arun_one_named(self: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
+        # In the task ToolNode's gather made for this call: its context is its own.
+        token = tool_call.set(_named(call))
+        try:
+            return await arun_one(self, call, *args, **kwargs)
+        finally:
+            tool_call.reset(token)
+
+    arun_one_named.keel_wrapped = True  # type: ignore[attr-defined]
+    return arun_one_named
+
+
+def install() -> None:
+    """Wrap ToolNode's `_run_one` and `_arun_one` once (idempotent). A LangGraph without them
+    is left as it is, with a warning: its tool calls' effects keep the task's order."""
+    try:
+        from langgraph.prebuilt.tool_node import ToolNode
+    except ImportError:  # langgraph-prebuilt is not installed: no ToolNode to run tools
+        return
+    for name, wrap in (("_run_one", _sync), ("_arun_one", _async)):
+        current = getattr(ToolNode, name, None)
+        if current is None:
+            log.warning(
+                "this LangGraph's ToolNode has no %s: effects of its parallel tool calls are "
+                "numbered in the order they run, which a resume may change (docs/effects.md)",
+                name,
+            )
+            continue
+        if not getattr(current, "keel_wrapped", False):
+            setattr(ToolNode, name, wrap(current))

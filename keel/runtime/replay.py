@@ -37,8 +37,8 @@ from keel.core.ids import StepRef, validate_run_id
 from keel.core.store.base import Row
 from keel.core.wait_model import WaitKind, WaitStatus
 from keel.core.waits import resume_value
+from keel.langgraph import tool_calls
 from keel.langgraph.graphs import compile_graph, locate
-from keel.langgraph.tool_calls import ToolCalls
 from keel.runtime.replay_steps import (
     Difference,
     Halt,
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from keel.runtime.runtime import Runtime
 
 __all__ = ["Difference", "ReplayReport", "replay"]
+
+tool_calls.install()  # a replayed ToolNode names its calls as the run did (their effect keys)
+
 MAX_RESUMES = 10_000
 
 
@@ -323,11 +326,7 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         effect_keys=int(run.get("effect_keys") or 1),
     )
     answers.ctx = ctx
-    config = {
-        "configurable": {"thread_id": run_id},
-        "recursion_limit": workflow.recursion_limit,
-        "callbacks": [ToolCalls()],  # the run's tool calls name its effects' keys
-    }
+    config = {"configurable": {"thread_id": run_id}, "recursion_limit": workflow.recursion_limit}
     crash: Exception | None = None
     entered = enter(ctx)
     try:

@@ -140,17 +140,19 @@ def test_upgrade_from_version_1_keeps_existing_runs(apps: Any) -> None:
     upgraded = new.get_run(row["run_id"])
     assert {k: upgraded.run[k] for k in row} == row  # every v1 column kept its value
     assert "heartbeat_at" in upgraded.run  # a column added by a later migration
-    # Admitted before 0032: its effects keep the keys numbered per task; new runs number
-    # calls inside a tool call within that call (keel.core.effects.keys).
+    # Admitted before 0032 and claimed after: only a first claim decides how a run's effects
+    # are keyed (keel.core.effects.keys), so a run an older worker started keeps its keys.
     assert upgraded.run["effect_keys"] == 1
-    fresh = new.submit("echo", job_id="j-new", input={"text": "after"})
-    assert new.get_run(fresh["run_id"]).run["effect_keys"] == 2
+    started = new.submit("echo", job_id="j-started", input={"text": "started"})["run_id"]
+    execute(new.url, f"UPDATE keel_runs SET started_at = 1 WHERE run_id = '{started}'")
     assert [e["kind"] for e in upgraded.timeline] == ["admitted"]
     assert (
         new.aio.runtime.portal.call(new.aio.runtime.store.workers(3600)) == []
     )  # a table added later
     drain(new)
     assert new.get_run(row["run_id"]).output == {"text": "from v1", "out": "FROM V1"}
+    assert new.get_run(row["run_id"]).run["effect_keys"] == 2  # first claimed by this Keel
+    assert new.get_run(started).run["effect_keys"] == 1
 
 
 def test_app_on_unmigrated_database_raises_schema_mismatch(apps: Any) -> None:

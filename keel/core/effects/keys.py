@@ -29,13 +29,14 @@ SUPPLIED = frozenset({"idempotency_key", "fencing_token", "lease_token"})
 
 
 TOOL_KEYS = 2
-"""`keel_runs.effect_keys` of runs whose calls inside a tool call are numbered per tool call
-(migration 0032); runs admitted before it number them per task (1)."""
+"""`keel_runs.effect_keys` of runs whose calls inside a ToolNode's tool call are numbered per
+tool call: runs first claimed since migration 0032. Runs first executed before it number them
+per task (1), as their recorded rows are."""
 
 tool_call: ContextVar[str | None] = ContextVar("keel_tool_call", default=None)
-"""The id of the tool call (LangChain's `tool_call_id`) whose tool is running here, set by
+"""The ToolNode tool call running here (its id and what it asks), set by
 keel.langgraph.tool_calls. A ToolNode runs an AI message's tool calls at once, so the order in
-which they call an effect is not the same on every execution; their ids, read from the
+which they call an effect is not the same on every execution; the calls, read from the
 checkpointed message, are."""
 
 

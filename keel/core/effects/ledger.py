@@ -95,16 +95,16 @@ class Effect(DeclaredEffect[P, R]):
         # Arguments the function cannot take fail here, before anything is counted or reserved.
         identity = self.arguments.identity(args, kwargs)
         where = ctx.locate()
-        refused = ctx.calls.refusal(where) if ctx.replay is None else None
+        counter, tool = call_counter(self.name, ctx.effect_keys)
+        refused = ctx.calls.refusal(where, tool) if ctx.replay is None else None
         if isinstance(refused, NondeterminismError):
-            # Its task diverged from the recorded run and is failing: a call it makes meanwhile
-            # (a sibling tool's, another coroutine's) is not performed either.
+            # Its task (its tool call, if it is in one) diverged from the recorded run and is
+            # failing: a call made there meanwhile, another coroutine's too, is not performed.
             raise NondeterminismError(
                 node=refused.node, effect=refused.effect, key=refused.key, changed=refused.changed
             )
         # Numbered now, in the order the node makes its calls, not the order coroutines start
         # (within its tool call, when it is made in one: those run at once).
-        counter, tool = call_counter(self.name, ctx.effect_keys)
         index = ctx.calls.next(where, counter)
         call = Call(
             where,
@@ -116,6 +116,7 @@ class Effect(DeclaredEffect[P, R]):
             identity,
             args,
             kwargs,
+            tool,
         )
         if ctx.replay is not None:
             # A replay performs nothing and writes nothing: the recorded ledger answers.
@@ -302,7 +303,7 @@ class Effect(DeclaredEffect[P, R]):
         refused = NondeterminismError(
             node=call.where.node, effect=self.name, key=key, changed=changed
         )
-        ctx.calls.refuse(call.where, refused)
+        ctx.calls.refuse(call.where, call.tool, refused)
         await event(
             ctx,
             "effect.nondeterminism",

@@ -141,6 +141,11 @@ def stage(effect: OutboxEffect[Any, Any], args: tuple[Any, ...], kwargs: dict[st
     if not where.task_id:
         raise NotInRun(f"outbox effect {effect.name!r} must be called inside a LangGraph node")
     counter, tool = call_counter(PREFIX + effect.name, ctx.effect_keys)
+    refused = ctx.calls.refusal(where, tool) if ctx.replay is None else None
+    if isinstance(refused, NondeterminismError):  # its task is failing: nothing is staged
+        raise NondeterminismError(
+            node=refused.node, effect=refused.effect, key=refused.key, changed=refused.changed
+        )
     index = ctx.calls.next(where, counter)
     place = f"call:{index}" if tool is None else f"tool:{tool}:call:{index}"
     intent_id = where.key("outbox", effect.name, place)

@@ -52,6 +52,8 @@ class Call:
     identity: Identity
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    tool: str | None = None
+    """The tool call it is made in, when its run's keys name one (keel.core.effects.keys)."""
 
 
 LEASE_MARGIN = LIVENESS_MARGIN

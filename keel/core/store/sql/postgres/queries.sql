@@ -204,7 +204,9 @@ claimed AS (
     SET crash_count = r.crash_count + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
         status = 'running', lease_owner = %(worker_id)s, lease_token = r.lease_token + 1,
         lease_expires_at = keel_now() + %(ttl)s, heartbeat_at = keel_now(),
-        started_at = COALESCE(r.started_at, keel_now()), updated_at = keel_now()
+        started_at = COALESCE(r.started_at, keel_now()), updated_at = keel_now(),
+        -- Its first execution decides how its effects are keyed, for good (migration 0032).
+        effect_keys = CASE WHEN r.started_at IS NULL THEN 2 ELSE r.effect_keys END
     FROM candidate AS c
     WHERE r.run_id = c.run_id
     RETURNING r.*, c.status AS previous_status, c.lease_owner AS previous_owner,

@@ -176,7 +176,9 @@ UPDATE keel_runs
 SET crash_count = crash_count + CASE WHEN status = 'running' THEN 1 ELSE 0 END,
     status = 'running', lease_owner = :worker_id, lease_token = lease_token + 1,
     lease_expires_at = keel_now() + :ttl, heartbeat_at = keel_now(),
-    started_at = COALESCE(started_at, keel_now()), updated_at = keel_now()
+    started_at = COALESCE(started_at, keel_now()), updated_at = keel_now(),
+    -- Its first execution decides how its effects are keyed, for good (migration 0032).
+    effect_keys = CASE WHEN started_at IS NULL THEN 2 ELSE effect_keys END
 WHERE run_id = :candidate_id
 RETURNING *;
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)

@@ -91,6 +91,26 @@ def tools_for(provider: Provider, kind: str) -> tuple[BaseTool, BaseTool]:
     return anotify, anotify_and_confirm
 
 
+def model_then_tools(model: Callable[[State], State], tools: ToolNode) -> StateGraph:
+    """START -> `model` (a fake chat model) -> `tools` (a ToolNode) -> END."""
+    g = StateGraph(State)
+    g.add_node("model", model)
+    g.add_node("tools", tools)
+    g.add_edge(START, "model")
+    g.add_edge("model", "tools")
+    g.add_edge("tools", END)
+    return g
+
+
+def one_node(node: Callable[[State], State]) -> StateGraph:
+    """START -> `node` -> END."""
+    g = StateGraph(State)
+    g.add_node("node", node)
+    g.add_edge(START, "node")
+    g.add_edge("node", END)
+    return g
+
+
 def agent_graph(provider: Provider, kind: str, *, pause: bool, calls: int = 3) -> StateGraph:
     """A fake model that asks for `calls` tool calls at once (fixed ids), then a ToolNode; the
     last call pauses after its email when `pause`."""
@@ -104,13 +124,7 @@ def agent_graph(provider: Provider, kind: str, *, pause: bool, calls: int = 3) -
         ]
         return {"messages": [AIMessage(content="", tool_calls=asked, id="ai-1")]}
 
-    g = StateGraph(State)
-    g.add_node("model", model)
-    g.add_node("tools", ToolNode([plain, confirm]))
-    g.add_edge(START, "model")
-    g.add_edge("model", "tools")
-    g.add_edge("tools", END)
-    return g
+    return model_then_tools(model, ToolNode([plain, confirm]))
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -217,12 +231,8 @@ def test_after_a_call_refused_as_changed_its_task_performs_nothing_more(
             send("c")  # the task diverged: refused, never sent
         return {"tag": interrupt("send more?")}
 
-    g = StateGraph(State)
-    g.add_node("node", node)
-    g.add_edge(START, "node")
-    g.add_edge("node", END)
     app = make_app()
-    app.workflow("mailer")(lambda: g)
+    app.workflow("mailer")(lambda: one_node(node))
     run_id = app.submit("mailer", {"tag": "t"}, thread_id="t-1").run_id
     drain(app)
     app.resume("t-1", "yes")
@@ -263,12 +273,8 @@ def test_tool_calls_a_node_runs_itself_with_new_ids_each_time_keep_the_tasks_ord
             )
         return {"tag": interrupt("more?")}
 
-    g = StateGraph(State)
-    g.add_node("node", node)
-    g.add_edge(START, "node")
-    g.add_edge("node", END)
     app = make_app()
-    app.workflow("agent")(lambda: g)
+    app.workflow("agent")(lambda: one_node(node))
     details = _paused_then_resumed(app)
     assert [d.status for d in details] == ["completed"] * ROUNDS
     assert len(provider.deliveries) == 3 * ROUNDS
@@ -291,14 +297,8 @@ def test_tool_calls_sharing_an_id_or_without_one_are_told_apart_by_what_they_ask
         ]
         return {"messages": [AIMessage(content="", tool_calls=asked, id="ai-1")]}
 
-    g = StateGraph(State)
-    g.add_node("model", model)
-    g.add_node("tools", ToolNode([plain, confirm]))
-    g.add_edge(START, "model")
-    g.add_edge("model", "tools")
-    g.add_edge("tools", END)
     app = make_app()
-    app.workflow("agent")(lambda: g)
+    app.workflow("agent")(lambda: model_then_tools(model, ToolNode([plain, confirm])))
     details = _paused_then_resumed(app)
     assert [(d.status, d.run["error"]) for d in details] == [("completed", None)] * ROUNDS
     assert len(provider.deliveries) == 3 * ROUNDS
@@ -333,14 +333,9 @@ def test_a_tool_call_refused_as_changed_leaves_its_sibling_tool_calls_served(
         ]
         return {"messages": [AIMessage(content="", tool_calls=asked, id="ai-1")]}
 
-    g = StateGraph(State)
-    g.add_node("model", model)
-    g.add_node("tools", ToolNode([redraft, plain, confirm], handle_tool_errors=True))
-    g.add_edge(START, "model")
-    g.add_edge("model", "tools")
-    g.add_edge("tools", END)
+    tools = ToolNode([redraft, plain, confirm], handle_tool_errors=True)
     app = make_app()
-    app.workflow("agent")(lambda: g)
+    app.workflow("agent")(lambda: model_then_tools(model, tools))
     [details] = _paused_then_resumed(app, runs=1)
     assert details.status == "completed", details.run["error"]
     assert Counter(provider.calls) == Counter({"r0-1": 1, "r0-2": 1})  # siblings: once each
@@ -373,14 +368,8 @@ def test_a_tool_invoking_another_tool_with_a_fixed_id_keeps_its_own_tool_calls_o
         ] + [{"name": confirm.name, "args": {"to": f"{state['tag']}-2"}, "id": "call_2"}]
         return {"messages": [AIMessage(content="", tool_calls=asked, id="ai-1")]}
 
-    g = StateGraph(State)
-    g.add_node("model", model)
-    g.add_node("tools", ToolNode([delegate, confirm]))
-    g.add_edge(START, "model")
-    g.add_edge("model", "tools")
-    g.add_edge("tools", END)
     app = make_app()
-    app.workflow("agent")(lambda: g)
+    app.workflow("agent")(lambda: model_then_tools(model, ToolNode([delegate, confirm])))
     details = _paused_then_resumed(app)
     assert [(d.status, d.run["error"]) for d in details] == [("completed", None)] * ROUNDS
     assert len(provider.deliveries) == 3 * ROUNDS

@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
 from keel.core import heartbeat
-from keel.core.answers import Heard
 from keel.core.codec import loads
 from keel.core.context import RunContext, current
 from keel.core.effects import in_doubt
 from keel.core.effects.calls import Abandoned, Pending, call_within, token_keyword
+from keel.core.effects.heard import heard_before, record_answer
 from keel.core.effects.in_doubt import reopen_expired
 from keel.core.effects.keys import (
     Identity,
@@ -188,7 +188,7 @@ class Effect(DeclaredEffect[P, R]):
                 if answered is not None:
                     ok, value = answered
                     if ok:
-                        await _record_answer(
+                        await record_answer(
                             ctx, key, int(row["attempts"]) + 1, value, keep=not shared
                         )
                         span.note(outcome="performed (answered late)")
@@ -197,7 +197,7 @@ class Effect(DeclaredEffect[P, R]):
                     await record(ctx, key, EffectStatus.IN_DOUBT, int(row["attempts"]))
                 row, _, _, deadline_in = await reserve(ctx, call, self.name, timeout)
                 continue
-            heard = None if shared else _heard(ctx, row)
+            heard = None if shared else heard_before(ctx, row)
             if heard is not None:
                 # This process made the key's last call and heard its answer; only the record
                 # was lost (the database went away): no deadline to wait out, nothing to ask.
@@ -209,7 +209,7 @@ class Effect(DeclaredEffect[P, R]):
                     extra={"event": "effect.answer_kept", "effect": self.name},
                 )
                 # Kept again under the row's token if this record fails too: still that call's.
-                await _record_answer(ctx, key, heard.attempts, heard.value, token=heard.token)
+                await record_answer(ctx, key, heard.attempts, heard.value, token=heard.token)
                 span.note(outcome="performed (its answer recorded late)")
                 return heard.value
             if row["status"] == EffectStatus.PENDING and deadline_in > 0:
@@ -374,7 +374,7 @@ class Effect(DeclaredEffect[P, R]):
                 raise EffectFailed(key, repr(exc)) from exc
             took("effect.perform", started, key, self.name, attempts)
             fault_point("effect.after_perform", self.name, where.node, where.path)
-            await _record_answer(ctx, key, attempts, result, keep=not self._shared(ctx))
+            await record_answer(ctx, key, attempts, result, keep=not self._shared(ctx))
             fault_point("effect.after_record", self.name, where.node, where.path)
             return result
 
@@ -455,42 +455,6 @@ async def _keep(ctx: RunContext) -> None:
     (LeaseLost, RunCancelled)."""
     await heartbeat.renew(ctx)
     await check_lease(ctx)
-
-
-async def _record_answer(
-    ctx: RunContext,
-    key: str,
-    attempts: int,
-    value: Any,
-    *,
-    token: int | None = None,
-    keep: bool = True,
-) -> None:
-    """Record the provider's answer to a call of this run's, made under `token` (default: this
-    execution's), as `sent`. An answer whose record the database could not take is kept for
-    the run's next execution in this process (keel.core.answers); one fenced out (LeaseLost)
-    is not: the run has another owner."""
-    try:
-        await record(ctx, key, EffectStatus.SENT, attempts, result=value)
-    except LeaseLost:
-        raise
-    except Exception:
-        if keep:
-            heard = Heard(ctx.token if token is None else token, attempts, value)
-            ctx.services.answers.keep(ctx.run_id, key, heard)
-        raise
-
-
-def _heard(ctx: RunContext, row: dict[str, Any]) -> Heard | None:
-    """The answer this process heard to the last call of a key of this run still pending, if
-    it kept one (anything kept for the key is forgotten: a settled key needs none)."""
-    token = row.get("lease_token")
-    heard = ctx.services.answers.take(
-        ctx.run_id, str(row["idempotency_key"]), None if token is None else int(token)
-    )
-    if row["status"] != EffectStatus.PENDING or row.get("run_id") != ctx.run_id:
-        return None
-    return heard
 
 
 class _LeaseUnchecked(Exception):

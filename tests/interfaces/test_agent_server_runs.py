@@ -409,7 +409,9 @@ def test_a_second_answer_to_the_same_pause_is_409(svc: Served) -> None:
     client.runs.create(thread, "ask", command={"resume": "first"})
     with pytest.raises(ConflictError) as refused:
         client.runs.create(thread, "ask", command={"resume": "second"})
-    assert refused.value.body["error"] in ("decision_conflict", "no_pending_wait")  # type: ignore[index]
+    # Which 409 depends on how far the first answer got: recorded, its run resumed, or ended.
+    why = refused.value.body["error"]  # type: ignore[index]
+    assert why in ("decision_conflict", "no_pending_wait", "run_finished"), why
     assert len(client.runs.list(thread)) == 1
 
 

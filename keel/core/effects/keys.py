@@ -17,8 +17,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from keel.core.codec import canonical_json
-from keel.core.errors import UsageError
-from keel.core.ids import Identity, StepRef, args_hash, digest
+from keel.core.errors import NondeterminismError, UsageError
+from keel.core.ids import CallOrder, Identity, StepRef, args_hash, digest
 
 KeySpec = str | tuple[str, ...] | Callable[[dict[str, Any]], Any] | None
 """`@keel.effect(key=...)`: argument name(s), a function of the bound arguments (by name,
@@ -45,6 +45,17 @@ def call_counter(name: str, effect_keys: int) -> tuple[str, str | None]:
     in, if the run's keys name it: calls inside a tool call are numbered within that call."""
     scope = tool_call.get() if effect_keys >= TOOL_KEYS else None
     return (name if scope is None else f"{name}\0tool:{scope}"), scope
+
+
+def refuse_if_diverged(calls: CallOrder, where: StepRef, tool: str | None) -> None:
+    """Raise when the task at `where` (its tool call `tool`, if it is in one) diverged from its
+    recorded run and is failing: a call made there meanwhile, another coroutine's too, is
+    neither performed nor staged."""
+    refused = calls.refusal(where, tool)
+    if isinstance(refused, NondeterminismError):
+        raise NondeterminismError(
+            node=refused.node, effect=refused.effect, key=refused.key, changed=refused.changed
+        )
 
 
 def effect_key(where: StepRef, name: str, call: int, tool: str | None = None) -> str:

@@ -32,6 +32,7 @@ from keel.core.effects.keys import (
     call_counter,
     effect_key,
     legacy_key,
+    refuse_if_diverged,
 )
 from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.effects.rows import (
@@ -96,13 +97,8 @@ class Effect(DeclaredEffect[P, R]):
         identity = self.arguments.identity(args, kwargs)
         where = ctx.locate()
         counter, tool = call_counter(self.name, ctx.effect_keys)
-        refused = ctx.calls.refusal(where, tool) if ctx.replay is None else None
-        if isinstance(refused, NondeterminismError):
-            # Its task (its tool call, if it is in one) diverged from the recorded run and is
-            # failing: a call made there meanwhile, another coroutine's too, is not performed.
-            raise NondeterminismError(
-                node=refused.node, effect=refused.effect, key=refused.key, changed=refused.changed
-            )
+        if ctx.replay is None:
+            refuse_if_diverged(ctx.calls, where, tool)
         # Numbered now, in the order the node makes its calls, not the order coroutines start
         # (within its tool call, when it is made in one: those run at once).
         index = ctx.calls.next(where, counter)

@@ -26,7 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 from keel.core.clock import parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.context import current
-from keel.core.effects.keys import Identity, call_counter
+from keel.core.effects.keys import Identity, call_counter, refuse_if_diverged
 from keel.core.effects.ledger import Effect
 from keel.core.effects.options import DeclaredEffect, EffectOptions
 from keel.core.errors import EffectFailed, NondeterminismError, NotInRun, UsageError
@@ -141,11 +141,8 @@ def stage(effect: OutboxEffect[Any, Any], args: tuple[Any, ...], kwargs: dict[st
     if not where.task_id:
         raise NotInRun(f"outbox effect {effect.name!r} must be called inside a LangGraph node")
     counter, tool = call_counter(PREFIX + effect.name, ctx.effect_keys)
-    refused = ctx.calls.refusal(where, tool) if ctx.replay is None else None
-    if isinstance(refused, NondeterminismError):  # its task is failing: nothing is staged
-        raise NondeterminismError(
-            node=refused.node, effect=refused.effect, key=refused.key, changed=refused.changed
-        )
+    if ctx.replay is None:
+        refuse_if_diverged(ctx.calls, where, tool)
     index = ctx.calls.next(where, counter)
     place = f"call:{index}" if tool is None else f"tool:{tool}:call:{index}"
     intent_id = where.key("outbox", effect.name, place)

@@ -23,10 +23,12 @@ from typing import Any
 from keel.core.codec import dumps, loads
 from keel.core.errors import TransientError
 from keel.core.ids import digest
+from keel.core.lifecycle import Status
 from keel.core.notifications import Notification, notification_payload
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
+from keel.core.wait_model import WaitStatus
 
 log = logging.getLogger("keel.core.notification_outbox")
 
@@ -40,6 +42,15 @@ class NotificationStatus(StrEnum):
     FAILED = "failed"
     IN_DOUBT = "in_doubt"
     """Its sender died mid-delivery and the notifier cannot say whether it went out."""
+    OBSOLETE = "obsolete"
+    """It asked a person to act, and before it went out its wait was answered or its run ended
+    (cancelled, or a paused run ended by new input on its thread): never sent."""
+
+
+ASKS = frozenset({"request", "remind", "escalate"})
+"""The kinds that ask a person to act on a wait, rather than tell what became of it."""
+OVER = frozenset({Status.COMPLETED, Status.CANCELLED})
+"""Run statuses nothing answers a wait in any more (a failed run may be resumed, waits and all)."""
 
 
 def notification_id(run_id: str, wait_id: str, kind: str, stage: int, notifier: str) -> str:
@@ -141,6 +152,10 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
         if found is not None:
             await _settle(services, worker_id, row, NotificationStatus.DELIVERED, result=found)
             return
+    obsolete = await _obsolete(services.store, row)
+    if obsolete is not None:
+        await _settle(services, worker_id, row, NotificationStatus.OBSOLETE, error=obsolete)
+        return
     try:
         result = await _call(notifier.send, note)
     except TransientError as exc:
@@ -156,6 +171,25 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
         await _settle(services, worker_id, row, NotificationStatus.FAILED, error=repr(exc))
         return
     await _settle(services, worker_id, row, NotificationStatus.DELIVERED, result=result)
+
+
+async def _obsolete(store: Store, row: Row) -> str | None:
+    """Why a notification asking a person to act must not go out now, if it must not.
+
+    Read just before sending: a wait answered (or a run ended) after this read still gets its
+    message, as it would had the dispatcher been a moment quicker; the next one is dropped."""
+    if row["kind"] not in ASKS or row["wait_id"] is None:
+        return None
+    wait = await store.get_wait(str(row["wait_id"]))
+    if wait is None:
+        return "its wait is gone"
+    if wait["status"] != WaitStatus.PENDING:
+        return f"its wait was {wait['status']} before it went out"
+    run = await store.get_run(str(row["run_id"]))
+    if run is None or run["status"] in OVER:
+        ended = "gone" if run is None else run["status"]
+        return f"its run was {ended} before it went out"
+    return None
 
 
 async def _notification(services: Services, row: Row) -> Notification:

@@ -28,11 +28,13 @@ from keel.core.errors import (
     NoPendingWait,
     ThreadBusy,
     ThreadNotFound,
+    TransientError,
     UsageError,
 )
 from keel.runtime.conversations import state_json
 from tests.support.checks import wait_until
 from tests.support.graphs import notify_effect
+from tests.support.notifiers import Recorder
 from tests.support.providers import Provider
 from tests.support.thread_graphs import Chat, asking, chat
 from tests.support.workers import drain, sweep
@@ -96,6 +98,30 @@ def test_an_interrupt_is_resumed_with_any_value_once(make_app: AppFactory) -> No
     assert app.get_run(run_id).status == "completed"
     with pytest.raises(NoPendingWait):
         app.resume("t-ask", "late")
+
+
+def test_new_input_that_ends_a_pause_drops_the_request_queued_about_it(
+    make_app: AppFactory,
+) -> None:
+    """The request about an `interrupt()` that new input on its thread ended asks a person to
+    answer a question nobody waits on any more: it is dropped, never sent (held back here by a
+    provider's 429 until the pause is over, as a slow provider would)."""
+    clock = keel.ManualClock()
+    app = make_app(clock=clock)
+    app.workflow("ask")(asking)
+    slack = Recorder("slack", ("request",), failures=[TransientError("429", retry_after=60)])
+    app.add_notifier(slack)
+    paused = app.submit("ask", {"question": "a"}, thread_id="t-gone").run_id
+    drain(app)
+    app.aio.runtime.portal.call(app.aio.runtime.dispatch("worker-x"))  # the 429, if not yet
+    app.submit("ask", {"question": "b"}, thread_id="t-gone", end_paused=True)
+    drain(app)
+    assert app.get_run(paused).termination_reason == "interrupted"
+    clock.advance(61)
+    app.aio.runtime.portal.call(app.aio.runtime.dispatch("worker-x"))
+    requests = {n["run_id"]: n["status"] for n in app.get_run(paused).notifications}
+    assert requests == {paused: "obsolete"}
+    assert all(note.run_id != paused for note in slack.sent), "the ended pause's request"
 
 
 def test_reject_refuses_a_second_run_while_one_is_unfinished(make_app: AppFactory) -> None:

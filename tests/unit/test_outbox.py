@@ -98,3 +98,37 @@ def test_a_transient_failure_is_delivered_later_once(
     assert (
         Counter(e["kind"] for e in app.get_run(node.run_id).timeline)["notification.delivered"] == 1
     )
+
+
+def test_a_request_answered_before_it_went_out_is_not_sent(app: keel.App) -> None:
+    """Asking a person to act on a wait already decided would have them act on nothing."""
+    recorder = Recorder("slack")
+    app.add_notifier(recorder)
+    node = waiting(app)
+    assert app.approve(node.run_id, by="ed").recorded  # before any dispatcher ran
+    assert dispatch(app) == 2
+    assert recorder.kinds_sent() == ["decided"]
+    assert recorder.sent[0].earlier == {}, "no request message to edit: the decision says it all"
+    assert intents(app, node.run_id) == [
+        ("slack", "decided", "delivered"),
+        ("slack", "request", "obsolete"),
+    ]
+    (row,) = [n for n in app.get_run(node.run_id).notifications if n["kind"] == "request"]
+    assert row["error"] == "its wait was decided before it went out"
+    kinds = [e["kind"] for e in app.get_run(node.run_id).timeline]
+    assert kinds.count("notification.obsolete") == 1
+
+
+def test_a_request_about_a_run_cancelled_meanwhile_is_not_sent(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    """A request held back by a provider's 429 finds, when it is due again, the run cancelled."""
+    recorder = Recorder("slack", ("request",), failures=[TransientError("429", retry_after=60)])
+    app.add_notifier(recorder)
+    node = waiting(app)
+    assert dispatch(app) == 1  # queued again, 60 s later
+    app.cancel(node.run_id, by="ops")
+    clock.advance(61)
+    assert dispatch(app) == 1
+    assert recorder.sent == []
+    assert intents(app, node.run_id) == [("slack", "request", "obsolete")]

@@ -16,16 +16,22 @@ the failing call.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
 import random
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypeVar
 
 from keel.core.errors import SlowDatabase
 
 Predicate = Callable[[BaseException], bool]
+T = TypeVar("T")
+log = logging.getLogger("keel.core.infra")
 
 # Whoever hits them, a full disk or a failing device is the machine's fault, not the graph's.
 _OS_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
@@ -107,6 +113,37 @@ def backoff(attempt: int, *, base: float, cap: float) -> float:
     """
     ceiling = min(cap, base * 2 ** max(0, attempt - 1))
     return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+OUTLAST = 600.0
+"""Seconds a write that records what a provider already answered is tried again through an
+outage (`outlast`): a database restart or a failover, not a database gone for good."""
+
+
+async def outlast(
+    write: Callable[[], Awaitable[T]],
+    is_outage: Predicate,
+    what: str,
+    *,
+    within: float = OUTLAST,
+) -> T:
+    """`write()`, tried again while it fails for the infrastructure, for up to `within` seconds
+    (then its failure is raised). For a write whose loss costs more than waiting: the record of
+    a provider's answer, which nothing else can recover but a reconciler or a person. The write
+    must be one transaction, fenced (a second try after a commit whose reply was lost finds the
+    row no longer its own, and writes nothing)."""
+    give_up = time.monotonic() + within
+    attempt = 0
+    while True:
+        try:
+            return await write()
+        except Exception as exc:
+            attempt += 1
+            if not is_outage(exc) or time.monotonic() >= give_up:
+                raise
+            pause = backoff(attempt, base=0.2, cap=5.0)
+            log.warning("%s: database unavailable (%r); again in %.1fs", what, exc, pause)
+            await asyncio.sleep(min(pause, max(0.0, give_up - time.monotonic())))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 from keel.core.codec import dumps, loads
 from keel.core.errors import TransientError
 from keel.core.ids import digest
+from keel.core.infra import outlast
 from keel.core.lifecycle import Status
 from keel.core.notifications import Notification, notification_payload
 from keel.core.services import Services
@@ -47,6 +48,8 @@ class NotificationStatus(StrEnum):
     (cancelled, or a paused run ended by new input on its thread): never sent."""
 
 
+RECORD_OUTLAST = 30.0
+"""Seconds a notification's outcome is recorded again through an outage (keel.core.infra)."""
 ASKS = frozenset({"request", "remind", "escalate"})
 """The kinds that ask a person to act on a wait, rather than tell what became of it."""
 OVER = frozenset({Status.COMPLETED, Status.CANCELLED})
@@ -229,21 +232,26 @@ async def _settle(
     delay: float = 0.0,
 ) -> None:
     store = services.store
-    async with store.transaction() as tx:
-        settled = await store.settle_notification(
-            tx,
-            row["intent_id"],
-            worker_id=worker_id,
-            status=status,
-            result=dumps(result),
-            error=error,
-            delay=delay,
-        )
-        if settled is not None and status != NotificationStatus.QUEUED:
-            await store.add_event(
+
+    async def write() -> None:
+        async with store.transaction() as tx:
+            settled = await store.settle_notification(
                 tx,
-                row["run_id"],
-                f"notification.{status}",
-                {"intent_id": row["intent_id"], "notifier": row["notifier"], "kind": row["kind"]},
+                row["intent_id"],
                 worker_id=worker_id,
+                status=status,
+                result=dumps(result),
+                error=error,
+                delay=delay,
             )
+            if settled is not None and status != NotificationStatus.QUEUED:
+                about = {k: row[k] for k in ("intent_id", "notifier", "kind")}
+                await store.add_event(
+                    tx, row["run_id"], f"notification.{status}", about, worker_id=worker_id
+                )
+
+    # A message the notifier sent, its record lost to an outage, would be `in_doubt` once its
+    # claim expired: the record is tried again through the outage (fenced by the claim), for
+    # less long than an intent's, as the worker's sweep waits for it (a stop among others).
+    what = f"notification {row['intent_id']}: {status}"
+    await outlast(write, store.is_infrastructure, what, within=RECORD_OUTLAST)

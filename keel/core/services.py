@@ -38,3 +38,6 @@ class Services:
     """How completion webhooks are signed and where they may go (keel.runtime.webhooks)."""
     answers: UnrecordedAnswers = field(default_factory=UnrecordedAnswers)
     """Provider answers this process heard but could not record (keel.core.answers)."""
+    recording: set[str] = field(default_factory=set)
+    """Outbox intents whose delivery's outcome this process is recording through an outage: its
+    dispatchers do not reclaim them meanwhile (keel.core.effects.delivery.settle)."""

@@ -22,9 +22,10 @@ import pytest
 
 import keel
 from keel.testing import SmtpSink, spawn_worker
+from keel.testing.http import HttpSink
 from keel.testing.pgcluster import ThrowawayCluster
 from tests.support import REPO
-from tests.support.apps import fleet, mailer
+from tests.support.apps import fleet, mailer, outbox
 from tests.support.checks import wait_until
 from tests.support.crash import Chaos
 
@@ -245,6 +246,55 @@ def test_postgres_stopped_between_an_answer_and_its_record_the_worker_records_th
         finally:
             _up(cluster)
             chaos.stop_all()
+            app.close()
+
+
+@pytest.mark.postgres
+def test_postgres_stopped_between_an_outbox_delivery_and_its_record_the_dispatcher_records_it(
+    cluster: ThrowawayCluster, tmp_path: Path
+) -> None:
+    """A provider that cannot tell a retry (`send_blind`: no idempotency key, no lookup)
+    answered; before the dispatcher recorded that, the server went down for longer than the
+    intent's claim and its call's deadline. When it is back, the dispatcher records the delivery
+    it made: `delivered`, not left in doubt for a person, and the provider received it once."""
+    _up(cluster)
+    url = cluster.create_database(f"keel_{uuid.uuid4().hex[:8]}")
+    app = outbox.register(keel.App(url, artifacts_dir=tmp_path / "artifacts"))
+    app.migrate()
+    log = tmp_path / "worker.log"
+    with HttpSink() as provider:
+        run_id = app.submit(
+            "outbox", job_id="o-1", input={"count": 1, "effect": "blind", "tag": "pg"}
+        ).run_id
+        worker = spawn_worker(
+            "tests.support.apps.outbox:app",
+            "--stop-when-idle",
+            database_url=url,
+            faults="outbox.after_call:send_blind!stop",
+            lease_ttl=1,
+            effect_timeout=1.0,
+            env={"OUTBOX_URL": provider.url, "KEEL_LOG_LEVEL": "warning"},
+            log=log,
+        )
+        try:
+            wait_until(lambda: _stopped(worker.pid), 40, "the dispatcher to reach its record")
+            assert len(provider.deliveries) == 1  # the provider has it
+            cluster.stop("fast")
+            os.kill(worker.pid, signal.SIGCONT)  # its record meets a server that is down
+            wait_until(lambda: "database unavailable" in log.read_text(), 40, "the record to fail")
+            time.sleep(3)  # past the claim (1 s) and the call's deadline: reclaimable, in doubt
+            cluster.start()
+            assert worker.wait(timeout=120) == 0, log.read_text()
+            details = app.get_run(run_id)
+            intents = [i["status"] for i in app.effect_intents(run_id=run_id)]
+            assert intents == ["delivered"], log.read_text()
+            assert details.status == "completed", [e["kind"] for e in details.timeline]
+            assert len(provider.deliveries) == 1
+        finally:
+            _up(cluster)
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
             app.close()
 
 

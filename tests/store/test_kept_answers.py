@@ -1,6 +1,7 @@
 """An answer heard, its record lost: the database fails the statement that records a provider's
 answer, the execution is given back, and the run's next execution in this process records that
-answer instead of waiting out the call's deadline (keel.core.answers).
+answer instead of waiting out the call's deadline (keel.core.answers). An outbox dispatcher
+records its delivery again through the outage (keel.core.infra.outlast).
 
 The failure is the database's own: SQLite's connector fails the record's statement as a
 dropped connection would (the fault harness's `fail-next-statement`), so SQLite only. What is
@@ -17,6 +18,7 @@ from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.core import faults
+from tests.support import outbox_flows
 from tests.support.graphs import charge_effect, pay_graph
 from tests.support.providers import Provider
 from tests.support.workers import drain
@@ -105,3 +107,42 @@ def test_a_key_the_threads_runs_share_is_not_answered_from_memory(make_app: AppF
     assert [e["status"] for e in details.effects] == ["confirmed"]
     assert len(provider.deliveries) == 1
     assert len(app.aio.runtime.services.answers) == 0
+
+
+@keel.effect("kept_mail", outbox=True)
+def plain_mail(to: str, *, idempotency_key: str = keel.KEY) -> Any:
+    """Neither idempotent nor reconcilable: once in doubt, only a person could say."""
+    return outbox_flows._post({"to": to}, idempotency_key)
+
+
+@pytest.mark.parametrize("failures", [1, 5])
+def test_an_outbox_delivery_whose_record_failed_is_recorded_not_left_in_doubt(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    """Five failures take the record's retries past the intent's claim and its call's deadline:
+    the dispatcher, looking for work meanwhile, must not reclaim it as a dead one's."""
+    app = make_app(lease_ttl=1, effect_timeout=0.2)
+    enqueue = ("enqueue", lambda s: {"handle": plain_mail(s["to"])})
+    app.workflow("kept")(outbox_flows.graph(enqueue, ("wait", outbox_flows.wait)))
+    store = app.aio.runtime.services.store
+    settle = store.settle_intent
+    left = {"times": failures}
+
+    async def failing(tx: Any, intent_id: str, **kw: Any) -> Any:
+        if kw["status"] == "delivered" and left["times"]:
+            left["times"] -= 1
+            faults._fail_next_statement = True
+        return await settle(tx, intent_id, **kw)
+
+    store.settle_intent = failing  # type: ignore[method-assign]
+    with outbox_flows.serving(monkeypatch) as provider:
+        run_id = app.submit("kept", job_id="k-1", input={"to": "ann@example.com"}).run_id
+        outbox_flows.drain(app)
+    details = app.get_run(run_id)
+    kinds = [e["kind"] for e in details.timeline]
+    # Fewer: another statement took an armed failure (a dispatcher reclaiming the intent).
+    assert left["times"] == 0, "the delivery's record failed fewer times than armed"
+    assert [i["status"] for i in app.effect_intents(run_id=run_id)] == ["delivered"], kinds
+    assert details.status == "completed", kinds
+    assert len(provider.deliveries) == 1
+    assert details.output["result"] == {"ok": True, "delivery": 1}, "the answer heard"

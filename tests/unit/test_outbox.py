@@ -4,10 +4,12 @@ delivered once whoever dispatches, and never sent again after its sender died mi
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
 import keel
+from keel.core import faults
 from keel.core.errors import TransientError
 from tests.support.by_hand import Died, waiting
 from tests.support.notifiers import Recorder
@@ -132,3 +134,27 @@ def test_a_request_about_a_run_cancelled_meanwhile_is_not_sent(
     assert dispatch(app) == 1
     assert recorder.sent == []
     assert intents(app, node.run_id) == [("slack", "request", "obsolete")]
+
+
+def test_a_delivery_whose_record_failed_is_recorded_not_left_in_doubt(app: keel.App) -> None:
+    """The database fails the statement recording a sent notification (as a dropped connection
+    would): the record is tried again, so the notification is `delivered`, not found `sending`
+    by the next dispatcher and marked `in_doubt`."""
+    recorder = Recorder("slack")
+    app.add_notifier(recorder)
+    node = waiting(app)
+    store = app.aio.runtime.services.store
+    settle = store.settle_notification
+    left = {"times": 1}
+
+    async def failing(tx: Any, intent_id: str, **kw: Any) -> Any:
+        if kw["status"] == "delivered" and left["times"]:
+            left["times"] -= 1
+            faults._fail_next_statement = True
+        return await settle(tx, intent_id, **kw)
+
+    store.settle_notification = failing  # type: ignore[method-assign]
+    assert dispatch(app) == 1
+    assert left["times"] == 0, "the record never failed"
+    assert recorder.kinds_sent() == ["request"]
+    assert intents(app, node.run_id) == [("slack", "request", "delivered")]

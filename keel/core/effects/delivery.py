@@ -27,6 +27,7 @@ from keel.core.effects.outbox import IntentStatus, OutboxEffect, answer_waits
 from keel.core.effects.rows import hold
 from keel.core.errors import EffectConflict
 from keel.core.faults import fault_point
+from keel.core.infra import outlast
 from keel.core.runs import wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
@@ -237,27 +238,42 @@ async def settle(
     event: str | None = None,
 ) -> None:
     store = services.store
-    async with store.transaction() as tx:
-        settled = await store.settle_intent(
-            tx,
-            row["intent_id"],
-            claim_token=int(row["claim_token"]),
-            status=state,
-            result=encoded(result) if state != IntentStatus.PENDING else row["result"],
-            error=error,
-            delay=delay,
-        )
-        if settled is None:
-            log.warning(
-                "intent %s: claim lost before its outcome (%s) was recorded",
+
+    async def write() -> bool:
+        async with store.transaction() as tx:
+            settled = await store.settle_intent(
+                tx,
                 row["intent_id"],
-                state,
+                claim_token=int(row["claim_token"]),
+                status=state,
+                result=encoded(result) if state != IntentStatus.PENDING else row["result"],
+                error=error,
+                delay=delay,
             )
-            return
-        if state == IntentStatus.PENDING:
-            return  # a retry later: the timeline hears of the outcome, not of every attempt
-        await announce(store, tx, settled, event or f"outbox.{state}", worker_id=worker_id)
-    services.wake()
+            if settled is None:
+                log.warning(
+                    "intent %s: claim lost before its outcome (%s) was recorded",
+                    row["intent_id"],
+                    state,
+                )
+                return False
+            if state == IntentStatus.PENDING:
+                return False  # a retry later: the timeline hears of the outcome, not of attempts
+            await announce(store, tx, settled, event or f"outbox.{state}", worker_id=worker_id)
+            return True
+
+    # Through an outage, not past it: the claim's token fences the write, so a dispatcher that
+    # reclaimed the intent meanwhile (its deadline passed) keeps it, and this writes nothing.
+    # This process's own dispatchers leave it alone until then (`recording`): for them the
+    # answer is here, not in doubt.
+    intent_id = str(row["intent_id"])
+    services.recording.add(intent_id)
+    try:
+        recorded = await outlast(write, store.is_infrastructure, f"intent {intent_id}: {state}")
+    finally:
+        services.recording.discard(intent_id)
+    if recorded:
+        services.wake()  # the outcome (and any run awaiting it) is there to see
 
 
 async def announce(store: Store, tx: Any, intent: Row, kind: str, **data: Any) -> None:

@@ -169,6 +169,9 @@ async def _delivered(
             log.exception("intent %s: delivery failed", row["intent_id"])
 
 
+RECORDING_HOLD = 0.5
+"""Seconds an effect is left alone while this process records one of its intents' outcomes."""
+
 _HELD: Any = object()
 """The candidate's effect has no token now: it is held, another effect may go."""
 
@@ -182,6 +185,11 @@ async def _claim(
         if candidate is None:
             return None
         effect = pacing.effects[candidate["effect"]]
+        if candidate["intent_id"] in services.recording:
+            # This process heard its outcome and is recording it (the database came back a
+            # moment ago): not in doubt. Its effect waits a moment; the others go on.
+            pacing.hold(effect.name, RECORDING_HOLD)
+            return _HELD
         rate = effect.options.rate
         if rate is not None:
             wait = await store.take_rate_token(tx, effect.name, rate.per_second, rate.burst)

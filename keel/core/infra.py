@@ -17,6 +17,7 @@ the failing call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import random
@@ -126,12 +127,14 @@ async def outlast(
     what: str,
     *,
     within: float = OUTLAST,
+    stop: asyncio.Event | None = None,
 ) -> T:
     """`write()`, tried again while it fails for the infrastructure, for up to `within` seconds
-    (then its failure is raised). For a write whose loss costs more than waiting: the record of
-    a provider's answer, which nothing else can recover but a reconciler or a person. The write
-    must be one transaction, fenced (a second try after a commit whose reply was lost finds the
-    row no longer its own, and writes nothing)."""
+    or until `stop` is set (then its failure is raised: a process told to stop stops now, and
+    what it heard is reconciled as a dead process's would be). For a write whose loss costs more
+    than waiting: the record of a provider's answer, which nothing else can recover but a
+    reconciler or a person. The write must be one transaction, fenced (a second try after a
+    commit whose reply was lost finds the row no longer its own, and writes nothing)."""
     give_up = time.monotonic() + within
     attempt = 0
     while True:
@@ -139,11 +142,16 @@ async def outlast(
             return await write()
         except Exception as exc:
             attempt += 1
-            if not is_outage(exc) or time.monotonic() >= give_up:
+            stopped = stop is not None and stop.is_set()
+            if stopped or not is_outage(exc) or time.monotonic() >= give_up:
                 raise
-            pause = backoff(attempt, base=0.2, cap=5.0)
+            pause = min(backoff(attempt, base=0.2, cap=5.0), max(0.0, give_up - time.monotonic()))
             log.warning("%s: database unavailable (%r); again in %.1fs", what, exc, pause)
-            await asyncio.sleep(min(pause, max(0.0, give_up - time.monotonic())))
+            if stop is None:
+                await asyncio.sleep(pause)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ it has one, and otherwise marks it `in_doubt` rather than sending it twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from enum import StrEnum
@@ -35,7 +36,7 @@ log = logging.getLogger("keel.core.notification_outbox")
 
 
 class NotificationStatus(StrEnum):
-    """Where a notification is: queued -> sending -> delivered, or failed, or in_doubt."""
+    """Where a notification is: queued -> sending -> delivered, or failed, in_doubt, obsolete."""
 
     QUEUED = "queued"
     SENDING = "sending"
@@ -101,14 +102,17 @@ async def record(
         )
 
 
-async def dispatch(services: Services, worker_id: str, limit: int = 20) -> int:
-    """Deliver up to `limit` due notifications; return how many were settled."""
+async def dispatch(
+    services: Services, worker_id: str, limit: int = 20, stopping: asyncio.Event | None = None
+) -> int:
+    """Deliver up to `limit` due notifications; return how many were settled. Once `stopping`
+    is set, an outcome's record stops waiting out an outage."""
     settled = 0
     for _ in range(limit):
         claimed = await _claim(services.store, worker_id, services.lease_ttl)
         if claimed is None:
             break
-        await _deliver(services, worker_id, *claimed)
+        await _deliver(services, worker_id, *claimed, stopping=stopping)
         settled += 1
     return settled
 
@@ -130,12 +134,18 @@ async def _claim(store: Store, worker_id: str, ttl: float) -> tuple[Row, bool] |
     return row, in_doubt
 
 
-async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool) -> None:
+async def _deliver(
+    services: Services,
+    worker_id: str,
+    row: Row,
+    in_doubt: bool,
+    *,
+    stopping: asyncio.Event | None = None,
+) -> None:
+    settle = functools.partial(_settle, services, worker_id, row, stopping=stopping)
     notifier = services.notifiers.get(row["notifier"])
     if notifier is None:
-        await _settle(
-            services, worker_id, row, NotificationStatus.FAILED, error="no such notifier registered"
-        )
+        await settle(NotificationStatus.FAILED, error="no such notifier registered")
         return
     note = await _notification(services, row)
     if in_doubt:
@@ -144,7 +154,7 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
             log.warning(
                 "notification %s may have been sent by a dead worker: in doubt", row["intent_id"]
             )
-            await _settle(services, worker_id, row, NotificationStatus.IN_DOUBT)
+            await settle(NotificationStatus.IN_DOUBT)
             return
         try:
             found = await _call(reconcile, note)
@@ -153,11 +163,11 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
             log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
             return
         if found is not None:
-            await _settle(services, worker_id, row, NotificationStatus.DELIVERED, result=found)
+            await settle(NotificationStatus.DELIVERED, result=found)
             return
     obsolete = await _obsolete(services.store, row)
     if obsolete is not None:
-        await _settle(services, worker_id, row, NotificationStatus.OBSOLETE, error=obsolete)
+        await settle(NotificationStatus.OBSOLETE, error=obsolete)
         return
     try:
         result = await _call(notifier.send, note)
@@ -165,15 +175,13 @@ async def _deliver(services: Services, worker_id: str, row: Row, in_doubt: bool)
         delay = (
             exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** row["attempts"])
         )
-        await _settle(
-            services, worker_id, row, NotificationStatus.QUEUED, error=repr(exc), delay=delay
-        )
+        await settle(NotificationStatus.QUEUED, error=repr(exc), delay=delay)
         return
     except Exception as exc:
         log.exception("notification %s failed", row["intent_id"])
-        await _settle(services, worker_id, row, NotificationStatus.FAILED, error=repr(exc))
+        await settle(NotificationStatus.FAILED, error=repr(exc))
         return
-    await _settle(services, worker_id, row, NotificationStatus.DELIVERED, result=result)
+    await settle(NotificationStatus.DELIVERED, result=result)
 
 
 async def _obsolete(store: Store, row: Row) -> str | None:
@@ -230,6 +238,7 @@ async def _settle(
     result: Any = None,
     error: str | None = None,
     delay: float = 0.0,
+    stopping: asyncio.Event | None = None,
 ) -> None:
     store = services.store
 
@@ -254,4 +263,4 @@ async def _settle(
     # claim expired: the record is tried again through the outage (fenced by the claim), for
     # less long than an intent's, as the worker's sweep waits for it (a stop among others).
     what = f"notification {row['intent_id']}: {status}"
-    await outlast(write, store.is_infrastructure, what, within=RECORD_OUTLAST)
+    await outlast(write, store.is_infrastructure, what, within=RECORD_OUTLAST, stop=stopping)

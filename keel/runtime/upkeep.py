@@ -244,7 +244,8 @@ class WorkerUpkeep:
             services = self.runtime.services
             applied = await sweep_deadlines(services)
             if services.notifiers:
-                await notification_outbox.dispatch(services, self.worker_id)
+                stopping = self._stopping
+                await notification_outbox.dispatch(services, self.worker_id, stopping=stopping)
         except Exception as exc:
             if self.runtime.services.store.is_infrastructure(exc):
                 # The claim that follows meets the same fault and backs the whole loop off.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psycopg
@@ -13,7 +14,7 @@ import pytest
 
 from keel.backends.postgres import is_transient as pg_transient
 from keel.backends.sqlite import is_transient as sqlite_transient
-from keel.core.infra import Attempts, backoff, is_infrastructure, is_keel_fault
+from keel.core.infra import Attempts, backoff, is_infrastructure, is_keel_fault, outlast
 
 
 def _sqlite_error(sql: str, setup: str | None = None) -> sqlite3.Error:
@@ -187,3 +188,51 @@ def _sqlite_error_on(path: Path) -> sqlite3.Error:
     finally:
         conn.close()
     raise AssertionError("no error")
+
+
+def _outage_until(n: int) -> tuple[Callable[[], Awaitable[str]], list[int]]:
+    """A write that meets a lost connection `n` times, then succeeds; and its tries."""
+    tries: list[int] = []
+
+    async def write() -> str:
+        tries.append(len(tries) + 1)
+        if len(tries) <= n:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return "recorded"
+
+    return write, tries
+
+
+def test_a_record_outlasts_an_outage_but_not_a_statement_error_nor_a_stop() -> None:
+    outage = is_infrastructure_of_postgres
+
+    write, tries = _outage_until(2)
+    assert asyncio.run(outlast(write, outage, "intent i")) == "recorded"
+    assert tries == [1, 2, 3]
+
+    async def refused() -> None:
+        raise psycopg.errors.UniqueViolation("duplicate key")
+
+    with pytest.raises(psycopg.errors.UniqueViolation):  # a bug, not an outage: raised at once
+        asyncio.run(outlast(refused, outage, "intent i"))
+
+    write, tries = _outage_until(10**6)
+    with pytest.raises(psycopg.OperationalError):  # given up once its time is spent
+        asyncio.run(outlast(write, outage, "intent i", within=0.5))
+
+    async def stopped() -> float:
+        stop = asyncio.Event()
+        write, _ = _outage_until(10**6)
+        task = asyncio.create_task(outlast(write, outage, "intent i", stop=stop))
+        await asyncio.sleep(0.5)  # retrying, with 600 s to go
+        stop.set()
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(psycopg.OperationalError):
+            await asyncio.wait_for(task, 5)
+        return asyncio.get_running_loop().time() - began
+
+    assert asyncio.run(stopped()) < 5, "a process told to stop waited out the outage"
+
+
+def is_infrastructure_of_postgres(exc: BaseException) -> bool:
+    return is_infrastructure(exc, pg_transient)

@@ -3,6 +3,8 @@ delivered once whoever dispatches, and never sent again after its sender died mi
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from collections import Counter
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 import keel
 from keel.core import faults
 from keel.core.errors import TransientError
+from keel.runtime.worker import Worker
 from tests.support.by_hand import Died, waiting
 from tests.support.notifiers import Recorder
 
@@ -158,3 +161,37 @@ def test_a_delivery_whose_record_failed_is_recorded_not_left_in_doubt(app: keel.
     assert left["times"] == 0, "the record never failed"
     assert recorder.kinds_sent() == ["request"]
     assert intents(app, node.run_id) == [("slack", "request", "delivered")]
+
+
+def test_a_worker_told_to_stop_does_not_wait_out_an_outage_to_record_a_delivery(
+    app: keel.App,
+) -> None:
+    """The record of a sent notification is tried again through an outage, but a worker told
+    to stop stops: the notification is then found `sending` and reconciled, as a dead one's."""
+    recorder = Recorder("slack")
+    app.add_notifier(recorder)
+    waiting(app)
+    store = app.aio.runtime.services.store
+
+    async def down(tx: Any, intent_id: str, **kw: Any) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")  # the database went away for good
+
+    store.settle_notification = down  # type: ignore[method-assign]
+
+    async def stop_after_the_send() -> bool:
+        await app.aio.open()
+        worker = Worker(app.aio.runtime, concurrency=1, sweep_interval=0.1)
+        running = asyncio.create_task(worker.run())
+        for _ in range(200):  # the worker's sweep sends the request
+            if recorder.sent:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # its record is being tried again
+        worker.stop()
+        done, _ = await asyncio.wait([running], timeout=10)
+        if not done:  # (the 30 s of trying would outlast this)
+            running.cancel()
+        return bool(done)
+
+    assert app.aio.runtime.portal.call(stop_after_the_send()), "stop waited out the outage"
+    assert recorder.kinds_sent() == ["request"]

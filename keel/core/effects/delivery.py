@@ -9,6 +9,7 @@ that made it, and `announce` puts it on the run's timeline and resumes a run awa
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -37,8 +38,15 @@ log = logging.getLogger("keel.core.effects.dispatch")  # the dispatcher's log, a
 
 
 async def deliver(
-    services: Services, worker_id: str, effect: OutboxEffect[Any, Any], row: Row, in_doubt: bool
+    services: Services,
+    worker_id: str,
+    effect: OutboxEffect[Any, Any],
+    row: Row,
+    in_doubt: bool,
+    stopping: asyncio.Event | None = None,
 ) -> None:
+    """Deliver one claimed intent and record the outcome (through an outage, until `stopping`)."""
+    outcome = functools.partial(settle, services, worker_id, row, stopping=stopping)
     intent_id = str(row["intent_id"])
     stored = loads(row["args"])
     args, kwargs = tuple(stored["args"]), dict(stored["kwargs"])
@@ -50,19 +58,14 @@ async def deliver(
                     effect.options.reconcile, token, *args, idempotency_key=intent_id, **kwargs
                 )
             except EffectConflict as conflict:
-                await settle(
-                    services, worker_id, row, IntentStatus.IN_DOUBT, error=_conflict(conflict)
-                )
+                await outcome(IntentStatus.IN_DOUBT, error=_conflict(conflict))
                 return
             except Exception as exc:
                 # Can't tell yet: the claim expires and the next dispatcher asks again.
                 log.warning("reconciler of %s failed for %s: %r", effect.name, intent_id, exc)
                 return
             if found is not None:
-                await settle(
-                    services,
-                    worker_id,
-                    row,
+                await outcome(
                     IntentStatus.DELIVERED,
                     result=found,
                     event="outbox.reconciled",
@@ -73,10 +76,7 @@ async def deliver(
             log.warning(
                 "intent %s may have been delivered by a dead dispatcher: in doubt", intent_id
             )
-            await settle(
-                services,
-                worker_id,
-                row,
+            await outcome(
                 IntentStatus.IN_DOUBT,
                 error="its dispatcher died mid-delivery; a person must say whether "
                 "it reached the provider",
@@ -87,7 +87,7 @@ async def deliver(
     attempts = int(row["attempts"]) + int(in_doubt)
     if attempts > int(row["max_attempts"]):
         why = f"gave up after {attempts - 1} attempts (the last ones went unanswered)"
-        await settle(services, worker_id, row, IntentStatus.DEAD, error=why)
+        await outcome(IntentStatus.DEAD, error=why)
         return
     fault_point("outbox.before_call", effect.name)
     call_timeout = effect.options.timeout_for(services)
@@ -115,7 +115,7 @@ async def deliver(
                 grace=hold(call_timeout),
             )
     except EffectConflict as conflict:
-        await settle(services, worker_id, row, IntentStatus.IN_DOUBT, error=_conflict(conflict))
+        await outcome(IntentStatus.IN_DOUBT, error=_conflict(conflict))
         return
     except Exception as exc:
         took = round(time.monotonic() - started, 6)
@@ -131,7 +131,7 @@ async def deliver(
                 error,
                 extra={"event": "outbox.retry", "duration": took},
             )
-            await settle(services, worker_id, row, IntentStatus.PENDING, error=error, delay=delay)
+            await outcome(IntentStatus.PENDING, error=error, delay=delay)
             return
         transient = isinstance(exc, effect.options.retry.on)
         why = f"gave up after {attempts} attempts" if transient else "permanent failure"
@@ -143,16 +143,13 @@ async def deliver(
             error,
             extra={"event": "outbox.dead", "duration": took},
         )
-        await settle(services, worker_id, row, IntentStatus.DEAD, error=f"{why}: {error}")
+        await outcome(IntentStatus.DEAD, error=f"{why}: {error}")
         return
     if result is STILL_RUNNING:
         # Its thread still waits on the provider well past its timeout: no dispatcher may ask
         # or resend while it can still land, so a person decides.
         log.warning("intent %s: its call is still under way past its deadline", intent_id)
-        await settle(
-            services,
-            worker_id,
-            row,
+        await outcome(
             IntentStatus.IN_DOUBT,
             error=f"its call was still under way {call_timeout + hold(call_timeout):g}s after "
             "it started; a person must say whether it reached the provider",
@@ -177,7 +174,7 @@ async def deliver(
             log.warning("intent %s: claim %d not released: %r", intent_id, token, exc)
         return
     fault_point("outbox.after_call", effect.name)
-    await settle(services, worker_id, row, IntentStatus.DELIVERED, result=result)
+    await outcome(IntentStatus.DELIVERED, result=result)
     fault_point("outbox.after_settle", effect.name)
 
 
@@ -236,6 +233,7 @@ async def settle(
     error: str | None = None,
     delay: float = 0.0,
     event: str | None = None,
+    stopping: asyncio.Event | None = None,
 ) -> None:
     store = services.store
 
@@ -250,7 +248,7 @@ async def settle(
                 error=error,
                 delay=delay,
             )
-            if settled is None:
+            if settled is None:  # (or an earlier try committed, and its reply was lost)
                 log.warning(
                     "intent %s: claim lost before its outcome (%s) was recorded",
                     row["intent_id"],
@@ -269,7 +267,8 @@ async def settle(
     intent_id = str(row["intent_id"])
     services.recording.add(intent_id)
     try:
-        recorded = await outlast(write, store.is_infrastructure, f"intent {intent_id}: {state}")
+        what = f"intent {intent_id}: {state}"
+        recorded = await outlast(write, store.is_infrastructure, what, stop=stopping)
     finally:
         services.recording.discard(intent_id)
     if recorded:

@@ -119,7 +119,7 @@ async def dispatch(
                     continue
             if claimed is not None:
                 row, in_doubt = claimed
-                running.add(_start(services, worker_id, pacing, row, in_doubt))
+                running.add(_start(services, worker_id, pacing, row, in_doubt, stopping))
                 handled += 1
                 continue
             if not running:
@@ -139,7 +139,12 @@ async def dispatch(
 
 
 def _start(
-    services: Services, worker_id: str, pacing: Pacing, row: Row, in_doubt: bool
+    services: Services,
+    worker_id: str,
+    pacing: Pacing,
+    row: Row,
+    in_doubt: bool,
+    stopping: asyncio.Event | None,
 ) -> asyncio.Task[None]:
     name = str(row["effect"])
     pacing._busy[name] += 1
@@ -148,7 +153,7 @@ def _start(
         pacing._busy[name] -= 1
 
     task = asyncio.create_task(
-        _delivered(services, worker_id, pacing.effects[name], row, in_doubt),
+        _delivered(services, worker_id, pacing.effects[name], row, in_doubt, stopping),
         name=f"keel-deliver-{row['intent_id']}",
     )
     task.add_done_callback(free)
@@ -156,12 +161,17 @@ def _start(
 
 
 async def _delivered(
-    services: Services, worker_id: str, effect: OutboxEffect[Any, Any], row: Row, in_doubt: bool
+    services: Services,
+    worker_id: str,
+    effect: OutboxEffect[Any, Any],
+    row: Row,
+    in_doubt: bool,
+    stopping: asyncio.Event | None,
 ) -> None:
     """One delivery in its lane: a failure of its own (the database went away while it
     recorded its outcome) is logged; its claim lapses and the intent is reconciled later."""
     try:
-        await deliver(services, worker_id, effect, row, in_doubt)
+        await deliver(services, worker_id, effect, row, in_doubt, stopping)
     except Exception as exc:
         if services.store.is_infrastructure(exc):
             log.warning("intent %s: delivery interrupted: %r", row["intent_id"], exc)

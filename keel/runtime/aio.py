@@ -407,48 +407,6 @@ class AsyncApp(ThreadOperations, Oversight):
         finally:
             slot.give_back()
 
-    async def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
-        """The run's timeline after event id `after` (RunNotFound for an unknown run)."""
-        await self.open()
-        validate_run_id(run_id)
-        rows = await self.runtime.store.events_after(run_id, after, limit)
-        if not rows and after == 0 and await self.runtime.store.get_run(run_id) is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        return rows
-
-    async def metrics_snapshot(self) -> dict[str, Any]:
-        """The database's figures /metrics reports, and `now` by the database's clock."""
-        await self.open()
-        return await self.runtime.store.metrics_snapshot()
-
-    async def run_status(self, run_id: str) -> str:
-        """The run's status alone (RunNotFound for an unknown run)."""
-        await self.open()
-        run = await self.runtime.store.get_run(run_id)
-        if run is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        return str(run["status"])
-
-    async def prune(
-        self,
-        *,
-        older_than: str | float,
-        statuses: list[str] | None = None,
-        keep_failed: bool = False,
-        dry_run: bool = False,
-        batch_size: int = 200,
-    ) -> retention.PruneReport:
-        """Delete finished runs older than `older_than` (see keel.core.retention.prune)."""
-        await self.open()
-        return await retention.prune(
-            self.runtime.services,
-            older_than=older_than,
-            statuses=statuses,
-            keep_failed=keep_failed,
-            dry_run=dry_run,
-            batch_size=batch_size,
-        )
-
     async def approve(self, run_id: str, **answer: Unpack[waits.Answer]) -> waits.DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
         return await self._decide(run_id, decision="approved", **answer)

@@ -1,14 +1,15 @@
 """What an operator looks at and acts on, on `keel.AsyncApp` (mixed into it): live workers,
 runs that need a version nobody serves and their move to another version, open waits, dead
-leases, and the outbox's intents. The rules live in the core (keel.core.versions, leases,
-effects.dispatch) and keel.runtime.stranded; these are their faces.
+leases, the outbox's intents, and the record (a run's timeline, the database's figures,
+pruning). The rules live in the core (keel.core.versions, leases, effects.dispatch, retention)
+and keel.runtime.stranded; these are their faces.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from keel.core import leases, versions
+from keel.core import leases, retention, versions
 from keel.core.effects import dispatch as effect_dispatch
 from keel.core.effects.outbox import IntentStatus, public
 from keel.core.errors import RunNotFound, UsageError, WaitNotFound, WorkflowVersionMismatch
@@ -143,4 +144,48 @@ class Oversight:
             await effect_dispatch.resolve(
                 self.runtime.services, intent_id, performed=performed, result=result, by=by
             )
+        )
+
+    # -- the record ---------------------------------------------------------------------------
+
+    async def events_after(self, run_id: str, after: int = 0, limit: int = 500) -> list[Row]:
+        """The run's timeline after event id `after` (RunNotFound for an unknown run)."""
+        await self.open()
+        validate_run_id(run_id)
+        rows = await self.runtime.store.events_after(run_id, after, limit)
+        if not rows and after == 0 and await self.runtime.store.get_run(run_id) is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return rows
+
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        """The database's figures /metrics reports, and `now` by the database's clock."""
+        await self.open()
+        return await self.runtime.store.metrics_snapshot()
+
+    async def run_status(self, run_id: str) -> str:
+        """The run's status alone (RunNotFound for an unknown run)."""
+        await self.open()
+        run = await self.runtime.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        return str(run["status"])
+
+    async def prune(
+        self,
+        *,
+        older_than: str | float,
+        statuses: list[str] | None = None,
+        keep_failed: bool = False,
+        dry_run: bool = False,
+        batch_size: int = 200,
+    ) -> retention.PruneReport:
+        """Delete finished runs older than `older_than` (see keel.core.retention.prune)."""
+        await self.open()
+        return await retention.prune(
+            self.runtime.services,
+            older_than=older_than,
+            statuses=statuses,
+            keep_failed=keep_failed,
+            dry_run=dry_run,
+            batch_size=batch_size,
         )

@@ -17,9 +17,9 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 
 import keel
-from keel.core import faults
 from tests.support import outbox_flows
 from tests.support.graphs import charge_effect, pay_graph
+from tests.support.lost_records import records_fail
 from tests.support.providers import Provider
 from tests.support.workers import drain
 
@@ -27,22 +27,6 @@ AppFactory = Callable[..., keel.App]
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
 DEADLINE = 30.0
 """The effects' timeout: a run that waited it out would outlast the test's drain."""
-
-
-def _records_fail(app: keel.App, times: int) -> dict[str, int]:
-    """Fail the statement of the app's next `times` records of a `sent` answer."""
-    store = app.aio.runtime.services.store
-    record = store.record_effect
-    left = {"times": times}
-
-    async def failing(key: str, **kw: Any) -> bool:
-        if kw["status"] == "sent" and left["times"]:
-            left["times"] -= 1
-            faults._fail_next_statement = True  # what `!fail-next-statement` arms
-        return await record(key, **kw)
-
-    store.record_effect = failing  # type: ignore[method-assign]
-    return left
 
 
 @pytest.mark.parametrize("failures", [1, 2])
@@ -54,7 +38,7 @@ def test_an_answer_whose_record_failed_is_recorded_by_the_next_execution(
     # No reconciler: without the kept answer, past the deadline only a person could say.
     app.workflow("pay")(lambda: pay_graph(charge_effect(provider)))
     run_id = app.submit("pay", job_id="p-1", input={"amount": 5}).run_id
-    left = _records_fail(app, failures)
+    left = records_fail(app, "record_effect", "sent", failures)
     drain(app, within=DEADLINE / 2)
     details = app.get_run(run_id)
     kinds = [e["kind"] for e in details.timeline]
@@ -97,7 +81,7 @@ def test_a_key_the_threads_runs_share_is_not_answered_from_memory(make_app: AppF
 
     app.workflow("shop")(shop)
     run_id = app.submit("shop", {"order_id": "o-1"}, thread_id="t-1").run_id
-    left = _records_fail(app, 1)
+    left = records_fail(app, "record_effect", "sent", 1)
     drain(app, within=20)
     details = app.get_run(run_id)
     kinds = [e["kind"] for e in details.timeline]
@@ -124,17 +108,7 @@ def test_an_outbox_delivery_whose_record_failed_is_recorded_not_left_in_doubt(
     app = make_app(lease_ttl=1, effect_timeout=0.2)
     enqueue = ("enqueue", lambda s: {"handle": plain_mail(s["to"])})
     app.workflow("kept")(outbox_flows.graph(enqueue, ("wait", outbox_flows.wait)))
-    store = app.aio.runtime.services.store
-    settle = store.settle_intent
-    left = {"times": failures}
-
-    async def failing(tx: Any, intent_id: str, **kw: Any) -> Any:
-        if kw["status"] == "delivered" and left["times"]:
-            left["times"] -= 1
-            faults._fail_next_statement = True
-        return await settle(tx, intent_id, **kw)
-
-    store.settle_intent = failing  # type: ignore[method-assign]
+    left = records_fail(app, "settle_intent", "delivered", failures)
     with outbox_flows.serving(monkeypatch) as provider:
         run_id = app.submit("kept", job_id="k-1", input={"to": "ann@example.com"}).run_id
         outbox_flows.drain(app)

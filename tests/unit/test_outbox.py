@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 import keel
-from keel.core import faults
 from keel.core.errors import TransientError
 from keel.runtime.worker import Worker
 from tests.support.by_hand import Died, waiting
+from tests.support.lost_records import records_fail
 from tests.support.notifiers import Recorder
 
 
@@ -146,17 +146,7 @@ def test_a_delivery_whose_record_failed_is_recorded_not_left_in_doubt(app: keel.
     recorder = Recorder("slack")
     app.add_notifier(recorder)
     node = waiting(app)
-    store = app.aio.runtime.services.store
-    settle = store.settle_notification
-    left = {"times": 1}
-
-    async def failing(tx: Any, intent_id: str, **kw: Any) -> Any:
-        if kw["status"] == "delivered" and left["times"]:
-            left["times"] -= 1
-            faults._fail_next_statement = True
-        return await settle(tx, intent_id, **kw)
-
-    store.settle_notification = failing  # type: ignore[method-assign]
+    left = records_fail(app, "settle_notification", "delivered", 1)
     assert dispatch(app) == 1
     assert left["times"] == 0, "the record never failed"
     assert recorder.kinds_sent() == ["request"]

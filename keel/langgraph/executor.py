@@ -218,6 +218,8 @@ class Executor:
             extra = {"context": context} if context is not None else {}
             static = static_interrupts.invoke_options(submitted)
             extra.update(static)
+            # The run's own options win over the compiled graph's, as in LangGraph.
+            pauses = static or static_interrupts.compiled_with(graph)
             capture = chunks.capture_for(rt.store, self.saver, lease.run_id, lease.token, submitted)
             if capture is not None:  # a client streams modes only the live graph produces
                 await capture.begin(graph_input, first=bool(run.get("first_claim")))
@@ -251,8 +253,8 @@ class Executor:
             # A clean end: every task write committed with a checkpoint or at once.
             await self.saver.finish(lease.run_id, lease.token)
             interrupts, values = await outcomes.interrupts_and_values(graph, config, output)
-            if static and not interrupts:  # a static pause returns no `__interrupt__`
-                interrupts = await static_interrupts.paused(graph, config, static)
+            if pauses and not interrupts:  # a static pause returns no `__interrupt__`
+                interrupts = await static_interrupts.paused(graph, config, pauses)
             if ctx.staged:
                 # The graph ended, yet a task's intents found no write to commit with.
                 log.warning(

@@ -1,5 +1,6 @@
 """Static interrupts: a run asked to pause before or after nodes (LangGraph's `interrupt_before`
-and `interrupt_after` of an invocation), as the Agent Server's run create asks for them.
+and `interrupt_after` of an invocation), as the Agent Server's run create asks for them, or a
+compiled graph that carries its own (`compile(interrupt_before=...)`).
 
 The options travel with the run's submitted config, under `KWARGS`, so every execution of the
 run (a restart, a resume) invokes the graph with them. On such a pause LangGraph's `ainvoke`
@@ -30,6 +31,18 @@ def invoke_options(submitted: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(kept, dict):
         return {}
     return {name: kept[name] for name in OPTIONS if kept.get(name)}
+
+
+def compiled_with(graph: Any) -> dict[str, Any]:
+    """The static interrupts a compiled graph carries (`compile(interrupt_before=...)`, as a
+    `langgraph.json` project's graph may): LangGraph pauses there whenever the invocation asks
+    for none of its own, so the run must register the pause as it does the run's."""
+    found: dict[str, Any] = {}
+    for name in OPTIONS:
+        nodes = getattr(graph, f"{name}_nodes", None)
+        if nodes:
+            found[name] = nodes if nodes == "*" else list(nodes)
+    return found
 
 
 async def paused(graph: Any, config: dict[str, Any], options: dict[str, Any]) -> list[Interrupt]:

@@ -102,3 +102,26 @@ def test_a_run_without_static_options_never_pauses(make_app: AppFactory) -> None
     drain(app)
     row = app.get_run(run_id)
     assert row.run["status"] == Status.COMPLETED and row.waits == []
+
+
+def test_a_graph_compiled_with_its_own_pause_waits_there_instead_of_completing(
+    make_app: AppFactory,
+) -> None:
+    """A factory may return a graph compiled with `interrupt_before` (a langgraph.json project's
+    graph often is): LangGraph stops there on every invocation that asks for no pause of its
+    own. That is a pause to wait on, not the end of the run; answering it runs the rest."""
+    options = {"interrupt_before": ["b"]}
+    app = make_app()
+    app.workflow("gated")(lambda: steps().compile(**options))
+    expected = oracle(options)
+    CALLS.clear()
+    run_id = app.submit("gated", {"log": []}, thread_id="g").run_id
+    drain(app)
+    state = app.get_state("g")
+    assert (tuple(state.next), list(state.values["log"])) == expected[0]
+    assert app.get_run(run_id).status == Status.WAITING, "the run ended at its pause"
+    app.resume("g", None)
+    drain(app)
+    assert app.get_run(run_id).status == Status.COMPLETED
+    assert app.get_state("g").values["log"] == expected[-1][1] == ["a", "b", "c"]
+    assert CALLS == ["a", "b", "c"], "a node ran twice, or not at all"

@@ -133,24 +133,51 @@ async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> lis
     workflow, compiled with `saver`); empty when it fits, and for a run never checkpointed (it
     starts from its admitted input).
 
-    The nodes the run would execute next (the one it is interrupted in among them) are read
-    from the checkpoint itself, by name, not through `graph`: a graph without such a node just
-    computes no task for it, and the run would end there as if finished.
+    The nodes the run would execute next (the one it is interrupted in among them), and the
+    nodes a waiting edge has begun to gather for, are read from the checkpoint itself, by name,
+    not through `graph`: a graph without such a node just computes no task for it, and the run
+    would end there as if finished. A subgraph the run is paused in is read the same way, at its
+    own checkpoint, against that version's subgraph of the same node.
     """
     config = cast(RunnableConfig, {"configurable": {"thread_id": run_id}})
+    if await saver.aget_tuple(config) is None:
+        return []
+    state = await graph.aget_state(config, subgraphs=True)
+    return await _misfits(graph, saver, run_id, "", state, "")
+
+
+async def _misfits(
+    graph: Any, saver: FencedSaver, run_id: str, namespace: str, state: Any, where: str
+) -> list[str]:
+    """The misfits of the checkpoint at `namespace` in `graph`, whose state as `graph` reads it
+    is `state`; `where` names the subgraph ("node|") in what is said."""
+    config = cast(
+        RunnableConfig, {"configurable": {"thread_id": run_id, "checkpoint_ns": namespace}}
+    )
     saved = await saver.aget_tuple(config)
     if saved is None:
         return []
     values = saved.checkpoint.get("channel_values", {})
     pending = {channel.rsplit(":", 1)[-1] for channel in values if channel.startswith("branch:to:")}
     pending |= {str(send.node) for send in values.get("__pregel_tasks", []) or []}
+    gathering = {channel.rsplit(":", 1)[-1] for channel in values if channel.startswith("join:")}
     nodes = set(graph.nodes)
-    problems = [f"node {name!r} is not in that version" for name in sorted(pending - nodes)]
-    if not problems:
-        state = await graph.aget_state(config)
-        if pending - set(state.next):
-            problems.append(
-                f"that version would run {sorted(state.next) or 'nothing'} next, not the "
-                f"{sorted(pending)} the run stopped before"
-            )
+    missing = sorted((pending | gathering) - nodes)
+    problems = [f"node {where + name!r} is not in that version" for name in missing]
+    if problems:
+        return problems
+    if pending - set(state.next):
+        return [
+            f"that version would run {sorted(f'{where}{n}' for n in state.next) or 'nothing'} "
+            f"next, not the {sorted(f'{where}{n}' for n in pending)} the run stopped before"
+        ]
+    subgraphs = dict(graph.get_subgraphs())
+    for task in state.tasks:
+        inner = getattr(task.state, "config", None)
+        if inner is None or task.name not in subgraphs:
+            continue
+        inner_ns = (inner.get("configurable") or {}).get("checkpoint_ns", "")
+        problems += await _misfits(
+            subgraphs[task.name], saver, run_id, inner_ns, task.state, f"{where}{task.name}|"
+        )
     return problems

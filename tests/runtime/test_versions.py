@@ -5,9 +5,13 @@ checkpoint fits the new graph, refusing clearly when it does not."""
 from __future__ import annotations
 
 import logging
+import operator
+import re
 from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
 
 import pytest
+from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.core.errors import UnknownWorkflow, UsageError, WorkflowVersionMismatch
@@ -127,3 +131,79 @@ def test_a_running_run_is_not_upgraded_mid_step(make_app: AppFactory) -> None:
     with pytest.raises(UsageError, match="is running: only a queued or waiting run"):
         new.upgrade_run(run_id, to="2")
     assert new.get_run(run_id).run["workflow_version"] == "1"
+
+
+class Order(TypedDict, total=False):
+    order: str
+    decision: str
+    log: Annotated[list[str], operator.add]
+
+
+def _review(state: Order) -> dict[str, Any]:
+    return {"decision": keel.approval("manager", payload={}).decision}
+
+
+def _fulfilling(review: str) -> Callable[[], StateGraph]:
+    """START -> fulfil (a compiled subgraph: prep -> `review` -> ship) -> END."""
+
+    def build() -> StateGraph:
+        inner = StateGraph(Order)
+        inner.add_node("prep", lambda s: {"log": ["prep"]})
+        inner.add_node(review, _review)
+        inner.add_node("ship", lambda s: {"log": ["ship"]})
+        inner.add_edge(START, "prep")
+        inner.add_edge("prep", review)
+        inner.add_edge(review, "ship")
+        inner.add_edge("ship", END)
+        outer = StateGraph(Order)
+        outer.add_node("fulfil", inner.compile())
+        outer.add_edge(START, "fulfil")
+        outer.add_edge("fulfil", END)
+        return outer
+
+    return build
+
+
+def _gathering(target: str) -> Callable[[], StateGraph]:
+    """START -> b -> a (asks), and a waiting edge [a, b] -> `target`."""
+
+    def build() -> StateGraph:
+        g = StateGraph(Order)
+        g.add_node("a", lambda s: {"log": ["a:" + keel.approval("m", payload={}).decision]})
+        g.add_node("b", lambda s: {"log": ["b"]})
+        g.add_node(target, lambda s: {"log": ["shipped"]})
+        g.add_edge(START, "b")
+        g.add_edge("b", "a")
+        g.add_edge(["a", "b"], target)
+        g.add_edge(target, END)
+        return g
+
+    return build
+
+
+@pytest.mark.parametrize(
+    ("v1", "v2", "why"),
+    [
+        (_fulfilling("review"), _fulfilling("signoff"), "node 'fulfil|review' is not in that"),
+        (_gathering("ship"), _gathering("ship2"), "node 'ship' is not in that version"),
+    ],
+    ids=["paused-inside-a-subgraph", "awaited-by-a-waiting-edge"],
+)
+def test_an_upgrade_is_refused_where_the_paused_run_reaches_a_node_the_version_lacks(
+    make_app: AppFactory, v1: Callable[[], StateGraph], v2: Callable[[], StateGraph], why: str
+) -> None:
+    """What the run goes on to is read from its checkpoints: a subgraph's own (the node it is
+    paused in), and a waiting edge's (the node it gathers for), not only the next top-level
+    nodes, which both versions have. Moved anyway, the run would end `completed` there."""
+    app = make_app()
+    app.workflow("o", version="1")(v1)
+    app.workflow("o", version="2")(v2)
+    run_id = app.submit("o", job_id="o-1", input={"order": "o-1", "log": []}, version="1").run_id
+    drain(app)
+    assert app.get_run(run_id).status == "waiting"
+    with pytest.raises(WorkflowVersionMismatch, match=re.escape(why)):
+        app.upgrade_run(run_id, to="2")
+    assert app.get_run(run_id).run["workflow_version"] == "1"
+    app.approve(run_id, by="m")  # on its own version it goes on to the end
+    drain(app)
+    assert app.get_run(run_id).output["log"][-1] in ("ship", "shipped")

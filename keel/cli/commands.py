@@ -61,6 +61,7 @@ from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.cli.schedules import schedules_cli
 from keel.cli.threads import threads_cli
+from keel.cli.versions import versions_cli
 from keel.core.waits import DecisionResult
 from keel.runtime.upkeep import collect_less_often
 from keel.runtime.worker import DEFAULT_CONCURRENCY
@@ -77,6 +78,7 @@ cli.add_typer(threads_cli, name="threads")
 cli.add_typer(schedules_cli, name="schedules")
 cli.add_typer(approvals_cli, name="approvals")
 cli.add_typer(effects_cli, name="effects")
+cli.add_typer(versions_cli, name="versions")
 cli.command()(dispatcher)
 
 

@@ -197,6 +197,7 @@ class App:
     database_now = sync_of(AsyncApp.database_now)
     workers = sync_of(AsyncApp.workers)
     upgrade_run = sync_of(AsyncApp.upgrade_run)
+    accept_graph = sync_of(AsyncApp.accept_graph)
     stranded_runs = sync_of(AsyncApp.stranded_runs)
     cancel = sync_of(AsyncApp.cancel)
     end_dead_lease = sync_of(AsyncApp.end_dead_lease)

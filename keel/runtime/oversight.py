@@ -7,17 +7,22 @@ and keel.runtime.stranded; these are their faces.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from keel.core import leases, retention, versions
+from keel.core.codec import dumps, loads
 from keel.core.effects import dispatch as effect_dispatch
 from keel.core.effects.outbox import IntentStatus, public
 from keel.core.errors import RunNotFound, UsageError, WaitNotFound, WorkflowVersionMismatch
 from keel.core.ids import validate_run_id
 from keel.core.store.base import Row
 from keel.langgraph.graphs import checkpoint_misfits, compile_graph
+from keel.langgraph.shape import describe_change, shape_digest
 from keel.runtime import stranded
 from keel.runtime.runtime import Runtime
+
+log = logging.getLogger("keel.runtime.oversight")
 
 
 class Oversight:
@@ -61,6 +66,56 @@ class Oversight:
         row = await versions.upgrade(self.runtime.store, run_id, to, seen=run, by=by)
         self.runtime.wake()
         return row
+
+    async def accept_graph(self, workflow: str, version: str, *, by: str) -> str | None:
+        """Hold `workflow@version` to its graph as registered here from now on, in place of the
+        one it was first served with: an operator's word that the change moves no run elsewhere
+        (a router renamed, a reducer moved, a library upgrade that renamed what the digest
+        records). Checked first, as an upgrade is: WorkflowVersionMismatch, nothing written, if
+        the checkpoint of a run of that version not finished does not fit the graph. Returns
+        what differed (None: nothing did, nothing was written). Workers that refused the
+        version serve it once restarted."""
+        await self.open()
+        registered = self.runtime.workflows.get(workflow, version)
+        self.runtime.check(registered)
+        shape = self.runtime.shapes[registered.key]
+        held = await self.runtime.store.graph_shape(registered.name, registered.version)
+        if held is not None and held["digest"] == shape_digest(shape):
+            return None
+        change = "first served" if held is None else describe_change(loads(held["shape"]), shape)
+        misfits = await self._misfits_of(registered)
+        if misfits:
+            more = f" (and {len(misfits) - 3} more)" if misfits[3:] else ""
+            shown = "; ".join(misfits[:3]) + more
+            raise WorkflowVersionMismatch(
+                f"{registered.key}'s graph as registered here ({change}) does not fit the "
+                f"checkpoints of its runs in flight: {shown}. Give it a new version instead"
+            )
+        await self.runtime.store.accept_graph_shape(
+            registered.name, registered.version, shape_digest(shape), dumps(shape), by
+        )
+        log.warning(
+            "%s accepted %s's graph as it is now (%s)",
+            by,
+            registered.key,
+            change,
+            extra={"event": "version.accepted"},
+        )
+        return change
+
+    async def _misfits_of(self, registered: Any) -> list[str]:
+        """Why runs of `registered`'s version not finished could not go on in its graph."""
+        store, saver = self.runtime.store, self.runtime.fencing()
+        graph = compile_graph(registered, saver)
+        found = []
+        for status in ("queued", "waiting", "running"):
+            for run in await store.list_runs(workflow=registered.name, status=status, limit=10**6):
+                if run["workflow_version"] != registered.version:
+                    continue
+                thread = str(run.get("thread_id") or run["run_id"])
+                problems = await checkpoint_misfits(graph, saver, thread)
+                found += [f"run {run['run_id']}: {p}" for p in problems]
+        return found
 
     # -- waits ----------------------------------------------------------------------------------
 

@@ -452,6 +452,18 @@ def test_a_stranded_run_is_shown_and_upgraded_from_the_cli(env: dict[str, str], 
     assert new.get_run(run_id).output["shipped_by"] == "v2"
 
 
+def test_a_version_held_to_its_graph_is_accepted_from_the_cli(env: dict[str, str]) -> None:
+    accept = ("versions", "accept", "--app", VERSIONS_APP, "--by", "ops")
+    first = invoke(env, *accept, "order@3")
+    assert first.exit_code == 0, first.output
+    assert "order@3 is held to its graph as registered now (first served)" in first.stdout
+    again = invoke(env, *accept, "order@3")
+    assert "order@3: its graph is already the one it is held to; nothing changed" in again.stdout
+    for bad, said in (("order", "expected NAME@VERSION"), ("order@9", "no workflow 'order@9'")):
+        refused = invoke(env, *accept, bad)
+        assert refused.exit_code in (1, 2) and said in one_error_line(refused.stderr), bad
+
+
 def test_a_never_migrated_database_asks_for_keel_migrate(
     backend: str, fresh_url: str, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -501,11 +513,14 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert isinstance(threads, typer.core.TyperGroup)
     schedules = group.commands["schedules"]
     assert isinstance(schedules, typer.core.TyperGroup)
-    groups = ("runs", "approvals", "effects", "threads", "schedules")
+    versions = group.commands["versions"]
+    assert isinstance(versions, typer.core.TyperGroup)
+    groups = ("runs", "approvals", "effects", "threads", "schedules", "versions")
     names = [(n,) for n in group.commands if n not in groups]
     names += [("runs", n) for n in runs.commands] + [("approvals", n) for n in approvals.commands]
     names += [("effects", n) for n in effects.commands] + [("threads", n) for n in threads.commands]
     names += [("schedules", n) for n in schedules.commands]
+    names += [("versions", n) for n in versions.commands]
     expected = {"migrate", "demo", "dev", "worker", "serve", "submit", "approve", "reject"}
     expected |= {"resolve-effect", "cancel", "workers", "chaos", "prune", "dispatcher", "audit"}
     assert {n[0] for n in names if len(n) == 1} == expected
@@ -513,6 +528,7 @@ def test_every_command_explains_itself_and_is_documented() -> None:
     assert {n[1] for n in names if n[0] == "runs" and len(n) == 2} == runs_commands
     assert {n[1] for n in names if n[0] == "approvals"} == {"list"}
     assert {n[1] for n in names if n[0] == "effects"} == {"list", "retry", "resolve"}
+    assert {n[1] for n in names if n[0] == "versions"} == {"accept"}
     schedule_commands = {"list", "show", "create", "pause", "resume", "delete", "trigger"}
     assert {n[1] for n in names if n[0] == "schedules"} == schedule_commands
     headings = [h for h in (REPO / "docs" / "cli.md").read_text().splitlines() if h[:3] == "## "]
@@ -520,7 +536,7 @@ def test_every_command_explains_itself_and_is_documented() -> None:
         result = invoke({}, *name, "--help")
         assert result.exit_code == 0, (name, result.output)
         parents = {"runs": runs, "approvals": approvals, "effects": effects, "threads": threads}
-        parent = {**parents, "schedules": schedules}.get(name[0])
+        parent = {**parents, "schedules": schedules, "versions": versions}.get(name[0])
         command = parent.commands[name[1]] if parent and len(name) == 2 else group.commands[name[0]]
         summary = (command.help or "").split(".")[0].split()
         assert len(summary) >= 3, name

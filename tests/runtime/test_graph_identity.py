@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Literal, TypedDict
 
 import pytest
+from langgraph.graph import END, START, StateGraph
 
 import keel
 from keel.core.errors import WorkflowVersionMismatch
@@ -77,3 +79,66 @@ def test_the_first_graph_served_is_the_versions_and_an_unchanged_one_is_served(
     again = versions.register_v1(make_app())
     drain(again)  # the same graph, built again, is served
     assert again.get_run(run_id).status == "waiting"
+
+
+class Routed(TypedDict, total=False):
+    n: int
+    decision: str
+
+
+def routed(router_name: str) -> Callable[[], StateGraph]:
+    """START -> ask (an approval) -> a router (named `router_name`) -> done | again."""
+
+    def build() -> StateGraph:
+        def route(state: Routed) -> Literal["done", "again"]:
+            return "done" if state.get("decision") == "approved" else "again"
+
+        route.__name__ = route.__qualname__ = router_name
+        g = StateGraph(Routed)
+        g.add_node("ask", lambda s: {"decision": keel.approval("m", payload={}).decision})
+        g.add_node("done", lambda s: {"n": 1})
+        g.add_node("again", lambda s: {"n": 2})
+        g.add_edge(START, "ask")
+        g.add_conditional_edges("ask", route)
+        g.add_edge("done", END)
+        g.add_edge("again", END)
+        return g
+
+    return build
+
+
+def test_an_operator_accepts_a_harmless_edit_and_the_version_is_served_again(
+    make_app: AppFactory,
+) -> None:
+    """A router renamed changes the digest (its name is the branch's), not where runs go: the
+    operator's word (`keel versions accept`) holds the version to the graph as it is now."""
+    first = make_app()
+    first.workflow("routed", version="1")(routed("route"))
+    run_id = first.submit("routed", job_id="r-1", input={"n": 0}).run_id
+    drain(first)
+    assert first.get_run(run_id).status == "waiting"
+    edited = make_app()
+    edited.workflow("routed", version="1")(routed("route_after_ask"))
+    edited.approve(run_id, by="m")
+    with pytest.raises(WorkflowVersionMismatch, match="conditional edges from 'ask' changed"):
+        drain(edited)
+    change = edited.accept_graph("routed", "1", by="ops")
+    assert change is not None and "conditional edges from 'ask' changed" in change
+    assert edited.accept_graph("routed", "1", by="ops") is None, "accepted twice"
+    drain(edited)
+    assert edited.get_run(run_id).output == {"n": 1, "decision": "approved"}
+
+
+def test_accepting_an_edit_that_strands_a_paused_run_is_refused_and_changes_nothing(
+    make_app: AppFactory,
+) -> None:
+    run_id = paused_in_review(make_app)
+    edited = versions.register_edited_v1(make_app())
+    with pytest.raises(WorkflowVersionMismatch) as refused:
+        edited.accept_graph(versions.WORKFLOW, "1", by="ops")
+    assert f"run {run_id}: node 'review' is not in that version" in str(refused.value)
+    assert RENAMED in str(refused.value) and "new version" in str(refused.value)
+    edited.approve(run_id, by="manager")
+    with pytest.raises(WorkflowVersionMismatch, match=RENAMED):
+        drain(edited)  # still held to the graph it was first served with
+    assert edited.get_run(run_id).status == "queued"

@@ -313,6 +313,18 @@ class LeaseQueries:
         assert row is not None
         return row
 
+    async def graph_shape(self, workflow: str, version: str) -> Row | None:
+        """The structure `workflow@version` is held to (None: never served yet)."""
+        async with self.db.read() as tx:
+            return await tx.one("get_graph_shape", {"workflow": workflow, "version": version})
+
+    async def accept_graph_shape(
+        self, workflow: str, version: str, digest: str, shape: str, by: str
+    ) -> None:
+        """Hold `workflow@version` to this structure from now on (an operator's word)."""
+        params = {"workflow": workflow, "version": version, "digest": digest, "shape": shape}
+        await self.db.single("accept_graph_shape", {**params, "by": by})
+
     async def stop_worker(self, worker_id: str) -> None:
         await self.db.single("stop_worker", {"worker_id": worker_id})
 

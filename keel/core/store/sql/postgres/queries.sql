@@ -785,6 +785,15 @@ INSERT INTO keel_graph_shapes (workflow, version, digest, shape, recorded_at, re
 VALUES (%(workflow)s, %(version)s, %(digest)s, %(shape)s, keel_now(), %(worker_id)s)
 ON CONFLICT (workflow, version) DO NOTHING;
 
+-- name: accept_graph_shape
+-- An operator's word that a version's graph as it is now is the version's (a change that moves
+-- no run elsewhere: a router renamed, a library upgrade): it replaces the one first served.
+INSERT INTO keel_graph_shapes (workflow, version, digest, shape, recorded_at, recorded_by)
+VALUES (%(workflow)s, %(version)s, %(digest)s, %(shape)s, keel_now(), %(by)s)
+ON CONFLICT (workflow, version) DO UPDATE
+SET digest = excluded.digest, shape = excluded.shape, recorded_at = excluded.recorded_at,
+    recorded_by = excluded.recorded_by;
+
 -- name: get_graph_shape
 -- The structure a workflow version was first served with.
 SELECT digest, shape, recorded_at, recorded_by FROM keel_graph_shapes

@@ -9,6 +9,7 @@ clock for its own connections (`drives_database`), so moving it moves `keel_now(
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -81,20 +82,32 @@ class ManualClock:
         await asyncio.sleep(0)
 
 
+LONGEST = 100 * 365 * 86400.0
+"""The longest duration anything waits (a century): past it, a wait would never end, and
+adding it to a timestamp leaves the range of dates (a summary's "in 3 years" overflows)."""
+
+
 def parse_duration(value: float | int | str) -> float:
-    """`90`, `"90s"`, `"15m"`, `"24h"`, `"2d"` -> seconds."""
+    """`90`, `"90s"`, `"15m"`, `"24h"`, `"2d"` -> seconds (finite, from 0 to `LONGEST`)."""
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        return float(value)
-    text = value.strip().lower()
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
-    except ValueError:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 90, '15m', '24h', '2d')") from None
+        seconds = float(value) if not isinstance(value, int) or value < 10**18 else math.inf
+    else:
+        text = value.strip().lower()
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+        try:
+            seconds = float(number) * unit
+        except ValueError:
+            raise ValueError(
+                f"not a duration: {value!r} (use e.g. 90, '15m', '24h', '2d')"
+            ) from None
+    if seconds != seconds:
+        raise ValueError(f"not a duration: {value!r} (not a number)")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
+    if seconds > LONGEST:
+        shown = repr(value) if len(repr(value)) <= 24 else repr(value)[:20] + "..."
+        raise ValueError(f"a duration of {shown} is longer than a century: it would never end")
     return seconds
 
 

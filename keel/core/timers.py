@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from keel.core.clock import parse_duration
+from keel.core.clock import LONGEST, parse_duration
 from keel.core.context import current
 from keel.core.errors import UsageError
 from keel.core.wait_model import WaitKind
@@ -41,8 +41,8 @@ def seconds_of(duration: Duration, *, what: str = "a duration") -> float:
             seconds = parse_duration(duration)
         except ValueError as exc:
             raise UsageError(f"{what}: {exc}") from None
-    if seconds < 0 or seconds != seconds:  # NaN is not a duration either
-        raise UsageError(f"{what} cannot be negative: {duration!r}")
+    if seconds != seconds or seconds < 0 or seconds > LONGEST:  # a timedelta, checked here
+        raise UsageError(f"{what} must be from 0 to a century of seconds, not {duration!r}")
     return float(seconds)
 
 

@@ -18,8 +18,9 @@ import functools
 import zoneinfo
 from dataclasses import dataclass
 
-from croniter import croniter
+from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
+from keel.core.clock import LONGEST
 from keel.core.errors import UsageError
 from keel.core.schedules import Timing, interval_ticks
 from keel.core.store.base import Row
@@ -45,7 +46,19 @@ def check_cron(expression: str) -> str:
     text = " ".join(fields)
     if not croniter.is_valid(text, second_at_beginning=len(fields) == 6):
         raise UsageError(f"cron {expression!r} is not a valid cron expression")
+    try:  # valid syntax may name no date at all (February 30th): it would never fire
+        _first_tick(text)
+    except (CroniterBadDateError, CroniterBadCronError, ValueError):
+        raise UsageError(f"cron {expression!r} names no date that exists: it never fires") from None
     return text
+
+
+def _first_tick(text: str) -> float:
+    """The expression's next tick in UTC (CroniterBadDateError if no date matches it)."""
+    itr = croniter(
+        text, datetime.datetime.now(datetime.UTC), second_at_beginning=len(text.split()) == 6
+    )
+    return float(itr.get_next(float))
 
 
 def check_timing(
@@ -58,8 +71,10 @@ def check_timing(
     if cron is not None:
         return check_cron(cron), None
     assert every is not None
-    if isinstance(every, bool) or not isinstance(every, int | float) or not every >= 1:
-        raise UsageError(f"every must be a number of seconds, at least 1, not {every!r}")
+    if isinstance(every, bool) or not isinstance(every, int | float) or not 1 <= every <= LONGEST:
+        raise UsageError(
+            f"every must be a number of seconds, from 1 to a century, not {str(every)[:24]}"
+        )
     return None, float(every)
 
 
@@ -99,7 +114,7 @@ class CronTiming:
         """Whether `tick` is the second pass of a wall-clock time the autumn change repeats,
         for an expression that names its hours (already fired an hour earlier)."""
         fields = self.expression.split()
-        if fields[-4] == "*":  # the hour field, in 5 or 6 fields
+        if fields[-4].startswith("*"):  # the hour field (5 or 6 fields): `*`, `*/1`, `*/2`
             return False
         local = datetime.datetime.fromtimestamp(tick, self.zone)
         return local.fold == 1 and local.replace(fold=0).timestamp() != tick

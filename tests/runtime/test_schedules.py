@@ -178,7 +178,7 @@ def test_operations_and_refusals(make_app: AppFactory) -> None:
         ({"cron": "61 * * * *"}, "not a valid cron"),
         ({"cron": "* * *"}, "5 fields"),
         ({"every": 5, "cron": "* * * * *"}, "either cron= or every="),
-        ({"every": 0.5}, "at least 1"),
+        ({"every": 0.5}, "from 1 to a century"),
         ({"every": 5, "timezone": "Mars/Olympus"}, "unknown timezone"),
         ({"every": 5, "catch_up": "some"}, "catch_up must be"),
     ]:

@@ -1,6 +1,7 @@
 """A cron schedule's ticks across daylight saving time changes, in the schedule's timezone:
 a wall-clock time the spring change skips fires once (at the change), a wall-clock time the
-autumn change repeats fires once (the first time) unless the hour field is `*`."""
+autumn change repeats fires once (the first time) unless the hour field starts with `*`; an
+expression that names no existing date is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import zoneinfo
 
 import pytest
 
-from keel.runtime.cron import CronTiming
+from keel.core.errors import UsageError
+from keel.runtime.cron import CronTiming, check_cron
 
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
 NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
@@ -43,9 +45,11 @@ def test_a_daily_time_the_spring_change_skips_fires_once_at_the_change() -> None
     ]
 
 
-def test_an_hourly_schedule_fires_every_real_hour_of_the_autumn_night() -> None:
+@pytest.mark.parametrize("expression", ["30 * * * *", "30 */1 * * *"])
+def test_an_hourly_schedule_fires_every_real_hour_of_the_autumn_night(expression: str) -> None:
+    """`*/1` is hourly too: an hour field starting with `*` is a wildcard (Vixie cron)."""
     start = datetime.datetime(2026, 11, 1, 0, 0, tzinfo=NEW_YORK)
-    assert ticks("30 * * * *", NEW_YORK, start, 4) == [
+    assert ticks(expression, NEW_YORK, start, 4) == [
         "2026-11-01T00:30:00-04:00",
         "2026-11-01T01:30:00-04:00",
         "2026-11-01T01:30:00-05:00",
@@ -58,3 +62,12 @@ def test_the_latest_tick_before_skips_the_repeat_too() -> None:
     after_the_night = datetime.datetime(2026, 11, 1, 3, 0, tzinfo=NEW_YORK).timestamp()
     latest = datetime.datetime.fromtimestamp(timing.before(after_the_night), NEW_YORK)
     assert latest.isoformat() == "2026-11-01T01:30:00-04:00"
+
+
+@pytest.mark.parametrize("expression", ["0 0 30 2 *", "0 0 31 4 *", "0 0 0 31 11 *"])
+def test_an_expression_that_names_no_existing_date_is_refused(expression: str) -> None:
+    """Valid syntax, no date: it would never fire, and a declared one stopped every schedule of
+    the worker that declared it (its first pass failed, and every pass after)."""
+    with pytest.raises(UsageError, match="names no date that exists"):
+        check_cron(expression)
+    assert check_cron("0 0 29 2 *") == "0 0 29 2 *"  # a leap day exists

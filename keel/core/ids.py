@@ -71,6 +71,16 @@ def _validate(value: object, what: str, limit: int) -> str:
     return value
 
 
+def whole_number(text: str | None, digits: int = 18) -> int | None:
+    """The whole number `text` spells in ASCII digits (at most `digits` of them, so it fits a
+    64-bit column), or None. Not `str.isdigit`: it takes "²" and "٣", which `int()` refuses or
+    reads, and thousands of digits, past which `int()` refuses too: a 500 for a header."""
+    text = (text or "").strip()
+    if not (0 < len(text) <= digits and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
 def input_hash(workflow: str, version: str, input_json: str) -> str:
     return digest(workflow, version, input_json)
 

@@ -29,6 +29,7 @@ from typing import Any
 from keel.core.codec import canonical_json, loads
 from keel.core.errors import (
     InputTooLarge,
+    InvalidInput,
     InvalidTransition,
     JobExists,
     RunFinished,
@@ -89,7 +90,10 @@ async def admit(
     if if_exists not in IF_EXISTS:
         raise UsageError(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
     input_json = canonical_json(input)
-    size = len(input_json.encode())
+    try:
+        size = len(input_json.encode())
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800") JSON can carry and UTF-8 cannot
+        raise InvalidInput("input holds text that is not valid Unicode (a surrogate)") from None
     if size > max_input_bytes:
         raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
     if check is not None:

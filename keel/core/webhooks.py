@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from keel.core.errors import KeelError, UsageError, WebhookRefused
+from keel.core.ids import whole_number
 
 SECRET_PREFIX = "whsec_"
 TOLERANCE = 300.0
@@ -164,10 +165,9 @@ def _one_matches(candidates: Iterable[str], expected: str) -> None:
 
 
 def _timestamp(text: str, now: float, tolerance: float) -> int:
-    text = text.strip()
-    if not text.isdigit():
+    seconds = whole_number(text, digits=12)
+    if seconds is None:
         raise BadSignature("bad_timestamp", "the signed timestamp is not a number of seconds")
-    seconds = int(text)
     if abs(now - seconds) > tolerance:
         raise BadSignature(
             "stale_timestamp", f"the signed timestamp is more than {tolerance:g}s off"

@@ -25,6 +25,7 @@ import threading
 import time
 
 from keel.core.errors import TransientError
+from keel.core.ids import whole_number
 from keel.core.webhooks import Destination, IPAddress
 
 
@@ -81,8 +82,9 @@ def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    seconds = whole_number(value, digits=12)
+    if seconds is not None:
+        return float(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

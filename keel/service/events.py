@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from keel.core.codec import dumps
+from keel.core.ids import whole_number
 from keel.runtime.app import App
 from keel.runtime.follow import Cursor, event_json
 from keel.service.auth import Authenticator, Principal
@@ -55,9 +56,10 @@ def events_router(keel_app: App, auth: Authenticator, *, poll: float = POLL_SECO
         keel_app.run_status(run_id)  # 404 before the stream starts
         start = after or 0
         if last_event_id is not None:
-            if not last_event_id.strip().isdigit():
+            seen = whole_number(last_event_id)
+            if seen is None:
                 raise Refused(400, "invalid_id", f"Last-Event-ID {last_event_id!r} is not an id")
-            start = max(start, int(last_event_id))
+            start = max(start, seen)
         return EventSourceResponse(_stream(keel_app, run_id, start, poll), ping=PING_SECONDS)
 
     return router

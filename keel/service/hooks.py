@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from keel.core.errors import InvalidId, InvalidInput, UnknownWorkflow, UsageError
+from keel.core.ids import whole_number
 from keel.core.webhooks import BadSignature
 from keel.runtime.inbound import BadPayload, InboundHook
 
@@ -57,8 +58,8 @@ def hooks_router(keel_app: App) -> APIRouter:
         hook = keel_app.hooks.get(name)
         if hook is None:
             return _Refusal(404, "unknown_hook", f"no webhook {name!r} is declared")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > hook.max_bytes:
+        declared = whole_number(request.headers.get("content-length"))
+        if declared is not None and declared > hook.max_bytes:
             return _Refusal(413, "body_too_large", f"over {hook.max_bytes} bytes")
         data = bytearray()
         async for chunk in request.stream():

@@ -27,6 +27,7 @@ from keel.core.errors import (
     WaitNotFound,
     WrongWaitKind,
 )
+from keel.core.ids import whole_number
 from keel.notifiers.slack import APPROVE, REJECT
 
 if TYPE_CHECKING:
@@ -142,9 +143,10 @@ def slack_router(
             raise _Refusal(
                 400, "missing_headers", "X-Slack-Request-Timestamp and X-Slack-Signature needed"
             )
-        if not timestamp.isdigit():
+        sent_at = whole_number(timestamp, digits=12)
+        if sent_at is None:
             raise _Refusal(400, "bad_timestamp", "X-Slack-Request-Timestamp is not a number")
-        if abs(now() - int(timestamp)) > WINDOW:
+        if abs(now() - sent_at) > WINDOW:
             raise _Refusal(401, "stale_request", "the request is older than five minutes")
         try:
             body.decode("utf-8")  # Slack sends form-encoded ASCII; the verifier would crash

@@ -7,6 +7,7 @@ import ipaddress
 import pytest
 
 from keel.core.errors import UsageError, WebhookRefused
+from keel.core.ids import whole_number
 from keel.core.webhooks import (
     BadSignature,
     WebhookSettings,
@@ -19,6 +20,7 @@ from keel.core.webhooks import (
     verify_stripe,
 )
 from keel.runtime.inbound import BadPayload, InboundHook, job_id_from
+from keel.runtime.webhook_http import retry_after
 
 # Standard Webhooks' published test vector (its reference libraries test against it).
 VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -34,6 +36,9 @@ def test_standard_webhooks_signature_matches_the_published_vector() -> None:
     assert verify_standard(VECTOR_SECRET, headers, VECTOR_BODY, now=VECTOR_TS + 10) == VECTOR_ID
 
 
+BAD_TS = "bad_timestamp"
+
+
 def test_standard_verification_refuses_forged_stale_and_missing() -> None:
     headers = signed_headers(VECTOR_SECRET, VECTOR_ID, VECTOR_TS, VECTOR_BODY)
     cases = [
@@ -42,6 +47,9 @@ def test_standard_verification_refuses_forged_stale_and_missing() -> None:
         (VECTOR_SECRET, headers, VECTOR_BODY, VECTOR_TS + 301, "stale_timestamp"),
         (VECTOR_SECRET, headers, VECTOR_BODY, VECTOR_TS - 301, "stale_timestamp"),
         (VECTOR_SECRET, {**headers, "webhook-timestamp": "soon"}, VECTOR_BODY, 0, "bad_timestamp"),
+        # Digits to str.isdigit, not to int(): a 401, never a 500 the sender would retry.
+        (VECTOR_SECRET, {**headers, "webhook-timestamp": "\xb2"}, VECTOR_BODY, 0, "bad_timestamp"),
+        (VECTOR_SECRET, {**headers, "webhook-timestamp": "9" * 5000}, VECTOR_BODY, 0, BAD_TS),
         (VECTOR_SECRET, {"webhook-id": VECTOR_ID}, VECTOR_BODY, VECTOR_TS, "missing_signature"),
         (
             VECTOR_SECRET,
@@ -154,3 +162,11 @@ def test_inbound_declarations_are_checked() -> None:
         InboundHook("sw", "wf", "standard", "not-whsec")
     with pytest.raises(UsageError):
         InboundHook("x", "wf", "hmac", "s")
+
+
+def test_whole_numbers_are_ascii_digits_that_fit_a_column() -> None:
+    assert [whole_number(t) for t in ("0", " 42 ", "007")] == [0, 42, 7]
+    for text in ("", None, "-1", "1.5", "\xb2", "\u0663", "9" * 19, "1e3", "soon"):
+        assert whole_number(text) is None, text
+    assert retry_after("120") == 120.0
+    assert retry_after("\xb2") is None and retry_after("9" * 5000) is None

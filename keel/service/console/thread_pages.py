@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse
 from keel.core import threads
 from keel.core.codec import loads
 from keel.core.errors import KeelError
+from keel.core.ids import whole_number
 from keel.core.waits import resume_value
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable
@@ -167,10 +168,11 @@ def parse_metadata(text: str, problems: list[str]) -> dict[str, Any]:
 def _offset(text: str | None, problems: list[str]) -> int:
     if not text:
         return 0
-    if not text.isdigit():
+    offset = whole_number(text, digits=9)
+    if offset is None:
         problems.append(f"offset {text!r} is not a whole number ≥ 0")
         return 0
-    return int(text)
+    return offset
 
 
 def _state_view(snapshot: Any) -> dict[str, Any]:

@@ -107,6 +107,55 @@ def test_a_sleep_is_not_an_interrupt_for_the_webhook(
     )
 
 
+def sleeping_beside_a_question() -> StateGraph:
+    """Two branches at once: `nap` sleeps twice; `ask` asks a person once (`interrupt()`)."""
+    from langgraph.types import interrupt
+
+    def nap(state: Nap) -> dict[str, Any]:
+        keel.sleep(30)
+        keel.sleep(30)
+        return {"log": ["rested"]}
+
+    def ask(state: Nap) -> dict[str, Any]:
+        return {"log": [f"answered {interrupt({'question': 'go?'})}"]}
+
+    g = StateGraph(Nap)
+    g.add_node("nap", nap)
+    g.add_node("ask", ask)
+    g.add_edge(START, "nap")
+    g.add_edge(START, "ask")
+    g.add_edge("nap", END)
+    g.add_edge("ask", END)
+    return g
+
+
+def test_a_question_still_open_is_told_once_however_often_a_sleep_beside_it_wakes(
+    make_app: AppFactory, receiver: Receiver
+) -> None:
+    """Each wake of the sleeping branch moves the run back to `waiting`, the question still
+    open: the webhook was told of it once and is not told again (each telling is a delivery
+    of its own, with its own id: a receiver could not tell them apart). A new question is."""
+    clock = keel.ManualClock()
+    app = _app(make_app, clock=clock)
+    app.workflow("both")(sleeping_beside_a_question)
+    run = app.submit("both", {}, job_id="j-both", webhook=receiver.url, webhook_on=ALL)
+    for _ in range(2):
+        drain(app)
+        assert app.get_run(run.run_id).status == "waiting"
+        clock.advance(31)
+        assert sweep(app) == 1  # the timer: the run is queued, and pauses again on the question
+    drain(app)
+    assert app.get_run(run.run_id).status == "waiting"
+    assert _told(app, run.run_id) == [(f"webhook:{run.run_id}:0", "interrupted")]
+    app.resume(run.run_id, "yes", by="ann")
+    drain(app)
+    assert sorted(app.get_run(run.run_id).output["log"]) == ["answered yes", "rested"]
+    assert _told(app, run.run_id) == [
+        (f"webhook:{run.run_id}:0", "interrupted"),
+        (f"webhook:{run.run_id}:1", "completed"),
+    ]
+
+
 def test_a_delayed_run_cancelled_before_its_time_tells_its_webhook_once(
     make_app: AppFactory, receiver: Receiver
 ) -> None:

@@ -223,21 +223,27 @@ def test_a_provider_refusing_for_ten_seconds_only_delays_delivery(
     app: keel.App, provider: HttpSink, spawn: Spawn
 ) -> None:
     run_id = app.submit("outbox", job_id="o-6", input={"count": 10}).run_id
-    # Five seconds of 429 with a Retry-After, then 503 without one until the same end: the
-    # 429s last until then unless replaced, so a late timer leaves no gap that accepts.
-    refused_until = time.monotonic() + 10.0
-    provider.refuse(429, seconds=10.0, retry_after=0.5)
-
-    def then_503() -> None:
-        provider.refuse(503, seconds=max(refused_until - time.monotonic(), 0.0))
-
-    then = threading.Timer(5.0, then_503)
-    then.start()
+    # The ten seconds count from the first attempt, not from the worker's spawn: a worker slow
+    # to start on a busy machine would otherwise find the provider already answering.
+    provider.refuse(429, retry_after=0.5)
+    worker = spawn()
+    then: threading.Timer | None = None
     try:
-        worker = spawn()
+        wait_until(lambda: provider.refused, timeout=60, what="the first delivery attempt")
+        # Five seconds of 429 with a Retry-After, then 503 without one until the same end: the
+        # 429s last until then unless replaced, so a late timer leaves no gap that accepts.
+        refused_until = time.monotonic() + 10.0
+        provider.refuse(429, seconds=10.0, retry_after=0.5)
+
+        def then_503() -> None:
+            provider.refuse(503, seconds=max(refused_until - time.monotonic(), 0.0))
+
+        then = threading.Timer(5.0, then_503)
+        then.start()
         assert worker.wait(timeout=90) == 0
     finally:
-        then.cancel()
+        if then is not None:
+            then.cancel()
     assert_each_once(app, run_id, provider, "/reconciled")
     statuses = provider.refused
     assert statuses >= 20, statuses

@@ -90,7 +90,10 @@ adding it to a timestamp leaves the range of dates (a summary's "in 3 years" ove
 def parse_duration(value: float | int | str) -> float:
     """`90`, `"90s"`, `"15m"`, `"24h"`, `"2d"` -> seconds (finite, from 0 to `LONGEST`)."""
     if isinstance(value, int | float):
-        seconds = float(value) if not isinstance(value, int) or value < 10**18 else math.inf
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range, either way
+            seconds = math.inf if value > 0 else -math.inf
     else:
         text = value.strip().lower()
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400}

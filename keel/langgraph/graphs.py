@@ -140,9 +140,7 @@ async def checkpoint_misfits(graph: Any, saver: FencedSaver, run_id: str) -> lis
     own checkpoint, against that version's subgraph of the same node.
     """
     config = cast(RunnableConfig, {"configurable": {"thread_id": run_id}})
-    if await saver.aget_tuple(config) is None:
-        return []
-    state = await graph.aget_state(config, subgraphs=True)
+    state = await graph.aget_state(config, subgraphs=True)  # empty when never checkpointed
     return await _misfits(graph, saver, run_id, "", state, "")
 
 

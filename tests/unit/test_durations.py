@@ -33,6 +33,7 @@ def test_what_a_user_writes_is_read_in_seconds(given: object, seconds: float) ->
         (float("nan"), "not a number"),
         ("nan", "not a number"),
         (-1, "cannot be negative"),
+        (-(10**400), "cannot be negative"),  # past float's range: OverflowError before
         ("5x", "not a duration"),
     ],
 )

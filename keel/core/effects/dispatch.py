@@ -168,8 +168,9 @@ async def _delivered(
     in_doubt: bool,
     stopping: asyncio.Event | None,
 ) -> None:
-    """One delivery in its lane: a failure of its own (the database went away while it
-    recorded its outcome) is logged; its claim lapses and the intent is reconciled later."""
+    """One delivery in its lane. Its outcome's record is retried through an outage
+    (`infra.outlast`); a failure that outlasts that, or a stop, is logged here: its claim
+    lapses and the intent is reconciled later."""
     try:
         await deliver(services, worker_id, effect, row, in_doubt, stopping)
     except Exception as exc:

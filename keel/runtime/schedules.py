@@ -239,14 +239,16 @@ class AsyncSchedules:
             )
         resumed = paused is False and bool(row["paused"])
         async with self._store.transaction() as tx:
-            now = await self._store.db_now(tx)
-            next_tick = float(row["next_tick"])
+            # Unless retimed or resumed, the next tick (and the pause, if not given) stay as the
+            # row has them when written: a tick may have fired since `row` was read.
+            next_tick: float | None = None
             if retimed or resumed:
+                now = await self._store.db_now(tx)
                 spec = timing(values["cron"], values["every_seconds"], values["timezone"], now)
                 next_tick = spec.after(now)
             values.update(
                 schedule_id=row["schedule_id"],
-                paused=int(row["paused"] if paused is None else paused),
+                paused=None if paused is None else int(paused),
                 next_tick=next_tick,
             )
             written = await self._store.write_schedule(tx, values)

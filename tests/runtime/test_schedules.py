@@ -12,7 +12,7 @@ import pytest
 import keel
 from keel.core.errors import UsageError
 from keel.core.schedules import MAX_CATCH_UP, Tick
-from keel.runtime.schedules import fire_due
+from keel.runtime.schedules import AsyncSchedules, fire_due
 from keel.runtime.worker import Worker
 from tests.support.graphs import echo_graph
 from tests.support.workers import drain
@@ -201,6 +201,37 @@ def test_operations_and_refusals(make_app: AppFactory) -> None:
     with pytest.raises(keel.ScheduleNotFound):
         app.schedules.get("op")
     assert app.get_run(str(tick.run_id)).run["job_id"].startswith("schedule.")
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [{"input": {"text": "b"}}, {"metadata": {"team": "a"}}, {"paused": False}],
+    ids=["input", "metadata", "noop-resume"],
+)
+def test_an_edit_read_before_a_tick_fired_does_not_fire_that_tick_again(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch, edit: dict[str, object]
+) -> None:
+    """An edit reads the schedule, a worker fires a tick, the edit writes: it wrote its read's
+    next tick back, and the tick fired again (with a new input, as a second run)."""
+    app, clock = _app(make_app)
+    app.schedules.create("e", "echo", every=60, input={"text": "a"}, overlap="allow")
+    clock.advance(61)
+    rt = app.aio.runtime
+    read = AsyncSchedules._row
+    meanwhile: list[Tick] = []
+
+    async def read_then_a_tick_fires(self: AsyncSchedules, key: str) -> dict[str, object]:
+        row = await read(self, key)
+        meanwhile.extend(await fire_due(rt, rt.workflows))
+        return row
+
+    monkeypatch.setattr(AsyncSchedules, "_row", read_then_a_tick_fires)
+    app.schedules.update("e", **edit)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    assert [t.outcome for t in meanwhile] == ["fired"]
+    assert app.schedules.get("e")["next_tick"] == meanwhile[0].tick + 60, "not put back"
+    assert _fire(app) == [], "the fired tick is not due again"
+    assert len(app.list_runs()) == 1
 
 
 @pytest.mark.parametrize(

@@ -1344,10 +1344,13 @@ WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(thread_id)s::text IS NULL OR thread_id = %(thread_id)s::text);
 
 -- name: schedule_write
--- A schedule's settings replaced (a patch, a pause, a resume), its next tick with them.
+-- A schedule's settings replaced (a patch, a pause, a resume). Its next tick and pause are kept
+-- as the row has them now unless given: an edit read the row before a tick fired meanwhile, and
+-- writing that read's next tick back fired the tick again.
 UPDATE keel_schedules SET cron = %(cron)s, every_seconds = %(every_seconds)s,
     timezone = %(timezone)s, input = %(input)s, catch_up = %(catch_up)s, overlap = %(overlap)s,
-    metadata = %(metadata)s, paused = %(paused)s, next_tick = %(next_tick)s, updated_at = keel_now()
+    metadata = %(metadata)s, paused = COALESCE(%(paused)s::integer, paused),
+    next_tick = COALESCE(%(next_tick)s::double precision, next_tick), updated_at = keel_now()
 WHERE schedule_id = %(schedule_id)s
 RETURNING *;
 

@@ -1221,10 +1221,13 @@ WHERE (:workflow IS NULL OR workflow = :workflow)
   AND (:thread_id IS NULL OR thread_id = :thread_id);
 
 -- name: schedule_write
--- A schedule's settings replaced (a patch, a pause, a resume), its next tick with them.
+-- A schedule's settings replaced (a patch, a pause, a resume). Its next tick and pause are kept
+-- as the row has them now unless given: an edit read the row before a tick fired meanwhile, and
+-- writing that read's next tick back fired the tick again.
 UPDATE keel_schedules SET cron = :cron, every_seconds = :every_seconds, timezone = :timezone,
     input = :input, catch_up = :catch_up, overlap = :overlap, metadata = :metadata,
-    paused = :paused, next_tick = :next_tick, updated_at = keel_now()
+    paused = COALESCE(:paused, paused),
+    next_tick = COALESCE(:next_tick, next_tick), updated_at = keel_now()
 WHERE schedule_id = :schedule_id
 RETURNING *;
 

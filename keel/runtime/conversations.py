@@ -183,13 +183,14 @@ class ThreadOperations:
         (who did it: `keel_run_id` in the checkpoint's metadata). Returns that run once it
         ended (its output names the checkpoint); a worker executes it.
 
-        On an interrupted thread (its active run waits for input) the update is what answers
-        it, as in LangGraph, where the paused run has already returned: the waiting run ends
-        (cancelled, reason `interrupted`, its committed steps kept, and so do runs queued
-        behind it) and the update goes on from its last checkpoint; submit a run without input
-        to go on from the update."""
+        A run paused on a plain `interrupt()` is answered by the update, as in LangGraph, where
+        the paused run has already returned: it ends (cancelled, reason `interrupted`, its
+        committed steps kept) and the update goes on from its last checkpoint; submit a run
+        without input to go on from the update. A run waiting on anything else (a
+        `keel.approval`, `keel.sleep`, an in-doubt effect) is never ended by an edit: the
+        update queues behind it. Both are decided in the update's admission, under the
+        thread's lock (`threads.admit`'s `end_paused`)."""
         thread = await self.get_thread(thread_id)
-        strategy = "interrupt" if thread["status"] == "interrupted" else "enqueue"
         wf = self.runtime.workflows.get(thread["workflow"], None)
         nodes = self._compiled(wf).nodes
         if as_node is not None and as_node not in nodes:
@@ -205,10 +206,11 @@ class ThreadOperations:
             command={"update_state": {"values": values, "as_node": as_node}},
             checkpoint_id=None,
             config=None,
-            strategy=strategy,
+            strategy="enqueue",
             thread_metadata=None,
             job_id=None,
             max_input_bytes=self.runtime.max_input_bytes,
+            end_paused=True,
         )
         self.runtime.wake()
         return await self.wait(str(admitted.row["run_id"]), timeout=timeout)

@@ -36,7 +36,7 @@ from tests.support.checks import wait_until
 from tests.support.graphs import notify_effect
 from tests.support.notifiers import Recorder
 from tests.support.providers import Provider
-from tests.support.thread_graphs import Chat, asking, chat
+from tests.support.thread_graphs import Chat, asking, chat, reviewing
 from tests.support.workers import drain, sweep
 
 AppFactory = Callable[..., keel.App]
@@ -497,6 +497,28 @@ def test_update_state_on_an_interrupted_thread_answers_it_as_langgraph_does(
     oracle.invoke(None, config)
     assert app.get_state("t-ui").values == oracle.get_state(config).values
     assert app.get_thread("t-ui")["status"] == "idle"
+
+
+def test_update_state_never_ends_an_approval_it_queues_behind(make_app: AppFactory) -> None:
+    """An approval's approvers, deadline and escalation are Keel's promise: an operator's edit
+    of the thread's state waits for the decision instead of cancelling the run (it did, as if
+    the approval were a plain interrupt)."""
+    app = make_app()
+    app.workflow("review")(reviewing)
+    waiting = app.submit("review", {"question": "q"}, thread_id="t-ua").run_id
+    drain(app)
+    assert app.get_run(waiting).status == "waiting"
+    with pytest.raises(TimeoutError):
+        app.update_state("t-ua", {"log": ["edited"]}, timeout=0.5)
+    held = app.get_run(waiting)
+    assert held.status == "waiting" and [w["status"] for w in held.waits] == ["pending"]
+    app.approve(waiting, by="alice")
+    drain(app)
+    assert app.get_run(waiting).status == "completed"
+    update = app.thread_runs("t-ua")[-1]
+    assert update["run_id"] != waiting and app.get_run(update["run_id"]).status == "completed"
+    assert app.get_state("t-ua").values["log"] == ["edited"]
+    assert app.get_state("t-ua").values["answer"] == "approved"
 
 
 def test_an_update_the_graph_cannot_take_is_refused_or_fails_once(make_app: AppFactory) -> None:

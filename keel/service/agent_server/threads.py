@@ -422,8 +422,10 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
         """Write values to the thread's state as a new checkpoint, as if `as_node` wrote them.
         A worker writes it (a run of its own, after the thread's earlier runs): the answer
         names the checkpoint, or, if no worker wrote it within `UPDATE_WAIT` seconds, is 202
-        with the run's id. On an interrupted thread the update answers the interrupt: the
-        waiting run ends (`interrupted`) and the thread goes on from the update."""
+        with the run's id. A run paused on `interrupt()` is answered by the update: it ends
+        (`interrupted`) and the thread goes on from the update. A run waiting on a
+        `keel.approval`, `keel.sleep` or an in-doubt effect stays: the update queues behind it
+        (202)."""
         thread = visible(principal, thread_id, "update")
         if graph_of(thread) is None:
             raise Refused(

@@ -103,6 +103,16 @@ async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
     wait = fresh
     policy = str(wait["on_timeout"])
     stages = len(loads(wait["schedule"]))
+    if policy == "escalate":
+        # Stages still owed (no sweep ran while they fell due: an outage, or a stage set after
+        # the deadline) are delivered first, as on-time sweeps would have: the policy then
+        # extends the deadline once, whichever way the sweeps fell.
+        while int(wait["escalation_level"]) < stages:
+            await _advance(services, tx, wait)  # False: another sweeper delivered that stage
+            again = await store.read_wait(tx, wait["wait_id"])
+            if again is None or again["status"] != WaitStatus.PENDING:
+                return False
+            wait = again
     if policy == "escalate" and int(wait["escalation_level"]) == stages:
         window = float(wait["deadline"]) - float(wait["created_at"])
         row = await store.escalate_wait(tx, wait["wait_id"], stages, max(window, 1.0))

@@ -126,14 +126,14 @@ class AskState(TypedDict, total=False):
     decision: str
 
 
-def staged_escalation() -> StateGraph:
+def staged_escalation(**stages: str) -> StateGraph:
+    """An approval that escalates to the director at `stages` (default: at its deadline), and
+    whose deadline policy is to escalate."""
+    stages = stages or {"escalate_after": "1h"}
+
     def ask(state: AskState) -> dict[str, Any]:
         answer = keel.approval(
-            "manager",
-            timeout="1h",
-            on_timeout="escalate",
-            escalate_after="1h",
-            escalate_to=["director"],
+            "manager", timeout="1h", on_timeout="escalate", escalate_to=["director"], **stages
         )
         return {"decision": answer.decision}
 
@@ -145,12 +145,19 @@ def staged_escalation() -> StateGraph:
 
 
 @pytest.mark.parametrize("passes", ["one pass", "two passes"])
+@pytest.mark.parametrize(
+    "stages",
+    [{}, {"remind_after": "30m", "escalate_after": "50m"}],
+    ids=["escalate at the deadline", "remind, then escalate"],
+)
 def test_escalation_policy_extends_the_deadline_however_the_sweeps_fall(
-    make_app: AppFactory, passes: str
+    make_app: AppFactory, passes: str, stages: dict[str, str]
 ) -> None:
+    """Both stages owed when the deadline passed (no sweep ran, as after an outage): the
+    policy rejected at once, the director never told."""
     clock = keel.ManualClock()
     app = make_app(clock=clock)
-    app.workflow("ask")(staged_escalation)
+    app.workflow("ask")(lambda: staged_escalation(**stages))
     run = app.submit("ask", job_id="ask-1", input={})["run_id"]
     drain(app)
     if passes == "two passes":
@@ -168,3 +175,4 @@ def test_escalation_policy_extends_the_deadline_however_the_sweeps_fall(
     assert wait["deadline"] > clock.now()
     kinds = [e["kind"] for e in details.timeline]
     assert kinds.count("wait.escalated") == 2 and "wait.expired" not in kinds
+    assert kinds.count("wait.reminded") == (1 if "remind_after" in stages else 0)

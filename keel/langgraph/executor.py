@@ -168,6 +168,11 @@ class Executor:
             },
             "recursion_limit": workflow.recursion_limit,
             "tags": list(submitted.get("tags") or []),  # an assistant's, the Agent Server's
+            **(
+                {"run_name": submitted["run_name"]}
+                if isinstance(submitted.get("run_name"), str)
+                else {}
+            ),
             "metadata": {
                 **(submitted.get("metadata") or {}),
                 "keel_job_id": run["job_id"],

@@ -18,12 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
@@ -118,7 +119,8 @@ class Served:
 @pytest.fixture
 def served(make_app: Callable[..., keel.App]) -> Iterator[Served]:
     app = register(make_app(lease_ttl=5))
-    for name, factory in [("steps", three_steps), ("gated", gated), ("failing", failing)]:
+    workflows = [("steps", three_steps), ("gated", gated), ("failing", failing)]
+    for name, factory in [*workflows, ("twice", asking_twice)]:
         app.workflow(name)(factory)
     api = FastAPI()
     install(api)
@@ -351,6 +353,72 @@ def test_an_interrupt_and_its_resume_stream_as_in_langgraph(svc: Served) -> None
     assert not {p.id for p in first} & {p.id for p in resumed}
 
 
+def asking_twice() -> StateGraph:
+    """A node that asks again after its first answer (asking until the answer is valid)."""
+
+    def ask(state: Log) -> dict[str, Any]:
+        first = interrupt("first?")
+        return {"log": [f"{first}, then {interrupt('second?')}"]}
+
+    g = StateGraph(Log)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g
+
+
+def test_a_node_that_asks_again_streams_each_pause_as_in_langgraph(svc: Served) -> None:
+    """Each answer's stream tells the next pause: the second pause at the same checkpoint had
+    the first's event ids, and the resume's stream dropped it as sent (only `end`)."""
+    client = svc.client
+    modes = ["values", "updates"]
+    thread = new_thread(svc)
+    turns: list[Any] = [{"log": []}, Command(resume="A"), Command(resume="B")]
+    streamed = [
+        parts(client.runs.stream(thread, "twice", input={"log": []}, stream_mode=modes)),
+        parts(client.runs.stream(thread, "twice", command={"resume": "A"}, stream_mode=modes)),
+        parts(client.runs.stream(thread, "twice", command={"resume": "B"}, stream_mode=modes)),
+    ]
+    assert [data_parts(s) for s in streamed] == langgraph_parts(asking_twice, turns, modes)
+    assert streamed[1][-2].data["__interrupt__"][0]["value"] == "second?"
+    ids = [p.id for s in streamed for p in s if p.event not in ("metadata", "end")]
+    assert len(ids) == len(set(ids))
+    # A rejoin from the start replays them in their places; of the pauses at one checkpoint,
+    # the checkpoint keeps the last one's interrupt only (docs/agent-server.md).
+    (run,) = client.runs.list(thread)
+    replayed = parts(client.runs.join_stream(thread, run["run_id"], last_event_id="-1"))
+    again = [p.id for p in replayed if p.event not in ("metadata", "end")]
+    assert again == [i for i in ids if i in again] and again[-3:] == ids[-3:]
+    assert len(again) == len(ids) - 2, "all but the first pause's interrupt and its values"
+
+
+def test_an_empty_command_is_no_command_as_langgraph_sdk_sends_resume_none(
+    svc: Served,
+) -> None:
+    """langgraph-sdk drops a Command's None fields: `Command(resume=None)` arrives as `{}`,
+    which was refused (400); langgraph-api runs the paused node again, which pauses again."""
+    client = svc.client
+    thread = new_thread(svc)
+    client.runs.wait(thread, "ask", input={"question": "q?"})
+    answer = httpx.post(
+        f"{svc.url}/threads/{thread}/runs/wait",
+        json={"assistant_id": "ask", "command": {}},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["__interrupt__"][0]["value"] == {"question": "q?"}
+    assert client.threads.get(thread)["status"] == "interrupted"
+
+
+def test_the_events_root_is_named_after_the_graph_as_on_langgraph_api(svc: Served) -> None:
+    streamed = parts(
+        svc.client.runs.stream(new_thread(svc), "steps", input={"log": []}, stream_mode="events")
+    )
+    roots = [p.data for p in streamed if p.event == "events" and not p.data.get("parent_ids")]
+    assert roots and {r["name"] for r in roots} == {"steps"}
+
+
 def test_a_failing_run_streams_its_committed_steps_then_the_error(svc: Served) -> None:
     streamed = parts(
         svc.client.runs.stream(new_thread(svc), "failing", input={"log": []}, stream_mode="updates")
@@ -387,8 +455,10 @@ def test_join_stream_resumes_after_any_event_id(svc: Served) -> None:
         assert [p.id for p in again[:-1]] == ids[n + 1 : -1], part.id
         assert data_parts(again) == data_parts(whole[n + 1 :])
     # `-1`, as useStream rejoins a run: from the start.
+    # useStream's rejoin gets the `metadata` event first, as on langgraph-api.
     replayed = parts(client.runs.join_stream(thread, run_id, last_event_id="-1"))
-    assert [p.id for p in replayed[:-1]] == [p.id for p in whole[1:-1]]
+    assert replayed[0].event == "metadata" and replayed[0].data["run_id"] == run_id
+    assert [p.id for p in replayed[1:-1]] == [p.id for p in whole[1:-1]]
     # Without an id: from now on (here: nothing more, the run has ended).
     assert [p.event for p in parts(client.runs.join_stream(thread, run_id))] == ["end"]
     # In another mode than the run's.

@@ -218,7 +218,8 @@ def test_events_streams_langchains_callback_events_as_astream_events_v2(live: Se
     )
     ours = [p.data for p in streamed if p.event == "events"]
     graph = talking().compile(checkpointer=InMemorySaver())
-    config: Any = {"configurable": {"thread_id": "t"}}
+    # langgraph-api names the root after the graph id (LangGraph alone: "LangGraph").
+    config: Any = {"configurable": {"thread_id": "t"}, "run_name": "talk"}
 
     async def theirs_of() -> list[dict[str, Any]]:
         given = {"messages": [("user", "hi")]}

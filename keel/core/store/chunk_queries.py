@@ -46,6 +46,13 @@ class ChunkQueries:
         async with self.db.read() as tx:
             return await tx.all("chunks_after", {"run_id": run_id, "after": after, "limit": limit})
 
+    async def chunk_ceiling(self, run_id: str, token: int) -> int:
+        """The newest chunk id of the run's executions under lease tokens up to `token`, 0 if
+        they produced none (superseded chunks included: ids only place events)."""
+        async with self.db.read() as tx:
+            row = await tx.one("chunk_ceiling", {"run_id": run_id, "lease_token": token})
+        return int(row["ceiling"]) if row else 0
+
     async def chunk_state(self, run_id: str, chunk_id: int) -> Row | None:
         """The chunk's `superseded`, `lease_token` and `anchor` (None: no such chunk)."""
         async with self.db.read() as tx:

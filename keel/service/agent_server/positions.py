@@ -11,7 +11,8 @@ from sse_starlette.sse import ServerSentEvent
 from keel.core.codec import dumps
 
 _POSITION = re.compile(
-    r"(-|[0-9A-Za-z][0-9A-Za-z._-]{0,99})/(\d{1,9})(?:/(\d{1,18}))?(?:/[a-z]{1,20})?"
+    r"(-|[0-9A-Za-z][0-9A-Za-z._-]{0,99})/(\d{1,9})(?:/(\d{1,18}))?(?:/(\d{1,18}))?"
+    r"(?:/[a-z]{1,20})?"
 )
 RESUMED = 999_999_999
 """The `n` of the chunks an execution produced resuming a pause: after the pause's events."""
@@ -28,9 +29,16 @@ class Position:
     n: int = 0
     chunk: int = 0
     """A stream chunk's id (keel_stream_chunks), 0 for an event derived from a checkpoint."""
+    again: int = 0
+    """For the events of a pause again at a checkpoint the run paused at before (a node that
+    calls `interrupt()` once more after its answer): their place after the chunks of the
+    execution that paused there again (`chunk`, with `n` RESUMED), numbered by its lease
+    token, so each such pause has places of its own."""
 
     def __str__(self) -> str:
         place = f"{self.checkpoint or '-'}/{self.n}"
+        if self.again:
+            return f"{place}/{self.chunk}/{self.again}"
         return f"{place}/{self.chunk}" if self.chunk else place
 
     @classmethod
@@ -44,7 +52,7 @@ class Position:
         if found is None:
             raise ValueError(f"{text[:80]!r} is not an event id of this server")
         checkpoint = "" if found[1] == "-" else found[1]
-        return cls(checkpoint, int(found[2]), int(found[3] or 0))
+        return cls(checkpoint, int(found[2]), int(found[3] or 0), int(found[4] or 0))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from keel.core.store.base import Row
 from keel.core.threads import first_unfinished
@@ -54,6 +54,13 @@ class RunIn(BaseModel):
     if_not_exists: Literal["create", "reject"] | None = None
     after_seconds: float | None = None
     durability: Literal["sync", "async", "exit"] | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _no_empty_command(cls, command: dict[str, Any] | None) -> dict[str, Any] | None:
+        # langgraph-sdk drops a Command's None fields: `Command(resume=None)` arrives as `{}`,
+        # which langgraph-api takes as no command (the paused node runs again).
+        return command or None
 
 
 def unsupported(message: str) -> Refused:

@@ -141,6 +141,8 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         for key in ("thread_id", "checkpoint_ns", "checkpoint_map"):
             given.pop(key, None)
         config["configurable"] = {**given, **stamp}
+        # The root of `events` and of a trace is named after the graph, as langgraph-api's.
+        config.setdefault("run_name", graph)
         # As the Agent Server: the thread's metadata (an owner...) in each checkpoint's too.
         thread_meta = {} if thread is None else thread_shape(thread)["metadata"]
         config["metadata"] = {
@@ -388,7 +390,10 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         except ValueError as exc:
             raise Refused(422, "invalid_request", str(exc)) from None
         headers = locations(row, False, "stream")
-        return sse(feed(run_id, after), modes, headers, metadata=False, cancel=cancel_on_disconnect)
+        # `-1` asks for the whole stream again, its `metadata` event first, as langgraph-api
+        # answers useStream's rejoin.
+        whole = bool(last_event_id) and str(last_event_id).strip() == "-1"
+        return sse(feed(run_id, after), modes, headers, metadata=whole, cancel=cancel_on_disconnect)
 
     @router.post("/threads/{thread_id}/runs/{run_id}/cancel")
     async def cancel_run(

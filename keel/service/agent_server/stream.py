@@ -53,16 +53,17 @@ from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
-from langgraph.types import StateSnapshot
+from langgraph.types import Interrupt, StateSnapshot
 from sse_starlette.sse import ServerSentEvent
 
 from keel.core.errors import RunNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
+from keel.core.waits import wait_id_for
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable, shown
-from keel.service.agent_server.positions import Event, Position
+from keel.service.agent_server.positions import RESUMED, Event, Position
 from keel.service.agent_server.shapes import error_body
 from keel.service.agent_server.stream_chunks import Messages, chunk_event, superseded
 
@@ -76,6 +77,9 @@ MODES = STREAMED + CAPTURED
 __all__ = ["Event", "Position"]
 
 INTERRUPT = "__interrupt__"
+NS_END = ":"  # LangGraph's, between a task's name and its id in its checkpoint namespace
+AGAIN_STRIDE = 1000
+"""Places per execution for a pause again at a checkpoint (`Position.again`)."""
 FIRST_POLL = 0.05
 LAST_POLL = 0.5
 CHECKPOINTS_EVERY = 3.0
@@ -169,7 +173,7 @@ class Feed:
         feed = cls(keel_app, await graphs.of(run), run, after or Position())
         if after is None:
             await feed.catch_up()
-        elif after.chunk:
+        elif after.chunk and not after.again:
             # A reconnect after a chunk: if it was superseded since, the client hears so first.
             store = keel_app.aio.runtime.store
             found = await store.chunk_state(feed.run_id, after.chunk)
@@ -260,7 +264,7 @@ class Feed:
         # After the checkpoints: a chunk is written before the checkpoint after it commits.
         events += await self._chunks()
         if self.settled and self._last is not None:
-            events += self._pause(self._last, await self._state(self._last.id))
+            events += await self._pause(self._last, await self._state(self._last.id))
         return events
 
     async def _newer(self) -> list[str]:
@@ -297,7 +301,7 @@ class Feed:
         wrote = True  # the run's first checkpoint (not its input's) shows its state
         if last is not None:
             before = await self._state(last.id)  # again: its tasks' writes committed since
-            out += self._pause(last, before)
+            out += await self._pause(last, before)
             paused = _paused(before)
             if paused:
                 block.append(("values", last.values))
@@ -319,25 +323,66 @@ class Feed:
         self._regular[checkpoint_id] = len(block)
         return out
 
-    def _pause(self, seen: _Seen, state: StateSnapshot) -> list[Event]:
+    async def _pause(self, seen: _Seen, state: StateSnapshot) -> list[Event]:
         """The events of a pause on `interrupt()` at checkpoint `seen` (none if it did not
         pause there): the updates of the tasks that finished beside it, the interrupts, and the
-        state with them."""
+        state with them. A pause again at the same checkpoint (a node asking once more after
+        its answer) has places of its own, after what the execution that paused again
+        streamed, and starts with the state the run went on from, as LangGraph's resuming run
+        streams it."""
         interrupts = [interrupt_json(i) for task in state.tasks for i in task.interrupts]
         if not interrupts:
             return []
+        again = await self._again(state)
         block: list[tuple[str, Any]] = []
-        for task in state.tasks:
-            if not task.interrupts:
-                update = _update(task, cached=False)
-                if update is not None:
-                    block.append(("updates", update))
+        if again is not None:
+            block.append(("values", seen.values))
+        else:
+            for task in state.tasks:
+                if not task.interrupts:
+                    update = _update(task, cached=False)
+                    if update is not None:
+                        block.append(("updates", update))
         block.append(("updates", {INTERRUPT: interrupts}))
         block.append(("values", {**_dict(seen.values), INTERRUPT: interrupts}))
-        return [
-            Event(kind, data, Position(seen.id, seen.regular + n))
-            for n, (kind, data) in enumerate(block, start=1)
+        if again is None:
+            places = [Position(seen.id, seen.regular + n) for n in range(1, len(block) + 1)]
+        else:
+            ceiling, token = again
+            places = [
+                Position(seen.id, RESUMED, ceiling, token * AGAIN_STRIDE + n)
+                for n in range(1, len(block) + 1)
+            ]
+        return [Event(kind, data, place) for (kind, data), place in zip(block, places, strict=True)]
+
+    async def _again(self, state: StateSnapshot) -> tuple[int, int] | None:
+        """For a pause again at a checkpoint (a task whose interrupt is not the first it
+        raised there: LangGraph numbers a task's interrupts by the answers it already has),
+        the chunk it comes after and the lease token of the execution that paused; None for a
+        first pause. A subgraph's interrupts are left as first pauses."""
+        repeated = [
+            i.id
+            for task in state.tasks
+            if task.state is None
+            for i in task.interrupts
+            if i.id != Interrupt.from_ns(None, f"{task.name}{NS_END}{task.id}").id
         ]
+        if not repeated:
+            return None
+        store = self.app.aio.runtime.store
+        wanted = {wait_id_for(self.run_id, interrupt_id) for interrupt_id in repeated}
+        tokens = [
+            int(e["lease_token"])
+            for e in await store.events(self.run_id)
+            if e["kind"] == "wait.registered"
+            and isinstance(e["data"], dict)
+            and e["data"].get("wait_id") in wanted
+            and e["lease_token"] is not None
+        ]
+        if not tokens:
+            return None
+        token = max(tokens)
+        return await store.chunk_ceiling(self.run_id, token), token
 
     def ending(self) -> list[Event]:
         """The events that end a settled run's stream: `error` for a failed run, then `end`."""

@@ -1271,6 +1271,12 @@ UPDATE keel_stream_chunks SET superseded = 1
 WHERE run_id = %(run_id)s AND lease_token < %(lease_token)s AND superseded = 0
   AND (anchor > %(anchor)s OR (anchor = %(anchor)s AND (%(keep_paused)s = 0 OR resumed = 1)));
 
+-- name: chunk_ceiling
+-- The newest chunk id of the run's executions up to lease token `lease_token` (0: none): where a
+-- pause that execution ended in goes in the run's stream, after every chunk it produced.
+SELECT COALESCE(MAX(chunk_id), 0) AS ceiling FROM keel_stream_chunks
+WHERE run_id = %(run_id)s AND lease_token <= %(lease_token)s;
+
 -- name: chunks_after
 -- A run's chunks after `after` (0: from the start) that were not superseded, in order.
 SELECT * FROM keel_stream_chunks

@@ -1152,6 +1152,12 @@ UPDATE keel_stream_chunks SET superseded = 1
 WHERE run_id = :run_id AND lease_token < :lease_token AND superseded = 0
   AND (anchor > :anchor OR (anchor = :anchor AND (:keep_paused = 0 OR resumed = 1)));
 
+-- name: chunk_ceiling
+-- The newest chunk id of the run's executions up to lease token `lease_token` (0: none): where a
+-- pause that execution ended in goes in the run's stream, after every chunk it produced.
+SELECT COALESCE(MAX(chunk_id), 0) AS ceiling FROM keel_stream_chunks
+WHERE run_id = :run_id AND lease_token <= :lease_token;
+
 -- name: chunks_after
 -- A run's chunks after `after` (0: from the start) that were not superseded, in order.
 SELECT * FROM keel_stream_chunks WHERE run_id = :run_id AND chunk_id > :after AND superseded = 0

@@ -64,4 +64,9 @@ async def paused(graph: Any, config: dict[str, Any], options: dict[str, Any]) ->
     )
     checkpoint = (state.config.get("configurable") or {}).get("checkpoint_id", "")
     spec = {"kind": "interrupt", "name": name, "payload": None}
-    return [Interrupt(value={"keel_wait": spec}, id=f"static-{checkpoint}")]
+    return [Interrupt(value={"keel_wait": spec}, id=interrupt_id(checkpoint))]
+
+
+def interrupt_id(checkpoint_id: str) -> str:
+    """The id of the static pause at that checkpoint (its wait's, `waits.wait_id_for`)."""
+    return f"static-{checkpoint_id}"

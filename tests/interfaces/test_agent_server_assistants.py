@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import get_runtime
@@ -26,12 +27,13 @@ from langgraph_sdk.errors import BadRequestError, ConflictError, NotFoundError
 from typing_extensions import TypedDict
 
 import keel
+from keel.runtime.conversations import jsonable
 from keel.runtime.project import load_project
 from keel.service.agent_server import agent_server_router
 from keel.service.agent_server.shapes import assistant_id_of
 from keel.service.auth import Authenticator, load_tokens
 from keel.service.errors import install
-from tests.interfaces.test_agent_server_runs import Served, live_worker, three_steps
+from tests.interfaces.test_agent_server_runs import Served, data_parts, live_worker, three_steps
 from tests.support.apps.service import LiveServer
 from tests.support.service_client import ADMIN, TOKENS
 
@@ -240,6 +242,31 @@ def test_interrupt_before_pauses_the_run_and_a_run_without_input_goes_on(svc: Se
     assert final == {"log": ["first", "last"], "n": 1}
     assert c.threads.get(thread)["status"] == "idle"
     assert c.threads.get_state(thread)["next"] == []
+
+
+@pytest.mark.parametrize("pause", [{"interrupt_before": ["last"]}, {"interrupt_after": ["first"]}])
+def test_going_on_from_a_breakpoint_streams_from_there_as_in_langgraph(
+    svc: Served, pause: dict[str, list[str]]
+) -> None:
+    """The stream of a run without input on a thread paused at a breakpoint: it started over
+    from the run's first event (its input's values, the steps before the pause again)."""
+    c = svc.client
+    modes = ["values", "updates"]
+    thread = c.threads.create()["thread_id"]
+    first = list(c.runs.stream(thread, "steps", input={"log": []}, stream_mode=modes, **pause))
+    going_on = list(c.runs.stream(thread, "steps", input=None, stream_mode=modes))
+    graph = three_steps().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    expected = [
+        [
+            (m, jsonable(p))
+            for m, p in graph.stream(given, config, stream_mode=modes, **options)
+            if p != {"__interrupt__": ()}  # not sent by Keel (docs/agent-server.md)
+        ]
+        for given, options in [({"log": []}, pause), (None, {})]
+    ]
+    assert [data_parts(first), data_parts(going_on)] == expected
+    assert not {p.id for p in first} & {p.id for p in going_on}
 
 
 def test_interrupt_after_pauses_and_a_resume_goes_on(svc: Served) -> None:

@@ -282,6 +282,13 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
     def stream_new(body: RunIn, thread_id: str | None, principal: Principal) -> EventSourceResponse:
         """Admit a run and stream it from its start (a resume: from where it paused)."""
         resume = body.command is not None and "resume" in body.command
+        if body.command is None and body.input is None and thread_id is not None:
+            # Continuing from a breakpoint is a resume too (`admit` makes it one): its stream
+            # goes on from where the paused run's stands, not from the run's start.
+            try:
+                resume = paused_statically(keel_app, keel_app.get_thread(thread_id))
+            except ThreadNotFound:
+                resume = False
         waiting = None
         if resume and thread_id is not None:
             visible_thread(auth, keel_app, principal, thread_id, "read")

@@ -60,6 +60,7 @@ from keel.core.errors import RunNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
 from keel.core.waits import wait_id_for
+from keel.langgraph import static_interrupts
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable, shown
@@ -303,7 +304,8 @@ class Feed:
             before = await self._state(last.id)  # again: its tasks' writes committed since
             out += await self._pause(last, before)
             paused = _paused(before)
-            if paused:
+            if paused or await self._paused_statically(last.id):
+                # The run went on from a pause there: first the state it goes on from.
                 block.append(("values", last.values))
             for task in before.tasks:
                 update = _update(task, cached=paused and not task.interrupts)
@@ -354,6 +356,13 @@ class Feed:
                 for n in range(1, len(block) + 1)
             ]
         return [Event(kind, data, place) for (kind, data), place in zip(block, places, strict=True)]
+
+    async def _paused_statically(self, checkpoint_id: str) -> bool:
+        """Whether the run paused at that checkpoint on a breakpoint (`interrupt_before` /
+        `_after`: its wait is named after the checkpoint, keel.langgraph.static_interrupts)."""
+        wait_id = wait_id_for(self.run_id, static_interrupts.interrupt_id(checkpoint_id))
+        waits = await self.app.aio.runtime.store.waits(self.run_id)
+        return any(w["wait_id"] == wait_id for w in waits)
 
     async def _again(self, state: StateSnapshot) -> tuple[int, int] | None:
         """For a pause again at a checkpoint (a task whose interrupt is not the first it

@@ -179,24 +179,35 @@ class Capture:
     async def _chunks(
         self, graph: Any, graph_input: Any, config: Any, modes: list[str], kwargs: Any
     ) -> Any:
-        """`graph.astream(..., subgraphs=True)`'s (namespace, mode, data) chunks; with `events`
+        """`graph.astream(..., subgraphs=...)`'s (namespace, mode, data) chunks; with `events`
         asked for, read from `astream_events` (v2): the root graph's `on_chain_stream` events
-        carry those chunks, every other event is kept as an `events` chunk."""
+        carry those chunks, every other event is kept as an `events` chunk.
+
+        Subgraphs are streamed only when the client asked for them, as LangGraph's server
+        does: without, LangGraph's `messages` mode sends a subgraph's model output as the
+        finished message when the subgraph's node ends; with, as tokens under the subgraph's
+        namespace."""
         if "events" not in self.modes:
             async for chunk in graph.astream(
-                graph_input, config, stream_mode=modes, subgraphs=True, **kwargs
+                graph_input, config, stream_mode=modes, subgraphs=self.subgraphs, **kwargs
             ):
-                yield chunk
+                yield chunk if self.subgraphs else ((), *chunk)
             return
         root: str | None = None
         async for event in graph.astream_events(
-            graph_input, config, version="v2", stream_mode=modes, subgraphs=True, **kwargs
+            graph_input,
+            config,
+            version="v2",
+            stream_mode=modes,
+            subgraphs=self.subgraphs,
+            **kwargs,
         ):
             if root is None and event.get("event") == "on_chain_start":
                 root = event.get("run_id")
             if event.get("event") == "on_chain_stream" and event.get("run_id") == root:
                 # The other modes' chunks: not an event of its own (as LangGraph's server).
-                yield event["data"]["chunk"]
+                chunk = event["data"]["chunk"]
+                yield chunk if self.subgraphs else ((), *chunk)
             else:
                 self.add((), "events", event)
 

@@ -77,9 +77,19 @@ def nested() -> StateGraph:
     return g
 
 
+def talking_inside() -> StateGraph:
+    """A node that is `talking`'s graph: an agent as a node (a supervisor's)."""
+    g = StateGraph(Chat)
+    g.add_node("agent", talking().compile())
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    return g
+
+
 @pytest.fixture
 def live(served: Served) -> Iterator[Served]:
     served.app.workflow("talk")(talking)
+    served.app.workflow("talk_inside")(talking_inside)
     served.app.workflow("nested")(nested)
     with live_worker(served.app):
         yield served
@@ -89,11 +99,37 @@ def langgraph_stream(factory: Any, given: Any, modes: list[str], subgraphs: bool
     """What LangGraph's own `stream` yields: (namespace, mode, data)."""
     graph = factory().compile(checkpointer=InMemorySaver())
     config: Any = {"configurable": {"thread_id": "t"}}
+    chunks = graph.stream(given, config, stream_mode=modes, subgraphs=subgraphs)
     return [
         (ns, mode, jsonable(data))
-        for ns, mode, data in graph.stream(given, config, stream_mode=modes, subgraphs=True)
-        if subgraphs or not ns
+        for ns, mode, data in (chunk if subgraphs else ((), *chunk) for chunk in chunks)
     ]
+
+
+@pytest.mark.parametrize("subgraphs", [False, True])
+def test_a_subgraphs_model_streams_messages_as_in_langgraph(live: Served, subgraphs: bool) -> None:
+    """Without `stream_subgraphs`, LangGraph sends the subgraph's reply as one finished message
+    when its node ends; Keel captured with subgraphs and then dropped the subgraph's tokens,
+    sending nothing (a chat UI never showed the reply)."""
+    streamed = parts(
+        live.client.runs.stream(
+            new_thread(live),
+            "talk_inside",
+            input={"messages": [{"role": "user", "content": "hi"}]},
+            stream_mode="messages-tuple",
+            stream_subgraphs=subgraphs,
+        )
+    )
+    ours = [(p.event, p.data[0]["content"]) for p in streamed if p.event.startswith("messages")]
+    theirs = [
+        ("messages" + (f"|{'|'.join(ns)}" if ns else ""), data[0]["content"])
+        for ns, _, data in langgraph_stream(
+            talking_inside, {"messages": [("user", "hi")]}, ["messages"], subgraphs
+        )
+    ]
+    assert [content for _, content in ours] == [content for _, content in theirs]
+    assert "".join(content for _, content in ours).endswith(REPLY) and ours
+    assert [e.split("|")[0] for e, _ in ours] == [e.split("|")[0] for e, _ in theirs]
 
 
 def test_messages_tuple_streams_each_token_with_its_metadata(live: Served) -> None:

@@ -30,6 +30,43 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
+MAX_DEPTH = 100
+"""How deep a value given to Keel may nest. LangGraph's serializer gives up at a few hundred
+levels (a run's input or an answer past that failed in the worker, the turn lost) and so does
+the HTTP layer's (a thread's metadata past that made every read of it fail): refused at the
+door instead, far above what an agent's state needs."""
+
+
+def check_storable(value: Any, what: str) -> None:
+    """InvalidInput if `value` (JSON-like: dicts, lists, text) nests deeper than `MAX_DEPTH`
+    or holds text UTF-8 cannot store (a lone surrogate, which JSON can carry as `\\ud800`)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _unicode(item, what)
+            continue
+        if isinstance(item, dict):
+            children: Any = item.values()
+            for key in item:
+                if isinstance(key, str):
+                    _unicode(key, what)
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise InvalidInput(f"{what} nests deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _unicode(text: str, what: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} holds text that is not valid Unicode (a surrogate)") from None
+
+
 def canonical_json(value: Any) -> str:
     """One text per value: sorted keys, no spaces, UTF-8, no NaN."""
     try:

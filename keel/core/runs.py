@@ -26,10 +26,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from keel.core.codec import canonical_json, loads
+from keel.core.codec import canonical_json, check_storable, loads
 from keel.core.errors import (
     InputTooLarge,
-    InvalidInput,
     InvalidTransition,
     JobExists,
     RunFinished,
@@ -89,11 +88,9 @@ async def admit(
     validate_job_id(job_id)
     if if_exists not in IF_EXISTS:
         raise UsageError(f"if_exists must be one of {', '.join(IF_EXISTS)}, not {if_exists!r}")
+    check_storable(input, "input")
     input_json = canonical_json(input)
-    try:
-        size = len(input_json.encode())
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800") JSON can carry and UTF-8 cannot
-        raise InvalidInput("input holds text that is not valid Unicode (a surrogate)") from None
+    size = len(input_json.encode())
     if size > max_input_bytes:
         raise InputTooLarge(f"input is {size} bytes; the limit is {max_input_bytes}")
     if check is not None:

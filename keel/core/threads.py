@@ -29,10 +29,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from keel.core.codec import canonical_json, dumps, loads
+from keel.core.codec import canonical_json, check_storable, dumps, loads
 from keel.core.errors import (
     InputTooLarge,
     InvalidId,
+    InvalidInput,
     ThreadBusy,
     ThreadNotFound,
     UsageError,
@@ -78,6 +79,23 @@ def validate_thread_id(value: object) -> str:
 def new_id() -> str:
     """A fresh run or thread id (a UUID), for what the caller did not name."""
     return str(uuid.uuid4())
+
+
+def check_config(config: Any) -> Any:
+    """A run's LangGraph config as Keel applies it (`config`, or InvalidInput): an object whose
+    `configurable` and `metadata` are objects and whose `tags` are strings. Another shape was
+    admitted and failed every execution of the run (or every run of an assistant holding it)."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise InvalidInput("config must be an object")
+    for key in ("configurable", "metadata"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise InvalidInput(f"config.{key} must be an object")
+    tags = config.get("tags")
+    if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+        raise InvalidInput("config.tags must be a list of strings")
+    return config
 
 
 def validate_command(command: Any) -> dict[str, Any] | None:
@@ -153,6 +171,10 @@ async def admit(
             f"multitask_strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}"
         )
     validate_thread_id(thread_id)
+    check_storable(input, "input")
+    check_storable(command, "command")
+    check_storable(config, "config")
+    check_config(config)
     input_json = canonical_json(input)
     size = len(input_json.encode())
     if size > max_input_bytes:

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from keel.core import logs
 from keel.core.clock import parse_duration
-from keel.core.codec import dumps, loads
+from keel.core.codec import check_storable, dumps, loads
 from keel.core.context import RunContext, current
 from keel.core.effects import outbox as effect_outbox
 from keel.core.errors import (
@@ -378,6 +378,7 @@ async def decide(
     process, which may take the run the decision queued); its row goes to `taken` as soon as
     it has committed, before anything here can raise."""
     validate_run_id(run_id)
+    check_storable([value, by, comment, principal], "the answer")
     store = services.store
     started = time.monotonic()
     answer = {

@@ -196,6 +196,10 @@ class ThreadOperations:
         if as_node is not None and as_node not in nodes:
             known = ", ".join(n for n in nodes if not n.startswith("__"))
             raise UsageError(f"as_node {as_node!r} is not a node of {wf.key} (its nodes: {known})")
+        if values is not None and not isinstance(values, dict):
+            # A state of fields takes an object (LangGraph fails the update in the worker);
+            # its fields are LangGraph's to judge, as its update_state does.
+            check_input(wf, values, partial=True)
         admitted = await threads.admit(
             self.runtime.store,
             workflow=wf.name,

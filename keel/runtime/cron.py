@@ -29,7 +29,9 @@ from keel.core.store.base import Row
 def check_timezone(name: str) -> zoneinfo.ZoneInfo:
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    # OSError: a name that is a folder of the tz database ("America") or past a file name's
+    # length, which zoneinfo tries to open as a file.
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         raise UsageError(
             f"unknown timezone {name!r} (use an IANA name: UTC, Europe/Paris)"
         ) from None

@@ -152,7 +152,9 @@ def job_id_from(raw: str) -> str:
     of the original when that changed it (so two ids differing only in case stay two)."""
     cleaned = _JOB_CHARS.sub("-", raw.lower()).strip("-.") or "hook"
     if cleaned != raw:
-        cleaned = f"{cleaned[:150]}-{hashlib.sha256(raw.encode()).hexdigest()[:10]}"
+        # A lone surrogate in the payload's text cannot be digested: the sender's mistake.
+        encoded = raw.encode(errors="surrogatepass")
+        cleaned = f"{cleaned[:150]}-{hashlib.sha256(encoded).hexdigest()[:10]}"
     try:
         return validate_job_id(cleaned)
     except InvalidId as exc:

@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from keel.core import schedules as rules
-from keel.core.codec import canonical_json, dumps, loads
+from keel.core.codec import canonical_json, check_storable, dumps, loads
 from keel.core.errors import ScheduleExists, ScheduleNotFound, UsageError
 from keel.core.schedule_firing import fire_due as fire_batch
 from keel.core.store.base import Row
@@ -144,6 +144,7 @@ class AsyncSchedules:
         wf = self.runtime.workflows.get(workflow)
         if thread_id is not None:
             validate_thread_id(thread_id)
+        check_storable([input, metadata], "the schedule's input and metadata")
         if input is not None or thread_id is None:
             check_input(wf, loads(canonical_json(input)), partial=thread_id is not None)
         if metadata is not None and not isinstance(metadata, dict):

@@ -8,6 +8,7 @@ beside it (`decision_conflict`).
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from typing import Any
@@ -21,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keel.core import errors as core
+from keel.core.codec import check_storable
 from keel.core.runs import job_exists_message
 from keel.core.wait_model import WaitKind
 from keel.core.waits import DecisionResult
@@ -218,6 +220,14 @@ def install(api: FastAPI) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return problem(503, "database_unavailable", f"the database is unavailable: {first}")
 
+    async def on_out_of_range(request: Request, exc: Exception) -> JSONResponse:
+        # A number the client sent that the database cannot hold (an offset of 2**63): SQLite's
+        # binding raises OverflowError, PostgreSQL "out of range". Nothing was written.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return problem(422, "invalid_input", f"a number in the request is out of range: {first}")
+
+    api.add_exception_handler(OverflowError, on_out_of_range)
+    api.add_exception_handler(psycopg.errors.NumericValueOutOfRange, on_out_of_range)
     api.add_exception_handler(core.KeelError, on_keel)
     api.add_exception_handler(Refused, on_refused)
     api.add_exception_handler(AuthError, on_auth)
@@ -274,6 +284,10 @@ class BodyLimit:
                 f"{_header(scope, b'content-type')}",
             )(scope, receive, send)
             return
+        unstorable = _unstorable(scope, body)
+        if unstorable is not None:
+            await problem(422, "invalid_input", unstorable)(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -315,6 +329,9 @@ async def _drain(receive: Receive) -> None:
 FORM_PATHS = ("/slack/actions",)
 """Slack posts its actions form-encoded."""
 FORM_PREFIXES = ("/ui/",)
+HOOKS = ("/hooks/",)
+"""Inbound webhooks judge their bodies themselves, after the signature, in their own words
+(keel.service.hooks)."""
 """The console's pages post HTML forms; every other body Keel reads is JSON."""
 
 
@@ -336,6 +353,25 @@ def _takes(scope: Scope) -> bool:
         return True  # read as JSON, as FastAPI does
     kind = given.split(";")[0].strip().lower()
     return kind == "application/json" or kind.endswith("+json")
+
+
+def _unstorable(scope: Scope, body: bytes) -> str | None:
+    """Why a JSON body's value cannot be kept (nested past `codec.MAX_DEPTH`, or text that
+    is not valid Unicode), checked once for every route: past the door such a value was
+    stored and then broke every read of it, or failed its run in the worker. None when it
+    can, or is no JSON at all (the endpoint says what is wrong with it)."""
+    path = str(scope.get("path", ""))
+    if not body or path.endswith(FORM_PATHS) or path.startswith(FORM_PREFIXES + HOOKS):
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    try:
+        check_storable(value, "the request body")
+    except core.InvalidInput as exc:
+        return str(exc)
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from keel.core.codec import check_storable
 from keel.core.errors import InvalidId, InvalidInput, UnknownWorkflow, UsageError
 from keel.core.ids import whole_number
 from keel.core.webhooks import BadSignature
@@ -93,13 +94,14 @@ def _accept(keel_app: App, hook: InboundHook, headers: dict[str, str], body: byt
         raise _Refusal(401, exc.code, str(exc)) from None
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Refusal(400, "malformed_json", f"the body is not JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _Refusal(400, "malformed_json", f"the body is not JSON: {exc!r:.200}") from None
     try:
+        check_storable(payload, "the payload")
         delivery_id = hook.delivery_id(verified, payload, body)
         job_id = hook.job_of(payload, delivery_id)
         run_input = hook.input_of(payload)
-    except (BadPayload, InvalidId) as exc:
+    except (BadPayload, InvalidId, InvalidInput) as exc:
         raise _Refusal(400, "bad_payload", str(exc)) from None
     try:
         run_id, duplicate = keel_app.accept_hook_delivery(

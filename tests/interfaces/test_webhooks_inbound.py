@@ -94,6 +94,7 @@ def test_each_refusal_has_its_status_and_admits_nothing(served: tuple[keel.App, 
         (httpx.post(f"{url}/hooks/orders", content=body), 401, "missing_signature"),
         (standard(url, b'{"text": "hi"' + b" " * 5000 + b"}"), 413, "body_too_large"),
         (standard(url, b'{"text": '), 400, "malformed_json"),
+        (standard(url, b"[" * 2000 + b"]" * 2000), 400, "malformed_json"),  # RecursionError
         (standard(url, body, hook="nobody"), 404, "unknown_hook"),
         (
             httpx.post(f"{url}/hooks/mine", content=body, headers={"x-token": "guess"}),
@@ -116,7 +117,7 @@ def test_each_refusal_has_its_status_and_admits_nothing(served: tuple[keel.App, 
         "stale_timestamp": 1.0,
         "missing_signature": 1.0,
         "body_too_large": 1.0,
-        "malformed_json": 1.0,
+        "malformed_json": 2.0,
         "unknown_hook": 1.0,
     }
 
@@ -194,7 +195,8 @@ def test_a_signed_body_the_hook_cannot_map_is_a_bad_payload(
     mistake: 400 `bad_payload`,
     no run, and the same delivery fixed later is admitted (nothing was remembered)."""
     app, url = served
-    bodies = [b"[1, 2]", b'"text"', b"42", b"null", b'{"other": 1}', b'{"text": "\\ud800"}']
+    deep = b'{"text": "t", "more": ' + b"[" * 120 + b"]" * 120 + b"}"  # past what can be kept
+    bodies = [b"[1, 2]", b'"text"', b"42", b"null", b'{"other": 1}', b'{"text": "\\ud800"}', deep]
     for n, body in enumerate(bodies):  # (the last: a lone surrogate, JSON but not Unicode)
         answer = standard(url, body, delivery=f"msg_bad_{n}")
         assert (answer.status_code, answer.json()["error"]) == (400, "bad_payload"), answer.text

@@ -35,6 +35,7 @@ from keel.service.agent_server.assistant_book import (
     workflows_of,
 )
 from keel.service.agent_server.authz import Gate, matches
+from keel.service.agent_server.run_bodies import RunConfig
 from keel.service.agent_server.shapes import assistant_id_of, assistant_shape, contains, iso
 from keel.service.agent_server.shapes import selected as select_fields
 from keel.service.auth import Principal
@@ -78,9 +79,10 @@ class AssistantCount(Body):
 
 class AssistantIn(Body):
     graph_id: str | None = None
-    assistant_id: str | None = None
+    # A path segment it can be read, changed and deleted by again (langgraph-api takes UUIDs).
+    assistant_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
     if_exists: Literal["raise", "do_nothing"] | None = None
-    config: dict[str, Any] | None = None
+    config: RunConfig | None = None
     context: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     name: str | None = None

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from keel.core.store.base import Row
-from keel.core.threads import first_unfinished
+from keel.core.threads import check_config, first_unfinished
 from keel.langgraph.static_interrupts import KWARGS, STATIC_WAITS
 from keel.runtime.app import App
 from keel.service.errors import Refused
 
 __all__ = ["KWARGS", "RunIn", "in_thread", "names", "paused_statically", "unsupported"]
+
+
+RunConfig = Annotated[dict[str, Any], AfterValidator(check_config)]
+"""LangGraph's config of a run or an assistant: its `configurable` and `metadata` objects, its
+`tags` strings (422 otherwise, before anything is admitted or stored)."""
 
 
 def names(given: str | list[str] | None) -> list[str] | str | None:
@@ -39,7 +44,7 @@ class RunIn(BaseModel):
     stream_subgraphs: bool | None = None
     stream_resumable: bool | None = None
     metadata: dict[str, Any] | None = None
-    config: dict[str, Any] | None = None
+    config: RunConfig | None = None
     context: Any = None
     checkpoint: dict[str, Any] | None = None
     checkpoint_id: str | None = Field(None, max_length=200)

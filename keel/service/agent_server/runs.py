@@ -43,10 +43,11 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from keel.core.errors import KeelError, RunStillGoing, ThreadNotFound
+from keel.core.errors import InvalidInput, KeelError, RunStillGoing, ThreadNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
 from keel.core.threads import first_unfinished, new_id
+from keel.langgraph.inputs import check_input
 from keel.runtime.app import App
 from keel.service.agent_server import stream
 from keel.service.agent_server.assistant_book import resolve_for_run
@@ -458,7 +459,22 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
 
     @router.post("/runs/batch")
     def create_batch(bodies: list[RunIn], principal: Writer) -> list[dict[str, Any]]:
-        """Admit each run as `POST /runs` does, in order; the runs."""
+        """Admit each run as `POST /runs` does, in order; the runs. Every item's assistant
+        and input are checked before any is admitted: a refused batch admitted nothing (a
+        client retrying it admitted its first runs twice)."""
+        workflows = keel_app.aio.runtime.workflows
+        for n, body in enumerate(bodies):
+            try:
+                if body.command and "resume" in body.command:
+                    raise Refused(400, "bad_request", "a stateless run has no pause to resume")
+                assistant = resolve_for_run(keel_app, body.assistant_id)
+                if body.input is not None:
+                    wf = workflows.get(assistant.graph, assistant.version)
+                    check_input(wf, body.input, partial=True)  # as a run on a thread is
+            except Refused as refused:
+                raise Refused(refused.status, refused.code, f"run {n}: {refused.message}") from None
+            except InvalidInput as invalid:
+                raise Refused(422, "invalid_input", f"run {n}: {invalid}") from None
         return [shape(admit_stateless(body, principal)) for body in bodies]
 
     @router.post("/runs/stream", response_class=EventSourceResponse)

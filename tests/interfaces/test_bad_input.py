@@ -1,0 +1,135 @@
+"""Bad input over HTTP gets a clear 4xx and changes nothing, on every route, both backends:
+values nested past what can be kept, text that is not valid Unicode, numbers past what the
+database holds, configs of the wrong shape, unreachable ids, a batch with one bad item, a state
+update that is not an object. Before, each was a 500, or was written and broke later reads, or
+failed its run in the worker (a review's reproductions)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from keel.core.codec import MAX_DEPTH
+from keel.core.errors import InvalidInput
+from tests.support.apps.service import WORKFLOW
+from tests.support.service_client import Service
+
+
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def counts(svc: Service) -> tuple[int, int]:
+    """Threads and runs on record."""
+    threads = svc.http.post("/threads/search", json={}).json()
+    return len(threads), len(svc.http.get("/v1/runs").json()["runs"])
+
+
+TOO_DEEP = nested(MAX_DEPTH + 5)
+SURROGATE = json.loads('"\\ud800"')  # valid JSON, not valid Unicode
+
+ROUTES: list[tuple[str, str, Callable[[Any], dict[str, Any]]]] = [
+    ("POST", "/threads", lambda bad: {"metadata": {"m": bad}}),
+    ("POST", "/assistants", lambda bad: {"graph_id": WORKFLOW, "metadata": {"m": bad}}),
+    ("POST", "/runs", lambda bad: {"assistant_id": WORKFLOW, "input": {"topic": bad}}),
+    ("POST", "/v1/runs", lambda bad: {"workflow": WORKFLOW, "job_id": "j", "input": {"t": bad}}),
+    ("PUT", "/store/items", lambda bad: {"namespace": ["a"], "key": "k", "value": {"v": bad}}),
+    ("POST", "/assistants/search", lambda bad: {"metadata": {"m": bad}}),
+]
+
+
+@pytest.mark.parametrize("bad", [TOO_DEEP, SURROGATE], ids=["too deep", "surrogate"])
+def test_a_value_that_cannot_be_kept_is_422_and_nothing_is_written(svc: Service, bad: Any) -> None:
+    said = "deeper than" if bad is TOO_DEEP else "not valid Unicode"
+    for method, path, body in ROUTES:
+        before = counts(svc)
+        # As a client sends it: the surrogate escaped (`\ud800`), which is valid JSON.
+        sent = json.dumps(body(bad)).encode()
+        headers = {"Content-Type": "application/json"}
+        answer = svc.http.request(method, path, content=sent, headers=headers)
+        assert answer.status_code == 422, (path, answer.text)
+        assert answer.json()["error"] == "invalid_input"
+        assert said in answer.json()["message"]
+        assert counts(svc) == before, path
+    # Every read still answers (a deep thread's metadata made searching fail for everyone).
+    assert svc.http.post("/threads/search", json={}).status_code == 200
+    assert svc.http.post("/assistants/search", json={}).status_code == 200
+
+
+def test_the_python_api_refuses_what_it_could_not_run_or_record(make_app: Any) -> None:
+    """Past the HTTP door too: an input, a thread's command or an answer nested past what
+    LangGraph's serializer takes failed the run in the worker (the answer: the turn lost)."""
+    app = make_app()
+    app.workflow("echo")(__import__("tests.support.graphs", fromlist=["echo_graph"]).echo_graph)
+    with pytest.raises(InvalidInput, match="deeper than"):
+        app.submit("echo", {"text": TOO_DEEP})
+    with pytest.raises(InvalidInput, match="deeper than"):
+        app.submit("echo", {"text": "t"}, thread_id="t", config={"metadata": {"m": TOO_DEEP}})
+    with pytest.raises(InvalidInput, match="not valid Unicode"):
+        app.submit("echo", {"text": SURROGATE}, thread_id="t")
+    assert app.list_runs() == []
+
+
+def test_numbers_timezones_configs_and_ids_past_what_can_be_kept_are_refused(
+    svc: Service,
+) -> None:
+    for method, path, body in [
+        ("POST", "/threads/search", {"offset": 2**63}),
+        ("POST", "/store/namespaces", {"max_depth": 2**63}),
+        ("GET", "/v1/runs?offset=9223372036854775808", None),
+    ]:
+        answer = svc.http.request(method, path, json=body)
+        assert answer.status_code == 422, (path, answer.text)
+        assert "out of range" in answer.json()["message"]
+    # zoneinfo opened a folder of the tz database, or a name past a file name's length.
+    for timezone in ["America", "Etc", "x" * 300]:
+        schedule = {"name": "n", "workflow": WORKFLOW, "cron": "0 3 * * *", "timezone": timezone}
+        answer = svc.http.post("/v1/schedules", json={**schedule, "input": {"topic": "t"}})
+        assert answer.status_code == 400, answer.text
+        assert "unknown timezone" in answer.json()["message"]
+    assert svc.http.get("/v1/schedules").json()["schedules"] == []
+    # A config of another shape failed every run (of an assistant holding it).
+    before = counts(svc)
+    for config in [{"configurable": 5}, {"metadata": "x"}, {"tags": 5}, {"tags": [1]}]:
+        for path, body in [
+            ("/runs", {"assistant_id": WORKFLOW, "input": {"topic": "t"}, "config": config}),
+            ("/assistants", {"graph_id": WORKFLOW, "config": config}),
+        ]:
+            answer = svc.http.post(path, json=body)
+            assert answer.status_code == 422, (path, config, answer.text)
+            assert "config" in answer.json()["message"]
+    # An assistant id no path can name was created, never to be read or deleted again.
+    for assistant_id in ["a/b", "../x", "?q", " "]:
+        body = {"graph_id": WORKFLOW, "assistant_id": assistant_id}
+        assert svc.http.post("/assistants", json=body).status_code == 422, assistant_id
+    assert counts(svc) == before
+    assert len(svc.http.post("/assistants/search", json={}).json()) == 2  # the graphs' own
+
+
+def test_a_batch_with_a_bad_run_admits_none(svc: Service) -> None:
+    good = {"assistant_id": WORKFLOW, "input": {"topic": "t"}}
+    for second, status in [
+        ({"assistant_id": "nope"}, 404),
+        ({"assistant_id": WORKFLOW, "input": {"nope": 1}}, 422),
+    ]:
+        answer = svc.http.post("/runs/batch", json=[good, second])
+        assert answer.status_code == status, answer.text
+        assert answer.json()["message"].startswith("run 1: ")
+        assert counts(svc) == (0, 0), "a client retrying the refused batch admitted it twice"
+
+
+def test_a_state_update_that_is_not_an_object_is_422_and_admits_nothing(svc: Service) -> None:
+    svc.http.post("/threads", json={"thread_id": "t-s", "graph_id": WORKFLOW})
+    svc.http.post("/threads/t-s/runs", json={"assistant_id": WORKFLOW, "input": {"topic": "t"}})
+    before = counts(svc)
+    for values in [True, "hello", [1, 2]]:
+        answer = svc.http.post("/v1/threads/t-s/state", json={"values": values, "timeout": 0})
+        assert answer.status_code == 422, answer.text
+        assert "expected an object" in answer.json()["message"]
+    assert counts(svc) == before

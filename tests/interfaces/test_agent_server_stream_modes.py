@@ -179,6 +179,9 @@ def test_messages_tuple_streams_each_token_with_its_metadata(live: Served) -> No
     assert events.count("messages/metadata") == 1
     partial = [p.data for p in whole if p.event == "messages/partial"]
     assert len(partial) == len(tokens) and partial[-1][0]["content"] == REPLY
+    # As langgraph-api: the message so far, not a chunk (`ai`, no chunk fields).
+    assert {m[0]["type"] for m in partial} == {"ai"}
+    assert not {"tool_call_chunks", "chunk_position"} & {k for m in partial for k in m[0]}
 
 
 def test_custom_and_subgraph_namespaces_as_langgraph_streams_them(live: Served) -> None:

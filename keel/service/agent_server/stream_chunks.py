@@ -83,8 +83,22 @@ class Messages:
             self.so_far[key] = message
         else:
             self.so_far[key] = _joined(self.so_far[key], message)
-        out.append(Event(f"messages/partial{suffix}", [self.so_far[key]], event.position))
+        out.append(Event(f"messages/partial{suffix}", [_whole(self.so_far[key])], event.position))
         return out
+
+
+def _whole(message: dict[str, Any]) -> dict[str, Any]:
+    """The message so far as a message, not a chunk (`type` `ai`, no chunk fields), as
+    LangGraph's server sends `messages/partial`."""
+    if message.get("type") != "AIMessageChunk":
+        return message
+    try:
+        from langchain_core.messages import AIMessageChunk, message_chunk_to_message
+
+        fields = {k: v for k, v in message.items() if k != "type"}
+        return dict(message_chunk_to_message(AIMessageChunk(**fields)).model_dump())
+    except Exception:  # a chunk LangChain cannot rebuild: as it came
+        return message
 
 
 def _joined(left: dict[str, Any], right: dict[str, Any]) -> dict[str, Any]:

@@ -392,6 +392,24 @@ def test_a_node_that_asks_again_streams_each_pause_as_in_langgraph(svc: Served) 
     assert len(again) == len(ids) - 2, "all but the first pause's interrupt and its values"
 
 
+def test_a_goto_streams_the_state_it_starts_from_and_its_node_as_in_langgraph(
+    svc: Served,
+) -> None:
+    """A run whose first checkpoint follows another run's (`Command(goto=...)`): its stream
+    sent only its final values (nothing came before its first checkpoint to tell)."""
+    client = svc.client
+    modes = ["values", "updates"]
+    thread = new_thread(svc)
+    first = parts(client.runs.stream(thread, "steps", input={"log": []}, stream_mode=modes))
+    goto = parts(client.runs.stream(thread, "steps", command={"goto": "last"}, stream_mode=modes))
+    turns: list[Any] = [{"log": []}, Command(goto="last")]
+    theirs = langgraph_parts(three_steps, turns, modes)
+    assert data_parts(first) == theirs[0]
+    # The goto'd node's `updates` is not told: its writes sit on the other run's checkpoint,
+    # whose state names no task for them (docs/agent-server.md).
+    assert data_parts(goto) == [p for p in theirs[1] if p[0] == "values"]
+
+
 def test_an_empty_command_is_no_command_as_langgraph_sdk_sends_resume_none(
     svc: Served,
 ) -> None:

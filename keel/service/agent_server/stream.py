@@ -53,17 +53,17 @@ from typing import Any, TypeVar, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
-from langgraph.types import Interrupt, StateSnapshot
+from langgraph.types import StateSnapshot
 from sse_starlette.sse import ServerSentEvent
 
 from keel.core.errors import RunNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
-from keel.core.waits import wait_id_for
-from keel.langgraph import static_interrupts
+from keel.core.store.store import Store
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable, shown
+from keel.service.agent_server import stream_pauses
 from keel.service.agent_server.positions import RESUMED, Event, Position
 from keel.service.agent_server.shapes import error_body
 from keel.service.agent_server.stream_chunks import Messages, chunk_event, superseded
@@ -78,9 +78,6 @@ MODES = STREAMED + CAPTURED
 __all__ = ["Event", "Position"]
 
 INTERRUPT = "__interrupt__"
-NS_END = ":"  # LangGraph's, between a task's name and its id in its checkpoint namespace
-AGAIN_STRIDE = 1000
-"""Places per execution for a pause again at a checkpoint (`Position.again`)."""
 FIRST_POLL = 0.05
 LAST_POLL = 0.5
 CHECKPOINTS_EVERY = 3.0
@@ -191,6 +188,10 @@ class Feed:
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
         return row
+
+    @property
+    def _store(self) -> Store:
+        return self.app.aio.runtime.store
 
     @property
     def settled(self) -> bool:
@@ -304,7 +305,7 @@ class Feed:
             before = await self._state(last.id)  # again: its tasks' writes committed since
             out += await self._pause(last, before)
             paused = _paused(before)
-            if paused or await self._paused_statically(last.id):
+            if paused or await stream_pauses.paused_statically(self._store, self.run_id, last.id):
                 # The run went on from a pause there: first the state it goes on from.
                 block.append(("values", last.values))
             for task in before.tasks:
@@ -314,6 +315,10 @@ class Feed:
             # As LangGraph: a step that wrote nothing to the state streams no values.
             wrote = any(task.result not in (None, {}) for task in before.tasks)
         state = await self._state(checkpoint_id)
+        if last is None and (state.metadata or {}).get("source") == "loop":
+            # The run's first checkpoint follows another run's (no input: a `goto`, going on
+            # from a pause or a fork): as LangGraph's, its stream starts from that state.
+            block += await self._went_on_from(state)
         values = jsonable(state.values)
         if wrote and (state.metadata or {}).get("source") != "input":
             block.append(("values", values))
@@ -335,7 +340,7 @@ class Feed:
         interrupts = [interrupt_json(i) for task in state.tasks for i in task.interrupts]
         if not interrupts:
             return []
-        again = await self._again(state)
+        again = await stream_pauses.again(self._store, self.run_id, state)
         block: list[tuple[str, Any]] = []
         if again is not None:
             block.append(("values", seen.values))
@@ -352,46 +357,24 @@ class Feed:
         else:
             ceiling, token = again
             places = [
-                Position(seen.id, RESUMED, ceiling, token * AGAIN_STRIDE + n)
+                Position(seen.id, RESUMED, ceiling, token * stream_pauses.AGAIN_STRIDE + n)
                 for n in range(1, len(block) + 1)
             ]
         return [Event(kind, data, place) for (kind, data), place in zip(block, places, strict=True)]
 
-    async def _paused_statically(self, checkpoint_id: str) -> bool:
-        """Whether the run paused at that checkpoint on a breakpoint (`interrupt_before` /
-        `_after`: its wait is named after the checkpoint, keel.langgraph.static_interrupts)."""
-        wait_id = wait_id_for(self.run_id, static_interrupts.interrupt_id(checkpoint_id))
-        waits = await self.app.aio.runtime.store.waits(self.run_id)
-        return any(w["wait_id"] == wait_id for w in waits)
-
-    async def _again(self, state: StateSnapshot) -> tuple[int, int] | None:
-        """For a pause again at a checkpoint (a task whose interrupt is not the first it
-        raised there: LangGraph numbers a task's interrupts by the answers it already has),
-        the chunk it comes after and the lease token of the execution that paused; None for a
-        first pause. A subgraph's interrupts are left as first pauses."""
-        repeated = [
-            i.id
-            for task in state.tasks
-            if task.state is None
-            for i in task.interrupts
-            if i.id != Interrupt.from_ns(None, f"{task.name}{NS_END}{task.id}").id
-        ]
-        if not repeated:
-            return None
-        store = self.app.aio.runtime.store
-        wanted = {wait_id_for(self.run_id, interrupt_id) for interrupt_id in repeated}
-        tokens = [
-            int(e["lease_token"])
-            for e in await store.events(self.run_id)
-            if e["kind"] == "wait.registered"
-            and isinstance(e["data"], dict)
-            and e["data"].get("wait_id") in wanted
-            and e["lease_token"] is not None
-        ]
-        if not tokens:
-            return None
-        token = max(tokens)
-        return await store.chunk_ceiling(self.run_id, token), token
+    async def _went_on_from(self, state: StateSnapshot) -> list[tuple[str, Any]]:
+        """The state a run's first checkpoint went on from (its parent's, another run's), and
+        the updates of the tasks that ran from there."""
+        parent = ((state.parent_config or {}).get("configurable") or {}).get("checkpoint_id")
+        if not parent:
+            return []
+        before = await self._state(str(parent))
+        block: list[tuple[str, Any]] = [("values", jsonable(before.values))]
+        for task in before.tasks:
+            update = _update(task, cached=False)
+            if update is not None:
+                block.append(("updates", update))
+        return block
 
     def ending(self) -> list[Event]:
         """The events that end a settled run's stream: `error` for a failed run, then `end`."""

@@ -354,6 +354,18 @@ class Executor:
             if how == "update_state":  # written before a crash: only its end is left
                 return StateUpdate(None, value.get("as_node"), written=dict(saved.config))
             return await self._continue(config, run, saved, started)
+        if saved is not None and not run.get("first_claim") and not run.get("checkpoint_id"):
+            # Paused where it began, on another run's checkpoint, before writing one of its own
+            # (no input on a paused thread, a goto whose node asks): answered since, it resumes
+            # there with its answers. Started again instead, it asked again, found its wait
+            # decided and was queued again, for ever.
+            pending = outcomes.pending_interrupts(saved.pending_writes or ())
+            answered = await waits.claimed_answers(self.services.store, run) if pending else []
+            resume = waits.resume_map(answered, pending) if answered else None
+            if resume:
+                self.saver.read_ahead(thread, saved)
+                _resumed(run, f"with {len(resume)} decided wait(s)", started)
+                return Command(resume=resume)
         if run.get("checkpoint_id"):
             config["configurable"]["checkpoint_id"] = run["checkpoint_id"]
         elif saved is not None:

@@ -392,6 +392,24 @@ def test_a_node_that_asks_again_streams_each_pause_as_in_langgraph(svc: Served) 
     assert len(again) == len(ids) - 2, "all but the first pause's interrupt and its values"
 
 
+def test_no_input_on_a_paused_thread_asks_again_and_its_answer_finishes_it(svc: Served) -> None:
+    """The new run paused where it began, on the ended run's checkpoint: its stream said
+    nothing, and once answered it started over, asked again, found its wait decided and was
+    queued again, for ever (the thread busy, the database written 50 times a second)."""
+    client = svc.client
+    modes = ["values", "updates"]
+    thread = new_thread(svc)
+    streamed = [
+        parts(client.runs.stream(thread, "ask", input={"question": "q?"}, stream_mode=modes)),
+        parts(client.runs.stream(thread, "ask", input=None, stream_mode=modes)),
+        parts(client.runs.stream(thread, "ask", command={"resume": "yes"}, stream_mode=modes)),
+    ]
+    turns: list[Any] = [{"question": "q?"}, None, Command(resume="yes")]
+    assert [data_parts(s) for s in streamed] == langgraph_parts(asking, turns, modes)
+    assert client.threads.get(thread)["status"] == "idle"
+    assert client.threads.get_state(thread)["values"]["answer"] == "yes"
+
+
 def test_a_goto_streams_the_state_it_starts_from_and_its_node_as_in_langgraph(
     svc: Served,
 ) -> None:

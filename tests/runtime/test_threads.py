@@ -499,6 +499,25 @@ def test_update_state_on_an_interrupted_thread_answers_it_as_langgraph_does(
     assert app.get_thread("t-ui")["status"] == "idle"
 
 
+def test_a_run_paused_where_it_began_resumes_there_with_its_answer(make_app: AppFactory) -> None:
+    """A run without input on a thread paused on `interrupt()` (LangGraph's view: the paused
+    run has returned) asks again on that run's checkpoint, writing none of its own. Answered,
+    it was started over, asked again, found its wait decided and was queued again, for ever."""
+    app = make_app()
+    app.workflow("ask")(asking)
+    app.submit("ask", {"question": "q"}, thread_id="t-pb")
+    drain(app)
+    again = app.submit("ask", None, thread_id="t-pb", end_paused=True).run_id
+    drain(app)
+    assert app.get_run(again).status == "waiting"
+    app.resume("t-pb", "yes")
+    drain(app)
+    ended = app.get_run(again)
+    assert ended.status == "completed"
+    assert [e["kind"] for e in ended.timeline].count("lease.claimed") == 2
+    assert app.get_state("t-pb").values["answer"] == "yes"
+
+
 def test_update_state_never_ends_an_approval_it_queues_behind(make_app: AppFactory) -> None:
     """An approval's approvers, deadline and escalation are Keel's promise: an operator's edit
     of the thread's state waits for the decision instead of cancelling the run (it did, as if

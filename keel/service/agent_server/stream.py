@@ -267,6 +267,16 @@ class Feed:
         events += await self._chunks()
         if self.settled and self._last is not None:
             events += await self._pause(self._last, await self._state(self._last.id))
+        elif self.run["status"] == Status.WAITING:
+            # Paused where it began, on another run's checkpoint (no input on a paused thread):
+            # the state it began from, then its pause there.
+            latest = await self._state(None)
+            began = str((latest.config or {}).get("configurable", {}).get("checkpoint_id") or "")
+            if began:
+                values = jsonable(latest.values)
+                pause = await self._pause(_Seen(began, values, 1), latest)
+                if pause:
+                    events += [Event("values", values, Position(began, 1)), *pause]
         return events
 
     async def _newer(self) -> list[str]:
@@ -284,14 +294,12 @@ class Feed:
                 newer.append(checkpoint_id)
         return newer[::-1]
 
-    async def _state(self, checkpoint_id: str) -> StateSnapshot:
-        config: RunnableConfig = {
-            "configurable": {
-                "thread_id": self.thread_id,
-                "checkpoint_ns": "",
-                "checkpoint_id": checkpoint_id,
-            }
-        }
+    async def _state(self, checkpoint_id: str | None) -> StateSnapshot:
+        """The state at that checkpoint of the run's thread (None: its latest)."""
+        configurable = {"thread_id": self.thread_id, "checkpoint_ns": ""}
+        if checkpoint_id is not None:
+            configurable["checkpoint_id"] = checkpoint_id
+        config: RunnableConfig = {"configurable": configurable}
         state: StateSnapshot = await self.graph.aget_state(config)
         return state
 

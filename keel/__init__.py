@@ -7,6 +7,7 @@ from keel.core.effects.declare import effect
 from keel.core.effects.options import KEY, Retry
 from keel.core.effects.outbox import await_effect, await_effects, enqueue
 from keel.core.errors import (
+    CheckpointNotFound,
     ClockSkew,
     DecisionConflict,
     EffectConflict,
@@ -51,6 +52,7 @@ __all__ = [
     "App",
     "ApprovalDecision",
     "AsyncApp",
+    "CheckpointNotFound",
     "ClockSkew",
     "Decision",
     "DecisionConflict",

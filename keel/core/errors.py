@@ -54,6 +54,10 @@ class ThreadNotFound(KeelError, LookupError):
     """No thread with that id."""
 
 
+class CheckpointNotFound(KeelError, LookupError):
+    """The thread has no checkpoint with that id (a fork's start, a state read)."""
+
+
 class ScheduleNotFound(KeelError, LookupError):
     """No schedule with that id or name."""
 

@@ -19,6 +19,7 @@ from langgraph.types import StateSnapshot
 from keel.core import threads, waits
 from keel.core.codec import dumps, json_default, loads
 from keel.core.errors import (
+    CheckpointNotFound,
     NoPendingWait,
     RunNotFound,
     RunStillGoing,
@@ -155,6 +156,9 @@ class ThreadOperations:
         at `checkpoint_id`. A run without a thread is read by its run id."""
         graph, config = await self._graph_of(thread_id, checkpoint_id)
         snapshot: StateSnapshot = await graph.aget_state(config, subgraphs=subgraphs)
+        if checkpoint_id and snapshot.created_at is None:
+            # LangGraph answers an empty state for a checkpoint it has not: say so instead.
+            raise CheckpointNotFound(f"thread {thread_id} has no checkpoint {checkpoint_id[:80]!r}")
         return snapshot
 
     async def get_history(
@@ -294,6 +298,14 @@ class ThreadOperations:
         then: Claim | None,
         end_paused: bool,
     ) -> Admission:
+        if checkpoint_id and thread_id:
+            # A fork from a checkpoint the thread does not have started from an empty state,
+            # and that became the thread's latest: the conversation reset.
+            where = {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
+            if await self.runtime.fencing().aget_tuple({"configurable": where}) is None:
+                raise CheckpointNotFound(
+                    f"thread {thread_id} has no checkpoint {checkpoint_id[:80]!r} to fork from"
+                )
         return await threads.admit(
             self.runtime.store,
             workflow=wf.name,

@@ -45,6 +45,7 @@ KEEL_ERRORS: tuple[tuple[type[core.KeelError], int, str], ...] = (
     (core.UnknownWorkflow, 422, "unknown_workflow"),
     (core.RunNotFound, 404, "run_not_found"),
     (core.ThreadNotFound, 404, "thread_not_found"),
+    (core.CheckpointNotFound, 404, "checkpoint_not_found"),
     (core.ScheduleNotFound, 404, "schedule_not_found"),
     (core.ScheduleExists, 409, "schedule_exists"),
     (core.WaitNotFound, 404, "approval_not_found"),

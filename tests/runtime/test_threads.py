@@ -186,6 +186,21 @@ def test_rollback_discards_the_superseded_runs_checkpoints(make_app: AppFactory)
     assert state.values["log"] == before.values["log"]  # nothing of the rolled-back run
 
 
+def test_a_fork_from_a_checkpoint_the_thread_has_not_is_refused(make_app: AppFactory) -> None:
+    """LangGraph starts from an empty state for a checkpoint it cannot find: the fork became
+    the thread's latest state and the conversation was reset."""
+    app = make_app()
+    app.workflow("chat")(chat)
+    app.submit("chat", {"messages": [("user", "hello")]}, thread_id="t-nf")
+    drain(app)
+    with pytest.raises(keel.CheckpointNotFound, match="no checkpoint 'nope'"):
+        app.submit("chat", {"messages": [("user", "x")]}, thread_id="t-nf", checkpoint_id="nope")
+    with pytest.raises(keel.CheckpointNotFound):
+        app.get_state("t-nf", "nope")
+    assert len(app.thread_runs("t-nf")) == 1
+    assert texts(app.get_state("t-nf").values)[0] == "hello"
+
+
 def test_a_fork_branches_history_like_langgraph(make_app: AppFactory) -> None:
     app = make_app()
     app.workflow("chat")(chat)

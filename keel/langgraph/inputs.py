@@ -134,9 +134,34 @@ def check_input(workflow: Workflow, value: Any, *, partial: bool = False) -> Non
         raise InvalidInput(message, errors=problems)
 
 
+_QUALIFIERS = frozenset(
+    q for q in (typing.Required, typing.NotRequired, getattr(typing, "ReadOnly", None)) if q
+)
+"""TypedDict's key qualifiers: they say whether a key is needed, not what its value is (pydantic
+cannot build a validator of `Required[str]`: the field went unchecked)."""
+
+
+def _unqualified(hint: Any) -> Any:
+    """`hint` without TypedDict's qualifiers, also inside `Annotated[...]`."""
+    while True:
+        origin = typing.get_origin(hint)
+        if origin in _QUALIFIERS:
+            hint = typing.get_args(hint)[0]
+        elif origin is typing.Annotated:
+            inner = _unqualified(hint.__origin__)
+            return (
+                typing.Annotated[(inner, *hint.__metadata__)]
+                if inner is not hint.__origin__
+                else hint
+            )
+        else:
+            return hint
+
+
 def _adapter(hint: Any) -> TypeAdapter[Any] | None:
     if hint is None:
         return None
+    hint = _unqualified(hint)
     if typing.get_origin(hint) is typing.Annotated and any(
         getattr(extra, "__module__", "") == "langgraph.graph.message" for extra in hint.__metadata__
     ):

@@ -273,6 +273,12 @@ def test_required_fields_of_a_partial_state_are_refused_when_missing(
         app.submit("letter", job_id="l-1", input={"to": "ana@example.com"})
     assert refused.value.errors == ["input.draft: missing (a required field of Letter)"]
     assert app.list_runs() == []
+    # A `Required[str]` field is a string too: the qualifier hid its type from the check.
+    with pytest.raises(InvalidInput) as refused:
+        app.submit("letter", job_id="l-1", input={"to": 5, "draft": {"nested": [1]}})
+    assert sorted(e.split(":")[0] for e in refused.value.errors) == ["input.draft", "input.to"]
+    assert all("valid string" in e for e in refused.value.errors)
+    assert app.list_runs() == []
     app.submit("letter", job_id="l-1", input={"to": "ana@example.com", "draft": "Hi"})
     assert len(app.list_runs()) == 1
 

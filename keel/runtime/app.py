@@ -65,7 +65,7 @@ class App:
             url or os.environ.get("KEEL_DATABASE_URL") or DEFAULT_URL,
             clock=clock,
             artifacts_root=artifacts_dir or os.environ.get("KEEL_ARTIFACTS_DIR", ".keel/artifacts"),
-            lease_ttl=float(os.environ.get("KEEL_LEASE_TTL", lease_ttl)),
+            lease_ttl=_lease_ttl(lease_ttl),
             heartbeat_interval=heartbeat_interval,
             max_input_bytes=max_input_bytes,
             attempts=Attempts(
@@ -238,3 +238,15 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _lease_ttl(given: float) -> float:
+    """$KEEL_LEASE_TTL (seconds) if set, else `given`; a clear UsageError for a value that is
+    no number (a traceback before)."""
+    text = os.environ.get("KEEL_LEASE_TTL")
+    if not text:
+        return given
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"KEEL_LEASE_TTL={text[:40]!r} is not a number of seconds") from None

@@ -13,7 +13,7 @@ from langgraph.store.base import BaseStore
 
 from keel.backends import connect
 from keel.core import notification_outbox
-from keel.core.clock import Clock, SystemClock, database_override, parse_duration
+from keel.core.clock import LONGEST, Clock, SystemClock, database_override, parse_duration
 from keel.core.codec import dumps, loads
 from keel.core.deadlines import sweep_deadlines
 from keel.core.effects.rows import DEFAULT_TIMEOUT
@@ -54,6 +54,9 @@ class Runtime:
         effect_timeout: float | None = None,
         webhooks: WebhookSettings | None = None,
     ) -> None:
+        if not (isinstance(lease_ttl, int | float) and 0 < lease_ttl <= LONGEST):
+            # Zero or less: every worker took its own runs over at once, until they failed.
+            raise UsageError(f"lease_ttl must be a number of seconds above 0, not {lease_ttl!r}")
         self.url = url
         self.heartbeat_interval = heartbeat_interval or lease_ttl / 3
         self.max_input_bytes = max_input_bytes

@@ -134,3 +134,19 @@ def test_an_effect_without_a_timeout_takes_the_apps_default(
     assert declared.timeout == 90.0 and declared.timeout_declared
     with pytest.raises(keel.KeelError, match="timeout"):
         keel.effect("x", timeout="soon")(lambda *, idempotency_key: None)
+
+
+@pytest.mark.parametrize(
+    ("given", "env"), [(0, None), (-5, None), (float("nan"), None), (30, "abc")]
+)
+def test_a_lease_ttl_that_is_no_positive_number_is_refused_clearly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, given: float, env: str | None
+) -> None:
+    """A TTL of zero or less had every worker take its own runs over at once, until they
+    failed ('the run's worker died 9 times'); a TTL that is no number was a traceback."""
+    if env is None:
+        monkeypatch.delenv("KEEL_LEASE_TTL", raising=False)
+    else:
+        monkeypatch.setenv("KEEL_LEASE_TTL", env)
+    with pytest.raises(keel.KeelError, match=r"KEEL_LEASE_TTL|lease_ttl"):
+        keel.App(f"sqlite:///{tmp_path}/k.db", lease_ttl=given)

@@ -180,13 +180,18 @@ def json_value(text: str, where: str) -> Any:
     """`text` as JSON, or exit 2 saying where it is not (and, for a bare word, how a string
     is written)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         hint = f" (a string is written with quotes: '\"{text}\"')" if text.isidentifier() else ""
         fail(
             f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}{hint}",
             BAD_USAGE,
         )
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity; JSON has none, and no other reader takes them back.
+    raise json.JSONDecodeError(f"{name} is not JSON (JSON has no NaN or infinity)", name, 0)
 
 
 def effect_wait(details: RunDetails, wait_id: str | None) -> str | None:

@@ -7,6 +7,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import math
 import uuid
 from typing import Any
 
@@ -38,14 +39,18 @@ door instead, far above what an agent's state needs."""
 
 
 def check_storable(value: Any, what: str) -> None:
-    """InvalidInput if `value` (JSON-like: dicts, lists, text) nests deeper than `MAX_DEPTH`
-    or holds text UTF-8 cannot store (a lone surrogate, which JSON can carry as `\\ud800`)."""
+    """InvalidInput if `value` (JSON-like: dicts, lists, text) nests deeper than `MAX_DEPTH`,
+    holds text UTF-8 cannot store (a lone surrogate, which JSON can carry as `\\ud800`), or a
+    NaN or an infinity (Python's `json` reads and writes them; JSON has none, so they came
+    back as text no other reader takes, or as null)."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
             _unicode(item, what)
             continue
+        if isinstance(item, float) and not math.isfinite(item):
+            raise InvalidInput(f"{what} holds {item!r}, which JSON cannot carry")
         if isinstance(item, dict):
             children: Any = item.values()
             for key in item:

@@ -17,7 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
 from keel.core import threads, waits
-from keel.core.codec import dumps, json_default, loads
+from keel.core.codec import check_storable, dumps, json_default, loads
 from keel.core.errors import (
     CheckpointNotFound,
     NoPendingWait,
@@ -434,6 +434,7 @@ class ThreadOperations:
 def _metadata_json(metadata: dict[str, Any] | None) -> str:
     if metadata is not None and not isinstance(metadata, dict):
         raise UsageError("metadata must be an object")
+    check_storable(metadata, "metadata")
     return dumps(metadata or {})
 
 

@@ -7,6 +7,7 @@ failed its run in the worker (a review's reproductions)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,16 @@ ROUTES: list[tuple[str, str, Callable[[Any], dict[str, Any]]]] = [
 ]
 
 
-@pytest.mark.parametrize("bad", [TOO_DEEP, SURROGATE], ids=["too deep", "surrogate"])
-def test_a_value_that_cannot_be_kept_is_422_and_nothing_is_written(svc: Service, bad: Any) -> None:
-    said = "deeper than" if bad is TOO_DEEP else "not valid Unicode"
+SAID = {"too deep": "deeper than", "surrogate": "not valid Unicode", "nan": "JSON cannot carry"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "case"), [(TOO_DEEP, "too deep"), (SURROGATE, "surrogate"), (math.nan, "nan")]
+)
+def test_a_value_that_cannot_be_kept_is_422_and_nothing_is_written(
+    svc: Service, bad: Any, case: str
+) -> None:
+    said = SAID[case]
     for method, path, body in ROUTES:
         before = counts(svc)
         # As a client sends it: the surrogate escaped (`\ud800`), which is valid JSON.
@@ -73,6 +81,8 @@ def test_the_python_api_refuses_what_it_could_not_run_or_record(make_app: Any) -
         app.submit("echo", {"text": "t"}, thread_id="t", config={"metadata": {"m": TOO_DEEP}})
     with pytest.raises(InvalidInput, match="not valid Unicode"):
         app.submit("echo", {"text": SURROGATE}, thread_id="t")
+    with pytest.raises(InvalidInput, match="JSON cannot carry"):
+        app.create_thread("echo", metadata={"a": math.inf})
     assert app.list_runs() == []
 
 

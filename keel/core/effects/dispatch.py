@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from keel.core.codec import check_storable
 from keel.core.effects.delivery import announce, deliver, encoded
 from keel.core.effects.outbox import EFFECTS, IntentStatus, OutboxEffect
 from keel.core.errors import IntentNotFound, IntentState, UsageError
@@ -248,6 +249,7 @@ async def resolve(
 ) -> Row:
     """A person's answer on an in-doubt (or dead) intent: it reached the provider (delivered,
     never sent again) or it did not (in doubt: delivered now under the same id)."""
+    check_storable(result, "the result")
     store = services.store
     async with store.transaction() as tx:
         row = await _locked(store, tx, intent_id)

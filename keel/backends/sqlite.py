@@ -30,7 +30,7 @@ from keel.backends.sqlite_tx import (
 from keel.backends.sqlite_wal import WAL_CHECKPOINT_BYTES as WAL_CHECKPOINT_BYTES
 from keel.backends.sqlite_wal import WalKeeper, open_wal
 from keel.backends.sqlite_wal import checkpoint as _checkpoint
-from keel.core.errors import LeaseLost
+from keel.core.errors import LeaseLost, UsageError
 from keel.core.ids import digest
 from keel.core.notifications import notification_payload
 from keel.core.store.base import BULKY, Params, Row, Tx, load_queries, writing
@@ -372,10 +372,13 @@ class SqliteConnector:
 def sqlite_path(url: str) -> str:
     """`sqlite:///relative/path.db`, `sqlite:////abs/path.db`, `sqlite:///:memory:`."""
     if not url.startswith("sqlite://"):
-        raise ValueError(f"not a SQLite URL: {url!r}")
+        raise UsageError(f"not a SQLite URL: {url!r}")
     rest = url.removeprefix("sqlite://")
     if rest.startswith("/"):
         rest = rest[1:]
     if not rest:
-        raise ValueError("a SQLite URL needs a file path: sqlite:///.keel/keel.db")
+        raise UsageError("a SQLite URL needs a file path: sqlite:///.keel/keel.db")
+    if "?" in rest:
+        # Taken as part of the file's name, it made a new, empty database beside the one meant.
+        raise UsageError(f"a SQLite URL takes no query (?...): {url[:200]!r}")
     return rest

@@ -190,6 +190,9 @@ def worker(
     typer.echo(f"worker stopped: {stats}")
 
 
+UVICORN_STARTUP_FAILURE = 3
+
+
 @cli.command()
 @guarded
 @observe.logged
@@ -243,15 +246,21 @@ def serve(
     check_database(loaded, hint=APP_HINT)
     # Tokens are read and checked, and their absence warned of once, by create_app.
     # Given the spec, the server owns the App and closes it when uvicorn shuts down.
-    serve_http(
-        app,
-        host=host,
-        port=port,
-        log_level=logging.getLevelName(logging.getLogger().level).lower(),
-        header_timeout=header_timeout,
-        body_timeout=body_timeout,
-        cors_origins=cors_origin or None,
-    )
+    try:
+        serve_http(
+            app,
+            host=host,
+            port=port,
+            log_level=logging.getLevelName(logging.getLogger().level).lower(),
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            cors_origins=cors_origin or None,
+        )
+    except SystemExit as exc:
+        if exc.code != UVICORN_STARTUP_FAILURE:
+            raise
+        # uvicorn exits 3 when it cannot start (a port in use): 3 is `keel replay`'s divergence.
+        fail(f"cannot serve on {host}:{port}: the server did not start (its error is above)")
 
 
 @cli.command()

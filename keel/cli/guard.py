@@ -138,9 +138,14 @@ def guarded(fn: Callable[P, R]) -> Callable[P, R]:
         except KeelError as exc:
             code, words = next((c, w) for cls, c, w in KEEL_ERRORS if isinstance(exc, cls))
             fail(words(exc) if words else str(exc), code)
+        except OverflowError as exc:
+            # A number past what the database (or a date) holds: --limit 99999999999999999999.
+            fail(f"a number given is out of range: {exc}", BAD_USAGE)
         except Exception as exc:
             if not database_error(exc):
                 raise
+            if type(exc).__name__ == "NumericValueOutOfRange":  # PostgreSQL's word for it
+                fail(f"a number given is out of range: {exc}".strip(), BAD_USAGE)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             fail(f"database error ({type(exc).__name__}): {redact(first)}")
 

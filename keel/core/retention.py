@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import shutil
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from keel.core.artifacts import RunArtifacts
+from keel.core.clock import LONGEST
 from keel.core.errors import UsageError
 from keel.core.faults import fault_point
 from keel.core.lifecycle import FINISHED, Status
@@ -41,23 +43,36 @@ def parse_age(text: str | float) -> float:
                 f"age {text!r} is not a number followed by s, m, h, d or w (e.g. 30d, 12h)"
             )
         seconds = float(found.group(1)) * _UNIT[found.group(2)]
-    if seconds <= 0:
+    if not seconds > 0:  # NaN included
         raise UsageError(f"age {text!r} must be more than zero")
+    if seconds > LONGEST:
+        raise UsageError(f"age {str(text)[:40]!r} is longer than a century")
+    return seconds
+
+
+def _finite(seconds: float, given: object) -> float:
+    # `nan` dropped the filter (every run listed), `1e400` read as the end of time.
+    if not math.isfinite(seconds):
+        raise UsageError(
+            f"time {str(given)[:40]!r} is not a moment (epoch seconds, 2h, an ISO date)"
+        )
     return seconds
 
 
 def parse_moment(text: str | float | None, now: float) -> float | None:
     """A moment (epoch seconds) from `2h`, `7d` (that long before `now`), an ISO date or time
     (`2026-08-07`, `2026-08-07T09:30`; UTC unless it says otherwise) or epoch seconds."""
-    if text is None or isinstance(text, int | float):
-        return None if text is None else float(text)
+    if text is None:
+        return None
+    if isinstance(text, int | float):
+        return _finite(float(text), text)
     text = text.strip()
     if not text:
         return None
     if _AGE.match(text) and not text.replace(".", "", 1).isdigit():
         return now - parse_age(text)
     try:
-        return float(text)
+        return _finite(float(text), text)
     except ValueError:
         pass
     try:

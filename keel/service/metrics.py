@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from keel.core import logs
+from keel.core.errors import UsageError
 from keel.runtime.app import App
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "generate_latest", "metrics_for"]
@@ -319,7 +320,10 @@ class Metrics(logging.Handler):
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Serve this registry on http://host:port/metrics from a daemon thread."""
-        start_http_server(port, addr=host, registry=self.registry)
+        try:
+            start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:  # the port in use: a traceback before
+            raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
 
     def detach(self) -> None:
         """Stop counting (not `close`: logging's own reconfiguration, as uvicorn does at start,

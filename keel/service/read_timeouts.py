@@ -19,6 +19,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from keel.core.clock import parse_duration
+from keel.core.errors import UsageError
 
 HEADER_TIMEOUT = 10.0
 BODY_TIMEOUT = 30.0
@@ -32,7 +33,10 @@ def read_timeouts(
     $KEEL_HTTP_BODY_TIMEOUT, else 10 s and 30 s."""
     header = header_timeout or os.environ.get("KEEL_HTTP_HEADER_TIMEOUT") or HEADER_TIMEOUT
     body = body_timeout or os.environ.get("KEEL_HTTP_BODY_TIMEOUT") or BODY_TIMEOUT
-    return parse_duration(header), parse_duration(body)
+    try:
+        return parse_duration(header), parse_duration(body)
+    except ValueError as exc:  # a traceback from `keel serve --header-timeout nan` before
+        raise UsageError(f"HTTP read timeout: {exc}") from None
 
 
 def protocol_with(header_timeout: float, body_timeout: float) -> type[H11Protocol]:

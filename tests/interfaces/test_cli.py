@@ -401,6 +401,29 @@ def test_errors_are_one_red_line_with_an_exit_code(
     assert json.loads(invoke(env, "runs", "list", "--json", "--db", db_url).stdout) == []
 
 
+def test_odd_numbers_times_and_urls_are_one_line_with_exit_2(
+    env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    """Each was a traceback, or silently did something else (a `nan` filter listed every
+    run; a URL's `?mode=ro` made a new database named after it)."""
+    cases: list[tuple[tuple[str, ...], str]] = [
+        (("runs", "list", "--limit", "99999999999999999999", "--db", db_url), "out of range"),
+        (("runs", "list", "--since", "nan", "--db", db_url), "is not a moment"),
+        (("runs", "list", "--until", "1e400", "--db", db_url), "is not a moment"),
+        (("prune", "--older-than", "9" * 30 + "d", "--dry-run", "--db", db_url), "a century"),
+        (("runs", "list", "--db", f"sqlite:///{tmp_path}/k.db?mode=ro"), "takes no query"),
+        (("runs", "list", "--db", "sqlite:///"), "needs a file path"),
+        (("threads", "create", WORKFLOW, "--app", FRESH, "--metadata", '{"a": NaN}'), "NaN"),
+    ]
+    for args, said in cases:
+        result = invoke(env, *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert said in one_error_line(result.stderr), args
+    assert not (tmp_path / "k.db?mode=ro").exists()
+    ttl = invoke({**env, "KEEL_LEASE_TTL": "-5"}, "runs", "list", "--db", db_url)
+    assert ttl.exit_code == 2 and "lease_ttl" in one_error_line(ttl.stderr)
+
+
 def test_submit_tells_of_other_input_for_the_job_and_if_exists_refuses_it(
     env: dict[str, str],
 ) -> None:

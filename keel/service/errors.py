@@ -330,10 +330,10 @@ async def _drain(receive: Receive) -> None:
 FORM_PATHS = ("/slack/actions",)
 """Slack posts its actions form-encoded."""
 FORM_PREFIXES = ("/ui/",)
+"""The console's pages post HTML forms; every other body Keel reads is JSON."""
 HOOKS = ("/hooks/",)
 """Inbound webhooks judge their bodies themselves, after the signature, in their own words
 (keel.service.hooks)."""
-"""The console's pages post HTML forms; every other body Keel reads is JSON."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -60,6 +60,8 @@ from keel.core.errors import RunNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
 from keel.core.store.store import Store
+from keel.core.threads import run_config
+from keel.langgraph import static_interrupts
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.runtime.conversations import jsonable, shown
@@ -163,6 +165,11 @@ class Feed:
         were superseded."""
         self._marks: list[Event] = []
         self._told: set[int] = set()
+        self._breakpoints = bool(
+            static_interrupts.invoke_options(run_config(run))
+            or static_interrupts.compiled_with(graph)
+        )
+        """Whether the run can pause on a breakpoint: only then is a block asked about one."""
 
     @classmethod
     async def open(cls, keel_app: App, graphs: Graphs, run_id: str, after: Position | None) -> Feed:
@@ -313,7 +320,10 @@ class Feed:
             before = await self._state(last.id)  # again: its tasks' writes committed since
             out += await self._pause(last, before)
             paused = _paused(before)
-            if paused or await stream_pauses.paused_statically(self._store, self.run_id, last.id):
+            if paused or (
+                self._breakpoints
+                and await stream_pauses.paused_statically(self._store, self.run_id, last.id)
+            ):
                 # The run went on from a pause there: first the state it goes on from.
                 block.append(("values", last.values))
             for task in before.tasks:

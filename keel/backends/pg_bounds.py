@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -80,13 +81,19 @@ class Watch:
     on a new connection and wait for the server to answer it (up to 5 s each), over the same
     dead path. A socket shut down wakes whatever waits on it at once (end of file, or a broken
     pipe), libpq calls the connection lost, and psycopg raises OperationalError: no request,
-    no wait, nothing that can hang."""
+    no wait, nothing that can hang.
 
-    __slots__ = ("bound", "conn", "fired", "handle", "what")
+    The bound judges the path, not the worker: a timer that fires late (the event loop or the
+    whole process was starved: a GC pause, CPU steal, a loaded host) first looks whether the
+    answer is already waiting on the socket, and gives the path once more the time the loop
+    was away, up to one bound more: a dead path is abandoned within twice the bound."""
+
+    __slots__ = ("bound", "conn", "fired", "handle", "last_chance", "what")
 
     def __init__(self, conn: AsyncConnection[Any], bound: float, what: str) -> None:
         self.conn, self.bound, self.what, self.fired = conn, bound, what, False
         self.handle: asyncio.TimerHandle | None = None
+        self.last_chance: float | None = None
 
     def __enter__(self) -> Watch:
         self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
@@ -106,15 +113,28 @@ class Watch:
             ) from exc
 
     def _fire(self) -> None:
+        assert self.handle is not None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if self.conn in unbounded:  # a migration's DDL or lock wait: look again later
-            self.handle = asyncio.get_running_loop().call_later(self.bound, self._fire)
+            self.handle = loop.call_later(self.bound, self._fire)
             return
-        self.fired = True
-        _warn_timeout(self.conn, self.bound, self.what)
         try:
             fd = self.conn.pgconn.socket
         except psycopg.Error:
             return  # closed meanwhile
+        if self.last_chance is None:
+            self.last_chance = now + self.bound
+        late = now - self.handle.when()
+        waiting = _answered(fd)
+        if now < self.last_chance and (waiting or late > self.bound * STARVED_SHARE):
+            # The loop, not the path, was slow: psycopg reads a waiting answer next; a stalled
+            # loop gives the path back the time it was away.
+            again = STARVED_GRACE if waiting else late
+            self.handle = loop.call_at(min(now + again, self.last_chance), self._fire)
+            return
+        self.fired = True
+        _warn_timeout(self.conn, self.bound, self.what)
         sock = socket.socket(fileno=fd)
         try:
             sock.shutdown(socket.SHUT_RDWR)
@@ -122,6 +142,21 @@ class Watch:
             pass
         finally:
             sock.detach()  # the descriptor stays libpq's: closed with the connection
+
+
+STARVED_SHARE = 0.25
+"""A timer this share of the bound late means the loop was away: the path gets that time again."""
+STARVED_GRACE = 0.1
+"""Seconds before looking again at a connection whose answer was waiting unread."""
+
+
+def _answered(fd: int) -> bool:
+    """Whether something (an answer, or the end of the stream) waits unread on the socket."""
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return bool(readable)
 
 
 unbounded: set[AsyncConnection[Any]] = set()

@@ -158,3 +158,76 @@ def test_waiting_for_a_connection_is_bounded_when_none_can_be_made(
             await store.db.close()
 
     asyncio.run(scenario())
+
+
+async def _started(call: Awaitable[Any]) -> asyncio.Task[Any]:
+    task = asyncio.ensure_future(call)
+    await asyncio.sleep(0.1)  # the query is on the wire (its reply held by the proxy)
+    assert not task.done()
+    return task
+
+
+def _stall_loop(seconds: float) -> None:
+    """What a GC pause, CPU steal or a loaded host does to a worker: nothing on the loop runs."""
+    time.sleep(seconds)
+
+
+def test_a_loop_stalled_past_the_bound_keeps_an_answer_that_arrived(
+    db_url: str, proxy: NetProxy
+) -> None:
+    """The reply came back while the worker's loop was frozen past the bound: the round trip
+    succeeded, and its connection is not abandoned for the worker's own stall."""
+    store = _store(proxy.url_for(db_url))
+
+    async def scenario() -> None:
+        await store.db.open()
+        try:
+            await _read(store)
+            proxy.hold_replies(0)
+            await _read(store)  # every connection the pool keeps is open now
+            connections = proxy.counters().accepted
+            proxy.hold_replies(BOUND / 4)
+            task = await _started(_read(store))
+            _stall_loop(BOUND * 1.6)  # the reply arrives during the stall
+            failed, _ = await _timed(task, patience=BOUND + 8)
+            assert failed is None, repr(failed)
+            proxy.hold_replies(0)
+            for _ in range(3):
+                await _read(store)
+            assert proxy.counters().accepted == connections, "a connection was abandoned"
+        finally:
+            await store.db.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_loop_stalled_before_its_answer_came_gives_the_path_its_time_back(
+    db_url: str, proxy: NetProxy
+) -> None:
+    """A stall while the reply is still on its way: the path gets back the time the loop was
+    away; a reply within that time is kept, and a dead path is still abandoned, within twice
+    the bound of the stall's end."""
+    store = _store(proxy.url_for(db_url))
+
+    async def scenario() -> None:
+        await store.db.open()
+        try:
+            await _read(store)
+            proxy.hold_replies(BOUND * 1.7)  # arrives after the stall ends, within its time
+            task = await _started(_read(store))
+            _stall_loop(BOUND * 1.4)
+            failed, _ = await _timed(task, patience=BOUND + 8)
+            assert failed is None, repr(failed)
+
+            proxy.hang()
+            task = await _started(_read(store))
+            _stall_loop(BOUND * 1.4)
+            resumed = time.monotonic()
+            failed, took = await _timed(task, patience=BOUND * 2 + 8)
+            assert isinstance(failed, RoundTripTimeout), repr(failed)
+            assert took <= BOUND * 2, took
+            assert time.monotonic() - resumed >= BOUND * 0.3
+        finally:
+            await store.db.close()
+
+    asyncio.run(scenario())

@@ -13,12 +13,13 @@ database's (`keel_hook_deliveries`), so a replay never admits a second run.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keel.core.errors import InvalidId, UsageError
+from keel.core.errors import InvalidId, InvalidInput, UsageError
 from keel.core.ids import validate_job_id
 from keel.core.store.store import Store
 from keel.core.webhooks import (
@@ -39,6 +40,7 @@ MAX_BYTES = 1_000_000
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _FIELD = re.compile(r"\{([^{}]+)\}")
 _JOB_CHARS = re.compile(r"[^a-z0-9._-]+")
+log = logging.getLogger("keel.runtime.inbound")
 
 
 class BadPayload(UsageError):
@@ -178,6 +180,22 @@ async def accept(
     seen = await store.record_hook_delivery(hook, delivery_id)
     if seen is not None and seen["run_id"]:
         return str(seen["run_id"]), True
-    submitted = await submit(workflow, input, job_id=job_id)
+    try:
+        submitted = await submit(workflow, input, job_id=job_id)
+    except (InvalidInput, UsageError):
+        if seen is None:  # refused (a 400): not remembered, so the delivery fixed is admitted
+            await store.forget_hook_delivery(hook, delivery_id)
+        raise
     await store.set_hook_delivery_run(hook, delivery_id, submitted.run_id)
+    if seen is None and not submitted.created:
+        # A new delivery whose job already had its run (a `job_id=` template that maps
+        # several events to one job): that run goes on, this payload is not its input.
+        log.info(
+            "webhook %s: delivery %s admitted no run: its job %s already has run %s",
+            hook,
+            delivery_id,
+            job_id,
+            submitted.run_id,
+            extra={"event": "webhook.folded", "run_id": submitted.run_id},
+        )
     return submitted.run_id, seen is not None

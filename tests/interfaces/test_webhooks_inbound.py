@@ -138,6 +138,36 @@ def test_a_replayed_delivery_answers_the_same_run(served: tuple[keel.App, str]) 
     assert json.loads(app.get_run(first.json()["run_id"]).run["input"]) == {"text": "one"}
 
 
+def test_a_delivery_its_workflow_refuses_is_not_remembered(
+    served: tuple[keel.App, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hook maps the payload, and the workflow refuses the input's shape (a 400): the
+    delivery is not remembered, so the sender's fixed delivery under the same id admits its
+    run as a first delivery. A new delivery folded into its job's run says so in the log."""
+    app, url = served
+    refused = standard(url, b'{"text": 5}', "msg_fix")
+    assert (refused.status_code, refused.json()["error"]) == (400, "bad_payload")
+    assert runs(app) == []
+    fixed = standard(url, b'{"text": "five"}', "msg_fix")
+    assert fixed.status_code == 202, fixed.text
+    assert fixed.json()["duplicate"] is False
+    assert [r["run_id"] for r in runs(app)] == [fixed.json()["run_id"]]
+
+    gh = {"x-github-delivery": "", "content-type": "application/json"}
+    answers = []
+    for delivery, action in (("gh-1", "opened"), ("gh-2", "synchronize")):
+        body = json.dumps({"action": action, "pull_request": {"number": 7}}).encode()
+        digest = hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
+        headers = {**gh, "x-github-delivery": delivery, "x-hub-signature-256": f"sha256={digest}"}
+        answers.append(httpx.post(f"{url}/hooks/gh", content=body, headers=headers).json())
+    assert answers[0]["run_id"] == answers[1]["run_id"]
+    folded = [r for r in caplog.records if getattr(r, "event", None) == "webhook.folded"]
+    assert [r.getMessage() for r in folded] == [
+        f"webhook gh: delivery gh-2 admitted no run: its job pr-7 already has run "
+        f"{answers[0]['run_id']}"
+    ]
+
+
 def test_fifty_identical_deliveries_at_once_admit_one_run(served: tuple[keel.App, str]) -> None:
     app, url = served
     body = b'{"text": "storm"}'

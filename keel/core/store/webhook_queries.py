@@ -53,3 +53,9 @@ class WebhookQueries:
                 "set_hook_delivery_run",
                 {"hook": hook, "delivery_id": delivery_id, "run_id": run_id},
             )
+
+    async def forget_hook_delivery(self, hook: str, delivery_id: str) -> None:
+        """Forget a delivery whose submit was refused (it admitted no run): the same delivery
+        id, fixed, is then a first delivery."""
+        async with self.db.transaction() as tx:
+            await tx.execute("forget_hook_delivery", {"hook": hook, "delivery_id": delivery_id})

@@ -1332,6 +1332,11 @@ SELECT * FROM keel_hook_deliveries WHERE hook = :hook AND delivery_id = :deliver
 UPDATE keel_hook_deliveries SET run_id = :run_id
 WHERE hook = :hook AND delivery_id = :delivery_id AND run_id IS NULL;
 
+-- name: forget_hook_delivery
+-- An inbound delivery whose submit was refused: no run, so a fixed one with its id is admitted.
+DELETE FROM keel_hook_deliveries
+WHERE hook = :hook AND delivery_id = :delivery_id AND run_id IS NULL;
+
 -- name: delete_finished_run
 -- Delete one finished run of a thread (the Agent Server's DELETE of a run); nothing if it is
 -- unfinished or not that thread's.

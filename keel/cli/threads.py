@@ -43,9 +43,11 @@ from keel.cli.render import out
 from keel.core.errors import ThreadBusy
 from keel.core.lifecycle import Status
 from keel.core.store.base import Row
-from keel.core.threads import first_unfinished
 from keel.runtime.app import App
 from keel.runtime.conversations import state_json
+
+SHOWN_RUNS = 1000
+"""The runs `keel threads show` lists: the thread's latest, in their order."""
 
 threads_cli = typer.Typer(
     no_args_is_help=True,
@@ -93,19 +95,19 @@ def _needs_app(app: str | None, command: str, why: str) -> None:
 
 def _still_waiting(loaded: App, thread_id: str, timeout: float) -> NoReturn:
     """update-state's run did not end within --timeout: say why, as far as the thread tells."""
-    runs = loaded.thread_runs(thread_id)
+    runs = loaded.thread_runs(thread_id, newest=True)
     unfinished = (Status.QUEUED, Status.RUNNING)
     update = next(
         (
             r
-            for r in reversed(runs)
+            for r in runs
             if r["status"] in unfinished and thread_view.started_with(r) == "update_state"
         ),
         None,
     )
     if update is None:  # it ended just now
         fail(f"the state update did not end within {timeout:g} s; see `keel threads show`")
-    rid, active = update["run_id"], first_unfinished(runs)
+    rid, active = update["run_id"], loaded.active_run(thread_id)
     if active is not None and active["run_id"] != rid:
         fail(
             f"the state update (run {rid}) is queued behind run {active['run_id']} "
@@ -202,8 +204,8 @@ def threads_show(
     strategy), and what its active run waits on, with the command that answers it."""
     with open_app(app, db) as loaded:
         thread = loaded.get_thread(thread_id)
-        runs = loaded.thread_runs(thread_id)
-        active = first_unfinished(runs)
+        runs = loaded.thread_runs(thread_id, SHOWN_RUNS, newest=True)[::-1]
+        active = loaded.active_run(thread_id)
         waits: list[Row] = []
         if active is not None and active["status"] == Status.WAITING:
             details = loaded.get_run(str(active["run_id"]))
@@ -349,7 +351,7 @@ def threads_submit(
                 "with --strategy enqueue (run after it), interrupt or rollback (stop it), or "
                 "wait for it"
             )
-        active = first_unfinished(loaded.thread_runs(thread_id)) if row.created else None
+        active = loaded.active_run(thread_id) if row.created else None
     if as_json:
         keys: tuple[str, ...] = (
             "run_id",

@@ -219,6 +219,7 @@ class App:
     delete_thread = sync_of(AsyncApp.delete_thread)
     copy_thread = sync_of(AsyncApp.copy_thread)
     thread_runs = sync_of(AsyncApp.thread_runs)
+    active_run = sync_of(AsyncApp.active_run)
     get_state = sync_of(AsyncApp.get_state)
     get_history = sync_of(AsyncApp.get_history)
     update_state = sync_of(AsyncApp.update_state)

@@ -122,8 +122,7 @@ class ThreadOperations:
         performed stays on record."""
         thread = await self.get_thread(thread_id)
         if thread["status"] in ("busy", "interrupted"):
-            runs = await self.runtime.store.thread_runs(thread_id)
-            active = threads.first_unfinished(runs)
+            active = await self.runtime.store.thread_active_run(thread_id)
             raise ThreadBusy(
                 f"thread {thread_id} has an unfinished run; cancel it first",
                 thread_id=thread_id,
@@ -140,11 +139,20 @@ class ThreadOperations:
             raise UsageError(f"thread {target} already exists")
         return await self.get_thread(target)
 
-    async def thread_runs(self, thread_id: str, limit: int = 1000) -> list[Row]:
-        """The thread's runs in their order (rolled-back and interrupted ones included: their
-        `termination_reason` says so, and their effects stay in their ledgers)."""
+    async def thread_runs(
+        self, thread_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Row]:
+        """The thread's first `limit` runs in their order, or with `newest` its last ones,
+        newest first (rolled-back and interrupted ones included: their `termination_reason`
+        says so, and their effects stay in their ledgers)."""
         await self.get_thread(thread_id)
-        return await self.runtime.store.thread_runs(thread_id, limit)
+        return await self.runtime.store.thread_runs(thread_id, limit, newest=newest)
+
+    async def active_run(self, thread_id: str) -> Row | None:
+        """The thread's active run: its first queued, running or waiting run (None when all
+        are finished), however many runs the thread has."""
+        await self.get_thread(thread_id)
+        return await self.runtime.store.thread_active_run(thread_id)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -394,7 +402,7 @@ class ThreadOperations:
             if row is None or row.get("thread_id"):
                 raise ThreadNotFound(f"no thread {thread_id!r}")
             return row
-        active = threads.first_unfinished(await store.thread_runs(thread_id))
+        active = await store.thread_active_run(thread_id)
         if active is None:
             raise NoPendingWait(f"thread {thread_id} has no run waiting for input")
         return active

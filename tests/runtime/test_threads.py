@@ -100,6 +100,34 @@ def test_an_interrupt_is_resumed_with_any_value_once(make_app: AppFactory) -> No
         app.resume("t-ask", "late")
 
 
+def test_a_thread_past_a_thousand_runs_finds_its_active_run(make_app: AppFactory) -> None:
+    """A long conversation (a chat, a schedule on a thread) passes any page of runs: the run
+    waiting now is still the one every resume path answers, and the latest runs list first."""
+    app = make_app()
+    app.workflow("ask")(asking)
+    submitted = [
+        app.submit(
+            "ask", {"question": f"q{n}?"}, thread_id="t-long", multitask_strategy="interrupt"
+        ).run_id
+        for n in range(1002)  # each stops the one before it while it is still queued
+    ]
+    drain(app)
+    latest = submitted[-1]
+    assert app.get_thread("t-long")["status"] == "interrupted"
+    active = app.active_run("t-long")
+    assert active is not None and (active["run_id"], active["status"]) == (latest, "waiting")
+    newest = app.thread_runs("t-long", 3, newest=True)
+    assert [r["run_id"] for r in newest] == submitted[:-4:-1]
+    with pytest.raises(ThreadBusy) as busy:
+        app.delete_thread("t-long")
+    assert busy.value.active_run == latest
+    row = app.resume("t-long", "teal", by="alice")
+    assert row["run_id"] == latest
+    drain(app)
+    assert app.get_run(latest).status == "completed"
+    assert app.active_run("t-long") is None
+
+
 def test_new_input_that_ends_a_pause_drops_the_request_queued_about_it(
     make_app: AppFactory,
 ) -> None:

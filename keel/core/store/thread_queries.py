@@ -103,10 +103,19 @@ class ThreadQueries:
             "update_thread_metadata", {"thread_id": thread_id, "metadata": json.dumps(metadata)}
         )
 
-    async def thread_runs(self, thread_id: str, limit: int = 1000) -> list[Row]:
-        """The thread's runs in their order."""
+    async def thread_runs(
+        self, thread_id: str, limit: int = 1000, *, newest: bool = False
+    ) -> list[Row]:
+        """The thread's first `limit` runs in their order; `newest`: its last ones, newest
+        first."""
+        query = "thread_runs_newest" if newest else "thread_runs"
         async with self.db.read() as tx:
-            return await tx.all("thread_runs", {"thread_id": thread_id, "limit": limit})
+            return await tx.all(query, {"thread_id": thread_id, "limit": limit})
+
+    async def thread_active_run(self, thread_id: str) -> Row | None:
+        """The thread's active run (its first unfinished one), however many runs it has."""
+        async with self.db.read() as tx:
+            return await tx.one("thread_active_run", {"thread_id": thread_id})
 
     async def thread_runs_after(self, thread_id: str, after: int, limit: int = 100) -> list[Row]:
         """The thread's runs placed after `after` (a `thread_seq`), in their order."""

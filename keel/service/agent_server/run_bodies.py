@@ -11,7 +11,7 @@ import anyio.to_thread
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
 from keel.core.store.base import Row
-from keel.core.threads import check_config, first_unfinished
+from keel.core.threads import check_config
 from keel.langgraph.static_interrupts import KWARGS, STATIC_WAITS
 from keel.runtime.app import App
 from keel.service.errors import Refused
@@ -82,7 +82,7 @@ def paused_statically(keel_app: App, thread: Row) -> bool:
     a run without input or command then goes on from it, as in LangGraph."""
     if thread.get("status") != "interrupted":
         return False
-    active = first_unfinished(keel_app.thread_runs(str(thread["thread_id"])))
+    active = keel_app.active_run(str(thread["thread_id"]))
     if active is None:
         return False
     return any(

@@ -46,7 +46,7 @@ from sse_starlette.sse import EventSourceResponse
 from keel.core.errors import InvalidInput, KeelError, RunStillGoing, ThreadNotFound
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.store.base import Row
-from keel.core.threads import first_unfinished, new_id
+from keel.core.threads import new_id
 from keel.langgraph.inputs import check_input
 from keel.runtime.app import App
 from keel.service.agent_server import stream
@@ -294,7 +294,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         if resume and thread_id is not None:
             visible_thread(auth, keel_app, principal, thread_id, "read")
             # Where the paused run's events stand, read before the answer lets it go on.
-            active = first_unfinished(keel_app.thread_runs(thread_id))
+            active = keel_app.active_run(thread_id)
             if active is not None:
                 waiting = feed(str(active["run_id"]), None)
         row, _thread, modes = admit(body, thread_id, principal)
@@ -349,9 +349,9 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         ] = None,
         select: Annotated[list[str] | None, Query()] = None,
     ) -> list[dict[str, Any]]:
-        """The thread's runs, newest first (of its first 1000)."""
+        """The thread's runs, newest first (of its latest 1000)."""
         visible_thread(auth, keel_app, principal, thread_id, "read")
-        rows = keel_app.thread_runs(thread_id, MAX_LIST)[::-1]
+        rows = keel_app.thread_runs(thread_id, MAX_LIST, newest=True)
         if status is not None:
             rows = [r for r in rows if run_status(r) == status]
         return [selected(shape(r), select) for r in rows[offset : offset + limit]]

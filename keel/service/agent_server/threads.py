@@ -159,8 +159,8 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
             current = None
         error = None
         if thread["status"] == "error":
-            runs = keel_app.thread_runs(thread["thread_id"])
-            error = runs[-1]["error"] if runs else None
+            runs = keel_app.thread_runs(thread["thread_id"], 1, newest=True)
+            error = runs[0]["error"] if runs else None
         return thread_shape(thread, current, error)
 
     def create(thread_id: str, graph: str | None, metadata: dict[str, Any]) -> Row | None:

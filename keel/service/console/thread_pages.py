@@ -15,7 +15,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from keel.core import threads
 from keel.core.codec import loads
 from keel.core.errors import KeelError
 from keel.core.ids import whole_number
@@ -96,8 +95,8 @@ def thread_page(
     in its form, so nothing a person typed is lost."""
     thread = keel_app.get_thread(thread_id)
     q = request.query_params
-    runs = keel_app.thread_runs(thread_id, limit=RUNS)
-    active = threads.first_unfinished(runs)
+    runs = keel_app.thread_runs(thread_id, RUNS, newest=True)[::-1]  # its latest, in order
+    active = keel_app.active_run(thread_id)
     waits = []
     if active is not None and active["status"] == "waiting":
         details = keel_app.get_run(str(active["run_id"]))

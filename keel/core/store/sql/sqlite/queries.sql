@@ -1069,6 +1069,17 @@ RETURNING *;
 -- A thread's runs in their order.
 SELECT * FROM keel_runs WHERE thread_id = :thread_id ORDER BY thread_seq LIMIT :limit;
 
+-- name: thread_runs_newest
+-- A thread's latest runs, newest first.
+SELECT * FROM keel_runs WHERE thread_id = :thread_id ORDER BY thread_seq DESC LIMIT :limit;
+
+-- name: thread_active_run
+-- A thread's active run: its first not finished (queued, running, waiting), however long the
+-- thread is.
+SELECT * FROM keel_runs
+WHERE thread_id = :thread_id AND status IN ('queued', 'running', 'waiting')
+ORDER BY thread_seq LIMIT 1;
+
 -- name: thread_unfinished
 -- A thread's runs not finished (queued, running, waiting), in their order.
 SELECT run_id, status, thread_seq FROM keel_runs

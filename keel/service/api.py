@@ -98,7 +98,10 @@ def create_app(
     known = load_tokens(tokens)
     if not known and not open_loopback:
         log.warning(no_tokens(from_env=tokens is None))
-    auth = Authenticator(known, limit=failure_limit, open_loopback=open_loopback)
+    origins = cors_origins_from(cors_origins)
+    auth = Authenticator(
+        known, limit=failure_limit, open_loopback=open_loopback, loopback_origins=origins
+    )
     api = FastAPI(
         title="Keel",
         version=_version(),
@@ -112,7 +115,6 @@ def create_app(
     api.state.keel = keel_app
     install(api)
     api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    origins = cors_origins_from(cors_origins)
     if origins:
         # Added after BodyLimit, so outside it: a preflight is answered before any other
         # check, and a refusal (413, 401) still carries the headers a browser needs to read it.

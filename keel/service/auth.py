@@ -101,6 +101,26 @@ def is_loopback(client: str) -> bool:
     return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def loopback_page(request: Request, origins: frozenset[str]) -> bool:
+    """Whether a tokenless loopback request may act as this machine: not sent by a browser page
+    of another site, unless that origin is one the server lets in (`cors_origins`: Studio's,
+    a chat UI's). A page's request carries `Origin` (a POST always does) or, without it,
+    `Sec-Fetch-Site`. A page of the server's own origin counts only when that origin is a
+    loopback name, so a DNS-rebound page (its own name pointing at 127.0.0.1) gets nothing."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return request.headers.get("sec-fetch-site", "none") in ("none", "same-origin")
+    origin = origin.rstrip("/")
+    if origin in origins or "*" in origins:
+        return True
+    host = request.headers.get("host", "")
+    own = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return own in LOOPBACK_HOSTS and origin == f"{request.url.scheme}://{host}"
+
+
 # -- token strength -------------------------------------------------------------------------
 
 _LOWER, _UPPER, _DIGITS = string.ascii_lowercase, string.ascii_uppercase, string.digits
@@ -327,11 +347,15 @@ class Authenticator:
         secret: bytes | None = None,
         limit: FailureLimit | None = None,
         open_loopback: bool = False,
+        loopback_origins: Iterable[str] = (),
     ) -> None:
         """`open_loopback` (`keel dev` only): a request from a loopback address that sends no
-        token is `LOOPBACK`, with every scope; one that sends a token is judged as always."""
+        token is `LOOPBACK`, with every scope, unless a browser page of another origin than
+        `loopback_origins` (the CORS origins) sent it (`loopback_page`); one that sends a
+        token is judged as always."""
         self._secret = token_secret() if secret is None else secret
         self.open_loopback = open_loopback
+        self.loopback_origins = frozenset(o.rstrip("/") for o in loopback_origins)
         self.limit = FailureLimit() if limit is None else limit
         # Compared as digests so every candidate costs the same, whatever its length.
         self._tokens: list[tuple[bytes, str, frozenset[str]]] = []
@@ -374,8 +398,15 @@ class Authenticator:
             self.limit.check(client)
             token = credentials.credentials if credentials is not None else api_key
             if token is None and self.open_loopback and is_loopback(client):
-                request.state.principal = LOOPBACK
-                return LOOPBACK
+                if loopback_page(request, self.loopback_origins):
+                    request.state.principal = LOOPBACK
+                    return LOOPBACK
+                raise AuthError(
+                    401,
+                    "unauthenticated",
+                    "a page of another site gets no token-free access to keel dev: send "
+                    "`Authorization: Bearer <token>`, or let its origin in with --cors-origin",
+                )
             if token is None:
                 raise AuthError(
                     401,

@@ -423,6 +423,52 @@ def test_open_loopback_lets_in_only_tokenless_requests_from_this_machine(project
         app.close()
 
 
+def test_open_loopback_does_not_let_in_pages_of_other_sites(project: Path) -> None:
+    """A web page on another site makes the browser send a POST with no body to 127.0.0.1 (a
+    CORS "simple request": no preflight). It must not act as this machine, nor may a page
+    whose own name was rebound to 127.0.0.1; the origins let in (Studio's) and the server's
+    own loopback origin still may, and tools that send no Origin (curl, the SDKs) too."""
+    app = load_project(project, url=f"sqlite:///{project}/pages.db")
+    studio = "https://smith.langchain.com"
+    try:
+        app.migrate()
+        api = create_app(app, tokens={}, open_loopback=True, cors_origins=[studio])
+        with LiveServer(api) as s:
+            port = s.url.rsplit(":", 1)[1]
+
+            def submit(job: str) -> str:
+                answer = httpx.post(
+                    f"{s.url}/v1/runs", json={"workflow": "built", "job_id": job, "input": {}}
+                )
+                assert answer.status_code == 201, answer.text
+                return str(answer.json()["run_id"])
+
+            def cancel(run_id: str, headers: dict[str, str]) -> int:
+                return httpx.post(f"{s.url}/v1/runs/{run_id}/cancel", headers=headers).status_code
+
+            page = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}
+            refused = [
+                {**page, "Origin": "https://evil.example"},
+                {**page, "Origin": "null"},
+                page,  # no Origin, yet a page of another site sent it
+                {"Origin": f"http://evil.example:{port}", "Host": f"evil.example:{port}"},
+            ]
+            target = submit("j-target")
+            assert [cancel(target, h) for h in refused] == [401] * len(refused)
+            assert app.get_run(target).run["status"] == "queued"
+            let_in = [
+                {"Origin": studio, "Sec-Fetch-Site": "cross-site"},
+                {"Origin": f"http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"},
+                {},
+            ]
+            for n, headers in enumerate(let_in):
+                run_id = submit(f"j-{n}")
+                assert cancel(run_id, headers) == 200, headers
+                assert app.get_run(run_id).run["status"] == "cancelled"
+    finally:
+        app.close()
+
+
 # -- the commands, as real processes -----------------------------------------------------------
 
 

@@ -95,6 +95,11 @@ def check_config(config: Any) -> Any:
     tags = config.get("tags")
     if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
         raise InvalidInput("config.tags must be a list of strings")
+    limit = config.get("recursion_limit")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000
+    ):
+        raise InvalidInput("config.recursion_limit must be a whole number from 1 to 1000000")
     return config
 
 

@@ -33,7 +33,7 @@ from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph import chunks, outcomes, retries, static_interrupts, tool_calls, traces
-from keel.langgraph.graphs import compile_graph, locate, plain_start
+from keel.langgraph.graphs import compile_graph, locate, plain_start, recursion_limit
 from keel.langgraph.savers import FencedSaver
 from keel.langgraph.successor import Successor, then_claim
 
@@ -166,7 +166,7 @@ class Executor:
                 },
                 "thread_id": thread or lease.run_id,
             },
-            "recursion_limit": workflow.recursion_limit,
+            "recursion_limit": recursion_limit(submitted, graph, workflow.recursion_limit),
             "tags": list(submitted.get("tags") or []),  # an assistant's, the Agent Server's
             **(
                 {"run_name": submitted["run_name"]}

@@ -179,3 +179,13 @@ async def _misfits(
             subgraphs[task.name], saver, run_id, inner_ns, task.state, f"{where}{task.name}|"
         )
     return problems
+
+
+def recursion_limit(submitted: dict[str, Any], graph: Any, registered: int) -> int:
+    """As LangGraph: the run's own `recursion_limit`, else the one the compiled graph was bound
+    with (`.with_config(recursion_limit=...)`, as deep agents set 1000), else the workflow's."""
+    for config in (submitted, getattr(graph, "config", None) or {}):
+        limit = config.get("recursion_limit")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
+            return limit
+    return registered

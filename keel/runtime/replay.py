@@ -35,10 +35,11 @@ from keel.core.effects.ledger import SETTLED, changed_arguments, recorded_result
 from keel.core.errors import KeelError, RunNotFound, UsageError
 from keel.core.ids import StepRef, validate_run_id
 from keel.core.store.base import Row
+from keel.core.threads import run_config
 from keel.core.wait_model import WaitKind, WaitStatus
 from keel.core.waits import resume_value
 from keel.langgraph import tool_calls
-from keel.langgraph.graphs import compile_graph, locate
+from keel.langgraph.graphs import compile_graph, locate, recursion_limit
 from keel.runtime.replay_steps import (
     Difference,
     Halt,
@@ -326,7 +327,8 @@ async def replay(rt: Runtime, run_id: str, from_step: int | None = None) -> Repl
         effect_keys=int(run.get("effect_keys") or 1),
     )
     answers.ctx = ctx
-    config = {"configurable": {"thread_id": run_id}, "recursion_limit": workflow.recursion_limit}
+    limit = recursion_limit(run_config(run), graph, workflow.recursion_limit)
+    config = {"configurable": {"thread_id": run_id}, "recursion_limit": limit}
     crash: Exception | None = None
     entered = enter(ctx)
     try:

@@ -25,6 +25,7 @@ from langgraph.types import Command
 import keel
 from keel.core.errors import (
     DecisionConflict,
+    InvalidInput,
     NoPendingWait,
     ThreadBusy,
     ThreadNotFound,
@@ -489,6 +490,46 @@ def test_config_and_context_reach_the_graph_as_in_langgraph(make_app: AppFactory
     assert app.get_run(run.run_id).status == "completed"
     # The thread's id is Keel's to set: a configurable thread_id does not move the run.
     assert app.get_state("t-cfg").values == {"model": "small", "tenant": "acme", "thread": "t-cfg"}
+
+
+class Loop(TypedDict, total=False):
+    n: int
+    until: int
+
+
+def looping() -> StateGraph:
+    """One node that runs again until `n` reaches `until`: one step per turn."""
+    g = StateGraph(Loop)
+    g.add_node("tick", lambda s: {"n": s.get("n", 0) + 1})
+    g.add_edge(START, "tick")
+    g.add_conditional_edges("tick", lambda s: END if s["n"] >= s["until"] else "tick")
+    return g
+
+
+def test_the_recursion_limit_is_the_runs_then_the_graphs_then_the_workflows(
+    make_app: AppFactory,
+) -> None:
+    """As LangGraph: a run's `recursion_limit` wins over the one its compiled graph was bound
+    with (deep agents bind 1000), which wins over the workflow's (100 unless registered)."""
+    app = make_app()
+    app.workflow("loop")(looping)
+    app.workflow("bound")(lambda: looping().compile().with_config(recursion_limit=300))
+    deep = app.submit("loop", {"until": 150}, config={"recursion_limit": 300}).run_id
+    capped = app.submit("loop", {"until": 5}, config={"recursion_limit": 3}).run_id
+    default = app.submit("loop", {"until": 150}).run_id
+    bound = app.submit("bound", {"until": 150}).run_id
+    drain(app)
+    ended = {r: app.get_run(r) for r in (deep, capped, default, bound)}
+    assert [ended[r].status for r in (deep, capped, default, bound)] == [
+        "completed",
+        "failed",
+        "failed",
+        "completed",
+    ]
+    assert "Recursion limit of 3 reached" in str(ended[capped].run["error"])
+    assert "Recursion limit of 100 reached" in str(ended[default].run["error"])
+    with pytest.raises(InvalidInput, match="recursion_limit"):
+        app.submit("loop", {"until": 1}, config={"recursion_limit": "many"})
 
 
 def test_a_rollback_holds_even_when_the_run_that_asked_for_it_never_ran(

@@ -45,7 +45,7 @@ from keel.core.store.base import Later, Row, Tx
 from keel.core.store.run_queries import NewRun
 from keel.core.store.store import Store
 from keel.core.store.thread_queries import ThreadPlace
-from keel.core.wait_model import WaitKind, WaitStatus
+from keel.core.wait_model import WaitKind, WaitStatus, is_interrupt_map
 
 STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
 """What a submission on a thread with an unfinished run does (`multitask_strategy`)."""
@@ -56,6 +56,7 @@ SUPERSEDES = {
 }
 
 COMMAND_KEYS = frozenset({"resume", "update", "goto"})
+KEYED_BY_INTERRUPT_ID = "keyedByInterruptId"
 MAX_THREAD_ID = 128
 
 
@@ -109,6 +110,14 @@ def validate_command(command: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(command, dict) or not command:
         raise UsageError("command must be an object with resume, update or goto")
+    command = dict(command)
+    # The JS SDK's headless tools mark a resume keyed by interrupt ids (`is_interrupt_map`).
+    if command.pop(KEYED_BY_INTERRUPT_ID, False) is True and not is_interrupt_map(
+        command.get("resume")
+    ):
+        raise UsageError(
+            f"{KEYED_BY_INTERRUPT_ID}: command.resume must map interrupt ids to their values"
+        )
     unknown = set(command) - COMMAND_KEYS
     if unknown:
         raise UsageError(f"command takes resume, update and goto, not {', '.join(sorted(unknown))}")

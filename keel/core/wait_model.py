@@ -3,7 +3,9 @@ waits.py imports those."""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+from typing import Any
 
 
 class WaitKind(StrEnum):
@@ -41,3 +43,16 @@ class ExpiryDecision(StrEnum):
     CANCELLED = "cancelled"
     WOKE = "woke"
     """A timer wait (`keel.sleep()`) whose wake time came."""
+
+
+_INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def is_interrupt_map(value: Any) -> bool:
+    """Whether a resume value answers interrupts by their ids (`{interrupt_id: value}`), as
+    LangGraph reads `Command(resume=...)`: an object whose every key is an interrupt's id."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in value)
+    )

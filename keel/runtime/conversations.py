@@ -31,6 +31,7 @@ from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.runs import Admission
 from keel.core.store.base import Row
+from keel.core.wait_model import is_interrupt_map
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import check_input
@@ -376,24 +377,39 @@ class ThreadOperations:
         channel: str = "api",
     ) -> waits.DecisionResult:
         """Answer the interrupt the thread's active run waits on with `value` (what
-        `interrupt()` returns): LangGraph's `Command(resume=value)`. The first answer wins;
+        `interrupt()` returns): LangGraph's `Command(resume=value)`; a value keyed by interrupt
+        ids (`{interrupt_id: value}`, as LangGraph reads one) answers each. The first answer wins;
         a later one is told what was recorded (`recorded` False). `by` is who the caller says
         answered, `principal` the identity that made the call (recorded for the audit)."""
         await self.open()
         threads.validate_thread_id(thread_id)
-        run = await self._waiting_run(thread_id)
-        return await waits.decide(
-            self.runtime.services,
-            str(run["run_id"]),
-            decision=waits.RESUMED,
-            wait_id=wait_id,
-            value={"resume": value},
-            by=by,
-            principal=principal,
-            comment=comment,
-            action_id=action_id,
-            channel=channel,
-        )
+        run_id = str((await self._waiting_run(thread_id))["run_id"])
+        answers: list[tuple[str | None, Any]] = [(wait_id, value)]
+        if wait_id is None and is_interrupt_map(value):
+            known = {w["interrupt_id"] for w in await self.runtime.store.waits(run_id)}
+            if strange := sorted(set(value) - known):
+                raise NoPendingWait(
+                    f"thread {thread_id}: its run {run_id} has no interrupt "
+                    f"{', '.join(strange)} (answer the ids its interrupts carry)"
+                )
+            answers = [(waits.wait_id_for(run_id, iid), v) for iid, v in value.items()]
+        results = [
+            await waits.decide(
+                self.runtime.services,
+                run_id,
+                decision=waits.RESUMED,
+                wait_id=target,
+                value={"resume": answer},
+                by=by,
+                principal=principal,
+                comment=comment,
+                action_id=action_id,
+                channel=channel,
+            )
+            for target, answer in answers
+        ]
+        # An answer another won is what the caller must hear of (DecisionConflict in `resume`).
+        return next((r for r in results if not r.recorded), results[-1])
 
     async def _waiting_run(self, thread_id: str) -> Row:
         store = self.runtime.store

@@ -18,8 +18,8 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, Send
-from langgraph_sdk.errors import BadRequestError
+from langgraph.types import Command, Send, interrupt
+from langgraph_sdk.errors import BadRequestError, ConflictError
 
 import keel
 from keel.runtime.conversations import jsonable
@@ -48,10 +48,31 @@ def routed() -> StateGraph:
     return g
 
 
+class Both(TypedDict, total=False):
+    answers: Annotated[list[str], operator.add]
+
+
+def asking_both() -> StateGraph:
+    """Two branches of one step, each pausing on its own `interrupt()`."""
+
+    def ask(name: str) -> Callable[[Both], dict[str, Any]]:
+        return lambda state: {"answers": [f"{name}={interrupt(name)}"]}
+
+    g = StateGraph(Both)
+    g.add_node("left", ask("left"))
+    g.add_node("right", ask("right"))
+    g.add_edge(START, "left")
+    g.add_edge(START, "right")
+    g.add_edge("left", END)
+    g.add_edge("right", END)
+    return g
+
+
 @pytest.fixture
 def svc(make_app: Callable[..., keel.App]) -> Iterator[Served]:
     app = make_app(lease_ttl=5)
     app.workflow("routed")(routed)
+    app.workflow("both")(asking_both)
     app.workflow("failing")(failing)
     with serving(app) as served:
         yield served
@@ -122,3 +143,47 @@ def test_a_failed_threads_error_and_its_tasks_error_read_as_langgraphs(svc: Serv
     assert (
         (ours["name"], ours["error"]) == (task.name, task.error) == ("boom", "ValueError('boom')")
     )
+
+
+def test_a_resume_keyed_by_interrupt_ids_answers_each_as_langgraph_does(svc: Served) -> None:
+    """`command.resume` as `{interrupt_id: value}` answers each pending interrupt with its own
+    value (both at once, or one, then the other), as LangGraph reads it; the JS SDK's headless
+    tools mark it `keyedByInterruptId`. A key that is no pending interrupt's is refused."""
+    client = svc.client
+    oracle = asking_both().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "o"}}
+    oracle.invoke({}, config)
+    ids = {i.value: i.id for i in oracle.get_state(config).interrupts}
+    expected = jsonable(
+        oracle.invoke(Command(resume={ids["left"]: "L", ids["right"]: "R"}), config)
+    )
+
+    thread = client.threads.create()["thread_id"]
+    client.runs.wait(thread, "both", input={})
+    pending = {i["value"]: i["id"] for i in client.threads.get_state(thread)["interrupts"]}
+    assert set(pending) == {"left", "right"}
+    unknown = {"0" * 32: "x"}
+    with pytest.raises(ConflictError) as refused:
+        client.runs.create(thread, "both", command={"resume": unknown})
+    assert f"no interrupt {'0' * 32}" in str(refused.value.body)
+    got = client.runs.wait(
+        thread,
+        "both",
+        command={
+            "resume": {pending["left"]: "L", pending["right"]: "R"},
+            "keyedByInterruptId": True,
+        },  # type: ignore[typeddict-unknown-key]
+    )
+    assert got == expected
+    assert sorted(got["answers"]) == ["left=L", "right=R"]
+
+    one_by_one = client.threads.create()["thread_id"]
+    client.runs.wait(one_by_one, "both", input={})
+    first = {i["value"]: i["id"] for i in client.threads.get_state(one_by_one)["interrupts"]}
+    client.runs.wait(one_by_one, "both", command={"resume": {first["left"]: "L"}})
+    left = client.threads.get_state(one_by_one)
+    assert [i["value"] for i in left["interrupts"]] == ["right"]
+    done = client.runs.wait(one_by_one, "both", command={"resume": {first["right"]: "R"}})
+    assert sorted(done["answers"]) == ["left=L", "right=R"]
+    with pytest.raises(BadRequestError, match="keyedByInterruptId"):
+        client.runs.create(thread, "both", command={"resume": "plain", "keyedByInterruptId": True})  # type: ignore[typeddict-unknown-key]

@@ -456,6 +456,12 @@ def test_state_history_and_checkpoints_of_a_conversation(served: Served) -> None
     assert c.threads.get_history(tid, limit=1, metadata={"source": "input"}) == inputs[:1]
     selected = c.threads.get_state(tid, select=["values", "next"])
     assert selected == {"values": state["values"], "next": []}
+    # `values.<key>`, as the SDKs document it: that key of the state alone.
+    (key, value), *_ = state["values"].items()
+    one = c.threads.get_state(tid, select=[f"values.{key}", "next"])
+    assert one == {"values": {key: value}, "next": []}
+    newest = c.threads.get_history(tid, limit=1, select=[f"values.{key}", "next"])
+    assert newest == [{"values": {key: history[0]["values"][key]}, "next": history[0]["next"]}]
 
 
 def test_update_state_answers_the_checkpoint_a_worker_wrote(served: Served) -> None:

@@ -209,5 +209,16 @@ def contains(value: Any, pattern: Any) -> bool:
 
 
 def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
-    """Only the `select`ed fields of a body (all of them without a selection)."""
-    return body if not select else {k: v for k, v in body.items() if k in select}
+    """Only the `select`ed fields of a body (all of them without a selection). A field named
+    `values.<key>` (as the SDKs document for a state) selects that key of `values` alone."""
+    if not select:
+        return body
+    whole = {k: v for k, v in body.items() if k in select}
+    for field in select:
+        name, dot, key = field.partition(".")
+        part = body.get(name)
+        if dot and name not in select and isinstance(part, dict):
+            chosen = whole.setdefault(name, {})
+            if key in part:
+                chosen[key] = part[key]
+    return whole

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import decimal
@@ -15,6 +16,8 @@ from keel.core.errors import InvalidInput
 
 
 def json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode()  # as pydantic's and LangGraph's API write it
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, uuid.UUID | decimal.Decimal):

@@ -39,7 +39,7 @@ from keel.service.auth import Authenticator, load_tokens
 from keel.service.errors import install
 from tests.support.apps.service import LiveServer
 from tests.support.checks import wait_until
-from tests.support.service_client import ADMIN, TOKENS
+from tests.support.service_client import ADMIN, READER, TOKENS
 from tests.support.thread_graphs import asking, chat, register
 
 Part = tuple[str, Any]
@@ -562,6 +562,43 @@ def test_a_stream_whose_client_goes_away_cancels_its_run_if_asked(svc: Served) -
     GATES[thread].set()
     assert client.runs.join(thread, run_id)["log"] == ["before", "held"]
     assert client.runs.get(thread, run_id)["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("how", ["wait", "join"])
+def test_a_wait_or_join_whose_client_goes_away_cancels_its_run_if_asked(
+    svc: Served, how: str
+) -> None:
+    """`runs.wait(on_disconnect="cancel")` and `runs.join(cancel_on_disconnect=True)`: the
+    client leaving before the run ended cancels it (at its next step boundary); a token that
+    may only read cannot ask a join to cancel."""
+    client = svc.client
+    thread = new_thread(svc)
+    GATES[thread] = threading.Event()
+    wait_body = {"assistant_id": "gated", "input": {"log": []}, "on_disconnect": "cancel"}
+    if how == "join":
+        run_id = client.runs.create(thread, "gated", input={"log": []})["run_id"]
+        reader = {"x-api-key": READER}
+        url = f"{svc.url}/threads/{thread}/runs/{run_id}/join?cancel_on_disconnect=true"
+        assert httpx.get(url, headers=reader).status_code == 403
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        if how == "wait":
+            httpx.post(
+                f"{svc.url}/threads/{thread}/runs/wait",
+                json=wait_body,
+                headers={"x-api-key": ADMIN},
+                timeout=1.0,
+            )
+        else:
+            httpx.get(url, headers={"x-api-key": ADMIN}, timeout=1.0)
+    (run,) = client.runs.list(thread)
+
+    def cancel_asked() -> bool:
+        return bool(svc.app.get_run(run["run_id"]).run["cancel_requested"])
+
+    wait_until(cancel_asked, 30, "the server to cancel the run its client left")
+    GATES[thread].set()
+    assert client.runs.join(thread, run["run_id"])["log"] == ["before", "held"]
+    assert client.runs.get(thread, run["run_id"])["status"] == "interrupted"
 
 
 def test_cancel_with_rollback_discards_what_the_run_checkpointed(svc: Served) -> None:

@@ -228,19 +228,37 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         cleaning.add(task)
         task.add_done_callback(cleaning.discard)
 
+    def joined(principal: Principal, thread_id: str, run_id: str, cancel: bool) -> Row:
+        """The run a join reads; one that cancels it when the client goes (`cancel`) needs
+        what a cancel needs."""
+        if cancel and not auth.custom and "runs:write" not in principal.scopes:
+            raise Refused(403, "forbidden", "cancel_on_disconnect cancels: it needs runs:write")
+        return on_thread(principal, thread_id, run_id, "update" if cancel else "read")
+
     # -- outcomes ---------------------------------------------------------------------------
 
-    async def settle(request: Request, run_id: str) -> Row:
-        """The run once it has ended or paused, polled in slices while the client is there."""
+    async def settle(request: Request, run_id: str, cancel: bool) -> Row:
+        """The run once it has ended or paused, polled in slices while the client is there;
+        with `cancel`, a client gone cancels the run (`on_disconnect="cancel"`)."""
         while True:
             try:
                 return await on_app(keel_app, keel_app.aio.wait(run_id, timeout=WAIT_SLICE))
             except RunStillGoing:
                 if await request.is_disconnected():
+                    if cancel:
+                        await cancel_gone(run_id)
                     raise Refused(499, "client_gone", "the client went away") from None
 
-    async def outcome(request: Request, row: Row, headers: dict[str, str]) -> Response:
-        settled = await settle(request, str(row["run_id"]))
+    async def cancel_gone(run_id: str) -> None:
+        try:
+            await on_app(keel_app, keel_app.aio.cancel(run_id, by="client disconnected"))
+        except KeelError as exc:
+            log.info("run %s: not cancelled on disconnect: %s", run_id, exc)
+
+    async def outcome(
+        request: Request, row: Row, headers: dict[str, str], *, cancel: bool = False
+    ) -> Response:
+        settled = await settle(request, str(row["run_id"]), cancel)
         body = await on_app(keel_app, stream.outcome(keel_app, graphs, settled))
         return _json(body, headers)
 
@@ -335,7 +353,8 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         """Admit a run on the thread and answer its final state values once it ended (with
         `__interrupt__` when it paused, `__error__` when it failed)."""
         row, _thread, _modes = await in_thread(admit, body, thread_id, principal)
-        return await outcome(request, row, locations(row, False, "join"))
+        cancel = body.on_disconnect == "cancel"
+        return await outcome(request, row, locations(row, False, "join"), cancel=cancel)
 
     @router.get("/threads/{thread_id}/runs")
     def list_runs(
@@ -368,11 +387,17 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
 
     @router.get("/threads/{thread_id}/runs/{run_id}/join")
     async def join_run(
-        thread_id: ThreadId, run_id: RunId, request: Request, principal: Reader
+        thread_id: ThreadId,
+        run_id: RunId,
+        request: Request,
+        principal: Reader,
+        cancel_on_disconnect: bool = False,
     ) -> Response:
-        """Wait for the run to end or pause; its final state values, as `wait` answers them."""
-        row = await in_thread(on_thread, principal, thread_id, run_id)
-        return await outcome(request, row, locations(row, False, "join"))
+        """Wait for the run to end or pause; its final state values, as `wait` answers them
+        (`cancel_on_disconnect`: a client gone first cancels the run)."""
+        row = await in_thread(joined, principal, thread_id, run_id, cancel_on_disconnect)
+        headers = locations(row, False, "join")
+        return await outcome(request, row, headers, cancel=cancel_on_disconnect)
 
     @router.get("/threads/{thread_id}/runs/{run_id}/stream", response_class=EventSourceResponse)
     def join_stream(
@@ -385,7 +410,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
     ) -> EventSourceResponse:
         """The run's events after `Last-Event-ID` (each committed step's events once, across
         server and worker restarts), or from now without it, until it ends or pauses."""
-        row = on_thread(principal, thread_id, run_id)
+        row = joined(principal, thread_id, run_id, cancel_on_disconnect)
         after = None
         if last_event_id:
             try:
@@ -491,7 +516,8 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             raise Refused(400, "bad_request", "a stateless run has no pause to resume")
         row, _thread, _modes = await in_thread(admit, body, None, principal)
         try:
-            answer = await outcome(request, row, locations(row, True, "join"))
+            cancel = body.on_disconnect == "cancel"
+            answer = await outcome(request, row, locations(row, True, "join"), cancel=cancel)
         except BaseException:
             await asyncio.to_thread(clean_later, body, row)
             raise

@@ -68,11 +68,37 @@ def asking_both() -> StateGraph:
     return g
 
 
+class Question(TypedDict):
+    question: str
+
+
+class Reply(TypedDict):
+    reply: str
+
+
+class Working(TypedDict, total=False):
+    question: str
+    scratch: str
+    reply: str
+
+
+def answering() -> StateGraph:
+    """Input `question`, output `reply`; `scratch` is the graph's own."""
+    g = StateGraph(Working, input_schema=Question, output_schema=Reply)
+    g.add_node("think", lambda s: {"scratch": "hmm"})
+    g.add_node("respond", lambda s: {"reply": f"R:{s['question']}"})
+    g.add_edge(START, "think")
+    g.add_edge("think", "respond")
+    g.add_edge("respond", END)
+    return g
+
+
 @pytest.fixture
 def svc(make_app: Callable[..., keel.App]) -> Iterator[Served]:
     app = make_app(lease_ttl=5)
     app.workflow("routed")(routed)
     app.workflow("both")(asking_both)
+    app.workflow("answering")(answering)
     app.workflow("failing")(failing)
     with serving(app) as served:
         yield served
@@ -187,3 +213,29 @@ def test_a_resume_keyed_by_interrupt_ids_answers_each_as_langgraph_does(svc: Ser
     assert sorted(done["answers"]) == ["left=L", "right=R"]
     with pytest.raises(BadRequestError, match="keyedByInterruptId"):
         client.runs.create(thread, "both", command={"resume": "plain", "keyedByInterruptId": True})  # type: ignore[typeddict-unknown-key]
+
+
+def test_a_graph_with_an_output_schema_shows_its_output_keys_alone(svc: Served) -> None:
+    """`wait` answers what LangGraph's `invoke` returns; a stream's values carry the output keys
+    (sent when they changed) and a node's updates its writes to them (LangGraph's server's
+    answer); the input and private keys stay on the server."""
+    client = svc.client
+    oracle = answering().compile(checkpointer=InMemorySaver())
+    expected = oracle.invoke({"question": "q"}, {"configurable": {"thread_id": "o"}})
+    assert expected == {"reply": "R:q"}
+    assert client.runs.wait(None, "answering", input={"question": "q"}) == expected
+    thread = client.threads.create()["thread_id"]
+    streamed = [
+        (part.event, part.data)
+        for part in client.runs.stream(
+            thread, "answering", input={"question": "q"}, stream_mode=["values", "updates"]
+        )
+        if part.event in ("values", "updates")
+    ]
+    assert streamed == [
+        ("updates", {"think": None}),
+        ("updates", {"respond": {"reply": "R:q"}}),
+        ("values", {"reply": "R:q"}),
+    ]
+    # The thread's state is the whole state, as on LangGraph's server.
+    assert client.threads.get_state(thread)["values"]["scratch"] == "hmm"

@@ -69,6 +69,7 @@ from keel.service.agent_server import stream_pauses
 from keel.service.agent_server.positions import RESUMED, Event, Position
 from keel.service.agent_server.shapes import error_body
 from keel.service.agent_server.stream_chunks import Messages, chunk_event, superseded
+from keel.service.agent_server.stream_output import OutputView
 
 T = TypeVar("T")
 
@@ -449,6 +450,7 @@ async def events(
     called (in a thread) if the client goes away first."""
     wanted = set(modes)
     messages = Messages() if "messages" in wanted else None
+    output = OutputView(feed.graph)
     over = False
     try:
         if metadata:
@@ -458,7 +460,9 @@ async def events(
             fresh = await on_app(keel_app, feed.poll())
             for event in fresh:
                 if event.name or (event.mode or event.event) in wanted:
-                    yield event.sse()
+                    shown = output.shown(event)
+                    if shown is not None:
+                        yield shown.sse()
                 if messages is not None and event.mode == "messages-tuple":
                     for part in messages.of(event):
                         yield part.sse()
@@ -491,7 +495,7 @@ async def outcome(keel_app: App, graphs: Graphs, run: Row) -> Any:
             newest = saved.config
     latest: dict[str, Any] = {"configurable": {"thread_id": thread}}
     state: StateSnapshot = await graph.aget_state(newest or latest)
-    values = jsonable(state.values)
+    values = OutputView(graph).values(jsonable(state.values))
     interrupts = [interrupt_json(i) for task in state.tasks for i in task.interrupts]
     if run["status"] == Status.WAITING and interrupts:
         return {**_dict(values), INTERRUPT: interrupts}

@@ -159,6 +159,10 @@ class Executor:
         config: dict[str, Any] = {
             # What the run was submitted with first: Keel's own keys are not the caller's to set.
             "configurable": {
+                # As LangGraph's server: the run's context also reads as configurable keys
+                # (graphs written against `configurable` see it), and its id as `run_id`.
+                **_context_keys(submitted.get("context")),
+                "run_id": lease.run_id,
                 **{
                     key: value
                     for key, value in (submitted.get("configurable") or {}).items()
@@ -489,3 +493,9 @@ def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> No
     """One line saying where the run goes on from, with the time reading its state took."""
     took = round(time.monotonic() - started, 6)
     log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took})
+
+
+def _context_keys(context: Any) -> dict[str, Any]:
+    if not isinstance(context, dict):
+        return {}
+    return {str(k): v for k, v in context.items() if str(k) not in KEEL_OWNED}

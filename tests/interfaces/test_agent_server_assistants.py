@@ -214,7 +214,8 @@ def test_a_run_applies_its_assistants_config_and_context(svc: Served) -> None:
     # A run's config over the assistant's (a later version's, once it is updated).
     c.assistants.update(aid, config={"configurable": {"k": 1}, "tags": ["u"]})
     final = c.runs.wait(thread, aid, input={}, config={"configurable": {"z": 3}})
-    assert final["conf"] == {"k": 1, "z": 3} and final["tags"] == ["u"]
+    # (The assistant's context reads as configurable keys too, as on LangGraph's server.)
+    assert final["conf"] == {"c": 1, "d": 1, "k": 1, "z": 3} and final["tags"] == ["u"]
 
     c.assistants.delete(aid, delete_threads=True)
     with pytest.raises(NotFoundError):

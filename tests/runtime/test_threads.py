@@ -458,6 +458,8 @@ class Seen(TypedDict, total=False):
     model: str
     tenant: str
     thread: str
+    configured_tenant: str
+    run: str
 
 
 def configured() -> StateGraph:
@@ -467,6 +469,9 @@ def configured() -> StateGraph:
             "model": configurable["model"],
             "thread": configurable["thread_id"],
             "tenant": runtime.context.tenant,
+            # As LangGraph's server: the context also reads as configurable, with the run's id.
+            "configured_tenant": configurable["tenant"],
+            "run": configurable["run_id"],
         }
 
     g = StateGraph(Seen, context_schema=Tenant)
@@ -489,7 +494,13 @@ def test_config_and_context_reach_the_graph_as_in_langgraph(make_app: AppFactory
     drain(app)
     assert app.get_run(run.run_id).status == "completed"
     # The thread's id is Keel's to set: a configurable thread_id does not move the run.
-    assert app.get_state("t-cfg").values == {"model": "small", "tenant": "acme", "thread": "t-cfg"}
+    assert app.get_state("t-cfg").values == {
+        "model": "small",
+        "tenant": "acme",
+        "thread": "t-cfg",
+        "configured_tenant": "acme",
+        "run": run.run_id,
+    }
 
 
 class Loop(TypedDict, total=False):

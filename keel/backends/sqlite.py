@@ -30,6 +30,7 @@ from keel.backends.sqlite_tx import (
 from keel.backends.sqlite_wal import WAL_CHECKPOINT_BYTES as WAL_CHECKPOINT_BYTES
 from keel.backends.sqlite_wal import WalKeeper, open_wal
 from keel.backends.sqlite_wal import checkpoint as _checkpoint
+from keel.core.codec import json_contains
 from keel.core.errors import LeaseLost, UsageError
 from keel.core.ids import digest
 from keel.core.notifications import notification_payload
@@ -144,6 +145,8 @@ class SqliteConnector:
             await conn.create_function(
                 "keel_notification", 9, notification_payload, deterministic=True
             )
+            # Metadata searches: PostgreSQL's `@>` (JSONB containment), by the one rule.
+            await conn.create_function("keel_json_contains", 2, json_contains, deterministic=True)
         except BaseException:
             await conn.close()  # its thread would keep the process alive
             raise

@@ -97,3 +97,34 @@ def dumps(value: Any) -> str:
 
 def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float | decimal.Decimal) and not isinstance(value, bool)
+
+
+def contains(value: Any, pattern: Any) -> bool:
+    """Whether JSON `value` holds `pattern` as PostgreSQL's `@>` decides it (metadata searches):
+    an object holds each key of the pattern with a value holding its value, an array holds each
+    element of the pattern in one of its own, a scalar equals it as JSON (numbers by value,
+    `true` is not `1`, `null` only `null`)."""
+    if isinstance(pattern, dict):
+        return isinstance(value, dict) and all(
+            k in value and contains(value[k], v) for k, v in pattern.items()
+        )
+    if isinstance(pattern, list):
+        return isinstance(value, list) and all(any(contains(x, p) for x in value) for p in pattern)
+    if _number(pattern):
+        return _number(value) and bool(value == pattern)
+    return type(value) is type(pattern) and bool(value == pattern)
+
+
+def json_contains(value: str | None, pattern: str | None) -> int | None:
+    """`contains` on JSON texts, numbers read exactly (as PostgreSQL's numeric): SQLite's
+    queries call it as `keel_json_contains(metadata, :metadata)`, registered on each
+    connection, where PostgreSQL's say `metadata::jsonb @> :metadata::jsonb`. NULL if either
+    is NULL, as `@>` is."""
+    if value is None or pattern is None:
+        return None
+    held, wanted = (json.loads(text, parse_float=decimal.Decimal) for text in (value, pattern))
+    return int(contains(held, wanted))

@@ -95,8 +95,8 @@ class ThreadOperations:
         limit: int = 10,
         offset: int = 0,
     ) -> list[Row]:
-        """Threads whose metadata holds every key of `metadata` with its value, most recently
-        updated first."""
+        """Threads whose metadata contains `metadata` (JSON containment, PostgreSQL's `@>`, on
+        both backends), most recently updated first."""
         await self.open()
         if status is not None and status not in ("idle", "busy", "interrupted", "error"):
             raise UsageError(f"status must be idle, busy, interrupted or error, not {status!r}")

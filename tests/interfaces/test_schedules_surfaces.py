@@ -151,6 +151,9 @@ def test_langgraph_sdk_crons(served: Service) -> None:
     found = client.crons.search(assistant_id="chat")
     assert {c["cron_id"] for c in found} == {cron["cron_id"], on_thread["cron_id"]}
     assert [c["cron_id"] for c in client.crons.search(metadata={"k": 1})] == [cron["cron_id"]]
+    # Metadata matches as JSON containment (PostgreSQL's `@>`): true is not 1, null not missing.
+    assert client.crons.search(metadata={"k": True}) == []
+    assert client.crons.search(metadata={"owner": None}) == []
     assert client.crons.count(thread_id=thread["thread_id"]) == 1
     served.app.aio.runtime.clock.advance(1)  # type: ignore[attr-defined]
     (tick,) = _fire(served.app)

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from langgraph.channels.base import BaseChannel
 from pydantic import BaseModel, Field
 
+from keel.core.codec import contains
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
 from keel.service.agent_server.assistant_book import (
@@ -36,7 +37,7 @@ from keel.service.agent_server.assistant_book import (
 )
 from keel.service.agent_server.authz import Gate, matches
 from keel.service.agent_server.run_bodies import RunConfig
-from keel.service.agent_server.shapes import assistant_id_of, assistant_shape, contains, iso
+from keel.service.agent_server.shapes import assistant_id_of, assistant_shape, iso
 from keel.service.agent_server.shapes import selected as select_fields
 from keel.service.auth import Principal
 from keel.service.errors import Refused

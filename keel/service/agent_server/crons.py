@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from keel.core.codec import contains
 from keel.core.errors import ScheduleNotFound
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import resolve_assistant
@@ -128,7 +129,7 @@ def _refuse_unsupported(extra: dict[str, Any]) -> None:
 def _matches(cron: dict[str, Any], metadata: dict[str, Any] | None, enabled: bool | None) -> bool:
     if enabled is not None and cron["enabled"] != enabled:
         return False
-    return all(cron["metadata"].get(k) == v for k, v in (metadata or {}).items())
+    return contains(cron["metadata"], metadata or {})
 
 
 def crons_router(keel_app: App, auth: Gate) -> APIRouter:

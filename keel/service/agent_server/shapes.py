@@ -189,25 +189,6 @@ def run_shape(row: Row) -> dict[str, Any]:
     }
 
 
-def contains(value: Any, pattern: Any) -> bool:
-    """Whether JSON `value` holds `pattern` as PostgreSQL's `@>` decides it: an object holds
-    each key of the pattern with a value holding its value, an array holds each element of
-    the pattern in one of its own, anything else equals it."""
-    if isinstance(pattern, dict):
-        return isinstance(value, dict) and all(
-            k in value and contains(value[k], v) for k, v in pattern.items()
-        )
-    if isinstance(pattern, list):
-        return isinstance(value, list) and all(any(contains(x, p) for x in value) for p in pattern)
-    return bool(value == pattern and type(value) is type(pattern)) or (
-        isinstance(value, int | float)
-        and isinstance(pattern, int | float)
-        and not isinstance(value, bool)
-        and not isinstance(pattern, bool)
-        and value == pattern
-    )
-
-
 def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
     """Only the `select`ed fields of a body (all of them without a selection). A field named
     `values.<key>` (as the SDKs document for a state) selects that key of `values` alone."""

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 from pydantic import BaseModel, Field
 
-from keel.core.codec import dumps, loads
+from keel.core.codec import contains, dumps, loads
 from keel.core.errors import InvalidId, RunStillGoing, ThreadNotFound, UnknownWorkflow
 from keel.core.lifecycle import Status
 from keel.core.store.base import Row
@@ -40,7 +40,6 @@ from keel.service.agent_server.authz import (
 )
 from keel.service.agent_server.shapes import (
     NO_GRAPH,
-    contains,
     graph_of,
     selected,
     state_shape,

@@ -1150,8 +1150,8 @@ RETURNING *;
 SELECT * FROM keel_thread_view WHERE thread_id = %(thread_id)s;
 
 -- name: search_threads
--- Threads, most recently updated first, whose metadata holds every key of `metadata` with its
--- value (JSON), of one workflow and one status if asked.
+-- Threads, most recently updated first, whose metadata contains `metadata` (JSON) as
+-- PostgreSQL's `@>` decides it, of one workflow and one status if asked.
 SELECT * FROM keel_thread_view AS t
 WHERE (%(workflow)s::text IS NULL OR t.workflow = %(workflow)s::text)
   AND (%(status)s::text IS NULL OR t.status = %(status)s::text)
@@ -1507,8 +1507,8 @@ FROM keel_assistants WHERE assistant_id = %(assistant_id)s;
 SELECT * FROM keel_assistants WHERE assistant_id = %(assistant_id)s;
 
 -- name: search_assistants
--- Assistants of one graph if asked whose metadata holds every key of `metadata` with its value
--- (JSON), oldest first.
+-- Assistants of one graph if asked whose metadata contains `metadata` (JSON) as PostgreSQL's
+-- `@>` decides it, oldest first.
 SELECT * FROM keel_assistants AS a
 WHERE (%(graph_id)s::text IS NULL OR a.graph_id = %(graph_id)s::text)
   AND a.metadata::jsonb @> %(metadata)s::jsonb
@@ -1532,7 +1532,7 @@ WHERE assistant_id = %(assistant_id)s
 RETURNING *;
 
 -- name: assistant_versions
--- An assistant's versions, newest first, whose metadata holds `metadata` (JSON).
+-- An assistant's versions, newest first, whose metadata contains `metadata` (JSON, `@>`).
 SELECT * FROM keel_assistant_versions AS a
 WHERE a.assistant_id = %(assistant_id)s AND a.metadata::jsonb @> %(metadata)s::jsonb
 ORDER BY a.version DESC

@@ -1049,13 +1049,13 @@ RETURNING *;
 SELECT * FROM keel_thread_view WHERE thread_id = :thread_id;
 
 -- name: search_threads
--- Threads, most recently updated first, whose metadata holds every key of `metadata` with its
--- value (JSON), of one workflow and one status if asked.
+-- Threads, most recently updated first, whose metadata contains `metadata` (JSON) as
+-- PostgreSQL's `@>` decides it, of one workflow and one status if asked.
+-- (`keel_json_contains`, registered on each connection, is keel.core.codec.json_contains.)
 SELECT * FROM keel_thread_view AS t
 WHERE (:workflow IS NULL OR t.workflow = :workflow)
   AND (:status IS NULL OR t.status = :status)
-  AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
-                  WHERE json_extract(t.metadata, '$."' || m.key || '"') IS NOT m.value)
+  AND keel_json_contains(t.metadata, :metadata)
 ORDER BY t.updated_at DESC, t.thread_id
 LIMIT :limit OFFSET :offset;
 
@@ -1378,12 +1378,11 @@ FROM keel_assistants WHERE assistant_id = :assistant_id;
 SELECT * FROM keel_assistants WHERE assistant_id = :assistant_id;
 
 -- name: search_assistants
--- Assistants of one graph if asked whose metadata holds every key of `metadata` with its value
--- (JSON), oldest first.
+-- Assistants of one graph if asked whose metadata contains `metadata` (JSON) as PostgreSQL's
+-- `@>` decides it, oldest first.
 SELECT * FROM keel_assistants AS a
 WHERE (:graph_id IS NULL OR a.graph_id = :graph_id)
-  AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
-                  WHERE json_extract(a.metadata, '$."' || m.key || '"') IS NOT m.value)
+  AND keel_json_contains(a.metadata, :metadata)
 ORDER BY a.created_at, a.assistant_id
 LIMIT :limit;
 
@@ -1404,10 +1403,9 @@ WHERE assistant_id = :assistant_id
 RETURNING *;
 
 -- name: assistant_versions
--- An assistant's versions, newest first, whose metadata holds `metadata` (JSON).
+-- An assistant's versions, newest first, whose metadata contains `metadata` (JSON, `@>`).
 SELECT * FROM keel_assistant_versions AS a
-WHERE a.assistant_id = :assistant_id AND NOT EXISTS (SELECT 1 FROM json_each(:metadata) AS m
-                  WHERE json_extract(a.metadata, '$."' || m.key || '"') IS NOT m.value)
+WHERE a.assistant_id = :assistant_id AND keel_json_contains(a.metadata, :metadata)
 ORDER BY a.version DESC
 LIMIT :limit OFFSET :offset;
 

@@ -327,6 +327,40 @@ def test_approve_in_the_inbox_and_watch_the_run_complete_on_its_page(
     assert (effect["status"], effect["attempts"]) == ("sent", 1)
 
 
+def test_the_workers_and_schedules_pages_follow_the_database_without_a_reload(
+    console: Callable[[keel.App], Console], make_app: Callable[..., keel.App]
+) -> None:
+    # A long lease: the workers announced by hand below stay live for the whole test.
+    app = register(make_app(lease_ttl=600))
+    store = app.aio.runtime.store
+
+    def announce(worker_id: str) -> None:
+        app.aio.runtime.portal.call(
+            store.upsert_worker(worker_id, host="host-a", pid=4242, concurrency=8, workflows=[])
+        )
+
+    c = console(app)
+    workers = c.login(next="/ui/workers")
+    workers.evaluate("window.keptAcrossUpdates = true")
+    expect(workers.locator("table.workers")).to_contain_text("No live workers")
+    # Twice: a part swapped in once must go on refreshing.
+    announce("w-first")
+    expect(workers.locator("tr.worker")).to_have_count(1)
+    announce("w-second")
+    expect(workers.locator("tr.worker")).to_have_count(2)
+    expect(workers.locator("table.workers")).to_contain_text("w-second")
+
+    schedules = c.login(next="/ui/schedules")
+    schedules.evaluate("window.keptAcrossUpdates = true")
+    expect(schedules.locator("table.schedules")).to_contain_text("No schedules")
+    app.schedules.create("nightly", "review", every=3600, input={"topic": "x"})
+    expect(schedules.locator("tr.schedule")).to_have_count(1)
+    app.schedules.create("hourly", "review", every=60, input={"topic": "y"})
+    expect(schedules.locator("tr.schedule")).to_have_count(2)
+    assert workers.evaluate("window.keptAcrossUpdates") is True
+    assert schedules.evaluate("window.keptAcrossUpdates") is True
+
+
 def test_a_decision_made_elsewhere_meanwhile_is_shown_not_overwritten(
     console: Callable[[keel.App], Console], make_app: Callable[..., keel.App]
 ) -> None:

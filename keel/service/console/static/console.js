@@ -12,15 +12,18 @@ function busy(section) {
     .some((field) => field.value !== "");
 }
 
-async function refreshSections(root) {
+// The parts of a page that follow it: each is swapped for the part of the same id in the page
+// fetched again (the template gives it that id, so the fresh copy carries it and its marks).
+const LIVE = "[data-live], [data-live-reload]";
+
+async function refreshSections() {
   const response = await fetch(window.location.href, { credentials: "same-origin" });
-  if (!response.ok) return null;
+  if (!response.ok) return;
   const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-  for (const section of document.querySelectorAll("[data-live]")) {
-    const next = fresh.getElementById(section.id);
+  for (const section of document.querySelectorAll(LIVE)) {
+    const next = section.id ? fresh.getElementById(section.id) : null;
     if (next && !busy(section)) section.replaceWith(next);
   }
-  return fresh.getElementById(root.id);
 }
 
 function followRun(root) {
@@ -33,7 +36,7 @@ function followRun(root) {
       if (response.ok) {
         const live = await response.json();
         if (String(live.last_event) !== after || live.status !== root.dataset.status) {
-          await refreshSections(root);
+          await refreshSections();
           root.dataset.lastEvent = String(live.last_event);
           root.dataset.status = live.status;
           quietPolls = 0;
@@ -53,11 +56,9 @@ function followRun(root) {
 document.addEventListener("DOMContentLoaded", () => {
   const run = document.getElementById("run");
   if (run) followRun(run);
-  const table = document.querySelector("[data-live-reload]");
-  if (table) {
-    const seconds = Number(table.dataset.liveReload) || 5;
-    table.id = table.id || "live-table";
-    table.setAttribute("data-live", "");
-    window.setInterval(() => refreshSections(table).catch(() => null), seconds * 1000);
+  const reloading = document.querySelector("[data-live-reload]");
+  if (reloading) {
+    const seconds = Number(reloading.dataset.liveReload) || 5;
+    window.setInterval(() => refreshSections().catch(() => null), seconds * 1000);
   }
 });

@@ -50,10 +50,12 @@ ARGS = [
 ADMIN = "admin-2dNf_RkAC6DaZVNINIy0Pxi0V6wEIZUuLbWeH0kNAs4"  # secrets.token_urlsafe(32)
 READER = "reader-9bctThjwFTNyheih3JUEKtn5RnPWqpYRXSjdXJc8qjk"
 RUNNER = "runner-6vF-YHYgLownQk0q0Pge_CVHL_3p2B93EYQdNbM4JbM"
+APPROVER = "approver-Xq3v9mJ2kLr8sT0wYb5nHc7dFg1pZa4eUi6oKj2lMn0"
 TOKENS = {
     ADMIN: ["*"],
     READER: ["runs:read", "approvals:read"],
     RUNNER: ["runs:write"],
+    APPROVER: ["approvals:read", "approvals:write"],  # docs/console.md's approver
 }
 SHOTS = REPO / "docs" / "img"
 WAIT = 30_000  # ms: a bounded wait for the page, never a timing assertion
@@ -449,6 +451,49 @@ def test_refused_without_a_token_and_with_a_read_only_token(
 
     (wait,) = app.get_run(run).waits
     assert wait["status"] == "pending" and wait["decided_by"] is None
+
+
+def test_an_approver_logs_in_to_the_inbox_and_is_offered_only_pages_it_can_read(
+    console: Callable[[keel.App], Console], make_app: Callable[..., keel.App]
+) -> None:
+    app = register(make_app())
+    (run,) = waiting_runs(app, "ticket-8")
+    c = console(app)
+
+    def log_in(token: str) -> Any:
+        page = c.page()
+        page.goto("/ui/login")  # as opened from a bookmark: no page asked for
+        page.get_by_label("Token").fill(token)
+        page.get_by_role("button", name="Log in").click()
+        page.wait_for_load_state()
+        return page
+
+    def links(page: Any) -> set[str]:
+        found = page.locator("a[href^='/ui']").evaluate_all("all => all.map(a => a.pathname)")
+        return set(found)
+
+    approver = log_in(APPROVER)
+    assert urlsplit(approver.url).path == "/ui/approvals"
+    card = approver.locator("article.approval")
+    expect(card).to_contain_text(run)
+    assert links(approver) == {"/ui/approvals"}  # the brand and the nav; no run page
+    # A page it cannot read says so, and leads back to one it can.
+    assert approver.goto(f"/ui/runs/{run}").status == 403
+    assert links(approver) == {"/ui/approvals"}
+    approver.get_by_role("link", name="Back to the approvals").click()
+    approver.wait_for_url("**/ui/approvals")
+    approver.locator("article.approval").get_by_role("button", name="Approve").click()
+    expect(approver.locator("#outcome")).to_contain_text("Recorded: approved")
+    assert links(approver) == {"/ui/approvals"}
+    assert app.get_run(run).waits[0]["decision"] == "approved"
+
+    reader = log_in(READER)
+    assert urlsplit(reader.url).path == "/ui/runs"  # runs:read comes first
+    runner = log_in(RUNNER)  # runs:write alone reads no page: the runs say which scope it lacks
+    assert urlsplit(runner.url).path == "/ui/runs"
+    expect(runner.get_by_role("alert")).to_contain_text("lacks the scope runs:read")
+    expect(runner.get_by_role("alert")).to_contain_text("can read no page of the console")
+    assert links(runner) == set()
 
 
 def test_a_forged_csrf_token_changes_nothing(

@@ -30,6 +30,7 @@ from keel.service.console.session import (
     ConsoleRefusal,
     Session,
     Sessions,
+    home_of,
     new_login_nonce,
     secure,
 )
@@ -74,7 +75,7 @@ def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
     router = APIRouter(include_in_schema=False)
 
     @router.get("/ui/login", response_class=HTMLResponse)
-    def login_form(request: Request, next: str = "/ui/runs") -> HTMLResponse:
+    def login_form(request: Request, next: str = "") -> HTMLResponse:
         nonce = new_login_nonce()
         response = page(
             request, "login.html", session=None, nonce=nonce, next=_local(next), error=None
@@ -87,7 +88,7 @@ def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
         request: Request,
         token: Annotated[str, Form(max_length=1000)] = "",
         csrf: Short = "",
-        next: Annotated[str, Form(max_length=2000)] = "/ui/runs",
+        next: Annotated[str, Form(max_length=2000)] = "",
     ) -> Response:
         expected = request.cookies.get(LOGIN_COOKIE, "")
         if not expected or not hmac.compare_digest(csrf, expected):
@@ -106,7 +107,9 @@ def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
             )
             _set_cookie(request, response, LOGIN_COOKIE, nonce, max_age=3600)
             return response
-        redirect = RedirectResponse(_local(next), status_code=303)
+        # Without a page asked for: the first one the token can read (an approver's inbox).
+        home = home_of(principal) or "/ui/runs"  # none: /ui/runs says which scope it lacks
+        redirect = RedirectResponse(_local(next) or home, status_code=303)
         _set_cookie(request, redirect, COOKIE, token.strip(), max_age=SESSION_MAX_AGE)
         redirect.delete_cookie(LOGIN_COOKIE, path=PATH)
         return redirect
@@ -133,7 +136,8 @@ def actions_router(keel_app: App, sessions: Sessions) -> APIRouter:
             query["recorded"] = "1" if result.recorded else "0"
         except (RunFinished, NoPendingWait) as exc:
             query["refused"] = str(exc)
-        return RedirectResponse(f"{_local(form.back)}?{urlencode(query)}", status_code=303)
+        back = _local(form.back) or "/ui/approvals"
+        return RedirectResponse(f"{back}?{urlencode(query)}", status_code=303)
 
     @router.post("/ui/runs/{run_id}/effects/{wait_id}/resolve")
     def resolve(
@@ -239,9 +243,10 @@ def _json_answer(text: str) -> Any:
 
 
 def _local(target: str) -> str:
-    """Only paths inside the console: a login link cannot send a person elsewhere."""
+    """Only paths inside the console: a login link cannot send a person elsewhere ("" for any
+    other, and for none: the caller's own page then)."""
     if not target.startswith("/ui") or target.startswith("//") or "\\" in target:
-        return "/ui/runs"
+        return ""
     return target
 
 

@@ -39,6 +39,15 @@ class ConsoleRefusal(Exception):
         self.retry_after = retry_after
 
 
+HOMES = (("runs:read", "/ui/runs"), ("approvals:read", "/ui/approvals"))
+"""The console's first pages, in order, and the scope each needs: an approver's is the inbox."""
+
+
+def home_of(principal: Principal) -> str | None:
+    """The first console page `principal` can read; None if none (a `runs:write` token)."""
+    return next((path for scope, path in HOMES if scope in principal.scopes), None)
+
+
 @dataclass(frozen=True)
 class Session:
     """A logged-in request: whose token its cookie carries, and its forms' CSRF token."""
@@ -48,6 +57,12 @@ class Session:
 
     def can(self, scope: str) -> bool:
         return scope in self.principal.scopes
+
+    @property
+    def home(self) -> str | None:
+        """The first console page the token can read (the brand's and the error page's link);
+        None if it can read none."""
+        return home_of(self.principal)
 
 
 def csrf_for(token: str) -> str:

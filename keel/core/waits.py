@@ -78,17 +78,18 @@ def approval(
     payload: Any = None,
     timeout: float | str = "24h",
     on_timeout: str = "reject",
-    approvers: Sequence[str] = (),
+    approvers: str | Sequence[str] = (),
     remind_after: float | str | None = None,
     escalate_after: float | str | None = None,
-    escalate_to: Sequence[str] = (),
+    escalate_to: str | Sequence[str] = (),
 ) -> ApprovalDecision:
     """Pause the run until someone approves or rejects (or the deadline's policy applies).
 
     `remind_after` and `escalate_after` (durations from when the wait was registered) schedule a
     reminder to `approvers` and an escalation to `escalate_to`, delivered once each through the
-    App's notifiers; at `timeout` the `on_timeout` policy applies. Code before this call re-runs
-    when the run resumes: keep side effects in effects.
+    App's notifiers; at `timeout` the `on_timeout` policy applies. `approvers` and `escalate_to`
+    are lists of ids (Slack user ids, email addresses); one id may be given as a string. Code
+    before this call re-runs when the run resumes: keep side effects in effects.
     """
     ctx = current("keel.approval()")
     spec = wait_spec(
@@ -111,10 +112,10 @@ def interrupt(
     name: str = "interrupt",
     timeout: float | str = DEFAULT_WAIT_TIMEOUT,
     on_timeout: str = "fail",
-    approvers: Sequence[str] = (),
+    approvers: str | Sequence[str] = (),
     remind_after: float | str | None = None,
     escalate_after: float | str | None = None,
-    escalate_to: Sequence[str] = (),
+    escalate_to: str | Sequence[str] = (),
 ) -> Any:
     """LangGraph's `interrupt(value)` with a deadline and escalation: pause the run until
     someone resumes it with any JSON value (`App.resume(thread_id, value)`), which this
@@ -144,21 +145,22 @@ def wait_spec(
     *,
     timeout: float | str,
     on_timeout: str,
-    approvers: Sequence[str],
+    approvers: str | Sequence[str],
     remind_after: float | str | None,
     escalate_after: float | str | None,
-    escalate_to: Sequence[str],
+    escalate_to: str | Sequence[str],
 ) -> dict[str, Any]:
     """The description of a wait a node pauses on (it goes into the checkpoint, read back by
     any later version: plain strings), with its reminder and escalation stages in order."""
     if on_timeout not in POLICIES:
         raise UsageError(f"on_timeout must be one of {', '.join(POLICIES)}, not {on_timeout!r}")
+    named, targets = _ids(approvers), _ids(escalate_to)
     schedule: list[dict[str, Any]] = []
     if remind_after is not None:
         schedule.append({"after": parse_duration(remind_after), "kind": "remind"})
     if escalate_after is not None:
         schedule.append(
-            {"after": parse_duration(escalate_after), "kind": "escalate", "to": list(escalate_to)}
+            {"after": parse_duration(escalate_after), "kind": "escalate", "to": targets}
         )
     schedule.sort(key=lambda stage: stage["after"])
     return {
@@ -167,9 +169,17 @@ def wait_spec(
         "payload": payload,
         "timeout": parse_duration(timeout),
         "on_timeout": on_timeout,
-        "approvers": list(approvers),
+        "approvers": named,
         "schedule": schedule,
     }
+
+
+def _ids(given: str | Sequence[str]) -> list[str]:
+    """The ids a wait names: a list of them, or one given as a plain string (not its
+    characters: `approvers="U0EDITOR"` is one approver)."""
+    if isinstance(given, str):
+        return [given] if given else []
+    return list(given)
 
 
 def wait_id_for(run_id: str, interrupt_id: str) -> str:

@@ -116,3 +116,21 @@ def test_a_wait_decided_in_time_leaves_nothing_to_apply(
     details = app.get_run(node.run_id)
     assert (details.status, details.decision) == ("queued", "approved")
     assert [w["status"] for w in details.waits] == ["decided"]
+
+
+def test_one_id_given_as_a_string_is_one_approver_not_its_characters(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    recorder = Recorder("slack")
+    app.add_notifier(recorder)
+    node = waiting(
+        app, approvers="U0EDITOR", escalate_after="1h", escalate_to="U0CHIEF", timeout="3h"
+    )
+    [wait] = app.get_run(node.run_id).waits
+    assert wait["approvers"] == '["U0EDITOR"]'
+    clock.advance(HOUR)
+    assert sweep(app) == 1
+    app.aio.runtime.portal.call(app.aio.runtime.dispatch("worker-a"))
+    request, escalate = recorder.sent
+    assert request.wait["approvers"] == ["U0EDITOR"]
+    assert escalate.details["to"] == ["U0CHIEF"]

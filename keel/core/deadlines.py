@@ -6,10 +6,10 @@ conditional UPDATE on the wait, so when several sweepers race only one applies i
 
 Policies (`on_timeout`): `reject` resumes the graph with a rejection, `timeout` resumes it with a
 `timed_out` decision, `cancel` cancels the run, `fail` fails it (termination reason timed_out),
-`escalate` first extends the deadline once (a `wait.escalated` event and notification), then
-rejects; `wake` (a timer wait of `keel.sleep()`) resumes the run, its deadline being its wake
-time. Before the deadline, a wait's schedule (`remind_after`, `escalate_after`) sends its
-reminders and escalations through the outbox, each once.
+`escalate` first extends the deadline once (a `wait.escalated` event and notification to the
+wait's `escalate_to`), then rejects; `wake` (a timer wait of `keel.sleep()`) resumes the run,
+its deadline being its wake time. Before the deadline, a wait's schedule (`remind_after`,
+`escalate_after`) sends its reminders and escalations through the outbox, each once.
 """
 
 from __future__ import annotations
@@ -17,12 +17,18 @@ from __future__ import annotations
 from typing import Any
 
 from keel.core import notification_outbox
-from keel.core.codec import dumps, loads
+from keel.core.codec import dumps
 from keel.core.lifecycle import Decision, Status, TerminationReason
 from keel.core.runs import transition, wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
-from keel.core.wait_model import ExpiryDecision, WaitKind, WaitStatus
+from keel.core.wait_model import (
+    ExpiryDecision,
+    WaitKind,
+    WaitStatus,
+    escalation_targets,
+    schedule_stages,
+)
 
 DECISION_ON_TIMEOUT = {
     "reject": ExpiryDecision.REJECTED,
@@ -55,7 +61,7 @@ async def sweep_deadlines(services: Services, limit: int = 100) -> int:
 async def _advance(services: Services, tx: Tx, wait: Row) -> bool:
     """Deliver the wait's next reminder or escalation, once."""
     store = services.store
-    schedule = loads(wait["schedule"])
+    schedule = schedule_stages(wait["schedule"])
     level = int(wait["escalation_level"])
     if level >= len(schedule):
         return False
@@ -102,7 +108,7 @@ async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
         return False
     wait = fresh
     policy = str(wait["on_timeout"])
-    stages = len(loads(wait["schedule"]))
+    stages = len(schedule_stages(wait["schedule"]))
     if policy == "escalate":
         # Stages still owed (no sweep ran while they fell due: an outage, or a stage set after
         # the deadline) are delivered first, as on-time sweeps would have: the policy then
@@ -117,14 +123,19 @@ async def _apply(services: Services, tx: Tx, wait: Row) -> bool:
         window = float(wait["deadline"]) - float(wait["created_at"])
         row = await store.escalate_wait(tx, wait["wait_id"], stages, max(window, 1.0))
         if row is not None:
+            # To the wait's `escalate_to`, as an `escalate_after` stage escalates: not back to
+            # its approvers, who let the deadline pass.
+            to = escalation_targets(wait["schedule"])
             await store.add_event(
                 tx,
                 wait["run_id"],
                 "wait.escalated",
-                {"wait_id": wait["wait_id"], "level": stages + 1},
+                {"wait_id": wait["wait_id"], "level": stages + 1, "to": to},
             )
             assert run is not None
-            await notification_outbox.record(services, tx, run, row, "escalate", stage=stages + 1)
+            await notification_outbox.record(
+                services, tx, run, row, "escalate", stage=stages + 1, details={"to": to}
+            )
         return row is not None
     decision = DECISION_ON_TIMEOUT.get(policy, ExpiryDecision.TIMED_OUT)
     value: dict[str, Any] = {

@@ -3,6 +3,7 @@ waits.py imports those."""
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from typing import Any
@@ -56,3 +57,34 @@ def is_interrupt_map(value: Any) -> bool:
         and bool(value)
         and all(isinstance(k, str) and _INTERRUPT_ID.fullmatch(k) for k in value)
     )
+
+
+def schedule_stages(schedule: Any) -> list[dict[str, Any]]:
+    """A wait's reminder and escalation stages, in order, from its `schedule` (the column's
+    JSON text, or its value): `{"stages": [...], "escalate_to": [...]}`, or, as waits
+    registered before the escalation targets were kept apart, the list of stages itself."""
+    value = json.loads(schedule) if isinstance(schedule, str) else schedule
+    if isinstance(value, dict):
+        value = value.get("stages")
+    return [stage for stage in value if isinstance(stage, dict)] if isinstance(value, list) else []
+
+
+def escalation_targets(schedule: Any) -> list[str]:
+    """Who a wait's escalations go to (its `escalate_to`), whether a stage (`escalate_after`)
+    or the deadline's `escalate` policy escalates it; they may decide it as its approvers do.
+    A wait registered before they were kept apart names them only in its escalation stages."""
+    value = json.loads(schedule) if isinstance(schedule, str) else schedule
+    if isinstance(value, dict) and isinstance(value.get("escalate_to"), list):
+        return [str(who) for who in value["escalate_to"]]
+    named: list[str] = []
+    for stage in schedule_stages(value):
+        for who in stage.get("to") or []:
+            if str(who) not in named:
+                named.append(str(who))
+    return named
+
+
+def stored_schedule(stages: list[dict[str, Any]], escalate_to: list[str]) -> dict[str, Any]:
+    """What a wait's `schedule` column keeps: its stages, and its escalation targets apart
+    from them, for the deadline's `escalate` policy too (it has no stage of its own)."""
+    return {"stages": stages, "escalate_to": escalate_to}

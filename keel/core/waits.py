@@ -34,7 +34,13 @@ from keel.core.lifecycle import FINISHED, Decision, Status
 from keel.core.services import Services
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Store
-from keel.core.wait_model import EffectAnswer, WaitKind, WaitStatus
+from keel.core.wait_model import (
+    EffectAnswer,
+    WaitKind,
+    WaitStatus,
+    escalation_targets,
+    stored_schedule,
+)
 
 POLICIES = ("reject", "cancel", "timeout", "escalate", "fail")
 DEFAULT_WAIT_TIMEOUT = 7 * 86400.0
@@ -171,6 +177,9 @@ def wait_spec(
         "on_timeout": on_timeout,
         "approvers": named,
         "schedule": schedule,
+        # Apart from the stages: the deadline's `escalate` policy escalates to them too, and
+        # they may decide, with or without an `escalate_after` stage.
+        "escalate_to": targets,
     }
 
 
@@ -215,6 +224,8 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
         for wid, intr, spec in specs:
             timeout = spec.get("timeout")
             schedule = spec.get("schedule", [])
+            # A spec from before `escalate_to` was kept apart names them in its stages only.
+            targets = spec.get("escalate_to", escalation_targets(schedule))
             event = {"wait_id": wid, "kind": spec.get("kind"), "name": spec.get("name")}
             row = await store.register_wait(
                 tx,
@@ -229,7 +240,7 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                 approvers=dumps(spec.get("approvers", [])),
                 deadline_after=float(timeout) if timeout is not None else None,
                 on_timeout=spec.get("on_timeout", "fail"),
-                schedule=dumps(schedule),
+                schedule=dumps(stored_schedule(schedule, targets)),
                 first_stage_after=float(schedule[0]["after"]) if schedule else None,
                 event=dumps(event),
                 notifiers=notifiers,

@@ -170,6 +170,8 @@ def outcome_text(note: Notification) -> str:
 
 def follow_up_text(note: Notification) -> str:
     wait = note.wait
+    # An escalation names its people (the wait's `escalate_to`, at a stage or at the deadline's
+    # `escalate` policy); the approvers only when the approval names nobody to escalate to.
     who = note.details.get("to") if note.kind == "escalate" else None
     people = ", ".join(mention(p) for p in (who or wait.get("approvers") or []))
     when = _deadline(wait.get("deadline"))

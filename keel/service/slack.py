@@ -28,6 +28,7 @@ from keel.core.errors import (
     WrongWaitKind,
 )
 from keel.core.ids import whole_number
+from keel.core.wait_model import escalation_targets
 from keel.notifiers.slack import APPROVE, REJECT
 
 if TYPE_CHECKING:
@@ -98,10 +99,9 @@ def parse_action(body: bytes) -> dict[str, Any]:
 
 
 def may_decide(wait: dict[str, Any], user: str) -> bool:
-    """Whether Slack user `user` is among the wait's approvers or escalation targets."""
-    named = list(_json_list(wait.get("approvers")))
-    for stage in _json_list(wait.get("schedule")):
-        named += stage.get("to", []) if isinstance(stage, dict) else []
+    """Whether Slack user `user` is among the wait's approvers or escalation targets (its
+    `escalate_to`, with or without an `escalate_after` stage)."""
+    named = [*_json_list(wait.get("approvers")), *escalation_targets(wait.get("schedule") or [])]
     return user in named or f"slack:{user}" in named
 
 

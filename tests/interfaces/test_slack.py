@@ -478,6 +478,51 @@ def test_restricted_to_approvers_only_named_users_decide(
     assert (wait["decision"], wait["decided_by"]) == ("rejected", "slack:U0CHIEF")
 
 
+def escalating() -> StateGraph:
+    """An approval whose deadline escalates it (`on_timeout="escalate"`), without a stage."""
+
+    def ask_chief(state: State) -> State:
+        answer = keel.approval(
+            "editor",
+            payload={"title": "Q3 budget"},
+            approvers=["U0EDITOR"],
+            escalate_to=["U0CHIEF"],
+            timeout="1h",
+            on_timeout="escalate",
+        )
+        return {"decision": answer.decision, "by": answer.by or ""}
+
+    g = StateGraph(State)
+    g.add_node("ask", ask_chief)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g
+
+
+def test_the_deadline_escalates_to_escalate_to_who_may_then_decide(
+    setup: tuple[keel.App, SlackNotifier], slack: SlackServer, clock: keel.ManualClock
+) -> None:
+    app, _ = setup
+    app.workflow("escalating")(escalating)
+    run_id = app.submit("escalating", job_id="budget", input={})["run_id"]
+    run_to_idle(app)
+    (wait,) = app.get_run(run_id).waits
+    deliver(app)
+    clock.advance(3600 + 1)
+    sweep(app)
+    deliver(app)
+    (msg,) = slack.top_level()
+    (escalation,) = slack.replies(msg["ts"])
+    assert "Escalated to <@U0CHIEF>" in escalation["text"]
+    assert "U0EDITOR" not in escalation["text"]
+    api = FastAPI()
+    api.include_router(slack_router(app, SECRET, clock=clock, restrict_to_approvers=True))
+    with uvicorn_server(api) as url:
+        chief = click(url, action_body(wait["wait_id"], user="U0CHIEF"), int(clock.now()))
+        assert chief.status_code == 200, chief.text
+        assert chief.json()["recorded"] is True
+
+
 class Plain:
     """A second notifier on the same waits, to see it is not held up by Slack's trouble."""
 

@@ -9,7 +9,10 @@ from collections import Counter
 import pytest
 
 import keel
+from keel.core import waits
+from keel.core.codec import loads
 from keel.core.errors import RunFinished
+from keel.service.slack import may_decide
 from tests.support.by_hand import claim, waiting
 from tests.support.notifiers import Recorder
 from tests.support.workers import sweep
@@ -134,3 +137,61 @@ def test_one_id_given_as_a_string_is_one_approver_not_its_characters(
     request, escalate = recorder.sent
     assert request.wait["approvers"] == ["U0EDITOR"]
     assert escalate.details["to"] == ["U0CHIEF"]
+
+
+def dispatch(app: keel.App) -> None:
+    app.aio.runtime.portal.call(app.aio.runtime.dispatch("worker-a"))
+
+
+@pytest.mark.parametrize("escalate_after", [None, "30m"])
+def test_the_escalate_policy_escalates_to_escalate_to_not_the_approvers(
+    app: keel.App, clock: keel.ManualClock, escalate_after: str | None
+) -> None:
+    recorder = Recorder("slack")
+    app.add_notifier(recorder)
+    node = waiting(
+        app,
+        approvers=["U0EDITOR"],
+        escalate_to=["U0CHIEF"],
+        escalate_after=escalate_after,
+        timeout="1h",
+        on_timeout="escalate",
+    )
+    for _ in range(2):  # past escalate_after (if any), then past the deadline
+        clock.advance(HOUR / 2 + 1)
+        sweep(app)
+    dispatch(app)
+    escalations = [note for note in recorder.sent if note.kind == "escalate"]
+    assert [note.details["to"] for note in escalations] == [["U0CHIEF"]] * len(escalations)
+    assert len(escalations) == (2 if escalate_after else 1)
+    [wait] = app.get_run(node.run_id).waits
+    assert (wait["status"], wait["escalation_level"]) == ("pending", len(escalations))
+    escalated = [e for e in app.get_run(node.run_id).timeline if e["kind"] == "wait.escalated"]
+    assert [e["data"]["to"] for e in escalated] == [["U0CHIEF"]] * len(escalations)
+
+
+def test_a_wait_stored_before_escalate_to_was_kept_apart_still_escalates_to_it(
+    app: keel.App, clock: keel.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The schedule column as earlier versions wrote it: the list of stages, the escalation
+    # targets only inside the `escalate_after` stage.
+    monkeypatch.setattr(waits, "stored_schedule", lambda stages, escalate_to: stages)
+    recorder = Recorder("slack")
+    app.add_notifier(recorder)
+    node = waiting(
+        app,
+        approvers=["U0EDITOR"],
+        remind_after="10m",
+        escalate_after="30m",
+        escalate_to=["U0CHIEF"],
+        timeout="1h",
+        on_timeout="escalate",
+    )
+    [wait] = app.get_run(node.run_id).waits
+    assert isinstance(loads(wait["schedule"]), list)
+    assert may_decide(wait, "U0CHIEF") and not may_decide(wait, "U0OTHER")
+    clock.advance(HOUR + 1)
+    sweep(app)
+    dispatch(app)
+    assert recorder.kinds_sent() == ["request", "remind", "escalate", "escalate"]
+    assert [note.details["to"] for note in recorder.sent[2:]] == [["U0CHIEF"], ["U0CHIEF"]]

@@ -50,8 +50,34 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_BROADCAST = re.compile(r"@(?=(?:channel|here|everyone)\b)", re.IGNORECASE)
+
+
+def plain(text: Any) -> str:
+    """`text` shown as itself: Slack's control characters escaped (`<@U123>`, `<!channel>`
+    become text), and `@channel`, `@here`, `@everyone` kept from notifying anyone."""
+    return _BROADCAST.sub("@\u2060", _escape(str(text)))
+
+
+def decider(details: dict[str, Any]) -> str:
+    """Who decided, for the decision message. A mention only for an identity Slack vouched
+    for: a click on Slack's buttons, whose user id Slack signed (`principal` "slack:U..." and
+    `by` the same, channel slack). Any other `by` is what its caller typed (the console, the
+    HTTP API): shown as plain text, with the identity that made the call beside it."""
+    by, principal = details.get("by"), details.get("principal")
+    if details.get("channel") == "slack" and by and by == principal:
+        user = str(by).removeprefix("slack:")
+        if str(by).startswith("slack:") and _USER_ID.fullmatch(user):
+            return f"<@{user}>"
+    shown = plain(by or "someone")
+    if principal and principal != by:
+        shown += f" (as {plain(principal)})"
+    return shown
+
+
 def mention(who: Any) -> str:
-    """`U123`/`slack:U123` -> a Slack user mention; `C123` -> a channel link; else the text."""
+    """`U123`/`slack:U123` -> a Slack user mention; `C123` -> a channel link; else the text.
+    For the names the workflow's code gives (approvers, escalate_to), not a caller's `by`."""
     name = str(who)
     bare = name.removeprefix("slack:")
     if _USER_ID.fullmatch(bare):
@@ -161,10 +187,11 @@ def outcome_text(note: Notification) -> str:
         return f":hourglass: The deadline passed: *{decision}* (policy `{policy}`)."
     decision = str(note.details.get("decision", "decided"))
     icon = {"approved": ":white_check_mark:", "rejected": ":x:"}.get(decision, ":ballot_box:")
-    by = mention(note.details.get("by") or "someone")
-    text = f"{icon} *{_escape(decision.capitalize())}* by {by} via {note.details.get('channel')}"
+    by = decider(note.details)
+    via = plain(note.details.get("channel"))
+    text = f"{icon} *{_escape(decision.capitalize())}* by {by} via {via}"
     if comment := note.details.get("comment"):
-        text += f"\n> {_escape(str(comment))}"
+        text += f"\n> {plain(comment)}"
     return text
 
 

@@ -16,7 +16,7 @@ from langgraph.graph import END, START, StateGraph
 import keel
 from keel.core.errors import UsageError
 from keel.core.notifications import Notification
-from keel.notifiers.slack import APPROVE, REJECT, SlackNotifier, message
+from keel.notifiers.slack import APPROVE, REJECT, SlackNotifier, message, outcome_text
 from keel.service.slack import parse_action, slack_router
 from tests.support.slack_fake import (
     CHANNEL,
@@ -434,6 +434,27 @@ def test_effect_waits_get_no_buttons_and_payloads_parse_strictly() -> None:
         parse_action(action_body("w-1", user=""))
     with pytest.raises(UsageError, match="channel id"):
         SlackNotifier(None, "#approvals")  # type: ignore[arg-type]
+
+
+def test_only_a_slack_signed_decider_is_a_mention_any_other_by_is_plain_text() -> None:
+    def shown(**details: Any) -> str:
+        return outcome_text(_note("decided", decision="approved", **details))
+
+    clicked = shown(by="slack:U0CHIEF", principal="slack:U0CHIEF", channel="slack")
+    assert clicked == ":white_check_mark: *Approved* by <@U0CHIEF> via slack"
+    typed = shown(by="U0CFO", principal="token:4eaca468bba4", channel="http")
+    assert typed == ":white_check_mark: *Approved* by U0CFO (as token:4eaca468bba4) via http"
+    for by in ("@channel", "@here", "@Everyone", "<!channel>", "<@U0CFO>", "slack:U0CFO"):
+        for channel in ("http", "console", "cli"):
+            text = shown(by=by, principal="token:4eaca468bba4", channel=channel, comment=by)
+            assert "<@" not in text and "<!" not in text and "<#" not in text, text
+            for word in ("channel", "here", "everyone"):
+                assert f"@{word}" not in text.lower(), text
+    assert "by &lt;!channel&gt; (as" in shown(by="<!channel>", principal="p", channel="http")
+    # Slack's channel without Slack's signature behind it (a Python caller naming someone
+    # else): what was typed, not a mention.
+    other = shown(by="slack:U0CFO", principal="slack:U0EDITOR", channel="slack")
+    assert "<@" not in other and "slack:U0CFO (as slack:U0EDITOR)" in other
 
 
 def test_the_service_serves_slack_actions_when_a_signing_secret_is_configured(

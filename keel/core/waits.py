@@ -354,6 +354,9 @@ class DecisionResult:
     wait: Row
     recorded: bool
     """True for the one call whose decision was recorded; False for every later duplicate."""
+    finished: bool = False
+    """The run had finished when this call came (a duplicate, told what was recorded: the
+    HTTP API answers it 409 `run_finished`, as documented, unless it retries the winner)."""
 
     @property
     def decision(self) -> str:
@@ -463,11 +466,12 @@ async def decide(
     assert wait is not None
     check_answer(wait["kind"], decision, wait_id=wait["wait_id"])
     finished = run_status in FINISHED
-    retried = action_id is not None and wait["action_id"] == action_id
-    if wait["status"] == WaitStatus.DECIDED and (not finished or retried):
-        # A double click, a second approver, or (once the run finished) a retry of the
-        # winning call itself: told what was recorded.
-        return DecisionResult(wait, recorded=False)
+    if wait["status"] == WaitStatus.DECIDED:
+        # A double click, a second approver, a retry of the winning call: told what was
+        # recorded, whatever the run did since (a worker often finishes it before the last
+        # click comes). A wait its deadline's policy or a cancel ended is refused below, as is
+        # a wait still pending on a run that ended otherwise (another wait's policy failed it).
+        return DecisionResult(wait, recorded=False, finished=finished)
     if wait["status"] != WaitStatus.PENDING or finished:
         raise RunFinished(
             f"run {run_id} is {run_status.value} and its wait {wait['wait_id']} is "

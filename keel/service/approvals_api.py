@@ -21,6 +21,7 @@ from keel.service.errors import (
     Refused,
     conflict_message,
     conflicts,
+    finished_message,
     keel_message,
     keel_status,
 )
@@ -143,6 +144,13 @@ def approvals_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
             now = m.approval_fields(keel_app.get_wait(approval_id), url)
             raise Refused(status, code, keel_message(exc), approval=now) from None
         fields = m.approval_fields(result.wait, url)
+        retried = action_id is not None and result.wait.get("action_id") == action_id
+        if result.finished and not result.recorded and not retried:
+            # Decided, and the run finished since: the API's documented 409 `run_finished`
+            # (the CLI's error), saying who decided; a retry of the winner is still a 200.
+            raise Refused(
+                *keel_status(RunFinished()), finished_message(result.wait), approval=fields
+            )
         if conflicts(result, wanted, action_id):
             raise Refused(
                 *DECISION_CONFLICT, conflict_message(result.wait, wanted), approval=fields

@@ -88,6 +88,17 @@ def conflict_message(wait: dict[str, Any], wanted: str) -> str:
     )
 
 
+def finished_message(wait: dict[str, Any]) -> str:
+    """A decision on a wait decided before its run finished: who decided it."""
+    by = wait.get("decided_by") or "someone"
+    via = f" via {wait['channel']}" if wait.get("channel") else ""
+    done = str(wait["decision"]).replace("_", " ")
+    return (
+        f"run {wait['run_id']} has finished: {wait['wait_id']} was already {done} by {by}{via}; "
+        "it takes no more decisions"
+    )
+
+
 class Refused(Exception):
     """An answer the service decides itself (an unknown artifact), or a Keel error answered
     with the wait as recorded beside it (a refused decision)."""

@@ -170,8 +170,9 @@ def slack_router(
             channel="slack",
         )
         # A click that lost to another decision is acknowledged too (200), not refused with the
-        # API's 409: Slack shows the person an error for any other status, and the message's
-        # update (the "decided" notification) shows everyone the decision that won.
+        # API's 409, also once the run finished: Slack shows the person an error for any other
+        # status, and the message's update (the "decided" notification) shows everyone the
+        # decision that won.
         return {
             "ok": True,
             "recorded": outcome.recorded,

@@ -460,9 +460,12 @@ def test_a_decision_on_a_finished_runs_decided_approval_is_409_run_finished(
     assert won.status_code == 200, won.text
     svc.work()
     assert svc.http.get(f"/v1/runs/{run_id}").json()["status"] == "completed"
-    late = svc.http.post(path, json={"decision": "reject", "by": "bob"})
-    assert (late.status_code, late.json()["error"]) == (409, "run_finished"), late.text
-    assert late.json()["approval"]["decision"] == "approved"
+    for wanted in ("reject", "approve"):  # documented: 409 run_finished, saying who decided
+        late = svc.http.post(path, json={"decision": wanted, "by": "bob"})
+        assert (late.status_code, late.json()["error"]) == (409, "run_finished"), late.text
+        assert late.json()["approval"]["decision"] == "approved"
+        assert "has finished" in late.json()["message"]
+        assert f"{approval_id} was already approved by" in late.json()["message"]
     again = svc.http.post(path, json={"decision": "approve"}, headers={"Idempotency-Key": "k-1"})
     assert (again.status_code, again.json()["recorded"]) == (200, False)
 

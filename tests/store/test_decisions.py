@@ -183,19 +183,25 @@ def test_late_decision_after_the_run_finished_changes_nothing(make_app: AppFacto
     assert after.decision == "rejected"
 
 
-def test_late_decision_naming_the_decided_wait_of_a_finished_run_is_refused_too(
+def test_late_decision_naming_the_decided_wait_of_a_finished_run_is_told_who_decided(
     make_app: AppFactory,
 ) -> None:
-    # The HTTP API names the wait; it must answer as the CLI, which names the run, does.
+    # Slack, the console and the HTTP API name the wait: a late click, a second approver, is
+    # told what was recorded, whether or not a worker finished the run meanwhile.
     app, run = waiting_review(make_app)
     wait_id = app.approve(run, by="alice", action_id="click-1").wait["wait_id"]
     drain(app)
     before = app.get_run(run)
-    with pytest.raises(RunFinished, match="completed"):
-        app.reject(run, wait_id=wait_id, by="bob", action_id="click-2")
-    # The winning call itself, retried (same action id), is still told what it recorded.
+    for late in (app.reject, app.approve):
+        answer = late(run, wait_id=wait_id, by="bob", action_id="click-2")
+        assert (answer.recorded, answer.finished, answer.decision) == (False, True, "approved")
+        assert answer.wait["decided_by"] == "alice"
+    # The winning call itself, retried (same action id), is told what it recorded too.
     retry = app.approve(run, wait_id=wait_id, by="alice", action_id="click-1")
     assert (retry.recorded, retry.decision) == (False, "approved")
+    # Naming the run only, there is no wait to answer: the run is finished.
+    with pytest.raises(RunFinished, match="completed"):
+        app.reject(run, by="bob")
     after = app.get_run(run)
     assert (after.run, after.timeline, after.waits) == (before.run, before.timeline, before.waits)
 

@@ -18,6 +18,7 @@ from keel.core.errors import (
 )
 from tests.support.by_hand import WORKFLOW, Died, Node, Paused, claim, start, waiting
 from tests.support.providers import Provider
+from tests.support.workers import sweep
 
 
 def snapshot(app: keel.App, run_id: str) -> tuple[Any, ...]:
@@ -78,6 +79,40 @@ def test_a_finished_run_takes_no_decision_and_nothing_changes(app: keel.App) -> 
             decide(node.run_id, by="late")
     assert snapshot(app, node.run_id) == before
     assert [w["status"] for w in app.get_run(node.run_id).waits] == ["expired"]
+
+
+def test_a_decided_wait_tells_who_decided_it_after_the_run_finished(app: keel.App) -> None:
+    node = waiting(app)
+    [wait] = app.get_run(node.run_id).waits
+    assert app.approve(node.run_id, by="alice", wait_id=wait["wait_id"]).recorded
+    assert app.cancel(node.run_id, by="ops")["status"] == "cancelled"  # finished, decided
+    before = snapshot(app, node.run_id)
+    for decide in (app.approve, app.reject):
+        late = decide(node.run_id, by="bob", wait_id=wait["wait_id"], action_id="click-2")
+        assert (late.recorded, late.finished, late.decision) == (False, True, "approved")
+        assert late.wait["decided_by"] == "alice"
+    assert snapshot(app, node.run_id) == before
+
+
+def test_a_pending_wait_of_a_run_that_ended_otherwise_is_refused(
+    app: keel.App, clock: keel.ManualClock
+) -> None:
+    # Two waits at once; the first one's deadline policy fails the run, the second is left
+    # pending on a finished run: nobody decides it any more.
+    node = start(app)
+    node.ask("legal", timeout="1h", on_timeout="fail")
+    node.ask("manager", timeout="2h")
+    assert node.register_pauses() == "waiting"
+    clock.advance(3600 + 1)
+    assert sweep(app) == 1
+    details = app.get_run(node.run_id)
+    assert details.status == "failed"
+    pending = {w["name"]: w for w in details.waits}["manager"]
+    assert pending["status"] == "pending"
+    before = snapshot(app, node.run_id)
+    with pytest.raises(RunFinished, match="failed"):
+        app.approve(node.run_id, by="bob", wait_id=pending["wait_id"])
+    assert snapshot(app, node.run_id) == before
 
 
 def test_decisions_name_a_run_and_a_wait_that_exist(app: keel.App) -> None:

@@ -41,11 +41,16 @@ the HTTP layer's (a thread's metadata past that made every read of it fail): ref
 door instead, far above what an agent's state needs."""
 
 
+MIN_INT, MAX_INT = -(2**63), 2**64 - 1
+"""The integers a checkpoint keeps (LangGraph's msgpack serializer): one past them was admitted
+and failed its run at the first checkpoint."""
+
+
 def check_storable(value: Any, what: str) -> None:
     """InvalidInput if `value` (JSON-like: dicts, lists, text) nests deeper than `MAX_DEPTH`,
     holds text UTF-8 cannot store (a lone surrogate, which JSON can carry as `\\ud800`), or a
     NaN or an infinity (Python's `json` reads and writes them; JSON has none, so they came
-    back as text no other reader takes, or as null)."""
+    back as text no other reader takes, or as null), or an integer past 64 bits."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -54,6 +59,8 @@ def check_storable(value: Any, what: str) -> None:
             continue
         if isinstance(item, float) and not math.isfinite(item):
             raise InvalidInput(f"{what} holds {item!r}, which JSON cannot carry")
+        if isinstance(item, int) and not MIN_INT <= item <= MAX_INT:
+            raise InvalidInput(f"{what} holds an integer past 64 bits, which a checkpoint cannot")
         if isinstance(item, dict):
             children: Any = item.values()
             for key in item:
@@ -84,10 +91,17 @@ def canonical_json(value: Any) -> str:
             separators=(",", ":"),
             ensure_ascii=False,
             allow_nan=False,
-            default=json_default,
+            default=_canonical_default,
         )
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"value is not canonical JSON: {exc}") from None
+
+
+def _canonical_default(value: Any) -> Any:
+    # Bytes read as base64 text, which the same text would digest alike: no key of them.
+    if isinstance(value, bytes | bytearray):
+        raise TypeError(f"{type(value).__name__} is not canonical JSON")
+    return json_default(value)
 
 
 def dumps(value: Any) -> str:

@@ -17,6 +17,7 @@ from keel.core.codec import MAX_DEPTH
 from keel.core.errors import InvalidInput
 from tests.support.apps.service import WORKFLOW
 from tests.support.service_client import Service
+from tests.support.workers import drain
 
 
 def nested(depth: int) -> Any:
@@ -45,11 +46,22 @@ ROUTES: list[tuple[str, str, Callable[[Any], dict[str, Any]]]] = [
 ]
 
 
-SAID = {"too deep": "deeper than", "surrogate": "not valid Unicode", "nan": "JSON cannot carry"}
+SAID = {
+    "too deep": "deeper than",
+    "surrogate": "not valid Unicode",
+    "nan": "JSON cannot carry",
+    "past 64 bits": "integer past 64 bits",
+}
 
 
 @pytest.mark.parametrize(
-    ("bad", "case"), [(TOO_DEEP, "too deep"), (SURROGATE, "surrogate"), (math.nan, "nan")]
+    ("bad", "case"),
+    [
+        (TOO_DEEP, "too deep"),
+        (SURROGATE, "surrogate"),
+        (math.nan, "nan"),
+        ([2**64, -(2**63) - 1], "past 64 bits"),
+    ],
 )
 def test_a_value_that_cannot_be_kept_is_422_and_nothing_is_written(
     svc: Service, bad: Any, case: str
@@ -83,7 +95,13 @@ def test_the_python_api_refuses_what_it_could_not_run_or_record(make_app: Any) -
         app.submit("echo", {"text": SURROGATE}, thread_id="t")
     with pytest.raises(InvalidInput, match="JSON cannot carry"):
         app.create_thread("echo", metadata={"a": math.inf})
+    # Admitted, it failed its run at the first checkpoint (msgpack keeps 64 bits).
+    with pytest.raises(InvalidInput, match="integer past 64 bits"):
+        app.submit("echo", {"n": [2**70]})
     assert app.list_runs() == []
+    largest = app.submit("echo", {"n": [2**64 - 1, -(2**63)]}).run_id
+    drain(app)
+    assert app.get_run(largest).status == "completed"
 
 
 def test_numbers_timezones_configs_and_ids_past_what_can_be_kept_are_refused(

@@ -438,7 +438,8 @@ def test_an_approval_on_a_thread_is_decided_in_the_inbox_not_with_json(
     (wait,) = app.get_run(run).waits
     c = console(app).client()
     page = c.get("/ui/threads/t-review").text
-    assert f'href="/ui/approvals#{wait["wait_id"]}"' in page
+    link = f"/ui/approvals?wait={wait['wait_id']}#{wait['wait_id']}"
+    assert f'href="{link}"' in page
     assert 'name="value"' not in page
     csrf = field(page, "csrf")
     forged = {"csrf": csrf, "wait_id": wait["wait_id"], "value": '"approve"', "action_id": "x"}
@@ -593,3 +594,28 @@ def test_in_a_browser_find_a_thread_answer_its_interrupt_and_the_graph_gets_the_
     finally:
         context.close()
     assert offsite == [], f"the pages asked for URLs off this machine: {offsite}"
+
+
+def test_the_inbox_link_shows_its_approval_whatever_page_it_is_on(
+    console: Callable[[keel.App], Console], make_app: Callable[..., keel.App]
+) -> None:
+    """More open approvals than a page holds: a run's "decide in the inbox" link still lands on
+    a page with that approval's card (it led to the first page, without it)."""
+    app = register_review(make_app())
+    runs = [
+        app.submit("review", {"topic": f"t{n}", "timeout": f"{n + 1}h"}, job_id=f"j-{n}").run_id
+        for n in range(51)
+    ]
+    drain(app)
+    c = console(app).client()
+    last = runs[-1]  # the furthest deadline: past the inbox's first page of 50
+    (wait,) = app.get_run(last).waits
+    card = f'id="{wait["wait_id"]}"'
+    assert card not in c.get("/ui/approvals").text
+    linked = re.findall(r'href="(/ui/approvals\?wait=[^"#]+)#', c.get(f"/ui/runs/{last}").text)
+    assert linked == [f"/ui/approvals?wait={wait['wait_id']}"]
+    assert card in c.get(linked[0]).text
+    # Another id, or one decided since, shows the inbox as it is.
+    assert c.get("/ui/approvals?wait=w-nope").status_code == 200
+    app.approve(last, by="alice")
+    assert card not in c.get(linked[0]).text

@@ -112,6 +112,10 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
         problems: list[str] = []
         offset = _int(q.get("offset"), 0, problems, "offset")
         rows = keel_app.browse_pending_waits(kind="approval", limit=PAGE + 1, offset=offset)
+        approvals = [_wait_view(w) for w in rows[:PAGE]]
+        if (wanted := q.get("wait")) and all(a["wait_id"] != wanted for a in approvals):
+            # A run's "decide in the inbox" link: its card first, whatever page it is on.
+            approvals[:0] = _pending_approval(keel_app, wanted)
         # In-doubt effects need a person too; they are answered on their run's page.
         in_doubt = keel_app.browse_pending_waits(kind="effect", limit=PAGE)
         decided = None
@@ -124,7 +128,7 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             request,
             "approvals.html",
             session=session,
-            approvals=[_wait_view(w) for w in rows[:PAGE]],
+            approvals=approvals,
             in_doubt=[_wait_view(w) for w in in_doubt],
             has_next=len(rows) > PAGE,
             offset=offset,
@@ -219,6 +223,17 @@ def _intent_view(row: dict[str, Any]) -> dict[str, Any]:
         "args_text": pretty(shown["args"]),
         "result_text": pretty(shown["result"]) if shown["result"] is not None else "",
     }
+
+
+def _pending_approval(keel_app: Any, wait_id: str) -> list[dict[str, Any]]:
+    """The approval's card when it is still pending (none for another id or a decided one)."""
+    try:
+        row = keel_app.get_wait(wait_id)
+    except KeelError:
+        return []
+    if row.get("kind") != "approval" or row.get("status") != "pending":
+        return []
+    return [_wait_view(row)]
 
 
 def _wait_view(row: dict[str, Any]) -> dict[str, Any]:

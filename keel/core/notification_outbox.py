@@ -147,6 +147,12 @@ async def _deliver(
     if notifier is None:
         await settle(NotificationStatus.FAILED, error="no such notifier registered")
         return
+    if not in_doubt and await _request_in_flight(services.store, row):
+        # Its request is still on its way out (another dispatcher's): what follows it (a
+        # decision edits the request's message) waits, or it would miss it and leave the
+        # request's buttons live.
+        await settle(NotificationStatus.QUEUED, delay=AFTER_REQUEST)
+        return
     note = await _notification(services, row)
     if in_doubt:
         reconcile = getattr(notifier, "reconcile", None)
@@ -182,6 +188,21 @@ async def _deliver(
         await settle(NotificationStatus.FAILED, error=repr(exc))
         return
     await settle(NotificationStatus.DELIVERED, result=result)
+
+
+AFTER_REQUEST = 1.0
+"""Seconds a wait's later notification waits for its request, still being sent, to settle."""
+
+
+async def _request_in_flight(store: Store, row: Row) -> bool:
+    """Whether this notifier's request about the same wait is still queued or being sent."""
+    if row["kind"] == "request" or row["wait_id"] is None:
+        return False
+    unsettled = (NotificationStatus.QUEUED, NotificationStatus.SENDING)
+    return any(
+        r["kind"] == "request" and r["notifier"] == row["notifier"] and r["status"] in unsettled
+        for r in await store.notifications_for_wait(str(row["wait_id"]))
+    )
 
 
 async def _obsolete(store: Store, row: Row) -> str | None:

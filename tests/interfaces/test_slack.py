@@ -225,6 +225,48 @@ def test_a_dispatcher_that_died_after_posting_or_updating_is_not_repeated(
     assert shown == [{k: r[k] for k in sorted(NOTIFICATION_FIELDS)} for r in rows]
 
 
+class SlowToPost(SlackServer):
+    """Slack answering the first `chat.postMessage` late: the request is on its way out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.posting = threading.Event()
+
+    def _handle(self, req: Any) -> None:
+        if req.path.endswith("chat.postMessage") and not self.posting.is_set():
+            self.posting.set()
+            time.sleep(1.5)
+        super()._handle(req)
+
+
+def test_a_decision_while_its_request_is_being_posted_edits_that_request(
+    make_app: Callable[..., keel.App], clock: keel.ManualClock
+) -> None:
+    """Two workers' dispatchers: one is posting the request (Slack slow to answer) when the
+    decision comes and the other takes its `decided`. The decision waits for the request and
+    edits its message: no request is left in the channel with live buttons."""
+    with SlowToPost() as slow:
+        apps = [make_app(clock=clock, lease_ttl=30) for _ in range(2)]
+        for app in apps:
+            app.workflow("ask")(build)
+            app.add_notifier(SlackNotifier(slow.client(), CHANNEL))
+        run_id, wait_id = waiting_run(apps[0])
+        posting = threading.Thread(target=deliver, args=(apps[0], "dispatcher-1"))
+        posting.start()
+        assert slow.posting.wait(10)
+        apps[0].approve(run_id, wait_id=wait_id, by="alice")
+        deliver(apps[1], "dispatcher-2")  # the `decided`, while the request is in flight
+        posting.join(30)
+        clock.advance(5)
+        deliver(apps[1], "dispatcher-2")
+        (posted,) = slow.top_level()
+        assert "decided" in posted["text"], posted["text"]
+        assert not [b for b in posted.get("blocks", []) if b["type"] == "actions"]
+        assert len(slow.made("chat.update")) == 1
+        kinds = {(n["kind"], n["status"]) for n in apps[0].get_run(run_id).notifications}
+        assert kinds == {("request", "delivered"), ("decided", "delivered")}
+
+
 def test_rate_limits_and_server_errors_are_retried_without_duplicates(
     setup: tuple[keel.App, SlackNotifier], slack: SlackServer, clock: keel.ManualClock
 ) -> None:

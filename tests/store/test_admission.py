@@ -112,6 +112,37 @@ def test_a_job_id_is_an_idempotency_key_by_default(make_app: AppFactory) -> None
     assert len(app.list_runs(job_id="hook-1")) == 1
 
 
+@pytest.mark.parametrize("if_exists", ["reuse", "error"])
+def test_one_job_submitted_at_once_with_different_input_is_one_run(
+    make_app: AppFactory, if_exists: str
+) -> None:
+    """A webhook and its retry (another timestamp in the payload) arriving at once on several
+    servers: the job is admitted once, whichever wins; each other caller gets that run
+    (`reuse`) or `JobExists` (`error`), never a second run and a second charge."""
+    apps = [echo_app(make_app) for _ in range(4)]
+    for job in range(10):
+        barrier = threading.Barrier(4)
+
+        def submit(n: int, job: int = job, barrier: threading.Barrier = barrier) -> str:
+            barrier.wait()
+            try:
+                sent = apps[n].submit(
+                    "echo", job_id=f"evt-{job}", input={"text": f"at {n}"}, if_exists=if_exists
+                )
+            except JobExists as exc:
+                return f"exists {exc.runs}"
+            return sent.run_id
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(submit, range(4)))
+        (run,) = apps[0].list_runs(job_id=f"evt-{job}")
+        if if_exists == "reuse":
+            assert got == [run["run_id"]] * 4
+        else:
+            assert got.count(run["run_id"]) == 1
+            assert [g for g in got if g != run["run_id"]] == [f"exists {[run['run_id']]}"] * 3
+
+
 def test_other_input_for_a_job_is_admitted_and_told_or_reused_or_refused(
     make_app: AppFactory,
 ) -> None:

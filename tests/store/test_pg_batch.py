@@ -51,10 +51,19 @@ def test_a_statement_the_server_will_not_prepare_runs_bound_inline(
     assert _events(app, run, "probe") == [{"n": 1}] * 3
 
 
-def test_a_statement_is_prepared_once_per_connection(make_app: AppFactory) -> None:
+def _submitted(make_app: AppFactory, job_id: str) -> tuple[keel.App, str]:
+    """A run admitted by another App: this App's connections have prepared nothing yet."""
+    submitter = make_app()
+    submitter.workflow("echo")(echo_graph)
+    run = submitter.submit("echo", job_id=job_id, input={"text": "x"})["run_id"]
     app = make_app()
     app.workflow("echo")(echo_graph)
-    run = app.submit("echo", job_id="prepared", input={"text": "x"})["run_id"]
+    assert app.get_run(run).status == "queued"  # opened, by a read (reads prepare nothing)
+    return app, run
+
+
+def test_a_statement_is_prepared_once_per_connection(make_app: AppFactory) -> None:
+    app, run = _submitted(make_app, "prepared")
     store = app.aio.runtime.store
     seen: list[tuple[int, int]] = []
 
@@ -80,9 +89,7 @@ def test_prepared_statements_dropped_by_psycopg_are_prepared_again(make_app: App
     transaction on it rolls back after psycopg prepared statements of its own (a query run five
     times): a step transaction then EXECUTEs names the server forgot. It must prepare them
     again, not fail the run (it did: 'prepared statement "keel_6" does not exist')."""
-    app = make_app()
-    app.workflow("echo")(echo_graph)
-    run = app.submit("echo", job_id="deallocated", input={"text": "x"})["run_id"]
+    app, run = _submitted(make_app, "deallocated")
     store = app.aio.runtime.store
     seen: list[tuple[int, int, int]] = []
 
@@ -164,8 +171,9 @@ def test_a_large_state_is_bound_off_the_event_loop(
         bound.append((_longest_string(params), on_loop))
         return add(self, sql, params)
 
-    monkeypatch.setattr(Batch, "add", watched)
+    # (The admission binds its input as psycopg does any statement's: only the steps here.)
     run = app.submit("echo", job_id="large", input={"text": "x" * big})["run_id"]
+    monkeypatch.setattr(Batch, "add", watched)
     app.run_worker(stop_when_idle=True, handle_signals=False)
     assert app.get_run(run).status == "completed"
     large = [on_loop for longest, on_loop in bound if longest >= big]

@@ -110,7 +110,7 @@ class RunQueries:
         data: dict[str, Any],
         then: Callable[[Tx], Awaitable[Later]] | None = None,
     ) -> tuple[Row | None, bool, bool, list[str], Row | None]:
-        """Admit a run in one statement (see the `admit_run` query): the run's row (None if
+        """Admit a run in one call (the `lock_job` and `admit_run` queries): the run's row (None if
         refused, or if a concurrent admission of it is not visible yet), whether this call
         created it, whether `if_exists` refused it, the job's runs with other input, and the
         row of `then`: a write sent and committed with the admission, whether or not it
@@ -124,20 +124,24 @@ class RunQueries:
             "wake": int(then is None),
         }
         after: Row | None = None
-        if then is None:
-            row = await self.db.single("admit_run", params)
-        else:
-            follow = then
+        job = {"job_id": run.job_id, "workflow": run.workflow}
 
-            async def both(tx: Tx) -> tuple[Later, Later]:
-                # Nothing read before the end: all three statements go in one message. Other
-                # workers are woken only if the claim left the run queued.
-                admitted, claimed = await tx.send("admit_run", params), await follow(tx)
-                await tx.execute("wake_if_queued", {"run_id": run.run_id})
-                return admitted, claimed
+        async def admit(tx: Tx) -> tuple[Later, Later | None]:
+            # Nothing read before the end: every statement goes in one message. The job's lock
+            # first: the admission's snapshot then holds any admission of the job before it.
+            await tx.execute("lock_job", job)
+            admitted = await tx.send("admit_run", params)
+            if then is None:
+                return admitted, None
+            claimed = await then(tx)
+            # Other workers are woken only if the claim left the run queued.
+            await tx.execute("wake_if_queued", {"run_id": run.run_id})
+            return admitted, claimed
 
-            admitted, followed = await self.db.run_transaction(both)
-            row, after = await admitted(), await followed()
+        admitted, followed = await self.db.run_transaction(admit)
+        row = await admitted()
+        if followed is not None:
+            after = await followed()
         assert row is not None
         others = json.loads(row.pop("others"))
         refused, created = bool(row.pop("refused")), bool(row.pop("created"))

@@ -76,6 +76,13 @@ VALUES (%(run_id)s, %(job_id)s, %(workflow)s, %(workflow_version)s, %(attempt)s,
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
+-- name: lock_job
+-- Serialize admissions of one job (of one workflow) until this transaction ends: `admit_run`,
+-- the next statement, reads the job's runs in a snapshot taken after the lock, so two
+-- submissions of the job with different input at once are judged one after the other (each
+-- read the job empty, and both were admitted).
+SELECT pg_advisory_xact_lock(74213030, hashtext(%(workflow)s || '/' || %(job_id)s)) IS NOT NULL AS locked;
+
 -- name: admit_run
 -- moves: new>queued
 -- Admission in one statement: the job's runs of this workflow with other input (`others`,

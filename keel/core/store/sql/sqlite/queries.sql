@@ -69,6 +69,11 @@ VALUES (:run_id, :job_id, :workflow, :workflow_version, :attempt, :input_hash, :
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
 
+-- name: lock_job
+-- Admissions of one job are serialized by the database's write lock already (PostgreSQL's
+-- takes an advisory lock here).
+SELECT 1 AS locked;
+
 -- name: admit_run
 -- moves: new>queued
 -- Admission in one call (a chain: see Connector.single): the job's runs of this workflow with

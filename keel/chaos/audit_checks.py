@@ -231,7 +231,8 @@ def effect_findings(
                 name,
                 "effect.no-timeout",
                 f"{kind} {name!r} declares no timeout (the App's default, {default_timeout:g}s): "
-                "a hung provider call holds its run (and nobody may reconcile it) until then",
+                "its caller never abandons a call, so one that outlives that deadline while "
+                "its run changes owner (a partition, a deploy) can be made twice",
                 f'declare the longest a call may take: @keel.effect("{name}", timeout=SECONDS)',
             )
         )

@@ -79,24 +79,19 @@ def conflicts(result: DecisionResult, wanted: str, action_id: str | None) -> boo
 
 
 def conflict_message(wait: dict[str, Any], wanted: str) -> str:
-    by = wait.get("decided_by") or "someone"
-    via = f" via {wait['channel']}" if wait.get("channel") else ""
-    done = str(wait["decision"]).replace("_", " ")
-    return (
-        f"not {wanted.replace('_', ' ')}: {wait['wait_id']} was already {done} by {by}{via} "
-        "(the first decision wins)"
-    )
+    return f"not {wanted.replace('_', ' ')}: {_decided(wait)} (the first decision wins)"
 
 
 def finished_message(wait: dict[str, Any]) -> str:
     """A decision on a wait decided before its run finished: who decided it."""
+    return f"run {wait['run_id']} has finished: {_decided(wait)}; it takes no more decisions"
+
+
+def _decided(wait: dict[str, Any]) -> str:
     by = wait.get("decided_by") or "someone"
     via = f" via {wait['channel']}" if wait.get("channel") else ""
     done = str(wait["decision"]).replace("_", " ")
-    return (
-        f"run {wait['run_id']} has finished: {wait['wait_id']} was already {done} by {by}{via}; "
-        "it takes no more decisions"
-    )
+    return f"{wait['wait_id']} was already {done} by {by}{via}"
 
 
 class Refused(Exception):

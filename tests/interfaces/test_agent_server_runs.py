@@ -22,7 +22,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.config import get_config
+from langgraph.config import get_config, get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from langgraph_sdk import get_sync_client
@@ -390,6 +390,50 @@ def test_a_node_that_asks_again_streams_each_pause_as_in_langgraph(svc: Served) 
     again = [p.id for p in replayed if p.event not in ("metadata", "end")]
     assert again == [i for i in ids if i in again] and again[-3:] == ids[-3:]
     assert len(again) == len(ids) - 2, "all but the first pause's interrupt and its values"
+
+
+def telling_twice() -> StateGraph:
+    """`asking_twice`, telling the client (custom) before each question."""
+
+    def ask(state: Log) -> dict[str, Any]:
+        tell = get_stream_writer()
+        tell("asking first")
+        first = interrupt("first?")
+        tell("asking second")
+        return {"log": [f"{first}, then {interrupt('second?')}"]}
+
+    g = StateGraph(Log)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    return g
+
+
+def test_answers_streamed_without_a_takeover_say_nothing_was_superseded(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """The resumed node's execution replaces the chunks of the one before the pause, which an
+    answer's stream (from now) never sent: no `keel/superseded` marker, kept for a takeover
+    that re-ran chunks the same stream had sent."""
+    app = make_app(lease_ttl=5)
+    app.workflow("telling")(telling_twice)
+    with serving(app) as served:
+        client = served.client
+        thread = new_thread(served)
+        modes = ["values", "updates", "custom"]
+        streamed = [
+            parts(client.runs.stream(thread, "telling", input={"log": []}, stream_mode=modes)),
+            parts(
+                client.runs.stream(thread, "telling", command={"resume": "A"}, stream_mode=modes)
+            ),
+            parts(
+                client.runs.stream(thread, "telling", command={"resume": "B"}, stream_mode=modes)
+            ),
+        ]
+        assert client.threads.get_state(thread)["values"]["log"] == ["A, then B"]
+    told = [[p.data for p in s if p.event == "custom"] for s in streamed]
+    assert told[0] == ["asking first"] and "asking second" in told[1]
+    assert [p.event for s in streamed for p in s if p.event.startswith("keel/")] == []
 
 
 def test_no_input_on_a_paused_thread_asks_again_and_its_answer_finishes_it(svc: Served) -> None:

@@ -209,6 +209,8 @@ class Feed:
     async def catch_up(self) -> None:
         """Move past every event committed so far (a stream "from now")."""
         self.sent = max([self.sent, *(e.position for e in await self._read(force=True))])
+        # None of those chunks went out: a later execution's supersede none the client saw.
+        self.token = None
 
     async def poll(self) -> list[Event]:
         """The events committed since the last poll that come after `sent`; then `settled`

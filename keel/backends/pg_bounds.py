@@ -151,12 +151,14 @@ STARVED_GRACE = 0.1
 
 
 def _answered(fd: int) -> bool:
-    """Whether something (an answer, or the end of the stream) waits unread on the socket."""
+    """Whether something (an answer, or the end of the stream) waits unread on the socket.
+    `poll`, not `select`: a busy process's descriptors pass 1024."""
+    looking = select.poll()
     try:
-        readable, _, _ = select.select([fd], [], [], 0)
+        looking.register(fd, select.POLLIN)
+        return bool(looking.poll(0))
     except (OSError, ValueError):
         return False
-    return bool(readable)
 
 
 unbounded: set[AsyncConnection[Any]] = set()

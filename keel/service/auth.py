@@ -101,24 +101,37 @@ def is_loopback(client: str) -> bool:
     return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
-
-
 def loopback_page(request: Request, origins: frozenset[str]) -> bool:
     """Whether a tokenless loopback request may act as this machine: not sent by a browser page
     of another site, unless that origin is one the server lets in (`cors_origins`: Studio's,
     a chat UI's). A page's request carries `Origin` (a POST always does) or, without it,
-    `Sec-Fetch-Site`. A page of the server's own origin counts only when that origin is a
-    loopback name, so a DNS-rebound page (its own name pointing at 127.0.0.1) gets nothing."""
+    `Sec-Fetch-Site`. The server must be named as this machine names itself (`localhost` or an
+    address): a page of another name that DNS points at 127.0.0.1 (rebinding) is refused, even
+    its same-origin reads, which carry no `Origin`."""
+    host = request.headers.get("host", "")
     origin = request.headers.get("origin")
     if origin is None:
-        return request.headers.get("sec-fetch-site", "none") in ("none", "same-origin")
+        sent_by = request.headers.get("sec-fetch-site", "none")
+        return sent_by in ("none", "same-origin") and _named_here(host)
     origin = origin.rstrip("/")
     if origin in origins or "*" in origins:
         return True
-    host = request.headers.get("host", "")
-    own = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    return own in LOOPBACK_HOSTS and origin == f"{request.url.scheme}://{host}"
+    return _named_here(host) and origin == f"{request.url.scheme}://{host}"
+
+
+def _named_here(host: str) -> bool:
+    """Whether a Host header names the server as only it can be named: `localhost` or an IP
+    address (what a rebinding page sends is its own DNS name). No Host: not a browser's."""
+    if not host:
+        return True
+    name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+    if name.lower() == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 # -- token strength -------------------------------------------------------------------------

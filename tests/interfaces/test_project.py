@@ -456,6 +456,12 @@ def test_open_loopback_does_not_let_in_pages_of_other_sites(project: Path) -> No
             target = submit("j-target")
             assert [cancel(target, h) for h in refused] == [401] * len(refused)
             assert app.get_run(target).run["status"] == "queued"
+            # A rebound page's own reads carry no Origin: its name gives it away.
+            rebound = {"Host": f"evil.example:{port}", "Sec-Fetch-Site": "same-origin"}
+            for headers in (rebound, {"Host": f"evil.example:{port}"}):
+                assert httpx.get(f"{s.url}/v1/runs/{target}", headers=headers).status_code == 401
+            own = {"Host": f"0.0.0.0:{port}", "Origin": f"http://0.0.0.0:{port}"}
+            assert httpx.get(f"{s.url}/v1/runs/{target}", headers=own).status_code == 200
             let_in = [
                 {"Origin": studio, "Sec-Fetch-Site": "cross-site"},
                 {"Origin": f"http://127.0.0.1:{port}", "Sec-Fetch-Site": "same-origin"},

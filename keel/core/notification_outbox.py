@@ -151,7 +151,9 @@ async def _deliver(
         # Its request is still on its way out (another dispatcher's): what follows it (a
         # decision edits the request's message) waits, or it would miss it and leave the
         # request's buttons live.
-        await settle(NotificationStatus.QUEUED, delay=AFTER_REQUEST)
+        await services.store.defer_notification(
+            row["intent_id"], worker_id=worker_id, delay=AFTER_REQUEST
+        )
         return
     note = await _notification(services, row)
     if in_doubt:
@@ -179,7 +181,9 @@ async def _deliver(
         result = await _call(notifier.send, note)
     except TransientError as exc:
         delay = (
-            exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** row["attempts"])
+            exc.retry_after
+            if exc.retry_after is not None
+            else min(60.0, 2.0 ** min(row["attempts"], 6))
         )
         await settle(NotificationStatus.QUEUED, error=repr(exc), delay=delay)
         return

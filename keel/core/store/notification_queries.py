@@ -51,6 +51,14 @@ class NotificationQueries:
             {"intent_id": notification_id, "worker_id": worker_id, **outcome},
         )
 
+    async def defer_notification(
+        self, notification_id: str, *, worker_id: str, delay: float
+    ) -> None:
+        """Put a claimed notification back, due in `delay` seconds, its claim not counted."""
+        async with self.db.transaction() as tx:
+            params = {"intent_id": notification_id, "worker_id": worker_id, "delay": delay}
+            await tx.one("defer_notification", params)
+
     async def notifications(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:
             return await tx.all("list_notifications", {"run_id": run_id})

@@ -748,6 +748,15 @@ SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = 
 WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
 RETURNING *;
 
+-- name: defer_notification
+-- Put a claimed notification back for later without counting the claim as an attempt (it
+-- waits for its wait's request to settle: nothing was tried); only by its claimer.
+UPDATE keel_outbox
+SET status = 'queued', attempts = attempts - 1, available_at = keel_now() + %(delay)s,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
+WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
+RETURNING intent_id;
+
 -- name: list_notifications
 -- A run's notifications.
 SELECT * FROM keel_outbox WHERE run_id = %(run_id)s ORDER BY created_at, intent_id;

@@ -656,6 +656,15 @@ SET status = :status, result = :result, error = :error, available_at = keel_now(
 WHERE intent_id = :intent_id AND claimed_by = :worker_id
 RETURNING *;
 
+-- name: defer_notification
+-- Put a claimed notification back for later without counting the claim as an attempt (it
+-- waits for its wait's request to settle: nothing was tried); only by its claimer.
+UPDATE keel_outbox
+SET status = 'queued', attempts = attempts - 1, available_at = keel_now() + :delay,
+    claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
+WHERE intent_id = :intent_id AND claimed_by = :worker_id
+RETURNING intent_id;
+
 -- name: list_notifications
 -- A run's notifications.
 SELECT * FROM keel_outbox WHERE run_id = :run_id ORDER BY created_at, intent_id;

@@ -159,9 +159,11 @@ class Executor:
         config: dict[str, Any] = {
             # What the run was submitted with first: Keel's own keys are not the caller's to set.
             "configurable": {
-                # As LangGraph's server: the run's context also reads as configurable keys
-                # (graphs written against `configurable` see it), and its id as `run_id`.
-                **_context_keys(submitted.get("context")),
+                # As LangGraph's server, for its runs: their context also reads as
+                # configurable keys (graphs written against `configurable` see it). Not for
+                # Keel's own: configurable's plain values land in every checkpoint's metadata,
+                # and a context may hold what must not (a key, a token).
+                **(_context_keys(submitted.get("context")) if chunks.KWARGS in submitted else {}),
                 "run_id": lease.run_id,
                 **{
                     key: value

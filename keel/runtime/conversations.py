@@ -20,6 +20,7 @@ from keel.core import threads, waits
 from keel.core.codec import check_storable, dumps, json_default, loads
 from keel.core.errors import (
     CheckpointNotFound,
+    DecisionConflict,
     NoPendingWait,
     RunNotFound,
     RunStillGoing,
@@ -31,7 +32,7 @@ from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.runs import Admission
 from keel.core.store.base import Row
-from keel.core.wait_model import is_interrupt_map
+from keel.core.wait_model import WaitStatus, is_interrupt_map
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import check_input
@@ -386,13 +387,7 @@ class ThreadOperations:
         run_id = str((await self._waiting_run(thread_id))["run_id"])
         answers: list[tuple[str | None, Any]] = [(wait_id, value)]
         if wait_id is None and is_interrupt_map(value):
-            known = {w["interrupt_id"] for w in await self.runtime.store.waits(run_id)}
-            if strange := sorted(set(value) - known):
-                raise NoPendingWait(
-                    f"thread {thread_id}: its run {run_id} has no interrupt "
-                    f"{', '.join(strange)} (answer the ids its interrupts carry)"
-                )
-            answers = [(waits.wait_id_for(run_id, iid), v) for iid, v in value.items()]
+            answers = await self._each_answer(thread_id, run_id, value, action_id)
         results = [
             await waits.decide(
                 self.runtime.services,
@@ -410,6 +405,29 @@ class ThreadOperations:
         ]
         # An answer another won is what the caller must hear of (DecisionConflict in `resume`).
         return next((r for r in results if not r.recorded), results[-1])
+
+    async def _each_answer(
+        self, thread_id: str, run_id: str, value: dict[str, Any], action_id: str | None
+    ) -> list[tuple[str | None, Any]]:
+        """The waits a resume keyed by interrupt ids answers, each with its value: every one
+        checked before any is decided (LangGraph applies the map as one command), so a map
+        one of whose answers cannot be taken records none."""
+        found = {w["interrupt_id"]: w for w in await self.runtime.store.waits(run_id)}
+        if strange := sorted(set(value) - set(found)):
+            raise NoPendingWait(
+                f"thread {thread_id}: its run {run_id} has no interrupt "
+                f"{', '.join(strange)} (answer the ids its interrupts carry)"
+            )
+        for interrupt_id in value:
+            wait = found[interrupt_id]
+            waits.check_answer(wait["kind"], waits.RESUMED, wait_id=wait["wait_id"])
+            retried = action_id is not None and wait["action_id"] == action_id
+            if wait["status"] != WaitStatus.PENDING and not retried:
+                raise DecisionConflict(
+                    f"wait {wait['wait_id']} (interrupt {interrupt_id}) was already "
+                    f"{wait['status']}: none of this resume's answers was recorded"
+                )
+        return [(str(found[iid]["wait_id"]), v) for iid, v in value.items()]
 
     async def _waiting_run(self, thread_id: str) -> Row:
         store = self.runtime.store

@@ -20,7 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.runtime import Runtime
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 
 import keel
 from keel.core.errors import (
@@ -31,6 +31,7 @@ from keel.core.errors import (
     ThreadNotFound,
     TransientError,
     UsageError,
+    WrongWaitKind,
 )
 from keel.runtime.conversations import state_json
 from tests.support.checks import wait_until
@@ -469,8 +470,9 @@ def configured() -> StateGraph:
             "model": configurable["model"],
             "thread": configurable["thread_id"],
             "tenant": runtime.context.tenant,
-            # As LangGraph's server: the context also reads as configurable, with the run's id.
-            "configured_tenant": configurable["tenant"],
+            # Keel's own runs keep their context out of configurable (its plain values would
+            # land in every checkpoint's metadata); the run's id is there.
+            "configured_tenant": configurable.get("tenant", "not there"),
             "run": configurable["run_id"],
         }
 
@@ -498,9 +500,10 @@ def test_config_and_context_reach_the_graph_as_in_langgraph(make_app: AppFactory
         "model": "small",
         "tenant": "acme",
         "thread": "t-cfg",
-        "configured_tenant": "acme",
+        "configured_tenant": "not there",
         "run": run.run_id,
     }
+    assert all("tenant" not in h.metadata for h in app.get_history("t-cfg"))
 
 
 class Loop(TypedDict, total=False):
@@ -515,6 +518,42 @@ def looping() -> StateGraph:
     g.add_edge(START, "tick")
     g.add_conditional_edges("tick", lambda s: END if s["n"] >= s["until"] else "tick")
     return g
+
+
+def asking_beside_a_nap() -> StateGraph:
+    """Two branches of one step: one asks (`interrupt()`), the other sleeps (a timer)."""
+
+    def nap(state: Loop) -> dict[str, Any]:
+        keel.sleep("1h")
+        return {}
+
+    g = StateGraph(Loop)
+    g.add_node("ask", lambda s: {"n": len(str(interrupt("q")))})
+    g.add_node("nap", nap)
+    g.add_edge(START, "ask")
+    g.add_edge(START, "nap")
+    g.add_edge("ask", END)
+    g.add_edge("nap", END)
+    return g
+
+
+def test_a_resume_keyed_by_interrupt_ids_is_taken_whole_or_not_at_all(
+    make_app: AppFactory,
+) -> None:
+    """One answer of the map that cannot be taken (a timer's: nobody answers it) records none
+    of the others: the corrected map is then taken, not refused as already answered."""
+    app = make_app()
+    app.workflow("both")(asking_beside_a_nap)
+    run_id = app.submit("both", {}, thread_id="t-map").run_id
+    drain(app)
+    ids = {w["kind"]: w["interrupt_id"] for w in app.get_run(run_id).waits}
+    with pytest.raises(WrongWaitKind):
+        app.resume("t-map", {ids["interrupt"]: "yes", ids["timer"]: "wake"})
+    assert {w["status"] for w in app.get_run(run_id).waits} == {"pending"}
+    assert app.resume("t-map", {ids["interrupt"]: "yes"})["run_id"] == run_id
+    assert [w["status"] for w in app.get_run(run_id).waits if w["kind"] == "interrupt"] == [
+        "decided"
+    ]
 
 
 def test_the_recursion_limit_is_the_runs_then_the_graphs_then_the_workflows(

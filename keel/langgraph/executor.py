@@ -174,11 +174,7 @@ class Executor:
             },
             "recursion_limit": recursion_limit(submitted, graph, workflow.recursion_limit),
             "tags": list(submitted.get("tags") or []),  # an assistant's, the Agent Server's
-            **(
-                {"run_name": submitted["run_name"]}
-                if isinstance(submitted.get("run_name"), str)
-                else {}
-            ),
+            **_run_name(submitted, workflow.name),
             "metadata": {
                 **(submitted.get("metadata") or {}),
                 "keel_job_id": run["job_id"],
@@ -501,3 +497,12 @@ def _context_keys(context: Any) -> dict[str, Any]:
     if not isinstance(context, dict):
         return {}
     return {str(k): v for k, v in context.items() if str(k) not in KEEL_OWNED}
+
+
+def _run_name(submitted: dict[str, Any], graph: str) -> dict[str, Any]:
+    """The root of `events` and of a trace: the run's own name, else, for a run of the Agent
+    Server protocol, its graph's, as langgraph-api names it (not kept in the run's config, which
+    its answers show as the client sent it)."""
+    if isinstance(submitted.get("run_name"), str):
+        return {"run_name": submitted["run_name"]}
+    return {"run_name": graph} if chunks.KWARGS in submitted else {}

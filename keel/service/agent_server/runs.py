@@ -142,8 +142,6 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         for key in ("thread_id", "checkpoint_ns", "checkpoint_map"):
             given.pop(key, None)
         config["configurable"] = {**given, **stamp}
-        # The root of `events` and of a trace is named after the graph, as langgraph-api's.
-        config.setdefault("run_name", graph)
         # As the Agent Server: the thread's metadata (an owner...) in each checkpoint's too.
         thread_meta = {} if thread is None else thread_shape(thread)["metadata"]
         config["metadata"] = {

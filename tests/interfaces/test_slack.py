@@ -264,8 +264,7 @@ def test_a_decision_while_its_request_is_being_posted_edits_that_request(
         assert not [b for b in posted.get("blocks", []) if b["type"] == "actions"]
         assert len(slow.made("chat.update")) == 1
         kinds = {
-            (n["kind"], n["status"], n["attempts"])
-            for n in apps[0].get_run(run_id).notifications
+            (n["kind"], n["status"], n["attempts"]) for n in apps[0].get_run(run_id).notifications
         }
         # Waiting for the request is no attempt of the decision's (a backoff counts them).
         assert kinds == {("request", "delivered", 1), ("decided", "delivered", 1)}

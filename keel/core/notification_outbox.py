@@ -148,7 +148,7 @@ async def _deliver(
         await settle(NotificationStatus.FAILED, error="no such notifier registered")
         return
     if not in_doubt and await _request_in_flight(services.store, row):
-        # Its request is still on its way out (another dispatcher's): what follows it (a
+        # Its request is on its way out (another dispatcher's): what follows it (a
         # decision edits the request's message) waits, or it would miss it and leave the
         # request's buttons live.
         await services.store.defer_notification(
@@ -199,12 +199,15 @@ AFTER_REQUEST = 1.0
 
 
 async def _request_in_flight(store: Store, row: Row) -> bool:
-    """Whether this notifier's request about the same wait is still queued or being sent."""
+    """Whether this notifier's request about the same wait is being sent (claimed by another
+    dispatcher). One still queued is not waited for: its wait answered, it goes out as
+    `obsolete`, never posted."""
     if row["kind"] == "request" or row["wait_id"] is None:
         return False
-    unsettled = (NotificationStatus.QUEUED, NotificationStatus.SENDING)
     return any(
-        r["kind"] == "request" and r["notifier"] == row["notifier"] and r["status"] in unsettled
+        r["kind"] == "request"
+        and r["notifier"] == row["notifier"]
+        and r["status"] == NotificationStatus.SENDING
         for r in await store.notifications_for_wait(str(row["wait_id"]))
     )
 

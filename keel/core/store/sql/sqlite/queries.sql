@@ -72,7 +72,7 @@ RETURNING run_id;
 -- name: lock_job
 -- Admissions of one job are serialized by the database's write lock already (PostgreSQL's
 -- takes an advisory lock here).
-SELECT 1 AS locked;
+SELECT :workflow || '/' || :job_id AS locked;
 
 -- name: admit_run
 -- moves: new>queued

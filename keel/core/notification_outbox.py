@@ -147,7 +147,8 @@ async def _deliver(
     if notifier is None:
         await settle(NotificationStatus.FAILED, error="no such notifier registered")
         return
-    if not in_doubt and await _request_in_flight(services.store, row):
+    related = await services.store.notifications_for_wait(row["wait_id"])
+    if not in_doubt and _request_in_flight(row, related):
         # Its request is on its way out (another dispatcher's): what follows it (a
         # decision edits the request's message) waits, or it would miss it and leave the
         # request's buttons live.
@@ -155,7 +156,7 @@ async def _deliver(
             row["intent_id"], worker_id=worker_id, delay=AFTER_REQUEST
         )
         return
-    note = await _notification(services, row)
+    note = _notification(row, related)
     if in_doubt:
         reconcile = getattr(notifier, "reconcile", None)
         if reconcile is None:
@@ -198,17 +199,15 @@ AFTER_REQUEST = 1.0
 """Seconds a wait's later notification waits for its request, still being sent, to settle."""
 
 
-async def _request_in_flight(store: Store, row: Row) -> bool:
-    """Whether this notifier's request about the same wait is being sent (claimed by another
-    dispatcher). One still queued is not waited for: its wait answered, it goes out as
-    `obsolete`, never posted."""
-    if row["kind"] == "request" or row["wait_id"] is None:
-        return False
-    return any(
+def _request_in_flight(row: Row, related: list[Row]) -> bool:
+    """Whether this notifier's request about the same wait (among `related`, the wait's
+    notifications) is being sent, claimed by another dispatcher. One still queued is not waited
+    for: its wait answered, it goes out as `obsolete`, never posted."""
+    return row["kind"] != "request" and any(
         r["kind"] == "request"
         and r["notifier"] == row["notifier"]
         and r["status"] == NotificationStatus.SENDING
-        for r in await store.notifications_for_wait(str(row["wait_id"]))
+        for r in related
     )
 
 
@@ -231,9 +230,8 @@ async def _obsolete(store: Store, row: Row) -> str | None:
     return None
 
 
-async def _notification(services: Services, row: Row) -> Notification:
+def _notification(row: Row, related: list[Row]) -> Notification:
     payload = loads(row["payload"])
-    related = await services.store.notifications_for_wait(row["wait_id"])
     earlier = {
         r["kind"]: loads(r["result"])
         for r in related

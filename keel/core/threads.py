@@ -349,11 +349,6 @@ def _job_of(thread_id: str) -> str:
         return "thread"
 
 
-def first_unfinished(runs: list[Row]) -> Row | None:
-    """The thread's active run among its runs in order: the first not finished."""
-    return next((r for r in runs if r["status"] in ("queued", "running", "waiting")), None)
-
-
 def graph_start(run: Row) -> tuple[str, Any]:
     """What a run on a thread starts with when it has written no checkpoint yet: ("input",
     value), ("command", {update, goto}) or ("update_state", {values, as_node})."""

@@ -321,7 +321,8 @@ def claim_and_die(app: keel.App, *notifiers: Any) -> tuple[Any, Any]:
         rt = app.aio.runtime
         claimed = await notification_outbox._claim(rt.store, "doomed-dispatcher", rt.lease_ttl)
         assert claimed is not None, "nothing to claim"
-        return await notification_outbox._notification(rt, claimed[0])
+        related = await rt.store.notifications_for_wait(claimed[0]["wait_id"])
+        return notification_outbox._notification(claimed[0], related)
 
     note = on_app_loop(app, go)
     owner = _owner(app, note)

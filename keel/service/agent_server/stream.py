@@ -69,7 +69,7 @@ from keel.service.agent_server import stream_pauses
 from keel.service.agent_server.positions import RESUMED, Event, Position
 from keel.service.agent_server.shapes import error_body
 from keel.service.agent_server.stream_chunks import Messages, chunk_event, superseded
-from keel.service.agent_server.stream_output import OutputView
+from keel.service.agent_server.stream_output import INTERRUPT, OutputView
 
 T = TypeVar("T")
 
@@ -80,7 +80,6 @@ CAPTURED = ("messages", "messages-tuple", "custom", "debug", "tasks", "checkpoin
 MODES = STREAMED + CAPTURED
 __all__ = ["Event", "Position"]
 
-INTERRUPT = "__interrupt__"
 FIRST_POLL = 0.05
 LAST_POLL = 0.5
 CHECKPOINTS_EVERY = 3.0

@@ -44,7 +44,7 @@ from keel.core.errors import ThreadBusy
 from keel.core.lifecycle import Status
 from keel.core.store.base import Row
 from keel.runtime.app import App
-from keel.runtime.conversations import state_json
+from keel.runtime.snapshot_json import state_json
 
 SHOWN_RUNS = 1000
 """The runs `keel threads show` lists: the thread's latest, in their order."""

@@ -3,7 +3,7 @@
 The rules live in `keel.core.threads` (admission, strategies) and the store (one active run per
 thread, in the claim); this is their face in LangGraph's words: `get_state` and `get_history`
 return LangGraph's own `StateSnapshot`s, read through the app's saver from the thread's
-checkpoints, and `state_json` is their JSON twin (the HTTP API's and the CLI's).
+checkpoints; `keel.runtime.snapshot_json` gives their JSON twin (the HTTP API's and the CLI's).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
 from keel.core import threads, waits
-from keel.core.codec import check_storable, dumps, json_default, loads
+from keel.core.codec import check_storable, dumps, loads
 from keel.core.errors import (
     CheckpointNotFound,
     DecisionConflict,
@@ -483,82 +483,3 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str:
 def _thread(row: Row) -> Row:
     metadata = row["metadata"]
     return {**row, "metadata": loads(metadata) if isinstance(metadata, str) else metadata}
-
-
-def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
-    """A StateSnapshot as JSON (the LangGraph Agent Server's thread state shape)."""
-
-    def checkpoint(config: Any) -> dict[str, Any] | None:
-        if not config:
-            return None
-        c = config.get("configurable", {})
-        return {
-            "thread_id": c.get("thread_id"),
-            "checkpoint_ns": c.get("checkpoint_ns", ""),
-            "checkpoint_id": c.get("checkpoint_id"),
-        }
-
-    tasks = [
-        {
-            "id": t.id,
-            "name": t.name,
-            "path": list(t.path),
-            "error": t.error if t.error is None or isinstance(t.error, str) else repr(t.error),
-            "interrupts": [{"value": shown(i.value), "id": i.id} for i in t.interrupts],
-            "result": t.result,
-        }
-        for t in snapshot.tasks
-    ]
-    current = checkpoint(snapshot.config)
-    parent = checkpoint(snapshot.parent_config)
-    return jsonable(
-        {
-            "values": snapshot.values,
-            "next": list(snapshot.next),
-            "tasks": tasks,
-            "interrupts": [{"value": shown(i.value), "id": i.id} for i in snapshot.interrupts],
-            "metadata": _stamped(snapshot.metadata, current),
-            "created_at": snapshot.created_at,
-            "checkpoint": current,
-            "checkpoint_id": current and current["checkpoint_id"],
-            "parent_checkpoint": parent,
-            "parent_checkpoint_id": parent and parent["checkpoint_id"],
-        }
-    )
-
-
-def _stamped(metadata: Any, checkpoint: dict[str, Any] | None) -> Any:
-    """A checkpoint's metadata with `run_id` and `thread_id`, as the Agent Server writes them
-    into every checkpoint: the run that wrote it (`keel_run_id`, for checkpoints written before
-    runs stamped `run_id` too) and the thread (LangGraph keeps `thread_id` out of checkpoint
-    metadata, so it is the checkpoint's own)."""
-    if not isinstance(metadata, dict):
-        return metadata
-    stamped = dict(metadata)
-    if "run_id" not in stamped and metadata.get("keel_run_id"):
-        stamped["run_id"] = metadata["keel_run_id"]
-    if checkpoint is not None and checkpoint.get("thread_id"):
-        stamped.setdefault("thread_id", checkpoint["thread_id"])
-    return stamped
-
-
-def shown(value: Any) -> Any:
-    """An interrupt's value as its node gave it: `keel.interrupt()` and `keel.approval()`
-    wrap it in their wait's description (deadline, escalation), which clients do not show."""
-    if isinstance(value, dict) and isinstance(value.get("keel_wait"), dict):
-        return value["keel_wait"].get("payload")
-    return value
-
-
-def jsonable(value: Any) -> Any:
-    """`value` with LangChain messages and other models as plain JSON values."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    try:
-        return jsonable(json_default(value))
-    except TypeError:
-        return repr(value)

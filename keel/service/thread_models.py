@@ -1,7 +1,7 @@
 """The bodies of the HTTP API's thread endpoints (keel/service/threads_api.py).
 
 Their shapes follow the LangGraph Agent Server's thread resources where Keel has the same idea
-(a thread's state is `keel.runtime.conversations.state_json`, field for field); runs stay
+(a thread's state is `keel.runtime.snapshot_json.state_json`, field for field); runs stay
 Keel's runs, with their place on the thread beside them.
 """
 
@@ -190,7 +190,7 @@ class StateTask(BaseModel):
 
 
 class ThreadState(BaseModel):
-    """LangGraph's StateSnapshot as JSON (`keel.runtime.conversations.state_json`)."""
+    """LangGraph's StateSnapshot as JSON (`keel.runtime.snapshot_json.state_json`)."""
 
     values: Any
     next: list[str]

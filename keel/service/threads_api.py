@@ -25,7 +25,8 @@ from keel.core.store.base import Row
 from keel.core.threads import validate_command
 from keel.core.waits import resume_value
 from keel.runtime.app import App
-from keel.runtime.conversations import SETTLED, state_json
+from keel.runtime.conversations import SETTLED
+from keel.runtime.snapshot_json import state_json
 from keel.service import models as m
 from keel.service import thread_models as t
 from keel.service.auth import Authenticator, Principal

@@ -27,8 +27,8 @@ from langgraph_sdk.errors import BadRequestError, ConflictError, NotFoundError
 from typing_extensions import TypedDict
 
 import keel
-from keel.runtime.conversations import jsonable
 from keel.runtime.project import load_project
+from keel.runtime.snapshot_json import jsonable
 from keel.service.agent_server import agent_server_router
 from keel.service.agent_server.shapes import assistant_id_of
 from keel.service.auth import Authenticator, load_tokens

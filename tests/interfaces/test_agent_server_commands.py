@@ -22,7 +22,7 @@ from langgraph.types import Command, Send, interrupt
 from langgraph_sdk.errors import BadRequestError, ConflictError
 
 import keel
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from tests.interfaces.test_agent_server_runs import Served, failing, serving
 
 

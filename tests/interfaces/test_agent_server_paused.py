@@ -20,7 +20,7 @@ from langgraph.types import Command, interrupt
 from langgraph_sdk.errors import ConflictError
 
 import keel
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from tests.interfaces.test_agent_server_runs import GATES, Served, gated, serving, without_ids
 from tests.support.checks import wait_until
 from tests.support.thread_graphs import reviewing

@@ -30,7 +30,7 @@ from langgraph_sdk.client import SyncLangGraphClient
 from langgraph_sdk.errors import ConflictError, NotFoundError, UnprocessableEntityError
 
 import keel
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from keel.runtime.worker import Worker
 from keel.service.agent_server import agent_server_router
 from keel.service.agent_server.runs import runs_router

@@ -16,7 +16,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph, add_messages
 
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from tests.interfaces.test_agent_server_runs import (  # the same server and worker
     Served,
     live_worker,

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import keel
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from keel.service import create_app
 from tests.support import REPO
 from tests.support.apps.service import LiveServer

@@ -26,7 +26,7 @@ from keel.cli.commands import cli
 from keel.cli.guard import login
 from keel.cli.threads import Strategy
 from keel.core.threads import STRATEGIES
-from keel.runtime.conversations import state_json
+from keel.runtime.snapshot_json import state_json
 from keel.testing import spawn_worker
 from tests.support.thread_graphs import register, texts
 from tests.support.workers import drain

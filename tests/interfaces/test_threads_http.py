@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 import keel
-from keel.runtime.conversations import state_json
+from keel.runtime.snapshot_json import state_json
 from keel.runtime.worker import Worker
 from keel.service import create_app
 from tests.support.apps.service import LiveServer

@@ -29,7 +29,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph_sdk import get_sync_client
 
 import keel
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from keel.service.agent_server import agent_server_router
 from keel.service.agent_server.runs import runs_router
 from keel.service.auth import Authenticator, load_tokens

@@ -33,7 +33,7 @@ from keel.core.errors import (
     UsageError,
     WrongWaitKind,
 )
-from keel.runtime.conversations import state_json
+from keel.runtime.snapshot_json import state_json
 from tests.support.checks import wait_until
 from tests.support.graphs import notify_effect
 from tests.support.notifiers import Recorder

@@ -7,7 +7,7 @@ import base64
 import json
 
 from keel.core.codec import dumps
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 
 
 def test_bytes_read_as_base64_as_langgraphs_api_writes_them() -> None:

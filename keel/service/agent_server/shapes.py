@@ -21,7 +21,7 @@ from langgraph.types import StateSnapshot
 from keel.core.codec import loads
 from keel.core.lifecycle import Status, TerminationReason
 from keel.core.store.base import Row
-from keel.runtime.conversations import state_json
+from keel.runtime.snapshot_json import state_json
 
 NO_GRAPH = ""
 """The workflow (and version) of a thread no run has named a graph for yet."""

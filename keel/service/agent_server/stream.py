@@ -64,7 +64,7 @@ from keel.core.threads import run_config
 from keel.langgraph import static_interrupts
 from keel.langgraph.graphs import compile_graph
 from keel.runtime.app import App
-from keel.runtime.conversations import jsonable, shown
+from keel.runtime.snapshot_json import jsonable, shown
 from keel.service.agent_server import stream_pauses
 from keel.service.agent_server.positions import RESUMED, Event, Position
 from keel.service.agent_server.shapes import error_body

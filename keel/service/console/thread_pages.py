@@ -20,7 +20,7 @@ from keel.core.errors import KeelError
 from keel.core.ids import whole_number
 from keel.core.waits import resume_value
 from keel.runtime.app import App
-from keel.runtime.conversations import jsonable
+from keel.runtime.snapshot_json import jsonable
 from keel.service.console.render import page, pretty
 from keel.service.console.session import Session, Sessions
 from keel.service.errors import keel_message

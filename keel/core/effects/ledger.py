@@ -102,17 +102,19 @@ class Effect(DeclaredEffect[P, R]):
         # Numbered now, in the order the node makes its calls, not the order coroutines start
         # (within its tool call, when it is made in one: those run at once).
         index = ctx.calls.next(where, counter)
+        shared = self._shared(ctx)
         call = Call(
             where,
             index,
             business_key(ctx.thread_id, self.name, identity)
-            if self._shared(ctx)
+            if shared
             else effect_key(where, self.name, index, tool),
             legacy_key(where, self.name, args, kwargs),
             identity,
             args,
             kwargs,
             tool,
+            ctx.thread_id if shared else None,
         )
         if ctx.replay is not None:
             # A replay performs nothing and writes nothing: the recorded ledger answers.

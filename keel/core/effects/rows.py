@@ -54,6 +54,9 @@ class Call:
     kwargs: dict[str, Any]
     tool: str | None = None
     """The tool call it is made in, when its run's keys name one (keel.core.effects.keys)."""
+    thread: str | None = None
+    """The thread whose runs share its key (`key=` on a thread: `business_key`), else None.
+    Its row outlives the run that made it for as long as the thread exists."""
 
 
 LEASE_MARGIN = LIVENESS_MARGIN
@@ -153,6 +156,7 @@ async def reserve(ctx: RunContext, call: Call, name: str, call_timeout: float) -
         call_index=call.index,
         token=ctx.token,
         hold=hold(call_timeout),
+        thread_id=call.thread,
     )
     if found is None:
         await store.check_token(ctx.run_id, ctx.token)  # LeaseLost, RunNotFound

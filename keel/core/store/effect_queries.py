@@ -28,10 +28,12 @@ class EffectQueries:
         call_index: int,
         token: int,
         hold: float,
+        thread_id: str | None = None,
     ) -> Row | None:
         """Reserve an idempotency key (pending, its call's deadline `hold` seconds from now) in
         one fenced statement (see the `reserve_effect` query); None, writing nothing, if `token`
-        does not hold the run."""
+        does not hold the run. `thread_id`: the thread whose runs share the key (`key=` on a
+        thread), whose row outlives the run that made it for as long as the thread exists."""
         return await self.db.single(
             "reserve_effect",
             {
@@ -47,6 +49,7 @@ class EffectQueries:
                 "call_index": call_index,
                 "lease_token": token,
                 "hold": hold,
+                "thread_id": thread_id,
             },
         )
 

@@ -360,6 +360,7 @@ RETURNING *;
 -- from now (its effect's timeout and margin); `deadline_in` is how long an existing key's call
 -- may still be under way (nobody acts on it before). The effect's row follows, and whether this
 -- call reserved it (`reserved`). No row: the token does not hold the run, nothing was written.
+-- `thread_id`: the thread whose runs share the key (`key=` on a thread), else NULL.
 WITH fence AS (
     SELECT run_id, cancel_requested,
            GREATEST(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
@@ -371,10 +372,10 @@ legacy AS (
 inserted AS (
     INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
                           arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at,
-                          deadline_at)
+                          deadline_at, thread_id)
     SELECT %(key)s, %(run_id)s, %(name)s, %(node)s, %(step)s, %(task_path)s, %(args_hash)s,
            %(arg_hashes)s, %(call_index)s, 'pending', 0, %(lease_token)s, keel_now(), keel_now(),
-           keel_now() + %(hold)s
+           keel_now() + %(hold)s, %(thread_id)s
     FROM fence WHERE cancel_requested = 0 AND lease_left > 0 AND NOT EXISTS (SELECT 1 FROM legacy)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING *)

@@ -315,6 +315,7 @@ RETURNING *;
 -- effect's timeout and margin); `deadline_in` is how long an existing key's call may still be
 -- under way (nobody acts on it before). The effect's row follows, and whether this call
 -- reserved it (`reserved`). No row: the token does not hold the run, and nothing was written.
+-- `thread_id`: the thread whose runs share the key (`key=` on a thread), else NULL.
 SELECT cancel_requested AS cancelled,
        MAX(COALESCE(lease_expires_at, 0) - keel_now(), 0) AS lease_left
 FROM keel_runs
@@ -323,10 +324,10 @@ SELECT COUNT(*) AS legacy FROM keel_effects
 WHERE idempotency_key = :legacy_key AND arg_hashes IS NULL;
 INSERT INTO keel_effects (idempotency_key, run_id, name, node, step, task_path, args_hash,
                           arg_hashes, call_index, status, attempts, lease_token, created_at, updated_at,
-                          deadline_at)
+                          deadline_at, thread_id)
 SELECT :key, :run_id, :name, :node, :step, :task_path, :args_hash,
        :arg_hashes, :call_index, 'pending', 0, :lease_token, keel_now(), keel_now(),
-       keel_now() + :hold
+       keel_now() + :hold, :thread_id
 WHERE :cancelled = 0 AND :lease_left > 0 AND :legacy = 0
 ON CONFLICT (idempotency_key) DO NOTHING;
 SELECT changes() AS reserved;

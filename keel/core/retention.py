@@ -6,7 +6,9 @@ batches, one short transaction each, so workers keep claiming and writing betwee
 SQLite a batch holds the write lock for milliseconds, on PostgreSQL it skips rows a writer
 holds). Only finished runs (completed, failed, cancelled) are ever candidates: a queued,
 running or waiting run is never touched, whatever its age. A failed run can still be resumed
-until it is pruned: `keep_failed` keeps them all.
+until it is pruned: `keep_failed` keeps them all. Two kinds of row outlive their run: an outbox
+intent not yet delivered, and the ledger row of a `key=` effect on a thread, which the thread's
+later runs are served for as long as the thread exists (it goes with the thread).
 """
 
 from __future__ import annotations

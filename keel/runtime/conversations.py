@@ -120,8 +120,9 @@ class ThreadOperations:
 
     async def delete_thread(self, thread_id: str) -> None:
         """Delete the thread and its checkpoints; ThreadBusy while a run on it is unfinished.
-        Its runs, their timelines and ledgers stay (retention prunes them): what they
-        performed stays on record."""
+        The ledger rows its runs shared (`key=` effects on a thread) go too: the thread's
+        scope ends with it. Its runs, their timelines and the rest of their ledgers stay
+        (retention prunes them): what they performed stays on record."""
         thread = await self.get_thread(thread_id)
         if thread["status"] in ("busy", "interrupted"):
             active = await self.runtime.store.thread_active_run(thread_id)

@@ -97,7 +97,8 @@ class OpsQueries:
     async def delete_finished_run(self, thread_id: str, run_id: str) -> dict[str, int] | None:
         """Delete one finished run of a thread with its timeline, ledger, waits, notifications
         and delivered intents, as a prune would (its artifact folder goes at the next prune);
-        the thread's checkpoints stay. None if the run is unfinished, held, or not there."""
+        the thread's checkpoints stay, and so do the ledger rows its runs share (`key=`).
+        None if the run is unfinished, held, or not there."""
         async with self.db.transaction() as tx:
             gone = await tx.all("delete_finished_run", {"thread_id": thread_id, "run_id": run_id})
             if not gone:

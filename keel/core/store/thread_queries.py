@@ -151,7 +151,8 @@ class ThreadQueries:
         return int(row["discarded"]) if row else 0
 
     async def delete_thread(self, thread_id: str) -> bool:
-        """The thread and its checkpoints deleted; False if there was none."""
+        """The thread, its checkpoints and the effect rows its runs shared (`key=` on a
+        thread) deleted; False if there was none."""
         async with self.db.transaction() as tx:
             return await tx.one("delete_thread", {"thread_id": thread_id}) is not None
 

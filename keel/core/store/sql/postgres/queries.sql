@@ -975,7 +975,12 @@ RETURNING run_id;
 DELETE FROM keel_events WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_effects
-DELETE FROM keel_effects WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+-- A row whose key is its thread's (`key=` on a thread, migration 0034) stays while the thread
+-- exists: the thread's later runs are served it by key. It goes with the thread.
+DELETE FROM keel_effects AS e
+WHERE e.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+  AND (e.thread_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM keel_threads AS t WHERE t.thread_id = e.thread_id));
 
 -- name: prune_waits
 DELETE FROM keel_waits WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
@@ -1244,9 +1249,12 @@ dropped AS (
 SELECT COUNT(*) AS discarded FROM dropped;
 
 -- name: delete_thread
--- A thread and its checkpoints (its runs, timelines and ledger stay until retention prunes
--- them); no row if there was no such thread.
-WITH writes AS (DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s),
+-- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,
+-- migration 0034: the thread's scope ends with it, whichever run made them); its runs,
+-- timelines and the rest of their ledgers stay until retention prunes them. No row if there was
+-- no such thread.
+WITH effects AS (DELETE FROM keel_effects WHERE thread_id = %(thread_id)s),
+writes AS (DELETE FROM checkpoint_writes WHERE thread_id = %(thread_id)s),
 blobs AS (DELETE FROM checkpoint_blobs WHERE thread_id = %(thread_id)s),
 checkpoints AS (DELETE FROM checkpoints WHERE thread_id = %(thread_id)s)
 DELETE FROM keel_threads WHERE thread_id = %(thread_id)s RETURNING thread_id;

@@ -880,7 +880,12 @@ RETURNING run_id;
 DELETE FROM keel_events WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_effects
-DELETE FROM keel_effects WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+-- A row whose key is its thread's (`key=` on a thread, migration 0034) stays while the thread
+-- exists: the thread's later runs are served it by key. It goes with the thread.
+DELETE FROM keel_effects
+WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+  AND (thread_id IS NULL
+       OR NOT EXISTS (SELECT 1 FROM keel_threads AS t WHERE t.thread_id = keel_effects.thread_id));
 
 -- name: prune_waits
 DELETE FROM keel_waits WHERE run_id IN (SELECT value FROM json_each(:run_ids));
@@ -1135,8 +1140,11 @@ DELETE FROM checkpoints WHERE thread_id = :thread_id
 SELECT changes() AS discarded;
 
 -- name: delete_thread
--- A thread and its checkpoints (its runs, timelines and ledger stay until retention prunes
--- them); no row if there was no such thread.
+-- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,
+-- migration 0034: the thread's scope ends with it, whichever run made them); its runs,
+-- timelines and the rest of their ledgers stay until retention prunes them. No row if there was
+-- no such thread.
+DELETE FROM keel_effects WHERE thread_id = :thread_id;
 DELETE FROM writes WHERE thread_id = :thread_id;
 DELETE FROM checkpoints WHERE thread_id = :thread_id;
 DELETE FROM keel_threads WHERE thread_id = :thread_id RETURNING thread_id;

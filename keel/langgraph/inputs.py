@@ -22,6 +22,8 @@ import dataclasses
 import typing
 from typing import Any
 
+import typing_extensions
+from langchain_core.messages import convert_to_messages
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from keel.core.errors import InvalidInput
@@ -35,13 +37,13 @@ class _Schema:
     def __init__(self, schema: Any, *, declared: bool = False) -> None:
         self.name = getattr(schema, "__name__", "the input schema")
         self.whole: TypeAdapter[Any] | None = None
-        self.fields: dict[str, TypeAdapter[Any] | None] = {}
+        self.fields: dict[str, TypeAdapter[Any] | Messages | None] = {}
         self.required: frozenset[str] = frozenset()
         if (isinstance(schema, type) and issubclass(schema, BaseModel)) or dataclasses.is_dataclass(
             schema
         ):
             self.whole = TypeAdapter(schema)
-        elif typing.is_typeddict(schema):
+        elif typing_extensions.is_typeddict(schema):  # typing's misses typing_extensions'
             try:
                 hints = typing.get_type_hints(schema, include_extras=True)
             except Exception:
@@ -65,7 +67,9 @@ class _Schema:
             if self.fields and key not in self.fields:
                 known = ", ".join(sorted(self.fields))
                 found.append(f"input.{key}: not a field of {self.name} (its fields: {known})")
-            elif (adapter := self.fields.get(key)) is not None:
+            elif isinstance(adapter := self.fields.get(key), Messages):
+                found += adapter.problems(item, ("input", key))
+            elif adapter is not None:
                 found += _errors(adapter, item, ("input", key))
         if self.whole is not None:
             found += _errors(self.whole, value, ("input",))
@@ -158,17 +162,33 @@ def _unqualified(hint: Any) -> Any:
             return hint
 
 
-def _adapter(hint: Any) -> TypeAdapter[Any] | None:
+class Messages:
+    """A field LangGraph's message reducer (`add_messages`) reduces. It takes what
+    `convert_to_messages` makes messages of (a string, a (role, text) tuple, a {"role",
+    "content"} dict, a message; one or a list of them), as the reducer itself calls it; anything
+    else fails the run's first step (`Unsupported message type`), after it was admitted."""
+
+    def problems(self, value: Any, where: tuple[str, ...]) -> list[str]:
+        try:
+            convert_to_messages(value if isinstance(value, list) else [value])
+        except Exception as exc:  # NotImplementedError, ValueError, KeyError, TypeError
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if len(reason) > 200:
+                reason = reason[:197] + "..."
+            return [f"{'.'.join(where)}: not a message or a list of messages ({reason})"]
+        return []
+
+
+def _adapter(hint: Any) -> TypeAdapter[Any] | Messages | None:
     if hint is None:
         return None
     hint = _unqualified(hint)
     if typing.get_origin(hint) is typing.Annotated and any(
         getattr(extra, "__module__", "") == "langgraph.graph.message" for extra in hint.__metadata__
     ):
-        # LangGraph's message reducer (`add_messages`) takes what it can make a message of: a
-        # (role, text) tuple, a {"role", "content"} dict, a string, one or a list of them. It
-        # judges its input, as LangGraph lets it; other reducers take the field's own type.
-        return None
+        # LangGraph's message reducer judges its input by what it can make messages of, not by
+        # the field's type (other reducers take the field's own type).
+        return Messages()
     try:
         return TypeAdapter(hint)
     except Exception:  # a type pydantic cannot check (an arbitrary class): the key is enough

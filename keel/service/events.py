@@ -28,6 +28,10 @@ from keel.service.errors import Refused
 
 POLL_SECONDS = 0.25
 PING_SECONDS = 15
+LAST_ID = 10**18 - 1
+"""The largest event id a client may name (`after`, as `Last-Event-ID`: 18 digits), so that it
+fits the database's 64-bit integer: past it the stream had started (200) before the query
+failed, and the connection dropped."""
 
 
 def events_router(keel_app: App, auth: Authenticator, *, poll: float = POLL_SECONDS) -> APIRouter:
@@ -41,13 +45,15 @@ def events_router(keel_app: App, auth: Authenticator, *, poll: float = POLL_SECO
             200: {"description": "The run's timeline, then live events, as text/event-stream."},
             400: {"description": "A malformed id or Last-Event-ID."},
             404: {"description": "No such run."},
+            422: {"description": "`after` is not an event id (0 to 10^18 - 1)."},
         },
     )
     def run_events(
         run_id: Annotated[str, Path(description="The run's id.", max_length=200)],
         _: Reader,
         after: Annotated[
-            int | None, Query(ge=0, description="Start after this event id (0: the start).")
+            int | None,
+            Query(ge=0, le=LAST_ID, description="Start after this event id (0: the start)."),
         ] = None,
         last_event_id: Annotated[str | None, Header(max_length=40)] = None,
     ) -> EventSourceResponse:

@@ -97,6 +97,13 @@ def test_sse_refuses_unknown_runs_bad_cursors_and_missing_tokens(svc: Service) -
     run_id = run.json()["run_id"]
     bad = svc.http.get(f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": "ten"})
     assert bad.status_code == 400
+    # Past a 64-bit integer: refused before the stream starts (it was a 200, then a dropped
+    # connection when the query overflowed).
+    for after in (2**63, 10**20):
+        past = svc.http.get(f"/v1/runs/{run_id}/events?after={after}", timeout=10)
+        assert past.status_code == 422, past.text
+        assert past.json()["error"] == "invalid_request"
+        assert "after" in past.json()["message"]
     assert httpx.get(f"{svc.url}/v1/runs/{run_id}/events").status_code == 401
 
 

@@ -195,6 +195,19 @@ def test_what_the_protocol_refuses(served: Served) -> None:
     assert refused.value.status_code == 422
     assert store.search_items(["a"])["items"] == []
 
+    # A filter the store cannot run: 422 with the reason (it was the store's ValueError, a 500).
+    store.put_item(["a"], key="k", value={"x": 1})
+    for bad in ({"x": {"$bogus": 1}}, {"$or": [{}]}, {"x": {"y": 1}}, {"x y": 1}):
+        with pytest.raises(APIStatusError) as refused:
+            served.client.http.post(
+                "/store/items/search", json={"namespace_prefix": ["a"], "filter": bad}
+            )
+        assert refused.value.status_code == 422, bad
+        said = refused.value.response.json()
+        assert said["error"] == "invalid_filter", said
+    assert keys(store.search_items(["a"], filter={"x": {"$eq": 1}})["items"]) == ["k"]
+    store.delete_item(["a"], key="k")
+
     # A reader reads; only a writer writes.
     store.put_item(["team"], key="k", value={"v": 1})
     reader = get_sync_client(url=served.url, api_key=READER)

@@ -14,6 +14,7 @@ without it. Reading needs the `runs:read` scope, writing `runs:write`.
 (No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
 """
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -30,6 +31,10 @@ T = TypeVar("T")
 MAX_PAGE = 1000
 MAX_LABELS = 100
 Namespace = list[Annotated[str, Field(min_length=1, max_length=200)]]
+OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+FIELD = re.compile(r"[A-Za-z0-9_.-]+")
+"""A filter's field names: what both stores take (SQLite's refuses any other, PostgreSQL's
+would quietly match nothing)."""
 
 
 class Body(BaseModel):
@@ -77,6 +82,29 @@ def checked(namespace: list[str]) -> tuple[str, ...]:
                 f"namespace label {label!r} contains a period, which the protocol cannot carry",
             )
     return tuple(namespace)
+
+
+def checked_filter(given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The search filter; 422 for one the store cannot run (an unknown operator, a field name
+    it refuses, an object that is not operators): before, the store's ValueError was a 500."""
+    for field, wanted in (given or {}).items():
+        if not FIELD.fullmatch(field):
+            raise Refused(
+                422,
+                "invalid_filter",
+                f"filter field {field[:60]!r} may only contain letters, digits, '_', '.' and '-'",
+            )
+        if not isinstance(wanted, dict):
+            continue
+        for operator in wanted:
+            if operator not in OPERATORS:
+                raise Refused(
+                    422,
+                    "invalid_filter",
+                    f"filter on {field!r}: {operator[:60]!r} is not an operator (use one of "
+                    f"{', '.join(OPERATORS)}; an exact value that is an object is not supported)",
+                )
+    return given
 
 
 def store_router(keel_app: App, auth: Gate) -> APIRouter:
@@ -161,7 +189,7 @@ def store_router(keel_app: App, auth: Gate) -> APIRouter:
         operators `$eq`, `$ne`, `$gt`, `$gte`, `$lt`, `$lte`), most recently updated first."""
         asked = {
             "namespace": checked(body.namespace_prefix),
-            "filter": body.filter,
+            "filter": checked_filter(body.filter),
             "limit": body.limit,
             "offset": body.offset,
             "query": body.query,

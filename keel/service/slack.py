@@ -78,6 +78,8 @@ def parse_action(body: bytes) -> dict[str, Any]:
         raise _Refusal(
             400, "malformed_payload", f"expected a form field `payload`: {exc}"
         ) from None
+    except RecursionError:  # nested past what the parser follows
+        raise _Refusal(400, "malformed_payload", "the payload is nested too deeply") from None
     if not isinstance(payload, dict) or payload.get("type") != "block_actions":
         raise _Refusal(400, "malformed_payload", "expected a block_actions payload")
     actions, user = payload.get("actions"), payload.get("user")
@@ -90,12 +92,26 @@ def parse_action(body: bytes) -> dict[str, Any]:
         value = action.get("value")
         if not isinstance(value, str) or not value:
             raise _Refusal(400, "malformed_payload", "the action carries no approval id")
-    return {
+    found = {
         "action_id": action.get("action_id"),
         "wait_id": action.get("value"),
         "user": user["id"],
         "click": str(action.get("action_ts") or payload.get("trigger_id") or ""),
     }
+    for name, text in found.items():
+        if isinstance(text, str) and not _keepable(text):
+            # Looked up and recorded: a lone surrogate cannot be encoded, a NUL not stored.
+            raise _Refusal(400, "malformed_payload", f"the action's {name} is not valid text")
+    return found
+
+
+def _keepable(text: str) -> bool:
+    """Whether `text` is valid Unicode without a NUL (what a database takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
 
 
 def may_decide(wait: dict[str, Any], user: str) -> bool:

@@ -343,6 +343,12 @@ def test_signed_clicks_are_accepted_and_everything_else_changes_nothing(
         b"payload=" + b"%5B%5D",
         b"payload=%7B%22type%22%3A%22block_actions%22%2C%22actions%22%3A%5B%5D%7D",
         action_body("", user="U0EDITOR"),
+        # Nested past what the parser follows, an id that is not valid text, a NUL: each was a
+        # 500 (RecursionError, then UnicodeEncodeError or DataError from the wait's lookup).
+        b"payload=" + b"%5B" * 5000 + b"%5D" * 5000,
+        action_body("\ud800"),
+        action_body("w-\x00"),
+        action_body(wait_id, user="U0\ud800"),
     ]
     for content in malformed:
         answer = post(content, signed_headers(content, now))

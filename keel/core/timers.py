@@ -15,6 +15,8 @@ interrupts by their order, so the Nth sleep of a task is the same wait on every 
 
 from __future__ import annotations
 
+import math
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -64,10 +66,23 @@ def start_time(
                 "not_before must be a timezone-aware datetime (e.g. datetime.now(timezone.utc)): "
                 "a naive one could mean any zone"
             )
-        return None, not_before.timestamp()
+        return None, _within_a_century(not_before.timestamp(), not_before)
     if isinstance(not_before, bool) or not isinstance(not_before, int | float):
         raise UsageError(f"not_before is a datetime or epoch seconds, not {not_before!r}")
-    return None, float(not_before)
+    try:
+        at = float(not_before)
+    except OverflowError:  # an int past float's range
+        at = math.inf
+    return None, _within_a_century(at, not_before)
+
+
+def _within_a_century(at: float, given: object) -> float:
+    """`at` (epoch seconds), refused as `after` is past a century (`LONGEST`) from now: a run
+    due later would never start. Judged by this host's clock (the database's is not at hand;
+    the two agree within a century)."""
+    if not math.isfinite(at) or at - time.time() > LONGEST:
+        raise UsageError(f"not_before must be within a century from now, not {given!s:.40}")
+    return at
 
 
 def sleep(duration: Duration) -> None:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import Result
 from langgraph_sdk import get_sync_client
-from langgraph_sdk.errors import UnprocessableEntityError
+from langgraph_sdk.errors import APIStatusError, UnprocessableEntityError
 from typer.testing import CliRunner
 
 import keel
@@ -47,6 +47,10 @@ def test_v1_submit_takes_after_and_not_before(svc: Service) -> None:
         ({"after": "soon"}, "not a duration"),
         ({"after": 5, "not_before": when.isoformat()}, "not both"),
         ({"not_before": "2030-01-01T00:00:00"}, "timezone"),
+        # Past a century, as `after` is: a run that would never start (it was admitted).
+        ({"not_before": "9999-12-31T23:59:59+00:00"}, "century"),
+        ({"not_before": 99999999999999}, "century"),
+        ({"after": 10**12}, "century"),
     ]:
         refused = svc.http.post("/v1/runs", json={**base, "job_id": "j-bad", **bad})
         assert refused.status_code in (400, 422), refused.text
@@ -78,6 +82,10 @@ def test_the_agent_server_protocol_takes_after_seconds(svc: Service) -> None:
     with pytest.raises(UnprocessableEntityError) as refused:
         client.runs.create(thread, "chat", input=say, after_seconds=-1)
     assert "after_seconds" in refused.value.body["message"]  # type: ignore[index]
+    with pytest.raises(APIStatusError) as refused_long:
+        client.runs.create(thread, "chat", input=say, after_seconds=1e12)
+    assert refused_long.value.response.status_code in (400, 422)
+    assert "century" in refused_long.value.response.text
     assert len(client.runs.list(thread)) == 1
 
 

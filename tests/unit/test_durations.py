@@ -4,7 +4,8 @@ infinite one left a timer pending for ever and broke the run's summary (Overflow
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -45,6 +46,29 @@ def test_a_duration_that_never_ends_or_is_no_number_is_refused_clearly(
     if not isinstance(given, timedelta):
         with pytest.raises(UsageError):
             start_time(after=given)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "not_before",
+    [
+        datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC),
+        99999999999999,
+        float("inf"),
+        float("nan"),
+        10**400,
+        time.time() + 101 * 365 * 86400,
+    ],
+)
+def test_a_start_time_past_a_century_is_refused_as_a_delay_is(not_before: object) -> None:
+    # It was admitted, and the run never started.
+    with pytest.raises(UsageError, match="within a century"):
+        start_time(not_before=not_before)  # type: ignore[arg-type]
+
+
+def test_a_start_time_within_a_century_or_past_is_taken() -> None:
+    soon = time.time() + 99 * 365 * 86400
+    assert start_time(not_before=soon) == (None, soon)
+    assert start_time(not_before=0) == (None, 0.0)  # the past: at once
 
 
 @pytest.mark.parametrize("every", [float("inf"), 1e300, float("nan"), 0.5])

@@ -36,6 +36,7 @@ from keel.service.effects_api import effects_router
 from keel.service.errors import (
     API_PREFIX,
     BodyLimit,
+    NoNul,
     install,
 )
 from keel.service.events import events_router
@@ -115,9 +116,11 @@ def create_app(
     api.state.keel = keel_app
     install(api)
     api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    api.add_middleware(NoNul)
     if origins:
-        # Added after BodyLimit, so outside it: a preflight is answered before any other
-        # check, and a refusal (413, 401) still carries the headers a browser needs to read it.
+        # Added after BodyLimit and NoNul, so outside them: a preflight is answered before any
+        # other check, and a refusal (413, 400, 401) still carries the headers a browser needs
+        # to read it.
         api.add_middleware(
             CORSMiddleware,
             allow_origins=origins,

@@ -332,6 +332,31 @@ def test_list_runs_filters_and_pages(svc: Service) -> None:
         assert answer.json()["message"].startswith("query.")
 
 
+def test_a_nul_in_the_path_or_query_string_is_400_on_every_route(svc: Service) -> None:
+    # No id, filter or name may hold one: PostgreSQL's text cannot (its DataError was a 500).
+    run_id = svc.submit("nul-1", topic="t").json()["run_id"]
+    for url in (
+        "/v1/runs?job_id=a%00b",
+        "/v1/runs?workflow=a%00b",
+        "/v1/schedules?workflow=a%00b",
+        "/v1/effects?run_id=a%00b",
+        "/v1/approvals?run_id=a%00b",
+        f"/v1/runs/{run_id}%00",
+        f"/v1/runs/{run_id}/events?after=1%00",
+        "/threads/a%00b",
+        "/ui/runs?job=a%00b",
+    ):
+        answer = svc.http.get(url)
+        assert answer.status_code == 400, (url, answer.text)
+        assert answer.json()["error"] == "bad_request", url
+        assert "NUL" in answer.json()["message"]
+    # Nothing else changes: the run, its events and its console page still answer.
+    assert svc.http.get(f"/v1/runs/{run_id}").status_code == 200
+    assert svc.http.get("/v1/runs", params={"job_id": "nul-1"}).json()["runs"][0]["run_id"] == (
+        run_id
+    )
+
+
 def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None:
     run_id, approval_id = svc.waiting_run("details-1", topic="rust")
     run = svc.http.get(f"/v1/runs/{run_id}").json()

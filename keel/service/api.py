@@ -40,7 +40,7 @@ from keel.service.errors import (
     install,
 )
 from keel.service.events import events_router
-from keel.service.files import artifact_file
+from keel.service.files import artifact_file, download
 from keel.service.health import health_router
 from keel.service.hooks import hooks_router
 from keel.service.metrics import CONTENT_TYPE_LATEST, metrics_for
@@ -312,10 +312,12 @@ def runs_router(keel_app: keel.App, auth: Authenticator) -> APIRouter:
     def download_artifact(
         run_id: RunId,
         name: Annotated[str, Path(max_length=200)],
+        request: Request,
         _: Reader,
-    ) -> FileResponse:
-        """One file of the run's artifacts folder."""
-        return FileResponse(artifact_file(keel_app, run_id, name), filename=name)
+    ) -> Response:
+        """One file of the run's artifacts folder (a `Range` of it: 206; 400 invalid_range,
+        416 range_not_satisfiable)."""
+        return download(artifact_file(keel_app, run_id, name), name, request)
 
     @router.post("/runs/{run_id}/cancel", response_model=m.Run, responses=NOT_FOUND)
     def cancel_run(

@@ -25,7 +25,7 @@ from keel.core.errors import (
     UsageError,
 )
 from tests.support.checks import event_kinds
-from tests.support.graphs import echo_graph
+from tests.support.graphs import echo_graph, one_node
 from tests.support.workers import drain
 
 AppFactory = Callable[..., keel.App]
@@ -338,11 +338,7 @@ class Chat(typing_extensions.TypedDict):
 
 
 def chat_graph() -> StateGraph:
-    g = StateGraph(Chat)
-    g.add_node("n", lambda state: {"turns": len(state["messages"])})
-    g.add_edge(START, "n")
-    g.add_edge("n", END)
-    return g
+    return one_node(Chat, "n", lambda state: {"turns": len(state["messages"])})
 
 
 @pytest.mark.parametrize(

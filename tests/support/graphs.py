@@ -17,6 +17,15 @@ from tests.support.providers import Provider
 # -- a one-node workflow (admission, artifacts, worker) --------------------------------------
 
 
+def one_node(schema: Any, name: str, node: Callable[..., Any]) -> StateGraph:
+    """START -> `name` -> END over `schema`."""
+    g = StateGraph(schema)
+    g.add_node(name, node)
+    g.add_edge(START, name)
+    g.add_edge(name, END)
+    return g
+
+
 class EchoState(TypedDict, total=False):
     text: str
     n: list[int]
@@ -27,11 +36,7 @@ def echo_graph(node: Callable[[EchoState], dict[str, Any]] | None = None) -> Sta
     def default(state: EchoState) -> dict[str, Any]:
         return {"out": state.get("text", "").upper()}
 
-    g = StateGraph(EchoState)
-    g.add_node("echo", node or default)
-    g.add_edge(START, "echo")
-    g.add_edge("echo", END)
-    return g
+    return one_node(EchoState, "echo", node or default)
 
 
 # -- a one-node workflow that keeps a worker's slot busy -------------------------------------
@@ -48,14 +53,7 @@ def held_graph(release: threading.Event, timeout: float = 20) -> Callable[[], St
         release.wait(timeout)
         return {"n": 1}
 
-    def build() -> StateGraph:
-        g = StateGraph(HeldState)
-        g.add_node("hold", hold)
-        g.add_edge(START, "hold")
-        g.add_edge("hold", END)
-        return g
-
-    return build
+    return lambda: one_node(HeldState, "hold", hold)
 
 
 # -- approval then (maybe) an effect ---------------------------------------------------------

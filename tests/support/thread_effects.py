@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 import psycopg
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import StateGraph
 
 import keel
+from tests.support.graphs import one_node
 from tests.support.providers import Provider
 
 
@@ -42,14 +43,7 @@ def shop(charges: Provider, mails: Provider) -> Callable[[], StateGraph]:
         receipt(state["order_id"])
         return {"charges": [charged["id"]]}
 
-    def build() -> StateGraph:
-        g = StateGraph(Shop)
-        g.add_node("pay", pay)
-        g.add_edge(START, "pay")
-        g.add_edge("pay", END)
-        return g
-
-    return build
+    return lambda: one_node(Shop, "pay", pay)
 
 
 def ledger(db_url: str) -> dict[str, tuple[str, str]]:

@@ -48,38 +48,69 @@ and failed its run at the first checkpoint."""
 
 def check_storable(value: Any, what: str) -> None:
     """InvalidInput if `value` (JSON-like: dicts, lists, text) nests deeper than `MAX_DEPTH`,
-    holds text UTF-8 cannot store (a lone surrogate, which JSON can carry as `\\ud800`), or a
-    NaN or an infinity (Python's `json` reads and writes them; JSON has none, so they came
-    back as text no other reader takes, or as null), or an integer past 64 bits."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    holds text UTF-8 cannot store (a lone surrogate, which JSON can carry as `\\ud800`) or
+    PostgreSQL cannot (a NUL, `\\u0000`, in a key or a value: refused on SQLite too, as a value
+    must be storable wherever the app moves), or a NaN or an infinity (Python's `json` reads
+    and writes them; JSON has none, so they came back as text no other reader takes, or as
+    null), or an integer past 64 bits."""
+    stack: list[tuple[Any, int, _Path]] = [(value, 0, None)]
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
         if isinstance(item, str):
-            _unicode(item, what)
+            _text(item, what, path)
             continue
         if isinstance(item, float) and not math.isfinite(item):
             raise InvalidInput(f"{what} holds {item!r}, which JSON cannot carry")
         if isinstance(item, int) and not MIN_INT <= item <= MAX_INT:
             raise InvalidInput(f"{what} holds an integer past 64 bits, which a checkpoint cannot")
         if isinstance(item, dict):
-            children: Any = item.values()
+            children: Any = item.items()
             for key in item:
                 if isinstance(key, str):
-                    _unicode(key, what)
+                    _text(key, what, (path, key), key=True)
         elif isinstance(item, list | tuple):
-            children = item
+            children = enumerate(item)
         else:
             continue
         if depth >= MAX_DEPTH:
             raise InvalidInput(f"{what} nests deeper than {MAX_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1, (path, key)) for key, child in children)
 
 
-def _unicode(text: str, what: str) -> None:
+_Path = tuple[Any, Any] | None
+"""Where a value sits in what `check_storable` walks: (its parent's path, its key or index),
+linked (a pair a value), written out only for the value refused."""
+
+
+def _where(path: _Path) -> str:
+    steps: list[str] = []
+    while path is not None:
+        path, key = path
+        shown = json.dumps(key, ensure_ascii=True) if isinstance(key, str | int) else repr(key)
+        steps.append(f"[{shown}]")
+    return "".join(reversed(steps))
+
+
+def _text(text: str, what: str, path: _Path, *, key: bool = False) -> None:
     try:
         text.encode()
     except UnicodeEncodeError:
-        raise InvalidInput(f"{what} holds text that is not valid Unicode (a surrogate)") from None
+        where = _place(path, key)
+        raise InvalidInput(
+            f"{what}{where} holds text that is not valid Unicode (a surrogate)"
+        ) from None
+    if "\x00" in text:
+        where = _place(path, key)
+        raise InvalidInput(
+            f"{what}{where} holds a NUL character (\\u0000), which PostgreSQL cannot store"
+        )
+
+
+def _place(path: _Path, key: bool) -> str:
+    at = _where(path)
+    if not at:
+        return ""
+    return f" (its key {at})" if key else f" at {at}"
 
 
 def canonical_json(value: Any) -> str:

@@ -188,6 +188,8 @@ async def admit(
     check_storable(input, "input")
     check_storable(command, "command")
     check_storable(config, "config")
+    check_storable(thread_metadata, "metadata")
+    check_storable(merge_metadata, "metadata")
     check_config(config)
     input_json = canonical_json(input)
     size = len(input_json.encode())

@@ -114,6 +114,7 @@ class ThreadOperations:
         """Merge keys into the thread's metadata."""
         await self.open()
         threads.validate_thread_id(thread_id)
+        check_storable(metadata, "metadata")
         if await self.runtime.store.update_thread_metadata(thread_id, metadata) is None:
             raise ThreadNotFound(f"no thread {thread_id!r}")
         return await self.get_thread(thread_id)

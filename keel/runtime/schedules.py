@@ -214,6 +214,7 @@ class AsyncSchedules:
         ticks missed while paused are not caught up."""
         row = await self._row(key)
         retimed = cron is not None or every is not None or timezone is not None
+        check_storable(metadata, "the schedule's metadata")
         kept = loads(row["metadata"])
         merged = {**kept, **metadata} if metadata is not None else kept
         changed = retimed or input is not rules.UNCHANGED or catch_up or overlap

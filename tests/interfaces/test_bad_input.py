@@ -35,6 +35,7 @@ def counts(svc: Service) -> tuple[int, int]:
 
 TOO_DEEP = nested(MAX_DEPTH + 5)
 SURROGATE = json.loads('"\\ud800"')  # valid JSON, not valid Unicode
+NUL = "a\u0000b"  # valid JSON and Unicode; PostgreSQL's text and jsonb cannot hold it
 
 ROUTES: list[tuple[str, str, Callable[[Any], dict[str, Any]]]] = [
     ("POST", "/threads", lambda bad: {"metadata": {"m": bad}}),
@@ -43,6 +44,17 @@ ROUTES: list[tuple[str, str, Callable[[Any], dict[str, Any]]]] = [
     ("POST", "/v1/runs", lambda bad: {"workflow": WORKFLOW, "job_id": "j", "input": {"t": bad}}),
     ("PUT", "/store/items", lambda bad: {"namespace": ["a"], "key": "k", "value": {"v": bad}}),
     ("POST", "/assistants/search", lambda bad: {"metadata": {"m": bad}}),
+    ("POST", "/v1/threads", lambda bad: {"workflow": WORKFLOW, "metadata": {"m": bad}}),
+    ("POST", "/threads/search", lambda bad: {"metadata": {"m": bad}}),
+    ("PATCH", "/threads/t-bad", lambda bad: {"metadata": {"m": bad}}),
+    ("POST", "/threads/t-bad/state", lambda bad: {"values": {"topic": bad}}),
+    ("POST", "/threads/t-bad/runs", lambda bad: {"assistant_id": WORKFLOW, "metadata": {"m": bad}}),
+    (
+        "POST",
+        "/runs/crons",
+        lambda bad: {"assistant_id": WORKFLOW, "schedule": "0 3 * * *", "input": {"topic": bad}},
+    ),
+    ("POST", "/store/items/search", lambda bad: {"namespace_prefix": ["a"], "filter": {"v": bad}}),
 ]
 
 
@@ -51,6 +63,7 @@ SAID = {
     "surrogate": "not valid Unicode",
     "nan": "JSON cannot carry",
     "past 64 bits": "integer past 64 bits",
+    "nul": "PostgreSQL cannot store",
 }
 
 
@@ -61,12 +74,14 @@ SAID = {
         (SURROGATE, "surrogate"),
         (math.nan, "nan"),
         ([2**64, -(2**63) - 1], "past 64 bits"),
+        (NUL, "nul"),
     ],
 )
 def test_a_value_that_cannot_be_kept_is_422_and_nothing_is_written(
     svc: Service, bad: Any, case: str
 ) -> None:
     said = SAID[case]
+    svc.http.post("/threads", json={"thread_id": "t-bad", "graph_id": WORKFLOW})
     for method, path, body in ROUTES:
         before = counts(svc)
         # As a client sends it: the surrogate escaped (`\ud800`), which is valid JSON.
@@ -102,6 +117,31 @@ def test_the_python_api_refuses_what_it_could_not_run_or_record(make_app: Any) -
     largest = app.submit("echo", {"n": [2**64 - 1, -(2**63)]}).run_id
     drain(app)
     assert app.get_run(largest).status == "completed"
+
+
+def test_the_python_api_refuses_a_nul_on_both_backends(make_app: Any) -> None:
+    """A NUL (`\\u0000`) in any text given to keep: PostgreSQL's text and jsonb cannot hold
+    it (a thread's metadata with one was kept, and every search after it failed); refused on
+    SQLite too, so that a value kept there can move to PostgreSQL. The message says where."""
+    app = make_app()
+    app.workflow("echo")(__import__("tests.support.graphs", fromlist=["echo_graph"]).echo_graph)
+    said = "PostgreSQL cannot store"
+    with pytest.raises(InvalidInput, match=r'input at \["text"\]\[1\] holds a NUL'):
+        app.submit("echo", {"text": ["ok", NUL]})
+    with pytest.raises(InvalidInput, match=said):
+        app.submit("echo", {"text": "t"}, thread_id="t", metadata={"m": NUL})
+    with pytest.raises(InvalidInput, match=said):
+        app.submit("echo", {"text": "t"}, thread_id="t", merge_metadata={"m": NUL})
+    with pytest.raises(InvalidInput, match=said):
+        app.submit("echo", {"text": "t"}, thread_id="t", context={"c": NUL})
+    with pytest.raises(InvalidInput, match=r"its key \[\"k\\u0000\"\]"):
+        app.create_thread("echo", metadata={"k\u0000": 1})
+    assert app.list_runs() == []
+    thread = app.create_thread("echo", thread_id="kept")
+    with pytest.raises(InvalidInput, match=said):
+        app.update_thread(thread["thread_id"], metadata={"m": NUL})
+    assert app.get_thread("kept")["metadata"] == {}
+    assert app.search_threads() != []  # every search still answers
 
 
 def test_numbers_timezones_configs_and_ids_past_what_can_be_kept_are_refused(

@@ -221,13 +221,14 @@ def test_a_signed_body_the_hook_cannot_map_is_a_bad_payload(
     served: tuple[keel.App, str], make_app: Callable[..., keel.App]
 ) -> None:
     """A validly signed body that is JSON but not what the hook maps (a list, a string, an
-    object without the field its `input=` reads, text with a lone surrogate) is the sender's
-    mistake: 400 `bad_payload`,
-    no run, and the same delivery fixed later is admitted (nothing was remembered)."""
+    object without the field its `input=` reads, text with a lone surrogate or a NUL) is the
+    sender's mistake: 400 `bad_payload`, no run, and the same delivery fixed later is admitted
+    (nothing was remembered)."""
     app, url = served
     deep = b'{"text": "t", "more": ' + b"[" * 120 + b"]" * 120 + b"}"  # past what can be kept
     bodies = [b"[1, 2]", b'"text"', b"42", b"null", b'{"other": 1}', b'{"text": "\\ud800"}', deep]
-    for n, body in enumerate(bodies):  # (the last: a lone surrogate, JSON but not Unicode)
+    bodies.append(b'{"text": "a\\u0000b"}')  # a NUL, which PostgreSQL cannot store
+    for n, body in enumerate(bodies):  # (a lone surrogate: JSON but not Unicode)
         answer = standard(url, body, delivery=f"msg_bad_{n}")
         assert (answer.status_code, answer.json()["error"]) == (400, "bad_payload"), answer.text
     assert runs(app) == []

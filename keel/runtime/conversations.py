@@ -124,15 +124,14 @@ class ThreadOperations:
         The ledger rows its runs shared (`key=` effects on a thread) go too: the thread's
         scope ends with it. Its runs, their timelines and the rest of their ledgers stay
         (retention prunes them): what they performed stays on record."""
-        thread = await self.get_thread(thread_id)
-        if thread["status"] in ("busy", "interrupted"):
-            active = await self.runtime.store.thread_active_run(thread_id)
+        await self.get_thread(thread_id)
+        active = await self.runtime.store.delete_thread(thread_id)
+        if active is not None:
             raise ThreadBusy(
                 f"thread {thread_id} has an unfinished run; cancel it first",
                 thread_id=thread_id,
-                active_run=str(active["run_id"]) if active else "",
+                active_run=str(active["run_id"]),
             )
-        await self.runtime.store.delete_thread(thread_id)
 
     async def copy_thread(self, thread_id: str, *, to: str | None = None) -> Row:
         """A new thread holding a copy of the thread's checkpoints (its history); its runs

@@ -150,11 +150,20 @@ class ThreadQueries:
         row = await tx.one("rolled_back_checkpoints", {"thread_id": thread_id})
         return int(row["discarded"]) if row else 0
 
-    async def delete_thread(self, thread_id: str) -> bool:
+    async def delete_thread(self, thread_id: str) -> Row | None:
         """The thread, its checkpoints and the effect rows its runs shared (`key=` on a
-        thread) deleted; False if there was none."""
+        thread) deleted, unless a run of it is unfinished: that run (its first), and nothing
+        deleted. Decided under the thread's lock, which an admission on it takes: no run is
+        left unfinished on a thread gone (a new thread of its id would own it)."""
         async with self.db.transaction() as tx:
-            return await tx.one("delete_thread", {"thread_id": thread_id}) is not None
+            params = {"thread_id": thread_id}
+            if await tx.one("lock_thread", params) is None:
+                return None
+            active = await tx.one("thread_active_run", params)
+            if active is not None:
+                return active
+            await tx.one("delete_thread", params)
+            return None
 
     async def copy_thread(self, from_thread: str, to_thread: str) -> Row | None:
         """A copy of the thread's checkpoints under a new thread; None if `from_thread` does

@@ -62,10 +62,16 @@ async def run_of_thread(app: AsyncApp, thread_id: str, run_id: str, *, thread: b
     validate_thread_id(thread_id)
     validate_run_id(run_id)
     store = app.runtime.store
-    if thread and await store.get_thread(thread_id) is None:
+    found = await store.get_thread(thread_id)
+    if thread and found is None:
         raise ThreadNotFound(f"no thread {thread_id!r}")
     row = await store.get_run(run_id)
-    if row is None or (row.get("thread_id") or row["run_id"]) != thread_id:
+    if (
+        row is None
+        or (row.get("thread_id") or row["run_id"]) != thread_id
+        # A run of a deleted thread of that id, not of the thread made again (migration 0035).
+        or (found is not None and int(row["thread_seq"] or 0) < int(found["first_seq"]))
+    ):
         raise RunNotFound(f"thread {thread_id} has no run {run_id!r}")
     return row
 

@@ -1145,8 +1145,10 @@ LIMIT 1;
 -- no workflow yet ('': made through the Agent Server protocol before any run) takes the
 -- admitted run's.
 WITH made AS (
-    INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
-    SELECT %(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now()
+    INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at,
+                              first_seq)
+    SELECT %(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now(),
+           (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = %(thread_id)s)
     WHERE %(create)s::int = 1
     ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now(),
         workflow = CASE WHEN keel_threads.workflow = '' THEN EXCLUDED.workflow
@@ -1162,8 +1164,10 @@ SELECT * FROM made UNION ALL SELECT * FROM touched;
 
 -- name: create_thread
 -- A new thread; no row if one of that id exists.
-INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
-VALUES (%(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now())
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at,
+                          first_seq)
+VALUES (%(thread_id)s, %(workflow)s, %(workflow_version)s, %(metadata)s, keel_now(), keel_now(),
+        (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = %(thread_id)s))
 ON CONFLICT (thread_id) DO NOTHING
 RETURNING *;
 
@@ -1189,12 +1193,17 @@ WHERE thread_id = %(thread_id)s
 RETURNING *;
 
 -- name: thread_runs
--- A thread's runs in their order.
-SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s ORDER BY thread_seq LIMIT %(limit)s;
+-- A thread's runs in their order: those placed since its row was made (migration 0035; a
+-- thread deleted keeps its runs, not naming a new thread of its id). All of them once it is gone.
+SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = %(thread_id)s), 0)
+ORDER BY thread_seq LIMIT %(limit)s;
 
 -- name: thread_runs_newest
--- A thread's latest runs, newest first.
-SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s ORDER BY thread_seq DESC LIMIT %(limit)s;
+-- A thread's latest runs, newest first (its own, as `thread_runs` says).
+SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = %(thread_id)s), 0)
+ORDER BY thread_seq DESC LIMIT %(limit)s;
 
 -- name: thread_active_run
 -- A thread's active run: its first not finished (queued, running, waiting), however long the
@@ -1248,6 +1257,11 @@ dropped AS (
     RETURNING 1)
 SELECT COUNT(*) AS discarded FROM dropped;
 
+-- name: lock_thread
+-- A thread, locked until the transaction ends (a deletion's: an admission on it, which
+-- `take_thread` serializes, waits, and the deletion sees its run).
+SELECT thread_id FROM keel_threads WHERE thread_id = %(thread_id)s FOR UPDATE;
+
 -- name: delete_thread
 -- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,
 -- migration 0034: the thread's scope ends with it, whichever run made them); its runs,
@@ -1263,8 +1277,10 @@ DELETE FROM keel_threads WHERE thread_id = %(thread_id)s RETURNING thread_id;
 -- A new thread `to` with the workflow, metadata and checkpoints of `from` (its runs stay with
 -- `from`); no row if `from` does not exist or `to` does.
 WITH made AS (
-    INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
-    SELECT %(to_thread)s, workflow, workflow_version, metadata, keel_now(), keel_now()
+    INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at,
+                              first_seq)
+    SELECT %(to_thread)s, workflow, workflow_version, metadata, keel_now(), keel_now(),
+           (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = %(to_thread)s)
     FROM keel_threads WHERE thread_id = %(from_thread)s
     ON CONFLICT (thread_id) DO NOTHING
     RETURNING *),
@@ -1504,6 +1520,7 @@ WHERE hook = %(hook)s AND delivery_id = %(delivery_id)s AND run_id IS NULL;
 DELETE FROM keel_runs WHERE run_id IN (
     SELECT run_id FROM keel_runs
     WHERE run_id = %(run_id)s AND thread_id = %(thread_id)s
+      AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = %(thread_id)s), 0)
       AND status IN ('completed', 'failed', 'cancelled')
     FOR UPDATE SKIP LOCKED
 )
@@ -1659,8 +1676,11 @@ ON CONFLICT (schedule_id, tick) DO NOTHING
 RETURNING schedule_id, tick, outcome, run_id, fired_at;
 
 -- name: thread_runs_after
--- A thread's runs placed after `after` (their thread_seq), in their order.
-SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s AND thread_seq > %(after)s ORDER BY thread_seq LIMIT %(limit)s;
+-- A thread's runs placed after `after` (their thread_seq), in their order (its own, as
+-- `thread_runs` says).
+SELECT * FROM keel_runs WHERE thread_id = %(thread_id)s AND thread_seq > %(after)s
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = %(thread_id)s), 0)
+ORDER BY thread_seq LIMIT %(limit)s;
 
 -- name: unfinished_versions
 -- The versions that unfinished runs of these workflows are on, one row per (workflow, version).

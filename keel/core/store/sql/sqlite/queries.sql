@@ -1047,8 +1047,10 @@ LIMIT 1;
 -- row): admissions on one thread are serialized, so its places and its strategy's verdict are
 -- decided one at a time. No row: no such thread and `create` is 0. A thread with no workflow
 -- yet ('': made through the Agent Server protocol before any run) takes the admitted run's.
-INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
-SELECT :thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now()
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at,
+                          first_seq)
+SELECT :thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now(),
+       (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = :thread_id)
 WHERE :create = 1
 ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now(),
     workflow = CASE WHEN keel_threads.workflow = '' THEN excluded.workflow
@@ -1059,8 +1061,10 @@ SELECT * FROM keel_threads WHERE thread_id = :thread_id;
 
 -- name: create_thread
 -- A new thread; no row if one of that id exists.
-INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
-VALUES (:thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now())
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at,
+                          first_seq)
+VALUES (:thread_id, :workflow, :workflow_version, :metadata, keel_now(), keel_now(),
+        (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = :thread_id))
 ON CONFLICT (thread_id) DO NOTHING
 RETURNING *;
 
@@ -1086,12 +1090,17 @@ WHERE thread_id = :thread_id
 RETURNING *;
 
 -- name: thread_runs
--- A thread's runs in their order.
-SELECT * FROM keel_runs WHERE thread_id = :thread_id ORDER BY thread_seq LIMIT :limit;
+-- A thread's runs in their order: those placed since its row was made (migration 0035; a
+-- thread deleted keeps its runs, not naming a new thread of its id). All of them once it is gone.
+SELECT * FROM keel_runs WHERE thread_id = :thread_id
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = :thread_id), 0)
+ORDER BY thread_seq LIMIT :limit;
 
 -- name: thread_runs_newest
--- A thread's latest runs, newest first.
-SELECT * FROM keel_runs WHERE thread_id = :thread_id ORDER BY thread_seq DESC LIMIT :limit;
+-- A thread's latest runs, newest first (its own, as `thread_runs` says).
+SELECT * FROM keel_runs WHERE thread_id = :thread_id
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = :thread_id), 0)
+ORDER BY thread_seq DESC LIMIT :limit;
 
 -- name: thread_active_run
 -- A thread's active run: its first not finished (queued, running, waiting), however long the
@@ -1139,6 +1148,11 @@ DELETE FROM checkpoints WHERE thread_id = :thread_id
       SELECT run_id FROM keel_runs WHERE thread_id = :thread_id AND cancel_reason = 'rolled_back');
 SELECT changes() AS discarded;
 
+-- name: lock_thread
+-- A thread, held until the transaction ends (a deletion's: SQLite's BEGIN IMMEDIATE already
+-- holds the write lock, so an admission on it waits, and the deletion sees its run).
+SELECT thread_id FROM keel_threads WHERE thread_id = :thread_id;
+
 -- name: delete_thread
 -- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,
 -- migration 0034: the thread's scope ends with it, whichever run made them); its runs,
@@ -1152,8 +1166,10 @@ DELETE FROM keel_threads WHERE thread_id = :thread_id RETURNING thread_id;
 -- name: copy_thread
 -- A new thread `to` with the workflow, metadata and checkpoints of `from` (its runs stay with
 -- `from`); no row if `from` does not exist or `to` does.
-INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at)
-SELECT :to_thread, workflow, workflow_version, metadata, keel_now(), keel_now()
+INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, created_at, updated_at,
+                          first_seq)
+SELECT :to_thread, workflow, workflow_version, metadata, keel_now(), keel_now(),
+       (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = :to_thread)
 FROM keel_threads WHERE thread_id = :from_thread
 ON CONFLICT (thread_id) DO NOTHING;
 SELECT changes() AS copied;
@@ -1376,6 +1392,7 @@ WHERE hook = :hook AND delivery_id = :delivery_id AND run_id IS NULL;
 -- unfinished or not that thread's.
 DELETE FROM keel_runs
 WHERE run_id = :run_id AND thread_id = :thread_id
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = :thread_id), 0)
   AND status IN ('completed', 'failed', 'cancelled')
 RETURNING run_id;
 
@@ -1525,8 +1542,11 @@ ON CONFLICT (schedule_id, tick) DO NOTHING
 RETURNING schedule_id, tick, outcome, run_id, fired_at;
 
 -- name: thread_runs_after
--- A thread's runs placed after `after` (their thread_seq), in their order.
-SELECT * FROM keel_runs WHERE thread_id = :thread_id AND thread_seq > :after ORDER BY thread_seq LIMIT :limit;
+-- A thread's runs placed after `after` (their thread_seq), in their order (its own, as
+-- `thread_runs` says).
+SELECT * FROM keel_runs WHERE thread_id = :thread_id AND thread_seq > :after
+  AND thread_seq >= COALESCE((SELECT first_seq FROM keel_threads WHERE thread_id = :thread_id), 0)
+ORDER BY thread_seq LIMIT :limit;
 
 -- name: unfinished_versions
 -- The versions that unfinished runs of these workflows are on, one row per (workflow, version).

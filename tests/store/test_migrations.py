@@ -260,3 +260,39 @@ def test_a_migration_that_landed_after_a_higher_numbered_one_is_still_applied(ap
     assert skipped.version < higher.version
     assert rt.portal.call(rt.store.migrate()) == [skipped.name]
     assert recorded_versions(app) == VERSIONS
+
+
+def test_a_thread_made_again_before_0035_keeps_only_its_own_runs(apps: Any) -> None:
+    """Before 0035 a thread made again under a deleted one's id took that one's runs: the
+    upgrade gives each thread the place of its first run admitted since its row was made."""
+    old = apps()
+    rt = old.aio.runtime
+    rt.portal.call(rt.connector.open())
+    rt.portal.call(rt.store.migrate(target=max(v for v in VERSIONS if v < 35)))
+    for thread in ("t-again", "t-plain", "t-empty"):
+        execute(
+            old.url,
+            "INSERT INTO keel_threads (thread_id, workflow, workflow_version, metadata, "
+            f"created_at, updated_at) VALUES ('{thread}', 'echo', '1', '{{}}', 100, 100)",
+        )
+    # (thread, place, admitted at): before 100, a deleted thread's of the same id.
+    placed = [("t-again", 1, 50), ("t-again", 2, 60), ("t-again", 3, 150), ("t-plain", 1, 120)]
+    for n, (thread, seq, at) in enumerate([*placed, ("t-empty", 1, 50)]):
+        execute(
+            old.url,
+            "INSERT INTO keel_runs (run_id, job_id, workflow, workflow_version, attempt, "
+            "input_hash, input, status, created_at, updated_at, thread_id, thread_seq) VALUES "
+            f"('r{n}', 'j{n}', 'echo', '1', 1, 'h', '{{}}', 'failed', {at}, {at}, '{thread}', "
+            f"{seq})",
+        )
+    old.close()
+    new = apps()
+    new.migrate()
+    found = {t: new.get_thread(t) for t in ("t-again", "t-plain", "t-empty")}
+    assert {t: (row["first_seq"], row["runs"]) for t, row in found.items()} == {
+        "t-again": (3, 1),
+        "t-plain": (1, 1),
+        "t-empty": (2, 0),
+    }
+    assert found["t-empty"]["status"] == "idle"
+    assert [r["run_id"] for r in new.thread_runs("t-again")] == ["r2"]

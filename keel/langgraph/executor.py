@@ -377,6 +377,8 @@ class Executor:
         _resumed(run, f"on thread {thread} from its {how}", started, "run.start")
         if how == "update_state":
             return StateUpdate(value.get("values"), value.get("as_node"))
+        if how == "command" and "resume" in value:  # a pause no run waits on any more
+            return Command(resume=value["resume"])
         if how == "command":
             return Command(update=value.get("update"), goto=_goto(value.get("goto") or ()))
         return value

@@ -220,8 +220,13 @@ class AsyncApp(ThreadOperations, Oversight):
         if command is not None and "resume" in command:
             if thread_id is None:
                 raise UsageError("a resume command answers a thread's interrupt: give thread_id")
-            # As `resume`: DecisionConflict if another answer won (nothing hidden from the caller).
-            return Submission(await self.resume(thread_id, command["resume"]), created=False)
+            if not await self.paused_without_run(thread_id):
+                # As `resume`: DecisionConflict if another answer won (nothing hidden).
+                return Submission(await self.resume(thread_id, command["resume"]), created=False)
+            # No run waits (a state update ended it): a new run resumes the checkpoint, as
+            # LangGraph's Command(resume=...) does; `reject`, so that of two answers racing
+            # here one is admitted and the other refused (ThreadBusy), as a wait's are.
+            multitask_strategy, end_paused = "reject", False
         if merge_metadata is not None and thread_id is None:
             raise UsageError("merge_metadata is merged into a thread's metadata: give thread_id")
         if thread_id is not None or command or config or context is not None or checkpoint_id:

@@ -430,6 +430,20 @@ class ThreadOperations:
                 )
         return [(str(found[iid]["wait_id"]), v) for iid, v in value.items()]
 
+    async def paused_without_run(self, thread_id: str) -> bool:
+        """Whether the thread stands paused with no run left to answer: no active run, and its
+        latest checkpoint names nodes still to run (a state update ended the run paused there,
+        or it is a copy of a paused thread). A `resume` of it is then a new run from that
+        checkpoint, as LangGraph resumes a checkpoint rather than a run."""
+        await self.open()
+        threads.validate_thread_id(thread_id)
+        store = self.runtime.store
+        if await store.get_thread(thread_id) is None:
+            return False
+        if await store.thread_active_run(thread_id) is not None:
+            return False
+        return bool((await self.get_state(thread_id)).next)
+
     async def _waiting_run(self, thread_id: str) -> Row:
         store = self.runtime.store
         if await store.get_thread(thread_id) is None:

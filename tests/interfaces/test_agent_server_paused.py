@@ -117,3 +117,38 @@ def test_a_run_paused_on_an_approval_stays_the_threads_active_run(svc: Served) -
     (waiting,) = [r for r in svc.app.thread_runs(thread) if r["status"] == "waiting"]
     assert svc.app.approve(waiting["run_id"], by="manager").recorded
     wait_until(lambda: client.runs.get(thread, queued["run_id"])["status"] == "success", 30, "next")
+
+
+@pytest.mark.parametrize("as_node", [None, "ask"])
+def test_a_resume_after_a_state_update_resumes_the_updated_checkpoint(
+    svc: Served, as_node: str | None
+) -> None:
+    # LangGraph resumes a checkpoint, not a run: the update ended the paused run, and the
+    # resume is a new run from the update's checkpoint (the node asked again gets the answer).
+    client = svc.client
+    thread = client.threads.create()["thread_id"]
+    client.runs.wait(thread, "noted", input={"question": "a"})
+    client.threads.update_state(thread, {"question": "b"}, as_node=as_node)
+    assert client.threads.get_state(thread)["next"] == ["done" if as_node else "ask"]
+    done = client.runs.wait(thread, "noted", command={"resume": "yes"})
+    graph = noted().compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"question": "a"}, config)
+    graph.update_state(config, {"question": "b"}, as_node=as_node)
+    assert done == jsonable(graph.invoke(Command(resume="yes"), config))
+    assert client.threads.get_state(thread)["next"] == []
+    with pytest.raises(ConflictError) as refused:  # nothing is paused any more
+        client.runs.create(thread, "noted", command={"resume": "again"})
+    assert refused.value.body["error"] == "no_pending_wait"  # type: ignore[index]
+
+
+def test_a_resume_stream_after_a_state_update_streams_the_new_run(svc: Served) -> None:
+    client = svc.client
+    thread = client.threads.create()["thread_id"]
+    client.runs.wait(thread, "noted", input={"question": "a"})
+    client.threads.update_state(thread, {"question": "b"})
+    parts = client.runs.stream(thread, "noted", command={"resume": "yes"}, stream_mode="updates")
+    updates = [p.data for p in parts if p.event == "updates"]
+    assert updates == [{"ask": {"answer": "yes", "log": ["answered"]}}, {"done": {"log": ["done"]}}]
+    runs = client.runs.list(thread)  # newest first
+    assert runs[0]["run_id"] != runs[-1]["run_id"] and runs[0]["status"] == "success"

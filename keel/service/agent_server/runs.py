@@ -317,7 +317,8 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         if waiting is not None and waiting.run_id == row["run_id"]:
             events_of = waiting
         else:
-            events_of = feed(str(row["run_id"]), None if resume else Position())
+            # A resume no run waited for is a new run (paused_without_run): from its start.
+            events_of = feed(str(row["run_id"]), None if waiting is not None else Position())
         stateless = thread_id is None
         return sse(
             events_of,

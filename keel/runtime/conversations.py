@@ -29,7 +29,7 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.ids import validate_run_id
-from keel.core.lifecycle import FINISHED, Status
+from keel.core.lifecycle import FINISHED, Status, TerminationReason
 from keel.core.runs import Admission
 from keel.core.store.base import Row
 from keel.core.wait_model import WaitStatus, is_interrupt_map
@@ -431,18 +431,34 @@ class ThreadOperations:
         return [(str(found[iid]["wait_id"]), v) for iid, v in value.items()]
 
     async def paused_without_run(self, thread_id: str) -> bool:
-        """Whether the thread stands paused with no run left to answer: no active run, and its
-        latest checkpoint names nodes still to run (a state update ended the run paused there,
-        or it is a copy of a paused thread). A `resume` of it is then a new run from that
-        checkpoint, as LangGraph resumes a checkpoint rather than a run."""
+        """Whether the thread stands paused on a plain `interrupt()` that no run answers any
+        more: a state update ended the run paused there (its latest runs: the paused one,
+        ended `interrupted`, then the update, completed), or it is a copy of a thread paused
+        so (no run of its own yet). A `resume` of it is then a new run from that checkpoint,
+        as LangGraph resumes a checkpoint rather than a run.
+
+        Nothing else is: a failed or cancelled run's checkpoint (a new run would perform its
+        node's effects again, where resuming the run serves them), nor a Keel wait (an
+        approval's approvers and deadline, a timer, a person's word on an effect are answered
+        through the wait, never by whoever writes to the thread)."""
         await self.open()
         threads.validate_thread_id(thread_id)
         store = self.runtime.store
-        if await store.get_thread(thread_id) is None:
-            return False
+        thread = await store.get_thread(thread_id)
+        if thread is None or not thread.get("workflow"):
+            return False  # no graph yet (a thread made through the Agent Server, no run)
         if await store.thread_active_run(thread_id) is not None:
             return False
-        return bool((await self.get_state(thread_id)).next)
+        latest = await store.thread_runs(thread_id, 2, newest=True)
+        if latest and not _updated_after_pause(latest):
+            return False
+        snapshot = await self.get_state(thread_id)
+        if not snapshot.next:
+            return False
+        interrupts = [i.value for task in snapshot.tasks for i in task.interrupts]
+        if not latest and not interrupts:
+            return False  # a copy of a thread that is not paused (a failed one's checkpoint)
+        return not any(isinstance(v, dict) and "keel_wait" in v for v in interrupts)
 
     async def _waiting_run(self, thread_id: str) -> Row:
         store = self.runtime.store
@@ -498,3 +514,17 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str:
 def _thread(row: Row) -> Row:
     metadata = row["metadata"]
     return {**row, "metadata": loads(metadata) if isinstance(metadata, str) else metadata}
+
+
+def _updated_after_pause(newest_first: list[Row]) -> bool:
+    """Whether a thread's latest runs are a state update, completed, and before it the run it
+    ended paused on a plain interrupt (`threads.PAUSED_KINDS`)."""
+    if len(newest_first) < 2:
+        return False
+    update, paused = newest_first[0], newest_first[1]
+    return (
+        update["status"] == Status.COMPLETED
+        and threads.graph_start(update)[0] == "update_state"
+        and paused["status"] == Status.CANCELLED
+        and paused.get("termination_reason") == TerminationReason.INTERRUPTED
+    )

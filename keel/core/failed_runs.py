@@ -36,6 +36,14 @@ async def resume(store: Store, run_id: str, *, by: str | None) -> Row:
                 )
             )
         thread = run.get("thread_id")
+        held = await store.lock_thread(tx, thread) if thread else None
+        if thread and (held is None or int(held["first_seq"]) > int(run["thread_seq"])):
+            # Its thread was deleted (and maybe made again under its id, with runs of its own):
+            # resumed, it would run on no thread, or on another's checkpoints.
+            raise InvalidTransition(
+                f"run {run_id} belonged to thread {thread}, which was deleted: submit a new "
+                "run instead"
+            )
         if thread and await store.next_thread_seq(tx, thread) > run["thread_seq"] + 1:
             # A later turn already went on from the thread's state (or waits to): the failed
             # one resumed now would start over on top of it.

@@ -34,6 +34,7 @@ from keel.core.errors import (
     InputTooLarge,
     InvalidId,
     InvalidInput,
+    JobExists,
     ThreadBusy,
     ThreadNotFound,
     UsageError,
@@ -238,6 +239,15 @@ async def admit(
             await store.merge_thread_metadata(tx, thread_id, merge_metadata)
         if job_id is not None:
             found = await store.read_run(tx, rid)
+            if found is not None and int(found["thread_seq"] or 0) < int(thread["first_seq"]):
+                # The same job, input and thread id, but the thread it ran on was deleted: this
+                # thread of the id is another, and the old run is none of its own.
+                raise JobExists(
+                    f"job {job_id} ran as {rid} on a thread {thread_id} since deleted; give "
+                    "this thread's run another job_id",
+                    job_id=job_id,
+                    runs=[rid],
+                )
             if found is not None:
                 return Admission(found, False, [])
         unfinished = await store.thread_unfinished(tx, thread_id)

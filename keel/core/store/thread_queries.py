@@ -135,6 +135,12 @@ class ThreadQueries:
         return await tx.one("insert_thread_run", {**asdict(run), **asdict(place)}) is not None
 
     @staticmethod
+    async def lock_thread(tx: Tx, thread_id: str) -> Row | None:
+        """The thread's row (its id and `first_seq`), held until `tx` ends: a deletion of it
+        waits, and so does an admission on it. None if there is no such thread."""
+        return await tx.one("lock_thread", {"thread_id": thread_id})
+
+    @staticmethod
     async def next_thread_seq(tx: Tx, thread_id: str) -> int:
         row = await tx.one("next_thread_seq", {"thread_id": thread_id})
         assert row is not None

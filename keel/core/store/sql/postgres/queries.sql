@@ -1260,7 +1260,7 @@ SELECT COUNT(*) AS discarded FROM dropped;
 -- name: lock_thread
 -- A thread, locked until the transaction ends (a deletion's: an admission on it, which
 -- `take_thread` serializes, waits, and the deletion sees its run).
-SELECT thread_id FROM keel_threads WHERE thread_id = %(thread_id)s FOR UPDATE;
+SELECT thread_id, first_seq FROM keel_threads WHERE thread_id = %(thread_id)s FOR UPDATE;
 
 -- name: delete_thread
 -- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,

@@ -1151,7 +1151,7 @@ SELECT changes() AS discarded;
 -- name: lock_thread
 -- A thread, held until the transaction ends (a deletion's: SQLite's BEGIN IMMEDIATE already
 -- holds the write lock, so an admission on it waits, and the deletion sees its run).
-SELECT thread_id FROM keel_threads WHERE thread_id = :thread_id;
+SELECT thread_id, first_seq FROM keel_threads WHERE thread_id = :thread_id;
 
 -- name: delete_thread
 -- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,

@@ -372,6 +372,20 @@ def graph_start(run: Row) -> tuple[str, Any]:
     return "input", loads(run["input"])
 
 
+def updated_after_pause(newest_first: list[Row]) -> bool:
+    """Whether a thread's latest runs are a state update, completed, and before it the run it
+    ended paused on a plain interrupt (`PAUSED_KINDS`)."""
+    if len(newest_first) < 2:
+        return False
+    update, paused = newest_first[0], newest_first[1]
+    return (
+        update["status"] == Status.COMPLETED
+        and graph_start(update)[0] == "update_state"
+        and paused["status"] == Status.CANCELLED
+        and paused.get("termination_reason") == TerminationReason.INTERRUPTED
+    )
+
+
 def run_config(run: Row) -> dict[str, Any]:
     """The configurable, context and metadata a run was submitted with."""
     config = loads(run["config"]) if run.get("config") else None

@@ -29,7 +29,7 @@ from keel.core.errors import (
     UsageError,
 )
 from keel.core.ids import validate_run_id
-from keel.core.lifecycle import FINISHED, Status, TerminationReason
+from keel.core.lifecycle import FINISHED, Status
 from keel.core.runs import Admission
 from keel.core.store.base import Row
 from keel.core.wait_model import WaitStatus, is_interrupt_map
@@ -450,7 +450,7 @@ class ThreadOperations:
         if await store.thread_active_run(thread_id) is not None:
             return False
         latest = await store.thread_runs(thread_id, 2, newest=True)
-        if latest and not _updated_after_pause(latest):
+        if latest and not threads.updated_after_pause(latest):
             return False
         snapshot = await self.get_state(thread_id)
         if not snapshot.next:
@@ -514,17 +514,3 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str:
 def _thread(row: Row) -> Row:
     metadata = row["metadata"]
     return {**row, "metadata": loads(metadata) if isinstance(metadata, str) else metadata}
-
-
-def _updated_after_pause(newest_first: list[Row]) -> bool:
-    """Whether a thread's latest runs are a state update, completed, and before it the run it
-    ended paused on a plain interrupt (`threads.PAUSED_KINDS`)."""
-    if len(newest_first) < 2:
-        return False
-    update, paused = newest_first[0], newest_first[1]
-    return (
-        update["status"] == Status.COMPLETED
-        and threads.graph_start(update)[0] == "update_state"
-        and paused["status"] == Status.CANCELLED
-        and paused.get("termination_reason") == TerminationReason.INTERRUPTED
-    )

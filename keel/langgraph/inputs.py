@@ -39,10 +39,18 @@ class _Schema:
         self.whole: TypeAdapter[Any] | None = None
         self.fields: dict[str, TypeAdapter[Any] | Messages | None] = {}
         self.required: frozenset[str] = frozenset()
+        self.message_fields: frozenset[str] = frozenset()
+        """A whole schema's fields that LangGraph's message reducer takes: judged as it judges
+        them, not by the field's type (a plain string is a message to it, not a list)."""
         if (isinstance(schema, type) and issubclass(schema, BaseModel)) or dataclasses.is_dataclass(
             schema
         ):
             self.whole = TypeAdapter(schema)
+            try:
+                hints = typing.get_type_hints(schema, include_extras=True)
+            except Exception:
+                hints = {}
+            self.message_fields = frozenset(k for k, h in hints.items() if _is_messages(h))
         elif typing_extensions.is_typeddict(schema):  # typing's misses typing_extensions'
             try:
                 hints = typing.get_type_hints(schema, include_extras=True)
@@ -72,7 +80,11 @@ class _Schema:
             elif adapter is not None:
                 found += _errors(adapter, item, ("input", key))
         if self.whole is not None:
-            found += _errors(self.whole, value, ("input",))
+            whole = dict(value)
+            for key in self.message_fields & value.keys():
+                found += MESSAGES.problems(value[key], ("input", key))
+                whole[key] = []  # the reducer's input, not the field's: judged just above
+            found += _errors(self.whole, whole, ("input",))
         return found
 
 
@@ -179,16 +191,25 @@ class Messages:
         return []
 
 
+MESSAGES = Messages()
+
+
+def _is_messages(hint: Any) -> bool:
+    """Whether a field is reduced by LangGraph's message reducer (`add_messages`)."""
+    hint = _unqualified(hint)
+    return typing.get_origin(hint) is typing.Annotated and any(
+        getattr(extra, "__module__", "") == "langgraph.graph.message" for extra in hint.__metadata__
+    )
+
+
 def _adapter(hint: Any) -> TypeAdapter[Any] | Messages | None:
     if hint is None:
         return None
-    hint = _unqualified(hint)
-    if typing.get_origin(hint) is typing.Annotated and any(
-        getattr(extra, "__module__", "") == "langgraph.graph.message" for extra in hint.__metadata__
-    ):
+    hint = _unqualified(hint)  # Required[str] is checked as a str
+    if _is_messages(hint):
         # LangGraph's message reducer judges its input by what it can make messages of, not by
         # the field's type (other reducers take the field's own type).
-        return Messages()
+        return MESSAGES
     try:
         return TypeAdapter(hint)
     except Exception:  # a type pydantic cannot check (an arbitrary class): the key is enough

@@ -12,6 +12,7 @@ import pydantic
 import pytest
 import typing_extensions
 from langchain_core.messages import AnyMessage
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
@@ -384,6 +385,56 @@ def test_every_shape_the_message_reducer_takes_is_admitted_and_runs(
     ]
     drain(app)
     assert [app.get_run(r.run_id).status for r in runs] == ["completed"] * len(shapes)
+
+
+class PydanticChat(pydantic.BaseModel):
+    messages: Annotated[list[AnyMessage], add_messages] = []
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        "hi",
+        [("user", "hi")],
+        [{"role": "user", "content": "hi"}],
+        [
+            {
+                "lc": 1,
+                "type": "constructor",
+                "id": ["langchain", "schema", "messages", "HumanMessage"],
+                "kwargs": {"content": "hi"},
+            }
+        ],
+        5,
+        None,
+        [{"type": "remove", "id": "1"}],
+    ],
+)
+def test_a_pydantic_states_message_field_takes_what_langgraph_takes(
+    make_app: AppFactory, messages: Any
+) -> None:
+    # The whole-model check judged the field by its type: a plain string or a serialized
+    # message, which the reducer takes, was refused (422) though LangGraph runs it.
+    def build() -> StateGraph:
+        return one_node(PydanticChat, "n", lambda state: {})
+
+    try:
+        build().compile(checkpointer=InMemorySaver()).invoke(
+            {"messages": messages}, {"configurable": {"thread_id": "oracle"}}
+        )
+        langgraph_takes = True
+    except Exception:
+        langgraph_takes = False
+    app = make_app()
+    app.workflow("chat")(build)
+    if not langgraph_takes:
+        with pytest.raises(InvalidInput):
+            app.submit("chat", job_id="c", input={"messages": messages})
+        assert app.list_runs() == []
+        return
+    run = app.submit("chat", job_id="c", input={"messages": messages})
+    drain(app)
+    assert app.get_run(run.run_id).status == "completed"
 
 
 def test_registration_builds_the_graph_once_and_submit_checks_input_without_rebuilding(

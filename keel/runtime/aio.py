@@ -21,6 +21,7 @@ from keel.core import failed_runs, retention, runs, threads, timers, waits
 from keel.core.artifacts import RunArtifacts
 from keel.core.errors import (
     DecisionConflict,
+    NoPendingWait,
     RunNotFound,
     UsageError,
 )
@@ -220,9 +221,13 @@ class AsyncApp(ThreadOperations, Oversight):
         if command is not None and "resume" in command:
             if thread_id is None:
                 raise UsageError("a resume command answers a thread's interrupt: give thread_id")
-            if not await self.paused_without_run(thread_id):
+            try:
                 # As `resume`: DecisionConflict if another answer won (nothing hidden).
                 return Submission(await self.resume(thread_id, command["resume"]), created=False)
+            except NoPendingWait:
+                # Asked only now: a waiting run, the common case, costs no read more.
+                if not await self.paused_without_run(thread_id):
+                    raise
             # No run waits (a state update ended it): a new run resumes the checkpoint, as
             # LangGraph's Command(resume=...) does; `reject`, so that of two answers racing
             # here one is admitted and the other refused (ThreadBusy), as a wait's are.

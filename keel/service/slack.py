@@ -19,8 +19,10 @@ from fastapi.responses import JSONResponse
 from slack_sdk.signature import Clock as SlackClock
 from slack_sdk.signature import SignatureVerifier
 
+from keel.core.codec import check_storable
 from keel.core.errors import (
     InvalidId,
+    InvalidInput,
     KeelError,
     RunFinished,
     UsageError,
@@ -98,20 +100,12 @@ def parse_action(body: bytes) -> dict[str, Any]:
         "user": user["id"],
         "click": str(action.get("action_ts") or payload.get("trigger_id") or ""),
     }
-    for name, text in found.items():
-        if isinstance(text, str) and not _keepable(text):
-            # Looked up and recorded: a lone surrogate cannot be encoded, a NUL not stored.
-            raise _Refusal(400, "malformed_payload", f"the action's {name} is not valid text")
-    return found
-
-
-def _keepable(text: str) -> bool:
-    """Whether `text` is valid Unicode without a NUL (what a database takes)."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in text
+        # Looked up and recorded: a lone surrogate cannot be encoded, a NUL not stored.
+        check_storable(found, "the action")
+    except InvalidInput as exc:
+        raise _Refusal(400, "malformed_payload", str(exc)) from None
+    return found
 
 
 def may_decide(wait: dict[str, Any], user: str) -> bool:

@@ -39,6 +39,7 @@ from keel.service.auth import Authenticator, load_tokens
 from keel.service.errors import install
 from tests.support.apps.service import LiveServer
 from tests.support.checks import wait_until
+from tests.support.graphs import one_node
 from tests.support.service_client import ADMIN, READER, TOKENS
 from tests.support.thread_graphs import asking, chat, register
 
@@ -360,11 +361,7 @@ def asking_twice() -> StateGraph:
         first = interrupt("first?")
         return {"log": [f"{first}, then {interrupt('second?')}"]}
 
-    g = StateGraph(Log)
-    g.add_node("ask", ask)
-    g.add_edge(START, "ask")
-    g.add_edge("ask", END)
-    return g
+    return one_node(Log, "ask", ask)
 
 
 def test_a_node_that_asks_again_streams_each_pause_as_in_langgraph(svc: Served) -> None:
@@ -402,11 +399,7 @@ def telling_twice() -> StateGraph:
         tell("asking second")
         return {"log": [f"{first}, then {interrupt('second?')}"]}
 
-    g = StateGraph(Log)
-    g.add_node("ask", ask)
-    g.add_edge(START, "ask")
-    g.add_edge("ask", END)
-    return g
+    return one_node(Log, "ask", ask)
 
 
 def test_answers_streamed_without_a_takeover_say_nothing_was_superseded(

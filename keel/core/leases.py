@@ -10,7 +10,10 @@ picked up by whoever claims next.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -21,6 +24,8 @@ from keel.core.lifecycle import Status
 from keel.core.runs import give_up, transition
 from keel.core.store.base import Later, Row, Tx
 from keel.core.store.store import Lease, Store
+
+log = logging.getLogger("keel.core.leases")
 
 
 class LeaseEnd(StrEnum):
@@ -215,6 +220,44 @@ async def renew(store: Store, leases: Iterable[Lease], ttl: float) -> list[Lease
             if not await store.renew_lease(tx, lease.run_id, lease.token, ttl):
                 lost.append(lease)
     return lost
+
+
+@asynccontextmanager
+async def claim_kept(
+    what: str,
+    renew_claim: Callable[[], Awaitable[bool]],
+    ttl: float,
+    is_infrastructure: Callable[[BaseException], bool],
+) -> AsyncIterator[None]:
+    """Renew a claim (`renew_claim()`: fenced by the claim, False once it is not held) every
+    third of its `ttl` for as long as the body (a provider call) runs, so a slow provider is
+    not taken for a dead caller. A frozen or killed caller stops renewing and its claim lapses."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                held = await renew_claim()
+            except Exception as exc:
+                # Never the call's failure: at worst the claim lapses and the work is
+                # reconciled as a dead caller's would be.
+                if not is_infrastructure(exc):
+                    log.exception("%s: claim renewal failed", what)
+                    return
+                log.warning("%s: claim not renewed: %s", what, exc)
+                continue
+            if not held:
+                # Someone else took it over: this call's outcome will not be recorded.
+                log.warning("%s: claim lapsed during the call", what)
+                return
+
+    renewing = asyncio.create_task(renew(), name=f"keel-claim-{what}")
+    try:
+        yield
+    finally:
+        renewing.cancel()
+        with suppress(asyncio.CancelledError):
+            await renewing
 
 
 async def end_dead(store: Store, run_id: str, token: int) -> bool:

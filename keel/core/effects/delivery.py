@@ -12,8 +12,6 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from keel.core.codec import dumps, loads
@@ -29,6 +27,7 @@ from keel.core.effects.rows import hold
 from keel.core.errors import EffectConflict
 from keel.core.faults import fault_point
 from keel.core.infra import outlast
+from keel.core.leases import claim_kept
 from keel.core.runs import wake_after_wait
 from keel.core.services import Services
 from keel.core.store.base import Row
@@ -104,7 +103,11 @@ async def deliver(
         return
     started = time.monotonic()
     try:
-        async with _claim_renewed(services, intent_id, token):
+        store, ttl = services.store, services.lease_ttl
+        renew = functools.partial(store.renew_intent_claim, intent_id, token, ttl)
+        async with claim_kept(
+            f"intent {intent_id} claim {token}", renew, ttl, store.is_infrastructure
+        ):
             result = await call_by_deadline(
                 effect.fn,
                 token,
@@ -176,38 +179,6 @@ async def deliver(
     fault_point("outbox.after_call", effect.name)
     await outcome(IntentStatus.DELIVERED, result=result)
     fault_point("outbox.after_settle", effect.name)
-
-
-@asynccontextmanager
-async def _claim_renewed(services: Services, intent_id: str, token: int) -> AsyncIterator[None]:
-    """Keep the claim on `intent_id` for as long as the body (the provider call) runs."""
-
-    async def renew() -> None:
-        ttl = services.lease_ttl
-        while True:
-            await asyncio.sleep(ttl / 3)
-            try:
-                held = await services.store.renew_intent_claim(intent_id, token, ttl)
-            except Exception as exc:
-                # Never the call's failure: at worst the claim lapses and the intent is
-                # reconciled as a dead dispatcher's would be.
-                if not services.store.is_infrastructure(exc):
-                    log.exception("intent %s: claim %d renewal failed", intent_id, token)
-                    return
-                log.warning("intent %s: claim %d not renewed: %s", intent_id, token, exc)
-                continue
-            if not held:
-                # Another dispatcher reconciles it; this call's outcome will not be recorded.
-                log.warning("intent %s: claim %d lapsed during the call", intent_id, token)
-                return
-
-    renewing = asyncio.create_task(renew(), name=f"keel-claim-{intent_id}")
-    try:
-        yield
-    finally:
-        renewing.cancel()
-        with suppress(asyncio.CancelledError):
-            await renewing
 
 
 def _conflict(conflict: EffectConflict) -> str:

@@ -3,10 +3,14 @@
 Each accepted message is kept in memory and, if a spool folder is given, written there as
 `<sha256(Message-ID)>.eml` (atomically) so other processes can count it and a reconciler can
 look a message up by its Message-ID, as it would ask a mail provider's API.
+
+A slow provider is played by `hold` (seconds the "250" to DATA is held after the message was
+accepted and counted) and `hold_quit` (seconds the reply to QUIT is held).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import os
@@ -53,7 +57,12 @@ class _Handler:
         self.sink._accept(
             ReceivedMail(str(envelope.mail_from), tuple(envelope.rcpt_tos), message), data
         )
+        await asyncio.sleep(self.sink.hold)  # accepted, counted: the sender waits for "250"
         return "250 Message accepted for delivery"
+
+    async def handle_QUIT(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        await asyncio.sleep(self.sink.hold_quit)
+        return "221 Bye"
 
 
 class SmtpSink:
@@ -61,6 +70,8 @@ class SmtpSink:
 
     def __init__(self, *, spool: str | os.PathLike[str] | None = None, port: int = 0) -> None:
         self.spool = Path(spool) if spool else None
+        self.hold = 0.0
+        self.hold_quit = 0.0
         self._messages: list[ReceivedMail] = []
         self._lock = threading.Lock()
         self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=port)

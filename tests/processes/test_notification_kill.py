@@ -18,7 +18,6 @@ decision waits for the dead worker's claim on the request (the lease TTL) plus o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import sqlite3
@@ -30,12 +29,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from aiosmtpd.smtp import SMTP, Envelope, Session
 
 import keel
 from keel.notifiers.email import EmailNotifier
 from keel.testing import SmtpSink, spawn_worker
-from keel.testing.smtp import _Handler
 from tests.support import REPO
 from tests.support.apps import notified
 from tests.support.checks import wait_until
@@ -48,25 +45,9 @@ TTL = 6.0
 starts and defers the decision while the first one's claim on the request is still live."""
 
 
-class _Holding(_Handler):
-    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
-        reply = await super().handle_DATA(server, session, envelope)  # accepted, counted
-        await asyncio.sleep(getattr(self.sink, "hold", 0.0))  # the sender waits for "250"
-        return reply
-
-
-class HoldingSink(SmtpSink):
-    """An SmtpSink that accepts each message, then holds its "250" reply `hold` seconds."""
-
-    def __init__(self, spool: Path) -> None:
-        super().__init__(spool=spool)
-        self.hold = 0.0
-        self._controller.handler = _Holding(self)
-
-
 @pytest.fixture
-def sink(tmp_path: Path) -> Iterator[HoldingSink]:
-    server = HoldingSink(tmp_path / "spool")
+def sink(tmp_path: Path) -> Iterator[SmtpSink]:
+    server = SmtpSink(spool=tmp_path / "spool")
     with server:
         yield server
 
@@ -86,7 +67,7 @@ def outbox(db_url: str, run_id: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("reconciled", [True, False], ids=["reconcile", "no-reconcile"])
 def test_a_worker_killed_while_emailing_a_request_sends_each_email_once(
-    db_url: str, sink: HoldingSink, tmp_path: Path, reconciled: bool
+    db_url: str, sink: SmtpSink, tmp_path: Path, reconciled: bool
 ) -> None:
     spool = str(sink.spool) if reconciled else ""
     env = {"NOTIFIED_SMTP_URL": sink.url, "NOTIFIED_SPOOL": spool, "KEEL_LOG_LEVEL": "warning"}

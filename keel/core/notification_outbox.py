@@ -9,7 +9,9 @@ notification's id as idempotency key. Its rows are table `keel_outbox`.
 
 Delivery follows the ledger's rule: a notification found `sending` under an expired claim may
 or may not have been delivered by a sender that died. Keel asks the notifier's `reconcile` if
-it has one, and otherwise marks it `in_doubt` rather than sending it twice.
+it has one, and otherwise marks it `in_doubt` rather than sending it twice. So that a slow
+provider is not taken for a dead sender, the claim is renewed while the notifier sends, for at
+most `SEND_TIMEOUT` seconds (or the notifier's own `send_timeout`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ import asyncio
 import functools
 import inspect
 import logging
+import time
 from enum import StrEnum
 from typing import Any
 
 from keel.core.codec import dumps, loads
+from keel.core.effects.calls import STILL_RUNNING, TIMED_OUT, call_by_deadline
 from keel.core.errors import TransientError
 from keel.core.ids import digest
 from keel.core.infra import outlast
+from keel.core.leases import claim_kept
 from keel.core.lifecycle import Status
-from keel.core.notifications import Notification, notification_payload
+from keel.core.notifications import Notification, Notifier, notification_payload
 from keel.core.services import Services
 from keel.core.store.base import Row, Tx
 from keel.core.store.store import Store
@@ -49,6 +54,11 @@ class NotificationStatus(StrEnum):
     (cancelled, or a paused run ended by new input on its thread): never sent."""
 
 
+SEND_TIMEOUT = 60.0
+"""Seconds a notifier's `send` may take, unless it declares its own `send_timeout`. Its claim
+is renewed meanwhile. Past it an async send is cancelled and its claim left to lapse: the next
+dispatcher reconciles it as a dead sender's. A sync send cannot be stopped: it is waited for as
+long again, and if its thread still runs then the notification is `in_doubt`."""
 RECORD_OUTLAST = 30.0
 """Seconds a notification's outcome is recorded again through an outage (keel.core.infra)."""
 ASKS = frozenset({"request", "remind", "escalate"})
@@ -153,7 +163,7 @@ async def _deliver(
         # decision edits the request's message) waits, or it would miss it and leave the
         # request's buttons live.
         await services.store.defer_notification(
-            row["intent_id"], worker_id=worker_id, delay=AFTER_REQUEST
+            row["intent_id"], worker_id=worker_id, attempts=row["attempts"], delay=AFTER_REQUEST
         )
         return
     note = _notification(row, related)
@@ -179,7 +189,7 @@ async def _deliver(
         await settle(NotificationStatus.OBSOLETE, error=obsolete)
         return
     try:
-        result = await _call(notifier.send, note)
+        result = await _send(services, worker_id, row, notifier, note)
     except TransientError as exc:
         delay = (
             exc.retry_after
@@ -192,7 +202,46 @@ async def _deliver(
         log.exception("notification %s failed", row["intent_id"])
         await settle(NotificationStatus.FAILED, error=repr(exc))
         return
+    if result is TIMED_OUT:
+        log.warning(
+            "notification %s: no answer within its send timeout; it is reconciled once its "
+            "claim lapsed",
+            row["intent_id"],
+        )
+        return
+    if result is STILL_RUNNING:
+        # Its thread can still deliver it: nobody may reconcile or resend it, a person decides.
+        log.warning("notification %s: its send is still under way: in doubt", row["intent_id"])
+        await settle(NotificationStatus.IN_DOUBT, error="its send outlived its timeout")
+        return
     await settle(NotificationStatus.DELIVERED, result=result)
+
+
+async def _send(
+    services: Services, worker_id: str, row: Row, notifier: Notifier, note: Notification
+) -> Any:
+    """`notifier.send(note)` under the notification's claim, renewed while it runs, bounded by its
+    notifier's send timeout (TIMED_OUT or STILL_RUNNING past it: see SEND_TIMEOUT)."""
+    store, ttl, attempts = services.store, services.lease_ttl, int(row["attempts"])
+    renew = functools.partial(
+        store.renew_notification_claim,
+        row["intent_id"],
+        worker_id=worker_id,
+        attempts=attempts,
+        ttl=ttl,
+    )
+    timeout = float(getattr(notifier, "send_timeout", None) or SEND_TIMEOUT)
+    what = f"notification {row['intent_id']}"
+    async with claim_kept(what, renew, ttl, store.is_infrastructure):
+        return await call_by_deadline(
+            notifier.send,
+            attempts,
+            (note,),
+            {},
+            declared_timeout=timeout,
+            asked_at=time.monotonic(),
+            grace=timeout,
+        )
 
 
 AFTER_REQUEST = 1.0
@@ -274,6 +323,7 @@ async def _settle(
                 tx,
                 row["intent_id"],
                 worker_id=worker_id,
+                attempts=row["attempts"],
                 status=status,
                 result=dumps(result),
                 error=error,

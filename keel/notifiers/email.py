@@ -112,9 +112,12 @@ class EmailNotifier:
         spool: str | Path | None = None,
         approval_url: str | None = None,
         timeout: float = 10.0,
+        send_timeout: float | None = None,
     ) -> None:
         """`approval_url`, if given, is formatted with `run_id` and `wait_id` into a link
-        (e.g. the console's inbox, "https://keel.internal/ui/approvals#{wait_id}")."""
+        (e.g. the console's inbox, "https://keel.internal/ui/approvals#{wait_id}").
+        `timeout` bounds each exchange with the server; `send_timeout` a whole send
+        (`keel.core.notification_outbox.SEND_TIMEOUT` unless given)."""
         unknown = set(kinds) - set(notifications.KINDS)
         if unknown:
             raise UsageError(f"unknown notification kinds {sorted(unknown)}")
@@ -126,6 +129,7 @@ class EmailNotifier:
         self.spool = Path(spool) if spool else None
         self.approval_url = approval_url
         self.timeout = timeout
+        self.send_timeout = send_timeout
         # Without a place to look a message up, Keel must not guess: no reconciler at all.
         self.reconcile = self._lookup if self.spool else None
 

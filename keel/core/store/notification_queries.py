@@ -39,25 +39,33 @@ class NotificationQueries:
         notification_id: str,
         *,
         worker_id: str,
+        attempts: int,
         status: str,
         result: str,
         error: str | None,
         delay: float,
     ) -> Row | None:
-        """Record a notification's outcome; None unless `worker_id` still holds its claim."""
+        """Record a notification's outcome; None unless the claim `worker_id` took as its
+        `attempts`-th still holds it."""
+        claim = {"intent_id": notification_id, "worker_id": worker_id, "attempts": attempts}
         outcome = {"status": status, "result": result, "error": error, "delay": delay}
-        return await tx.one(
-            "settle_notification",
-            {"intent_id": notification_id, "worker_id": worker_id, **outcome},
-        )
+        return await tx.one("settle_notification", {**claim, **outcome})
 
     async def defer_notification(
-        self, notification_id: str, *, worker_id: str, delay: float
+        self, notification_id: str, *, worker_id: str, attempts: int, delay: float
     ) -> None:
         """Put a claimed notification back, due in `delay` seconds, its claim not counted."""
+        claim = {"intent_id": notification_id, "worker_id": worker_id, "attempts": attempts}
         async with self.db.transaction() as tx:
-            params = {"intent_id": notification_id, "worker_id": worker_id, "delay": delay}
-            await tx.one("defer_notification", params)
+            await tx.one("defer_notification", {**claim, "delay": delay})
+
+    async def renew_notification_claim(
+        self, notification_id: str, *, worker_id: str, attempts: int, ttl: float
+    ) -> bool:
+        """Push a held claim's expiry `ttl` seconds past the database's now; False if it had
+        lapsed or another claim holds the notification (its send is no longer this one's)."""
+        claim = {"intent_id": notification_id, "worker_id": worker_id, "attempts": attempts}
+        return await self.db.single("renew_notification_claim", {**claim, "ttl": ttl}) is not None
 
     async def notifications(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:

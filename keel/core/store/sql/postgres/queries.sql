@@ -742,11 +742,12 @@ WHERE intent_id = %(intent_id)s
 RETURNING *;
 
 -- name: settle_notification
--- Record a notification's outcome, only by the dispatcher that holds its claim.
+-- Record a notification's outcome, only under the claim that sent it: its holder and its number
+-- (`attempts`, counted at each claim: the same worker's later claim is another one).
 UPDATE keel_outbox
 SET status = %(status)s, result = %(result)s, error = %(error)s, available_at = keel_now() + %(delay)s,
     claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
-WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
+WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(attempts)s
 RETURNING *;
 
 -- name: defer_notification
@@ -755,7 +756,14 @@ RETURNING *;
 UPDATE keel_outbox
 SET status = 'queued', attempts = attempts - 1, available_at = keel_now() + %(delay)s,
     claimed_by = NULL, claim_expires_at = NULL, updated_at = keel_now()
-WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s
+WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(attempts)s
+RETURNING intent_id;
+
+-- name: renew_notification_claim
+-- Extend a claim while its notifier sends, only under that claim and before it lapsed.
+UPDATE keel_outbox SET claim_expires_at = keel_now() + %(ttl)s
+WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(attempts)s
+  AND status = 'sending' AND claim_expires_at > keel_now()
 RETURNING intent_id;
 
 -- name: list_notifications

@@ -1,0 +1,175 @@
+"""A provider slower than a notification's claim, to a real SMTP server on 127.0.0.1.
+
+The server accepts the message (counted: the person has it) and holds its "250" three lease
+TTLs. The sender renews its claim meanwhile (keel/core/notification_outbox.py), so another
+dispatcher polling all along does not take it for a dead sender: the email is received once and
+recorded `delivered`, not `in_doubt` for a person to resolve. A claim is fenced by its holder
+and its number, so the same worker's later claim is not the earlier one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keel
+from keel.core import notification_outbox
+from keel.notifiers.email import EmailNotifier
+from keel.testing import SmtpSink
+from tests.support.by_hand import WORKFLOW, one_node, waiting
+from tests.support.checks import wait_until
+
+TTL = 1.0
+"""The apps' lease TTL, and so a notification's claim: the server holds its reply three times it."""
+
+
+def _on_loop(app: keel.App, fn: Callable[[], Any]) -> Any:
+    async def go() -> Any:
+        await app.aio.open()
+        return await fn()
+
+    return app.aio.runtime.portal.call(go())
+
+
+def statuses(app: keel.App, run_id: str) -> list[tuple[str, str]]:
+    return [(n["kind"], n["status"]) for n in app.get_run(run_id).notifications]
+
+
+def test_an_email_slower_than_its_claim_is_received_once_and_recorded_delivered(
+    make_app: Callable[..., keel.App],
+) -> None:
+    with SmtpSink() as sink:
+        sender, rival = make_app(lease_ttl=TTL), make_app(lease_ttl=TTL)
+        sender.workflow(WORKFLOW)(one_node)
+        for app in (sender, rival):
+            app.add_notifier(EmailNotifier(sink.url, "keel@example.com"))
+        node = waiting(sender, approvers=["ed@example.com"])
+        sink.hold = 3 * TTL
+        sent: list[int] = []
+        sending = threading.Thread(
+            target=lambda: sent.append(
+                _on_loop(sender, lambda: sender.aio.runtime.dispatch("sender"))
+            )
+        )
+        sending.start()
+        try:
+            wait_until(lambda: sink.messages, 10, "the request at the server")
+            # Another dispatcher polls while the server holds its reply, well past the TTL.
+            polled = 0
+            while sending.is_alive():
+                polled += _on_loop(rival, lambda: rival.aio.runtime.dispatch("rival"))
+                time.sleep(TTL / 5)
+        finally:
+            sending.join()
+        assert sent == [1]
+        assert polled == 0, "the rival took the live sender's notification for a dead one's"
+        assert sink.count(x_keel_notification="request") == 1
+        assert statuses(sender, node.run_id) == [("request", "delivered")]
+        kinds = [e["kind"] for e in sender.get_run(node.run_id).timeline]
+        assert kinds.count("notification.delivered") == 1
+        assert "notification.in_doubt" not in kinds
+
+
+def test_a_claim_taken_again_by_the_same_worker_fences_out_the_earlier_one(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """A worker's earlier claim, lapsed and taken again by its own later pass, neither renews
+    nor settles: the later claim's outcome stands."""
+    app = make_app(lease_ttl=TTL)
+    app.workflow(WORKFLOW)(one_node)
+    app.add_notifier(EmailNotifier("smtp://127.0.0.1:9", "keel@example.com"))
+    node = waiting(app, approvers=["ed@example.com"])
+    store = app.aio.runtime.store
+
+    def claim() -> Any:
+        return _on_loop(app, lambda: notification_outbox._claim(store, "w", 0.2))
+
+    earlier, _ = claim()
+    time.sleep(0.4)  # the earlier claim lapses (by the database's clock)
+    later, in_doubt = claim()
+    assert in_doubt and later["attempts"] == earlier["attempts"] + 1
+
+    async def renew(row: Any) -> bool:
+        return await store.renew_notification_claim(
+            row["intent_id"], worker_id="w", attempts=row["attempts"], ttl=TTL
+        )
+
+    async def settle(row: Any, status: str) -> Any:
+        async with store.transaction() as tx:
+            return await store.settle_notification(
+                tx,
+                row["intent_id"],
+                worker_id="w",
+                attempts=row["attempts"],
+                status=status,
+                result="null",
+                error=None,
+                delay=0.0,
+            )
+
+    assert not _on_loop(app, lambda: renew(earlier))
+    assert _on_loop(app, lambda: renew(later))
+    # The earlier claim's sender settles while the later one still holds it: nothing written.
+    assert _on_loop(app, lambda: settle(earlier, "delivered")) is None
+    assert _on_loop(app, lambda: settle(later, "in_doubt")) is not None
+    assert statuses(app, node.run_id) == [("request", "in_doubt")]
+
+
+def test_an_email_the_server_never_answers_ends_in_doubt_at_its_send_timeout(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """A send is bounded: past its notifier's send timeout (and as long again for its thread)
+    the server accepted it but never said so, and nobody may send it again: in doubt."""
+    with SmtpSink() as sink:
+        app = make_app(lease_ttl=TTL)
+        app.workflow(WORKFLOW)(one_node)
+        app.add_notifier(
+            EmailNotifier(sink.url, "keel@example.com", timeout=10 * TTL, send_timeout=TTL)
+        )
+        node = waiting(app, approvers=["ed@example.com"])
+        sink.hold = 6 * TTL  # longer than the send is waited for, shorter than smtplib waits
+        started = time.monotonic()
+        assert _on_loop(app, lambda: app.aio.runtime.dispatch("sender")) == 1
+        assert time.monotonic() - started < 4 * TTL
+        assert statuses(app, node.run_id) == [("request", "in_doubt")]
+        (row,) = app.get_run(node.run_id).notifications
+        assert row["error"] == "its send outlived its timeout"
+        time.sleep(TTL)
+        assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 0
+        assert sink.count(x_keel_notification="request") == 1
+
+
+class Hanging:
+    """An async notifier whose provider never answers."""
+
+    name = "hanging"
+    kinds = ("request",)
+    send_timeout = TTL
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def send(self, note: Any) -> Any:
+        self.calls += 1
+        await asyncio.sleep(3600)
+
+
+def test_an_async_send_that_never_answers_is_cancelled_and_left_for_reconciliation(
+    make_app: Callable[..., keel.App],
+) -> None:
+    app = make_app(lease_ttl=TTL)
+    app.workflow(WORKFLOW)(one_node)
+    notifier = Hanging()
+    app.add_notifier(notifier)
+    node = waiting(app)
+    started = time.monotonic()
+    assert _on_loop(app, lambda: app.aio.runtime.dispatch("sender")) == 1
+    assert time.monotonic() - started < 3 * TTL
+    assert statuses(app, node.run_id) == [("request", "sending")]  # its claim not renewed
+    time.sleep(TTL * 1.2)
+    assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 1
+    assert statuses(app, node.run_id) == [("request", "in_doubt")]  # no reconcile: a person
+    assert notifier.calls == 1

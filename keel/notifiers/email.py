@@ -54,7 +54,8 @@ def send_message(smtp_url: str, msg: EmailMessage, *, timeout: float = 10.0) -> 
     """Hand `msg` to the SMTP server at `smtp://[user:pass@]host[:port]` (or `smtps://`).
 
     Raises TransientError when the server could not be reached or said "not now" (4xx): nothing
-    was accepted, so retrying under the same key cannot send twice.
+    was accepted, so retrying under the same key cannot send twice. Once the server accepted
+    the message (250 to DATA), a failure of the QUIT that follows is not raised.
     """
     parts = urlsplit(smtp_url)
     if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
@@ -71,15 +72,23 @@ def send_message(smtp_url: str, msg: EmailMessage, *, timeout: float = 10.0) -> 
             client = smtplib.SMTP(parts.hostname, parts.port or 25, timeout=timeout)
     except OSError as exc:
         raise TransientError(f"SMTP server {parts.netloc} unreachable: {exc}") from exc
-    with client:
-        try:
-            if parts.username:
-                client.login(unquote(parts.username), unquote(parts.password or ""))
-            client.send_message(msg)
-        except smtplib.SMTPResponseException as exc:
-            if 400 <= exc.smtp_code < 500:
-                raise TransientError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}") from exc
+    accepted = False
+    try:
+        with client:
+            try:
+                if parts.username:
+                    client.login(unquote(parts.username), unquote(parts.password or ""))
+                client.send_message(msg)
+                accepted = True
+            except smtplib.SMTPResponseException as exc:
+                if 400 <= exc.smtp_code < 500:
+                    raise TransientError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}") from exc
+                raise
+    except (smtplib.SMTPException, OSError):
+        if not accepted:
             raise
+        # The server answered 250 to DATA: the message is delivered, whatever saying goodbye
+        # (QUIT) met afterwards. Recorded failed, it would be a delivered message in doubt.
 
 
 def email_addresses(names: Sequence[str]) -> list[str]:

@@ -5,7 +5,7 @@ Each accepted message is kept in memory and, if a spool folder is given, written
 look a message up by its Message-ID, as it would ask a mail provider's API.
 
 A slow provider is played by `hold` (seconds the "250" to DATA is held after the message was
-accepted and counted) and `hold_quit` (seconds the reply to QUIT is held).
+accepted and counted) and `hold_quit` (seconds the reply to QUIT, `quit_reply`, is held).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _Handler:
 
     async def handle_QUIT(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         await asyncio.sleep(self.sink.hold_quit)
-        return "221 Bye"
+        return self.sink.quit_reply
 
 
 class SmtpSink:
@@ -72,6 +72,7 @@ class SmtpSink:
         self.spool = Path(spool) if spool else None
         self.hold = 0.0
         self.hold_quit = 0.0
+        self.quit_reply = "221 Bye"
         self._messages: list[ReceivedMail] = []
         self._lock = threading.Lock()
         self._controller = Controller(_Handler(self), hostname="127.0.0.1", port=port)

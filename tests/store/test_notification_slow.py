@@ -10,10 +10,13 @@ and its number, so the same worker's later claim is not the earlier one's.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 import keel
 from keel.core import notification_outbox
@@ -173,3 +176,25 @@ def test_an_async_send_that_never_answers_is_cancelled_and_left_for_reconciliati
     assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 1
     assert statuses(app, node.run_id) == [("request", "in_doubt")]  # no reconcile: a person
     assert notifier.calls == 1
+
+
+@pytest.mark.parametrize(
+    "goodbye", [(3 * TTL, "221 Bye"), (0.0, "421 Service closing")], ids=["unanswered", "421"]
+)
+def test_an_email_accepted_before_quit_went_wrong_is_recorded_delivered(
+    make_app: Callable[..., keel.App], goodbye: tuple[float, str]
+) -> None:
+    """The server said 250 to DATA (the person has the email), then never answered QUIT or
+    answered it with an error: the message was delivered, and is recorded so, never `failed`
+    (nor retried: a 4xx there would read as "not now, try again")."""
+    with SmtpSink() as sink:
+        app = make_app(lease_ttl=TTL)
+        app.workflow(WORKFLOW)(one_node)
+        app.add_notifier(EmailNotifier(sink.url, "keel@example.com", timeout=TTL / 2))
+        node = waiting(app, approvers=["ed@example.com"])
+        sink.hold_quit, sink.quit_reply = goodbye
+        assert _on_loop(app, lambda: app.aio.runtime.dispatch("sender")) == 1
+        assert sink.count(x_keel_notification="request") == 1
+        assert statuses(app, node.run_id) == [("request", "delivered")]
+        (row,) = app.get_run(node.run_id).notifications
+        assert json.loads(row["result"])["message_id"] == sink.messages[0].message_id

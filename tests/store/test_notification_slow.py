@@ -4,7 +4,9 @@ The server accepts the message (counted: the person has it) and holds its "250" 
 TTLs. The sender renews its claim meanwhile (keel/core/notification_outbox.py), so another
 dispatcher polling all along does not take it for a dead sender: the email is received once and
 recorded `delivered`, not `in_doubt` for a person to resolve. A claim is fenced by its holder
-and its number, so the same worker's later claim is not the earlier one's.
+and its number, so the same worker's later claim is not the earlier one's. A send that never
+ends is bounded by its notifier's send timeout; an email accepted before QUIT went wrong is
+delivered.
 """
 
 from __future__ import annotations

@@ -46,6 +46,15 @@ class ExpiryDecision(StrEnum):
     """A timer wait (`keel.sleep()`) whose wake time came."""
 
 
+def keel_wait(value: Any) -> dict[str, Any] | None:
+    """The description of the wait an interrupt's value carries when Keel paused on it
+    (`keel.interrupt()`, `keel.approval()`, `keel.sleep()`, an effect's, a static breakpoint's:
+    `{"keel_wait": {...}}`), or None for a plain `interrupt(value)` from user code."""
+    if isinstance(value, dict) and isinstance(value.get("keel_wait"), dict):
+        return value["keel_wait"]
+    return None
+
+
 _INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
 
 

@@ -39,6 +39,7 @@ from keel.core.wait_model import (
     WaitKind,
     WaitStatus,
     escalation_targets,
+    keel_wait,
     stored_schedule,
 )
 
@@ -196,8 +197,8 @@ def wait_id_for(run_id: str, interrupt_id: str) -> str:
 
 
 def _spec(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict) and isinstance(value.get("keel_wait"), dict):
-        return dict(value["keel_wait"])
+    if (spec := keel_wait(value)) is not None:
+        return dict(spec)
     # A plain interrupt() from user code: a generic wait, decided with approve/reject/decide.
     return {
         "kind": WaitKind.INTERRUPT.value,

@@ -32,7 +32,7 @@ from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.runs import Admission
 from keel.core.store.base import Row
-from keel.core.wait_model import WaitStatus, is_interrupt_map
+from keel.core.wait_model import WaitStatus, is_interrupt_map, keel_wait
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import check_input
@@ -458,7 +458,7 @@ class ThreadOperations:
         interrupts = [i.value for task in snapshot.tasks for i in task.interrupts]
         if not latest and not interrupts:
             return False  # a copy of a thread that is not paused (a failed one's checkpoint)
-        return not any(isinstance(v, dict) and "keel_wait" in v for v in interrupts)
+        return not any(keel_wait(v) is not None for v in interrupts)
 
     async def _waiting_run(self, thread_id: str) -> Row:
         store = self.runtime.store

@@ -36,7 +36,7 @@ from keel.core.errors import KeelError, RunNotFound, UsageError
 from keel.core.ids import StepRef, validate_run_id
 from keel.core.store.base import Row
 from keel.core.threads import run_config
-from keel.core.wait_model import WaitKind, WaitStatus
+from keel.core.wait_model import WaitKind, WaitStatus, keel_wait
 from keel.core.waits import resume_value
 from keel.langgraph import tool_calls
 from keel.langgraph.graphs import compile_graph, locate, recursion_limit
@@ -174,7 +174,8 @@ class _Answers:
         """A wait in the replay: answered with the recorded decision of the same wait."""
         assert self.ctx is not None
         where = locate()
-        name = spec.get("keel_wait", {}).get("name") if isinstance(spec, dict) else None
+        described = keel_wait(spec)
+        name = described.get("name") if described is not None else None
         wait = self._recorded_wait(where, name)
         if wait is not None and wait["status"] == WaitStatus.PENDING:
             raise self._stop(

@@ -8,6 +8,7 @@ from typing import Any
 from langgraph.types import StateSnapshot
 
 from keel.core.codec import json_default
+from keel.core.wait_model import keel_wait
 
 
 def state_json(snapshot: StateSnapshot) -> dict[str, Any]:
@@ -70,9 +71,8 @@ def _stamped(metadata: Any, checkpoint: dict[str, Any] | None) -> Any:
 def shown(value: Any) -> Any:
     """An interrupt's value as its node gave it: `keel.interrupt()` and `keel.approval()`
     wrap it in their wait's description (deadline, escalation), which clients do not show."""
-    if isinstance(value, dict) and isinstance(value.get("keel_wait"), dict):
-        return value["keel_wait"].get("payload")
-    return value
+    spec = keel_wait(value)
+    return value if spec is None else spec.get("payload")
 
 
 def jsonable(value: Any) -> Any:

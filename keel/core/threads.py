@@ -305,10 +305,10 @@ async def admit(
 
 
 PAUSED_KINDS = frozenset({WaitKind.INTERRUPT})
-"""The waits LangGraph knows: a plain `interrupt()`. A run waiting on anything else stays the
-thread's active run: a `keel.approval` (its approvers, deadline and escalation are Keel's
-promise, not to be ended by whoever may write to the thread), a person's word on an in-doubt
-effect, an outbox delivery, a timer."""
+"""The waits LangGraph knows: a plain `interrupt()` (or `keel.interrupt()`, one with a
+deadline). A run waiting on anything else stays the thread's active run: a `keel.approval` (its
+approvers, deadline and escalation are Keel's promise, not to be ended by whoever may write to
+the thread), a person's word on an in-doubt effect, an outbox delivery, a timer."""
 
 
 async def _end_paused(store: Store, tx: Tx, unfinished: list[Row], by: str) -> list[Row]:

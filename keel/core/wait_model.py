@@ -55,6 +55,13 @@ def keel_wait(value: Any) -> dict[str, Any] | None:
     return None
 
 
+def interrupt_kind(value: Any) -> str:
+    """The kind of wait an interrupt's value is registered as: its Keel wait's, or a plain
+    interrupt's (which a spec without a kind, written by an older version, is too)."""
+    spec = keel_wait(value)
+    return str(spec.get("kind", WaitKind.INTERRUPT) if spec is not None else WaitKind.INTERRUPT)
+
+
 _INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
 
 

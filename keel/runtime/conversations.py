@@ -32,7 +32,7 @@ from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.runs import Admission
 from keel.core.store.base import Row
-from keel.core.wait_model import WaitStatus, is_interrupt_map, keel_wait
+from keel.core.wait_model import WaitStatus, interrupt_kind, is_interrupt_map
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import check_input
@@ -431,14 +431,15 @@ class ThreadOperations:
         return [(str(found[iid]["wait_id"]), v) for iid, v in value.items()]
 
     async def paused_without_run(self, thread_id: str) -> bool:
-        """Whether the thread stands paused on a plain `interrupt()` that no run answers any
+        """Whether the thread stands paused on an interrupt LangGraph knows (a plain
+        `interrupt()` or `keel.interrupt()`: `threads.PAUSED_KINDS`) that no run answers any
         more: a state update ended the run paused there (its latest runs: the paused one,
         ended `interrupted`, then the update, completed), or it is a copy of a thread paused
         so (no run of its own yet). A `resume` of it is then a new run from that checkpoint,
         as LangGraph resumes a checkpoint rather than a run.
 
         Nothing else is: a failed or cancelled run's checkpoint (a new run would perform its
-        node's effects again, where resuming the run serves them), nor a Keel wait (an
+        node's effects again, where resuming the run serves them), nor any other Keel wait (an
         approval's approvers and deadline, a timer, a person's word on an effect are answered
         through the wait, never by whoever writes to the thread)."""
         await self.open()
@@ -458,7 +459,9 @@ class ThreadOperations:
         interrupts = [i.value for task in snapshot.tasks for i in task.interrupts]
         if not latest and not interrupts:
             return False  # a copy of a thread that is not paused (a failed one's checkpoint)
-        return not any(keel_wait(v) is not None for v in interrupts)
+        # The rule a state update ends a paused run by (`_end_paused`), on the waits the
+        # checkpoint would register: a copy has no wait rows to read.
+        return threads.PAUSED_KINDS.issuperset(interrupt_kind(v) for v in interrupts)
 
     async def _waiting_run(self, thread_id: str) -> Row:
         store = self.runtime.store

@@ -2,9 +2,11 @@
 nothing Keel promised is bypassed.
 
 After a state update ends a run paused on a plain `interrupt()`, a `command.resume` runs the
-checkpoint's pending node as a new run (as LangGraph resumes a checkpoint). A failed run's
-checkpoint and a cancelled approval are not such pauses: a new run there performed the failed
-node's effects a second time, and took a caller-written decision past an approval's approvers.
+checkpoint's pending node as a new run (as LangGraph resumes a checkpoint), and so does a copy
+of a thread paused on one (`keel.interrupt()` is one too: the same wait kind). A failed run's
+checkpoint, a cancelled approval and a copy of an approval are not such pauses: a new run there
+performed the failed node's effects a second time, and took a caller-written decision past an
+approval's approvers.
 """
 
 from __future__ import annotations
@@ -120,3 +122,59 @@ def test_a_resume_after_a_state_update_is_a_new_run_of_the_pending_node(
     # Answered, the thread has no pause left: another resume is refused.
     with pytest.raises(NoPendingWait):
         app.submit("ask", None, thread_id="t-ask", command={"resume": "four"})
+
+
+def test_a_copy_of_a_thread_paused_on_keel_interrupt_is_resumed_by_a_new_run(
+    make_app: AppFactory,
+) -> None:
+    asked: list[Any] = []
+
+    def question(state: Order) -> dict[str, Any]:
+        answer = keel.interrupt("how much?", timeout="1h")
+        asked.append(answer)
+        return {"out": f"answered {answer}"}
+
+    app = make_app()
+    app.workflow("ask")(lambda: one_node(Order, "question", question))
+    paused = app.submit("ask", {"amount": 1}, thread_id="t-orig").run_id
+    drain(app)
+    app.copy_thread("t-orig", to="t-copy")
+    resumed = app.submit("ask", None, thread_id="t-copy", command={"resume": "three"})
+    drain(app)
+    assert resumed.run_id != paused
+    assert app.get_run(resumed.run_id).status == "completed"
+    assert app.get_state("t-copy").values == {"amount": 1, "out": "answered three"}
+    assert asked == ["three"]
+    # The original still waits on its own run, answered through its wait.
+    assert app.get_run(paused).status == "waiting"
+    assert app.get_state("t-orig").values == {"amount": 1}
+
+
+def test_a_copy_of_a_thread_paused_on_an_approval_is_not_decided_by_a_resume(
+    make_app: AppFactory,
+) -> None:
+    refunds = Provider()
+
+    @keel.effect("refund")
+    def refund(amount: int, *, idempotency_key: str = keel.KEY) -> Any:
+        return refunds.deliver(idempotency_key, {"amount": amount})
+
+    def ask(state: Order) -> dict[str, Any]:
+        decided = keel.approval("refund", payload=state, approvers=["alice"], timeout="1h")
+        if decided.decision != "approve":
+            return {"out": "rejected"}
+        refund(state["amount"])
+        return {"out": f"refunded by {decided.by}"}
+
+    app = make_app()
+    app.workflow("refund")(lambda: one_node(Order, "ask", ask))
+    app.submit("refund", {"amount": 500}, thread_id="t-orig")
+    drain(app)
+    app.copy_thread("t-orig", to="t-copy")
+    assert app.get_state("t-copy").next == ("ask",)
+    forged = {"decision": "approve", "by": "mallory"}
+    with pytest.raises(NoPendingWait):
+        app.submit("refund", None, thread_id="t-copy", command={"resume": forged})
+    drain(app)
+    assert app.thread_runs("t-copy") == []
+    assert refunds.deliveries == []

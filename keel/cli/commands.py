@@ -62,7 +62,7 @@ from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.cli.schedules import schedules_cli
 from keel.cli.threads import threads_cli
 from keel.cli.versions import versions_cli
-from keel.core.waits import DecisionResult
+from keel.core.decisions import DecisionResult
 from keel.runtime.upkeep import collect_less_often
 from keel.runtime.worker import DEFAULT_CONCURRENCY
 

@@ -17,7 +17,7 @@ cannot go undeclared); each records the move on the run's timeline in the same t
 - `finish_run`: `finish()` here, an execution's end, one fenced statement;
 - `end_registration`: the end of a wait registration (`keel.core.waits.register`), running to
   waiting, queued (a decision raced it) or cancelled;
-- `decide`: a decision (`keel.core.waits.decide`), a waiting run queued.
+- `decide`: a decision (`keel.core.decisions.decide`), a waiting run queued.
 """
 
 from __future__ import annotations

@@ -62,6 +62,11 @@ def interrupt_kind(value: Any) -> str:
     return str(spec.get("kind", WaitKind.INTERRUPT) if spec is not None else WaitKind.INTERRUPT)
 
 
+RESUMED = "resumed"
+"""The decision of a plain interrupt answered with a value (`resume`): the graph's
+`interrupt()` returns that value itself, not a decision."""
+
+
 _INTERRUPT_ID = re.compile(r"[0-9a-f]{32}")
 
 

@@ -26,10 +26,10 @@ from slack_sdk.errors import SlackApiError
 
 from keel.core import notification_outbox, notifications
 from keel.core.deadlines import DECISION_ON_TIMEOUT
+from keel.core.decisions import check_answer
 from keel.core.errors import TransientError, UsageError, WrongWaitKind
 from keel.core.lifecycle import Decision
 from keel.core.notifications import Notification
-from keel.core.waits import check_answer
 
 EVENT_TYPE = "keel_notification"
 APPROVE, REJECT = "keel_approve", "keel_reject"

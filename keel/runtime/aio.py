@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from keel.core import failed_runs, retention, runs, threads, timers, waits
+from keel.core import decisions, failed_runs, retention, runs, threads, timers
 from keel.core.artifacts import RunArtifacts
 from keel.core.errors import (
     DecisionConflict,
@@ -402,32 +402,41 @@ class AsyncApp(ThreadOperations, Oversight):
             found["until"] = retention.parse_moment(filters.get("until"), now)
         return found
 
-    async def _decide(self, run_id: str, **kwargs: Any) -> waits.DecisionResult:
+    async def _decide(self, run_id: str, **kwargs: Any) -> decisions.DecisionResult:
         await self.open()
         # A worker of this process with a free slot claims in the decision's commit: the run
         # it queued resumes without waiting for the worker to wake and claim it.
         taker, claim = self.runtime.taker()
         if taker is None:
-            return await waits.decide(self.runtime.services, run_id, **kwargs)
+            return await decisions.decide(self.runtime.services, run_id, **kwargs)
         slot = Reserved(taker)
         try:
-            return await waits.decide(
+            return await decisions.decide(
                 self.runtime.services, run_id, then=claim, taken=slot.adopt, **kwargs
             )
         finally:
             slot.give_back()
 
-    async def approve(self, run_id: str, **answer: Unpack[waits.Answer]) -> waits.DecisionResult:
+    async def approve(
+        self, run_id: str, **answer: Unpack[decisions.Answer]
+    ) -> decisions.DecisionResult:
         """Approve the run's pending approval; the first decision wins."""
         return await self._decide(run_id, decision="approved", **answer)
 
-    async def reject(self, run_id: str, **answer: Unpack[waits.Answer]) -> waits.DecisionResult:
+    async def reject(
+        self, run_id: str, **answer: Unpack[decisions.Answer]
+    ) -> decisions.DecisionResult:
         """Reject the run's pending approval; the first decision wins."""
         return await self._decide(run_id, decision="rejected", **answer)
 
     async def resolve_effect(
-        self, run_id: str, *, performed: bool, result: Any = None, **answer: Unpack[waits.Answer]
-    ) -> waits.DecisionResult:
+        self,
+        run_id: str,
+        *,
+        performed: bool,
+        result: Any = None,
+        **answer: Unpack[decisions.Answer],
+    ) -> decisions.DecisionResult:
         """Tell an in-doubt effect's run whether the effect reached the provider."""
         return await self._decide(
             run_id,

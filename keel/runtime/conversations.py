@@ -16,7 +16,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import StateSnapshot
 
-from keel.core import threads, waits
+from keel.core import decisions, threads
 from keel.core.codec import check_storable, dumps, loads
 from keel.core.errors import (
     CheckpointNotFound,
@@ -32,7 +32,7 @@ from keel.core.ids import validate_run_id
 from keel.core.lifecycle import FINISHED, Status
 from keel.core.runs import Admission
 from keel.core.store.base import Row
-from keel.core.wait_model import WaitStatus, interrupt_kind, is_interrupt_map
+from keel.core.wait_model import RESUMED, WaitStatus, interrupt_kind, is_interrupt_map
 from keel.core.workflows import Workflow
 from keel.langgraph.graphs import compile_graph
 from keel.langgraph.inputs import check_input
@@ -377,7 +377,7 @@ class ThreadOperations:
         comment: str | None = None,
         action_id: str | None = None,
         channel: str = "api",
-    ) -> waits.DecisionResult:
+    ) -> decisions.DecisionResult:
         """Answer the interrupt the thread's active run waits on with `value` (what
         `interrupt()` returns): LangGraph's `Command(resume=value)`; a value keyed by interrupt
         ids (`{interrupt_id: value}`, as LangGraph reads one) answers each. The first answer wins;
@@ -390,10 +390,10 @@ class ThreadOperations:
         if wait_id is None and is_interrupt_map(value):
             answers = await self._each_answer(thread_id, run_id, value, action_id)
         results = [
-            await waits.decide(
+            await decisions.decide(
                 self.runtime.services,
                 run_id,
-                decision=waits.RESUMED,
+                decision=RESUMED,
                 wait_id=target,
                 value={"resume": answer},
                 by=by,
@@ -421,7 +421,7 @@ class ThreadOperations:
             )
         for interrupt_id in value:
             wait = found[interrupt_id]
-            waits.check_answer(wait["kind"], waits.RESUMED, wait_id=wait["wait_id"])
+            decisions.check_answer(wait["kind"], RESUMED, wait_id=wait["wait_id"])
             retried = action_id is not None and wait["action_id"] == action_id
             if wait["status"] != WaitStatus.PENDING and not retried:
                 raise DecisionConflict(

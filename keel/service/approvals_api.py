@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 
 import keel
+from keel.core.decisions import DecisionResult
 from keel.core.errors import InvalidId, RunFinished, WrongWaitKind
-from keel.core.waits import DecisionResult
 from keel.service import models as m
 from keel.service.auth import Authenticator, Principal
 from keel.service.errors import (

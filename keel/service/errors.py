@@ -23,9 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from keel.core import errors as core
 from keel.core.codec import check_storable
+from keel.core.decisions import DecisionResult
 from keel.core.runs import job_exists_message
 from keel.core.wait_model import WaitKind
-from keel.core.waits import DecisionResult
 from keel.service.auth import AuthError
 
 log = logging.getLogger("keel.service")

@@ -59,7 +59,7 @@ def test_every_python_operation_is_in_the_table_and_on_aio() -> None:
 
 
 def last_name(annotation: object) -> str:
-    # Annotations are strings (postponed): "DecisionResult" and "waits.DecisionResult" agree.
+    # Annotations are strings (postponed): "DecisionResult" and "decisions.DecisionResult" agree.
     return str(annotation).rpartition(".")[2]
 
 

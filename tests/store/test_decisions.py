@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import keel
+from keel.core.decisions import DecisionResult
 from keel.core.errors import InvalidId, NoPendingWait, RunFinished, RunNotFound, WaitNotFound
-from keel.core.waits import DecisionResult
 from tests.support import deciders
 from tests.support.graphs import echo_graph, notify_effect, review_graph
 from tests.support.providers import Provider

@@ -14,7 +14,7 @@ USER_CODE = textwrap.dedent(
     from typing import assert_type
 
     import keel
-    from keel.core.waits import DecisionResult
+    from keel.core.decisions import DecisionResult
     from keel.runtime.summary import RunSummary
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from keel.core.decisions import check_answer
 from keel.core.errors import UsageError
-from keel.core.waits import check_answer
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,8 @@ from keel.core.store.store import Lease
 from keel.core.tracing import NO_TRACER
 from keel.core.workflows import Workflow, Workflows
 from keel.langgraph import chunks, outcomes, retries, static_interrupts, tool_calls, traces
-from keel.langgraph.graphs import compile_graph, locate, plain_start, recursion_limit
+from keel.langgraph.graphs import compile_graph, locate, plain_start
+from keel.langgraph.invocation import invocation_config
 from keel.langgraph.savers import FencedSaver
 from keel.langgraph.successor import Successor, then_claim
 
@@ -43,12 +44,6 @@ tool_calls.install()  # a ToolNode's parallel calls number their effects each in
 
 _compiled: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 """Per fenced saver, its workflows' compiled graphs (a graph is compiled with its saver)."""
-
-
-KEEL_OWNED = frozenset({"thread_id", "checkpoint_id", "checkpoint_ns", "checkpoint_map"})
-"""Configurable keys a run's submitted config does not set: which thread and checkpoint it reads
-(a fork names its checkpoint at submit, `checkpoint_id=`, read only while it has none of its own;
-a config's would send every restart back there)."""
 
 
 @dataclass(frozen=True)
@@ -156,34 +151,9 @@ class Executor:
         graph = self.graph(workflow)
         thread = run.get("thread_id")
         submitted = threads.run_config(run)
-        config: dict[str, Any] = {
-            # What the run was submitted with first: Keel's own keys are not the caller's to set.
-            "configurable": {
-                # As LangGraph's server, for its runs: their context also reads as
-                # configurable keys (graphs written against `configurable` see it). Not for
-                # Keel's own: configurable's plain values land in every checkpoint's metadata,
-                # and a context may hold what must not (a key, a token).
-                **(_context_keys(submitted.get("context")) if chunks.KWARGS in submitted else {}),
-                "run_id": lease.run_id,
-                **{
-                    key: value
-                    for key, value in (submitted.get("configurable") or {}).items()
-                    if key not in KEEL_OWNED  # where a checkpoint is read is Keel's to say
-                },
-                "thread_id": thread or lease.run_id,
-            },
-            "recursion_limit": recursion_limit(submitted, graph, workflow.recursion_limit),
-            "tags": list(submitted.get("tags") or []),  # an assistant's, the Agent Server's
-            **_run_name(submitted, workflow.name),
-            "metadata": {
-                **(submitted.get("metadata") or {}),
-                "keel_job_id": run["job_id"],
-                "keel_worker": self.worker_id,
-                "keel_run_id": lease.run_id,
-                # As the Agent Server: each checkpoint and message chunk names its run.
-                "run_id": lease.run_id,
-            },
-        }
+        config = invocation_config(
+            run, submitted, graph, workflow, run_id=lease.run_id, worker_id=self.worker_id
+        )
         if steps is not None:
             config["callbacks"] = [steps]
         ctx = RunContext(
@@ -493,18 +463,3 @@ def _resumed(run: Row, how: str, started: float, kind: str = "run.resume") -> No
     """One line saying where the run goes on from, with the time reading its state took."""
     took = round(time.monotonic() - started, 6)
     log.info("%s %s", kind, how, extra={"event": kind, "run_id": run["run_id"], "duration": took})
-
-
-def _context_keys(context: Any) -> dict[str, Any]:
-    if not isinstance(context, dict):
-        return {}
-    return {str(k): v for k, v in context.items() if str(k) not in KEEL_OWNED}
-
-
-def _run_name(submitted: dict[str, Any], graph: str) -> dict[str, Any]:
-    """The root of `events` and of a trace: the run's own name, else, for a run of the Agent
-    Server protocol, its graph's, as langgraph-api names it (not kept in the run's config, which
-    its answers show as the client sent it)."""
-    if isinstance(submitted.get("run_name"), str):
-        return {"run_name": submitted["run_name"]}
-    return {"run_name": graph} if chunks.KWARGS in submitted else {}

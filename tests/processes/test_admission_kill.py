@@ -14,13 +14,8 @@ job's runs with psycopg, not through Keel: one run per job id with the default
 from __future__ import annotations
 
 import json
-import os
-import queue
 import random
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +26,7 @@ import psycopg
 import pytest
 
 from keel.testing.netproxy import NetProxy
-from tests.support import REPO
+from tests.support.line_process import LineProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -47,57 +42,14 @@ def backend() -> str:
     return "postgres"
 
 
-class Submitter:
-    """A `tests.support.submitter` process: one submit per command, answers read by a thread."""
+class Submitter(LineProcess):
+    """A `tests.support.submitter` process: one submit per command."""
 
     def __init__(self, url: str, log: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-        env.update(KEEL_DATABASE_URL=url, KEEL_LOG_LEVEL="warning", PYTHONUNBUFFERED="1")
-        with open(log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.submitter"],
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-            )
-        self.log = log
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.decode().strip())
-
-    def _line(self, timeout: float) -> str | None:
-        try:
-            return self.lines.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def ready(self) -> Submitter:
-        line = self._line(60)
-        assert line == "ready", f"submitter not ready ({line!r}): {self.log.read_text()[-2000:]}"
-        return self
+        super().__init__("tests.support.submitter", url, log)
 
     def submit(self, job: str, given: dict[str, Any], at: float) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"job": job, "input": given, "at": at}).encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def answer(self, timeout: float) -> dict[str, Any] | None:
-        line = self._line(timeout)
-        return None if line is None else json.loads(line)
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
+        self.send({"job": job, "input": given, "at": at})
 
 
 @pytest.fixture

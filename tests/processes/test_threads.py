@@ -27,7 +27,6 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,65 +37,17 @@ import keel
 from keel.core.codec import loads
 from keel.core.errors import ThreadBusy
 from keel.runtime.records import RunDetails
-from keel.testing import spawn_worker
 from keel.testing.http import HttpSink
-from tests.support import REPO
 from tests.support.apps import threads
 from tests.support.checks import wait_until
-from tests.support.crash import KILLED, LEASE_TTL, WORKER_TIMEOUT, Worker, assert_fenced
+from tests.support.crash import KILLED, WORKER_TIMEOUT, assert_fenced
+from tests.support.thread_fleet import Fleet, app_for, fleet_on, received, report
 
 pytestmark = pytest.mark.slow
 
 APP = "tests.support.apps.threads:app"
 SEED = int(os.environ.get("KEEL_TEST_SEED", "31"))
 CLIENTS = 20
-
-
-@dataclass
-class Fleet:
-    """`keel worker` processes of the threads app, each logging to a file of its own."""
-
-    db_url: str
-    sink: HttpSink
-    tmp_path: Path
-    markers: Path
-    workers: list[Worker] = field(default_factory=list)
-
-    def spawn(self, faults: str | None = None) -> Worker:
-        log = self.tmp_path / f"worker-{len(self.workers) + 1}.log"
-        proc = spawn_worker(
-            APP,
-            "--stop-when-idle",
-            database_url=self.db_url,
-            faults=faults,
-            lease_ttl=LEASE_TTL,
-            env={"THREADS_SINK_URL": self.sink.url, "THREADS_MARKERS": str(self.markers)},
-            cwd=REPO,
-            log=log,
-        )
-        worker = Worker(proc, log, faults)
-        self.workers.append(worker)
-        return worker
-
-    def crash(self, faults: str) -> Worker:
-        """A worker armed at `faults`: it must die there by SIGKILL."""
-        worker = self.spawn(faults)
-        rc = worker.wait()
-        assert rc == KILLED, f"armed with {faults}, it exited {rc}: not reached\n{worker.output()}"
-        return worker
-
-    def drain(self) -> Worker:
-        """A clean worker, until nothing is queued or running (it waits out dead leases)."""
-        worker = self.spawn()
-        rc = worker.wait()
-        assert rc == 0, f"the clean worker exited with {rc}\n{worker.output()}"
-        return worker
-
-    def stop_all(self) -> None:
-        for worker in self.workers:
-            if worker.proc.poll() is None:
-                worker.proc.kill()
-                worker.proc.wait()
 
 
 @pytest.fixture
@@ -107,21 +58,13 @@ def sink() -> Iterator[HttpSink]:
 
 @pytest.fixture
 def fleet(db_url: str, sink: HttpSink, tmp_path: Path) -> Iterator[Fleet]:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    harness = Fleet(db_url, sink, tmp_path, markers)
-    try:
+    with fleet_on(db_url, sink, tmp_path) as harness:
         yield harness
-    finally:
-        harness.stop_all()
 
 
 @pytest.fixture
 def app(db_url: str, fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> Iterator[keel.App]:
-    # What this process's own worker (a test's setup) needs to reach the provider.
-    monkeypatch.setenv("THREADS_SINK_URL", fleet.sink.url)
-    monkeypatch.setenv("THREADS_MARKERS", str(fleet.markers))
-    with threads.register(keel.App(db_url)) as the_app:
+    with app_for(db_url, fleet, monkeypatch) as the_app:
         yield the_app
 
 
@@ -129,24 +72,8 @@ def rng_for(test: str, backend: str) -> random.Random:
     return random.Random(f"{SEED}:{test}:{backend}")
 
 
-def received(sink: HttpSink, route: str) -> list[dict[str, Any]]:
-    """The JSON bodies of the provider's deliveries to `route`, in arrival order."""
-    return [d.json() for d in sink.deliveries if d.route == route]
-
-
-def report(app: keel.App, run_ids: list[str], fleet: Fleet, drawn: object) -> str:
-    """What the runs and the processes did, for assertion messages."""
-    lines = [f"seed {SEED}, drawn {drawn}"]
-    for run_id in run_ids:
-        d = app.get_run(run_id)
-        lines.append(f"run {run_id}: {d.status} / {d.termination_reason}")
-        lines += [f"  {e['kind']:<18} token={e['lease_token']} {e['data']}" for e in d.timeline]
-        lines += [f"  effect {e['idempotency_key']} {e['status']}" for e in d.effects]
-    lines += [f"  sink {d.route} {d.json()}" for d in fleet.sink.deliveries]
-    for w in fleet.workers:
-        if w.proc.returncode not in (0, KILLED):
-            lines.append(f"--- pid {w.pid} rc={w.proc.returncode}\n{w.output()}")
-    return "\n".join(lines)
+def seeded(app: keel.App, run_ids: list[str], fleet: Fleet, drawn: object) -> str:
+    return report(app, run_ids, fleet, f"seed {SEED}, drawn {drawn}")
 
 
 def assert_one_at_a_time(details: list[RunDetails]) -> None:
@@ -189,17 +116,17 @@ def test_a_conversation_killed_in_every_turn_sends_each_turn_once_in_order(
         run_id = app.submit("chat", given, thread_id=thread, job_id=job).run_id
         run_ids.append(run_id)
         doomed = fleet.crash(fault)
-        why = report(app, run_ids, fleet, drawn)
+        why = seeded(app, run_ids, fleet, drawn)
         assert app.get_run(run_id).status == "running", why
         retried = app.submit("chat", given, thread_id=thread, job_id=job)
         assert (retried.run_id, retried.created) == (run_id, False), why
         fleet.drain()
         details = app.get_run(run_id)
-        why = report(app, run_ids, fleet, drawn)
+        why = seeded(app, run_ids, fleet, drawn)
         assert details.status == "completed", why
         assert [e["status"] in ("sent", "confirmed") for e in details.effects] == [True], why
         assert_fenced(details, [doomed], takeover=True)
-    why = report(app, run_ids, fleet, drawn)
+    why = seeded(app, run_ids, fleet, drawn)
 
     # The provider got each turn once, in the order the turns were submitted ...
     posts = received(sink, "/turns")
@@ -331,7 +258,7 @@ def test_twenty_enqueued_runs_run_one_at_a_time_in_order_across_a_kill(
 
     app.resume(thread, "go on")
     doomed = fleet.crash(fault)
-    why = report(app, run_ids, fleet, fault)
+    why = seeded(app, run_ids, fleet, fault)
     # Killed in the middle of the queue: the runs before the one it ran are done, none after
     # it has started.
     statuses = [r["status"] for r in app.thread_runs(thread)]
@@ -341,7 +268,7 @@ def test_twenty_enqueued_runs_run_one_at_a_time_in_order_across_a_kill(
         ["completed"] * killed_at + ["running"] + ["queued"] * (CLIENTS - killed_at)
     ), why
     fleet.drain()
-    why = report(app, run_ids, fleet, fault)
+    why = seeded(app, run_ids, fleet, fault)
     details = [app.get_run(r) for r in run_ids]
     assert {d.status for d in details} == {"completed"}, why
 
@@ -387,7 +314,7 @@ def test_a_run_superseded_in_the_middle_and_killed_twice_loses_and_doubles_nothi
     second = app.submit(
         "steps", {"name": "second", "hold": False}, thread_id=thread, multitask_strategy=strategy
     ).run_id
-    why = report(app, [first, second], fleet, strategy)
+    why = seeded(app, [first, second], fleet, strategy)
     # Running: it stops at its next step boundary, which is where its worker dies.
     assert app.get_run(first).status == "running", why
     assert "cancel.requested" in [e["kind"] for e in app.get_run(first).timeline], why
@@ -396,14 +323,14 @@ def test_a_run_superseded_in_the_middle_and_killed_twice_loses_and_doubles_nothi
 
     # The next worker takes the first over, which stops, and dies as the second starts.
     starting = fleet.crash(SECOND_STARTING)
-    why = report(app, [first, second], fleet, strategy)
+    why = seeded(app, [first, second], fleet, strategy)
     one = app.get_run(first)
     assert (one.status, one.termination_reason) == ("cancelled", reason), why
     assert app.get_run(second).status == "running", why
     history = {(h.metadata or {}).get("keel_run_id") for h in app.get_history(thread)}
     assert (first in history) == (strategy == "interrupt"), why
     fleet.drain()
-    why = report(app, [first, second], fleet, strategy)
+    why = seeded(app, [first, second], fleet, strategy)
     one, two = app.get_run(first), app.get_run(second)
     assert (one.status, one.termination_reason) == ("cancelled", reason), why
     assert (two.status, two.termination_reason) == ("completed", "completed"), why

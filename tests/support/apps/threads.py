@@ -10,6 +10,9 @@ so a second send would show as a second delivery. Each effect's reconciler asks 
   LangGraph's own run of `chat_graph(stub)` on `InMemorySaver`.
 - `ordered`: a run marks its start and its end at the provider (`/marks`); with `hold` it waits
   on an `interrupt()` between the two.
+- `answered`: `ask` waits on a plain `interrupt()`, then posts the answer (`/answers`) and
+  `close` marks the end (`/marks`); each node appends a line to `<THREADS_MARKERS>/ran.log`
+  each time it gets past its interrupt, so a test counts the node's executions too.
 - `steps`: four steps, an effect each (`/steps`); with `hold`, step 2 drops
   `<THREADS_MARKERS>/<run_id>.held` after its effect and waits for `<run_id>.go` before it
   returns, so a test knows the run is in the middle and decides when it goes on.
@@ -17,6 +20,7 @@ so a second send would show as a second delivery. Each effect's reconciler asks 
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import time
@@ -171,6 +175,60 @@ def ordered() -> StateGraph:
     return g
 
 
+# -- answered --------------------------------------------------------------------------------
+
+
+def find_answer(thread: str, answer: Any, *, idempotency_key: str) -> Any:
+    return _find("/answers", idempotency_key)
+
+
+@keel.effect("post_answer", reconcile=find_answer, timeout=EFFECT_TIMEOUT)
+def post_answer(thread: str, answer: Any, *, idempotency_key: str = keel.KEY) -> dict[str, Any]:
+    return _post("/answers", {"thread": thread, "answer": answer, "reference": idempotency_key})
+
+
+class Answered(TypedDict, total=False):
+    question: str
+    note: str
+    answer: Any
+    marks: Annotated[list[str], operator.add]
+
+
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+
+
+def ran(node: str, answer: Any) -> None:
+    """One line per execution of `node` past its interrupt, appended in one write (O_APPEND):
+    lines of two processes (a killed worker and its successor) never mix."""
+    line = json.dumps({"node": node, "run_id": current().run_id, "answer": answer}) + "\n"
+    fd = os.open(Path(os.environ["THREADS_MARKERS"]) / "ran.log", APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def answered() -> StateGraph:
+    def ask(state: Answered, config: RunnableConfig) -> Answered:
+        answer = interrupt({"question": state["question"]})
+        ran("ask", answer)
+        post_answer(str(config["configurable"]["thread_id"]), answer)
+        return {"answer": answer, "marks": ["asked"]}
+
+    def close(state: Answered) -> Answered:
+        ran("close", state["answer"])
+        mark("closed", 0)
+        return {"marks": ["closed"]}
+
+    g = StateGraph(Answered)
+    g.add_node("ask", ask)
+    g.add_node("close", close)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", "close")
+    g.add_edge("close", END)
+    return g
+
+
 # -- steps -------------------------------------------------------------------------------------
 
 
@@ -219,6 +277,7 @@ def register(app: keel.App) -> keel.App:
     app.workflow("chat", version="1")(chat)
     app.workflow("ordered", version="1")(ordered)
     app.workflow("steps", version="1")(steps)
+    app.workflow("answered", version="1")(answered)
     return app
 
 

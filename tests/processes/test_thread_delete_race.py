@@ -1,0 +1,158 @@
+"""Deleting a thread while other processes admit runs on it, on both backends.
+
+`delete_thread` takes the thread's row and checks for unfinished runs in the transaction that
+deletes it; an admission on the thread takes the same row (`take_thread`) before it places its
+run. So of a deletion and an admission racing, one goes first on the database, whole: either
+the deletion finds the admitted run and is refused (ThreadBusy), or it deletes the thread and
+the admission makes the thread again, a new one of the same id (its `first_seq` past the old
+thread's runs), with the run on it. Never a run queued on a thread gone, or on the deleted
+thread's place in the order (where no thread would ever run it), and never a thread half
+deleted (its row kept and its checkpoints gone, or the other way round).
+
+Each round releases SUBMITTERS `tests.support.thread_racer` processes, each admitting RUNS
+turns one after the other, and a deleter process at one instant, on a thread with a finished
+turn and its checkpoints; the deleter goes a few milliseconds before or after the others,
+drawn from a seeded `random.Random`. Then the thread, its runs and its checkpoints are read
+straight from the tables (sqlite3 or psycopg, not through Keel) and judged by what the
+deleter was answered. Nothing executes the admitted runs: they stay queued, so what each
+round left is what the race made of it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import keel
+from tests.support.line_process import LineProcess
+from tests.support.thread_graphs import register
+from tests.support.workers import drain
+
+pytestmark = pytest.mark.slow
+
+SEED = int(os.environ.get("KEEL_TEST_SEED", "31"))
+ROUNDS = 30
+SUBMITTERS = 3
+RUNS = 2
+LEAD = 0.15
+"""Seconds between sending a round's commands and its start instant."""
+SURE = 0.1
+"""How far before or after the submitters the deleter goes in the rounds whose outcome is
+certain (the first two: one of each, so both branches of the judgement are exercised)."""
+WITHIN = 20.0
+
+
+@dataclass
+class Left:
+    """What a round left of its thread, read from the tables."""
+
+    first_seq: int | None  # None: no thread row
+    runs: list[tuple[str, str, int]]  # (run_id, status, thread_seq) in thread order
+    checkpoints: int
+
+
+def left(db_url: str, thread: str) -> Left:
+    queries = (
+        "SELECT first_seq FROM keel_threads WHERE thread_id = {p}",
+        "SELECT run_id, status, thread_seq FROM keel_runs WHERE thread_id = {p} "
+        "ORDER BY thread_seq",
+        "SELECT COUNT(*) FROM checkpoints WHERE thread_id = {p}",
+    )
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(db_url.removeprefix("sqlite:///"))
+        try:
+            rows = [conn.execute(q.format(p="?"), (thread,)).fetchall() for q in queries]
+        finally:
+            conn.close()
+    else:
+        with psycopg.connect(db_url, autocommit=True) as pg:
+            rows = [pg.execute(q.format(p="%s"), (thread,)).fetchall() for q in queries]
+    found, runs, (checkpoints,) = rows
+    return Left(
+        first_seq=int(found[0][0]) if found else None,
+        runs=[(str(r), str(s), int(q)) for r, s, q in runs],
+        checkpoints=int(checkpoints[0]),
+    )
+
+
+@pytest.fixture
+def racers(db_url: str, tmp_path: Path) -> Iterator[tuple[list[LineProcess], LineProcess]]:
+    """The submitters and the deleter, started together and connected."""
+    submitters = [
+        LineProcess("tests.support.thread_racer", db_url, tmp_path / f"submit-{i}.log", "submit")
+        for i in range(SUBMITTERS)
+    ]
+    deleter = LineProcess("tests.support.thread_racer", db_url, tmp_path / "delete.log", "delete")
+    try:
+        yield [one.ready() for one in submitters], deleter.ready()
+    finally:
+        for one in [*submitters, deleter]:
+            one.kill()
+
+
+def offsets(backend: str) -> list[float]:
+    """When the deleter goes in each round, relative to the submitters: surely first, surely
+    last, then within the few milliseconds their admissions take."""
+    rng = random.Random(f"{SEED}:delete-race:{backend}")
+    return [-SURE, SURE, *(rng.uniform(-0.006, 0.006) for _ in range(ROUNDS - 2))]
+
+
+def test_a_thread_deleted_while_runs_are_admitted_on_it_is_gone_whole_or_kept_whole(
+    db_url: str, backend: str, racers: tuple[list[LineProcess], LineProcess]
+) -> None:
+    submitters, deleter = racers
+    threads = [f"doomed-{i}" for i in range(ROUNDS)]
+    with register(keel.App(db_url)) as app:
+        # Each thread with a finished turn: runs of it stay, checkpoints a deletion takes.
+        for thread in threads:
+            app.submit("chat", {"messages": [("human", "before")]}, thread_id=thread)
+        drain(app)
+    before = {t: left(db_url, t) for t in threads}
+    outcomes: list[str] = []
+    for round_, (thread, offset) in enumerate(zip(threads, offsets(backend), strict=True)):
+        (old,) = before[thread].runs
+        assert old[1] == "completed" and before[thread].checkpoints > 0, before[thread]
+        at = time.time() + LEAD
+        for one in submitters:
+            one.send({"thread": thread, "at": at, "runs": RUNS})
+        deleter.send({"thread": thread, "at": at + offset})
+        answers = [one.answer(WITHIN) for one in submitters]
+        verdict = deleter.answer(WITHIN)
+        where = f"round {round_} (seed {SEED}, deleter at {offset * 1000:+.1f} ms)"
+        assert None not in answers and verdict is not None, f"{where}: {answers} {verdict}"
+        said: list[dict[str, Any]] = [*answers, verdict]
+        assert not [a for a in said if "error" in a], f"{where}: {said}"
+        admitted = {r for a in answers for r in a["runs"]}
+        now = left(db_url, thread)
+        where += f": deleter said {verdict['deleted']}, left {now}"
+        assert len(admitted) == SUBMITTERS * RUNS, where
+
+        # Every admitted run is on the table, queued, on the thread as it stands: none on a
+        # thread gone, nor before its first place (the deleted thread's order).
+        assert now.first_seq is not None, where
+        queued = {r: seq for r, status, seq in now.runs if status == "queued"}
+        assert set(queued) == admitted, where
+        assert all(seq >= now.first_seq for seq in queued.values()), where
+        places = list(range(old[2] + 1, old[2] + 1 + len(queued)))
+        assert sorted(queued.values()) == places, where  # one after the other, after the old
+        assert old in now.runs, where  # what the old turn did stays on record
+        if verdict["deleted"] == "deleted":
+            # Deleted before any admission: the thread the submitters made again is new, with
+            # none of the old one's checkpoints.
+            assert now.first_seq == old[2] + 1 and now.checkpoints == 0, where
+        else:
+            # Refused: an admission went first, and the thread is the old one, whole.
+            assert verdict["deleted"] == "busy", where
+            assert now.first_seq == 1 and now.checkpoints == before[thread].checkpoints, where
+        outcomes.append(verdict["deleted"])
+    # The sure rounds went as they must; the others fell either way.
+    assert outcomes[:2] == ["deleted", "busy"], outcomes

@@ -125,6 +125,7 @@ class AsyncApp(ThreadOperations, Oversight):
         webhook_format: str = "keel",
         merge_metadata: dict[str, Any] | None = None,
         end_paused: bool = False,
+        if_not_exists: str = "create",
     ) -> Submission:
         """Admit a run, durably, before any of it executes.
 
@@ -133,7 +134,9 @@ class AsyncApp(ThreadOperations, Oversight):
         `if_exists` says what to do: "reuse" (the default) returns the job's latest run, "new"
         admits this one too, "error" raises JobExists. Without a job id each call is a run.
 
-        With a `thread_id` (created if new, its `metadata` kept) the run is a turn of that
+        With a `thread_id` (created if new, its `metadata` kept; with `if_not_exists="reject"`
+        a missing thread raises ThreadNotFound instead, judged in the admission's transaction,
+        so a thread deleted meanwhile is not made again) the run is a turn of that
         conversation: it starts from the thread's latest checkpoint (or the past
         `checkpoint_id` it forks from) and merges `input` through the graph's reducers, or
         starts with `command` (LangGraph's Command: `update`/`goto`; `resume` answers the
@@ -187,6 +190,7 @@ class AsyncApp(ThreadOperations, Oversight):
             start_at=start_at,
             merge_metadata=merge_metadata,
             end_paused=end_paused,
+            if_not_exists=if_not_exists,
         )
         if hook is not None:
             await webhooks.register(
@@ -214,7 +218,12 @@ class AsyncApp(ThreadOperations, Oversight):
         start_at: float | None,
         merge_metadata: dict[str, Any] | None = None,
         end_paused: bool = False,
+        if_not_exists: str = "create",
     ) -> Submission:
+        if if_not_exists not in ("create", "reject"):
+            raise UsageError(f"if_not_exists must be create or reject, not {if_not_exists!r}")
+        if if_not_exists == "reject" and thread_id is None:
+            raise UsageError("if_not_exists reject asks for an existing thread: give thread_id")
         wf = self.runtime.workflows.get(workflow, version)
         self.runtime.check(wf)  # refused before admission: a run of it could never execute
         command = threads.validate_command(command)
@@ -252,6 +261,7 @@ class AsyncApp(ThreadOperations, Oversight):
                 not_before=start_at,
                 merge_metadata=merge_metadata,
                 end_paused=end_paused,
+                create=if_not_exists == "create",
             )
         if job_id is None:
             job_id = threads.new_id()

@@ -143,6 +143,7 @@ class ThreadOperations(ThreadRecords):
         not_before: float | None = None,
         merge_metadata: dict[str, Any] | None = None,
         end_paused: bool = False,
+        create: bool = True,
     ) -> Submission:
         if checkpoint_id is not None and thread_id is None:
             raise UsageError("checkpoint_id names a checkpoint of a thread: give thread_id")
@@ -169,6 +170,7 @@ class ThreadOperations(ThreadRecords):
                 merge_metadata=merge_metadata,
                 then=claim,
                 end_paused=end_paused,
+                create=create,
             )
             if admitted.created:
                 await self._trace(admitted.row)  # before the worker it goes to can start it
@@ -199,6 +201,7 @@ class ThreadOperations(ThreadRecords):
         merge_metadata: dict[str, Any] | None,
         then: Claim | None,
         end_paused: bool,
+        create: bool,
     ) -> Admission:
         if checkpoint_id and thread_id:
             # A fork from a checkpoint the thread does not have started from an empty state,
@@ -213,7 +216,7 @@ class ThreadOperations(ThreadRecords):
             workflow=wf.name,
             version=wf.version,
             thread_id=thread_id or threads.new_id(),
-            create=True,
+            create=create,
             input=input,
             command=command,
             checkpoint_id=checkpoint_id,

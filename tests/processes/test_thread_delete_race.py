@@ -23,17 +23,21 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
 import keel
+from tests.support.apps import service
 from tests.support.line_process import LineProcess
+from tests.support.service_client import ADMIN, bearer, start_serve
 from tests.support.thread_graphs import register
 from tests.support.workers import drain
 
@@ -156,3 +160,70 @@ def test_a_thread_deleted_while_runs_are_admitted_on_it_is_gone_whole_or_kept_wh
         outcomes.append(verdict["deleted"])
     # The sure rounds went as they must; the others fell either way.
     assert outcomes[:2] == ["deleted", "busy"], outcomes
+
+
+def post_runs(client: httpx.Client, got: list[httpx.Response], thread: str, at: float) -> None:
+    """RUNS runs created on the thread through the Agent Server, one after the other from
+    `at`, each answer kept in `got`."""
+    time.sleep(max(0.0, at - time.time()))
+    body = {"assistant_id": service.WORKFLOW, "input": {"topic": "deleted?"}}
+    for _ in range(RUNS):
+        got.append(client.post(f"/threads/{thread}/runs", json=body))
+
+
+def test_a_thread_deleted_while_the_agent_server_admits_runs_on_it_is_not_made_again(
+    db_url: str,
+    backend: str,
+    tmp_path: Path,
+    racers: tuple[list[LineProcess], LineProcess],
+) -> None:
+    """The same race through the Agent Server protocol, whose `POST /threads/{id}/runs`
+    rejects a thread that does not exist (`if_not_exists` "reject", its default): a run is
+    admitted only on the thread that was there, so a deletion that wins leaves no thread and
+    every later submission is answered 404, where the Python API's submit makes it again."""
+    _, deleter = racers
+    proc, url = start_serve(db_url, tmp_path / "artifacts")
+    threads = [f"served-{i}" for i in range(ROUNDS)]
+    clients = [httpx.Client(base_url=url, headers=bearer(ADMIN), timeout=30) for _ in range(3)]
+    try:
+        with service.register(keel.App(db_url)) as app:
+            for thread in threads:
+                app.create_thread(service.WORKFLOW, thread_id=thread)
+        outcomes: list[str] = []
+        for round_, (thread, offset) in enumerate(zip(threads, offsets(backend), strict=True)):
+            at = time.time() + LEAD
+            answers: list[list[httpx.Response]] = [[] for _ in clients]
+            posting = [
+                threading.Thread(target=post_runs, args=(c, got, thread, at))
+                for c, got in zip(clients, answers, strict=True)
+            ]
+            for one in posting:
+                one.start()
+            deleter.send({"thread": thread, "at": at + offset})
+            verdict = deleter.answer(WITHIN)
+            for one in posting:
+                one.join(WITHIN)
+            said = [(a.status_code, a.text[:200]) for got in answers for a in got]
+            now = left(db_url, thread)
+            where = (
+                f"round {round_} (seed {SEED}, deleter at {offset * 1000:+.1f} ms): deleter "
+                f"said {verdict}, left {now}, answers {said}"
+            )
+            assert verdict is not None and "error" not in verdict, where
+            assert {code for code, _ in said} <= {200, 404}, where
+            admitted = {a.json()["run_id"] for got in answers for a in got if a.status_code == 200}
+            queued = {r for r, status, _ in now.runs if status == "queued"}
+            assert queued == admitted, where
+            if verdict["deleted"] == "deleted":
+                # Gone, and not made again: every submission after the deletion was refused.
+                assert now.first_seq is None and not admitted, where
+            else:
+                assert verdict["deleted"] == "busy" and now.first_seq == 1, where
+                assert len(admitted) == len(clients) * RUNS, where
+            outcomes.append(verdict["deleted"])
+        assert outcomes[:2] == ["deleted", "busy"], outcomes
+    finally:
+        for client in clients:
+            client.close()
+        proc.kill()
+        proc.communicate(timeout=10)

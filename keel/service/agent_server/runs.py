@@ -180,6 +180,9 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             end_paused=True,
             # A thread this run makes has the run's metadata (an owner an auth handler put).
             metadata={**run_metadata, **stamp},
+            # The thread found above must still be there when the run is admitted: deleted
+            # meanwhile, it is not made again (404, as `if_not_exists` "reject" says).
+            if_not_exists="create" if thread is None else "reject",
             # Every run's thread says which graph and assistant ran last, as LangGraph
             # Platform's does: merged in the admission's own commit.
             merge_metadata=stamp,

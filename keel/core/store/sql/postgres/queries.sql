@@ -1165,7 +1165,10 @@ WITH made AS (
                                 ELSE keel_threads.workflow_version END
     RETURNING *),
 touched AS (
-    UPDATE keel_threads SET updated_at = keel_now()
+    UPDATE keel_threads SET updated_at = keel_now(),
+        workflow = CASE WHEN workflow = '' THEN %(workflow)s ELSE workflow END,
+        workflow_version = CASE WHEN workflow = '' THEN %(workflow_version)s
+                                ELSE workflow_version END
     WHERE thread_id = %(thread_id)s AND %(create)s::int = 0
     RETURNING *)
 SELECT * FROM made UNION ALL SELECT * FROM touched;

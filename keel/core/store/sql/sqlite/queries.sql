@@ -1065,6 +1065,10 @@ ON CONFLICT (thread_id) DO UPDATE SET updated_at = keel_now(),
                     ELSE keel_threads.workflow END,
     workflow_version = CASE WHEN keel_threads.workflow = '' THEN excluded.workflow_version
                             ELSE keel_threads.workflow_version END;
+UPDATE keel_threads SET updated_at = keel_now(),
+    workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END,
+    workflow_version = CASE WHEN workflow = '' THEN :workflow_version ELSE workflow_version END
+WHERE thread_id = :thread_id AND :create = 0;
 SELECT * FROM keel_threads WHERE thread_id = :thread_id;
 
 -- name: create_thread

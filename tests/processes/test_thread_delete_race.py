@@ -12,10 +12,11 @@ deleted (its row kept and its checkpoints gone, or the other way round).
 Each round releases SUBMITTERS `tests.support.thread_racer` processes, each admitting RUNS
 turns one after the other, and a deleter process at one instant, on a thread with a finished
 turn and its checkpoints; the deleter goes a few milliseconds before or after the others,
-drawn from a seeded `random.Random`. Then the thread, its runs and its checkpoints are read
-straight from the tables (sqlite3 or psycopg, not through Keel) and judged by what the
-deleter was answered. Nothing executes the admitted runs: they stay queued, so what each
-round left is what the race made of it.
+drawn from a seeded `random.Random` (in the first two rounds: before any is sent, or once
+they all answered, so that both outcomes are judged whatever the machine's speed). Then the
+thread, its runs and its checkpoints are read straight from the tables (sqlite3 or psycopg,
+not through Keel) and judged by what the deleter was answered. Nothing executes the admitted
+runs: they stay queued, so what each round left is what the race made of it.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import httpx
 import psycopg
@@ -49,10 +50,10 @@ SUBMITTERS = 3
 RUNS = 2
 LEAD = 0.15
 """Seconds between sending a round's commands and its start instant."""
-SURE = 0.1
-"""How far before or after the submitters the deleter goes in the rounds whose outcome is
-certain (the first two: one of each, so both branches of the judgement are exercised)."""
 WITHIN = 20.0
+When = float | Literal["before", "after"]
+"""When the deleter goes in a round: seconds after the submitters' start, or once they (or it)
+have all been answered (the first two rounds, one of each, so both judgements are exercised)."""
 
 
 @dataclass
@@ -103,11 +104,61 @@ def racers(db_url: str, tmp_path: Path) -> Iterator[tuple[list[LineProcess], Lin
             one.kill()
 
 
-def offsets(backend: str) -> list[float]:
-    """When the deleter goes in each round, relative to the submitters: surely first, surely
-    last, then within the few milliseconds their admissions take."""
+def timings(backend: str) -> list[When]:
+    """When the deleter goes in each round: first, last, then within the few milliseconds the
+    submitters' admissions take."""
     rng = random.Random(f"{SEED}:delete-race:{backend}")
-    return [-SURE, SURE, *(rng.uniform(-0.006, 0.006) for _ in range(ROUNDS - 2))]
+    return ["before", "after", *(rng.uniform(-0.006, 0.006) for _ in range(ROUNDS - 2))]
+
+
+class Submissions(Protocol):
+    def start(self, at: float) -> None:
+        """Send the round's submissions, released at `at` (epoch seconds)."""
+
+    def wait(self) -> None:
+        """Until every submission of the round is answered."""
+
+
+@dataclass
+class ByProcesses:
+    """RUNS turns from each submitter process, through the Python API."""
+
+    submitters: list[LineProcess]
+    thread: str
+    answers: list[dict[str, Any] | None] = field(default_factory=list)
+
+    def start(self, at: float) -> None:
+        for one in self.submitters:
+            one.send({"thread": self.thread, "at": at, "runs": RUNS})
+
+    def wait(self) -> None:
+        self.answers = [one.answer(WITHIN) for one in self.submitters]
+
+
+def race(when: When, deleter: LineProcess, thread: str, submissions: Submissions) -> Any:
+    """Release the submissions and the deleter in the order `when` says; the deleter's
+    answer (None if it gave none)."""
+    if when == "before":
+        deleter.send({"thread": thread, "at": 0.0})
+        verdict = deleter.answer(WITHIN)
+        submissions.start(0.0)
+        submissions.wait()
+        return verdict
+    if when == "after":
+        submissions.start(0.0)
+        submissions.wait()
+        deleter.send({"thread": thread, "at": 0.0})
+        return deleter.answer(WITHIN)
+    at = time.time() + LEAD
+    submissions.start(at)
+    deleter.send({"thread": thread, "at": at + when})
+    verdict = deleter.answer(WITHIN)
+    submissions.wait()
+    return verdict
+
+
+def said_when(when: When) -> str:
+    return f"deleter {when}" if isinstance(when, str) else f"deleter at {when * 1000:+.1f} ms"
 
 
 def test_a_thread_deleted_while_runs_are_admitted_on_it_is_gone_whole_or_kept_whole(
@@ -122,20 +173,17 @@ def test_a_thread_deleted_while_runs_are_admitted_on_it_is_gone_whole_or_kept_wh
         drain(app)
     before = {t: left(db_url, t) for t in threads}
     outcomes: list[str] = []
-    for round_, (thread, offset) in enumerate(zip(threads, offsets(backend), strict=True)):
+    for round_, (thread, when) in enumerate(zip(threads, timings(backend), strict=True)):
         (old,) = before[thread].runs
         assert old[1] == "completed" and before[thread].checkpoints > 0, before[thread]
-        at = time.time() + LEAD
-        for one in submitters:
-            one.send({"thread": thread, "at": at, "runs": RUNS})
-        deleter.send({"thread": thread, "at": at + offset})
-        answers = [one.answer(WITHIN) for one in submitters]
-        verdict = deleter.answer(WITHIN)
-        where = f"round {round_} (seed {SEED}, deleter at {offset * 1000:+.1f} ms)"
+        submissions = ByProcesses(submitters, thread)
+        verdict = race(when, deleter, thread, submissions)
+        answers = submissions.answers
+        where = f"round {round_} (seed {SEED}, {said_when(when)})"
         assert None not in answers and verdict is not None, f"{where}: {answers} {verdict}"
-        said: list[dict[str, Any]] = [*answers, verdict]
+        said = [a for a in [*answers, verdict] if a is not None]
         assert not [a for a in said if "error" in a], f"{where}: {said}"
-        admitted = {r for a in answers for r in a["runs"]}
+        admitted = {r for a in said[:-1] for r in a["runs"]}
         now = left(db_url, thread)
         where += f": deleter said {verdict['deleted']}, left {now}"
         assert len(admitted) == SUBMITTERS * RUNS, where
@@ -158,17 +206,35 @@ def test_a_thread_deleted_while_runs_are_admitted_on_it_is_gone_whole_or_kept_wh
             assert verdict["deleted"] == "busy", where
             assert now.first_seq == 1 and now.checkpoints == before[thread].checkpoints, where
         outcomes.append(verdict["deleted"])
-    # The sure rounds went as they must; the others fell either way.
+    # The ordered rounds went as they must; the others fell either way.
     assert outcomes[:2] == ["deleted", "busy"], outcomes
 
 
-def post_runs(client: httpx.Client, got: list[httpx.Response], thread: str, at: float) -> None:
-    """RUNS runs created on the thread through the Agent Server, one after the other from
-    `at`, each answer kept in `got`."""
-    time.sleep(max(0.0, at - time.time()))
-    body = {"assistant_id": service.WORKFLOW, "input": {"topic": "deleted?"}}
-    for _ in range(RUNS):
-        got.append(client.post(f"/threads/{thread}/runs", json=body))
+@dataclass
+class ByHttp:
+    """RUNS runs created from each client through the Agent Server, one after the other."""
+
+    clients: list[httpx.Client]
+    thread: str
+    answers: list[list[httpx.Response]] = field(default_factory=list)
+    posting: list[threading.Thread] = field(default_factory=list)
+
+    def start(self, at: float) -> None:
+        self.answers = [[] for _ in self.clients]
+        for client, got in zip(self.clients, self.answers, strict=True):
+            self.posting.append(threading.Thread(target=self._post, args=(client, got, at)))
+            self.posting[-1].start()
+
+    def _post(self, client: httpx.Client, got: list[httpx.Response], at: float) -> None:
+        time.sleep(max(0.0, at - time.time()))
+        body = {"assistant_id": service.WORKFLOW, "input": {"topic": "deleted?"}}
+        for _ in range(RUNS):
+            got.append(client.post(f"/threads/{self.thread}/runs", json=body))
+
+    def wait(self) -> None:
+        for one in self.posting:
+            one.join(WITHIN)
+        assert not any(one.is_alive() for one in self.posting), "a client got no answer"
 
 
 def test_a_thread_deleted_while_the_agent_server_admits_runs_on_it_is_not_made_again(
@@ -190,24 +256,15 @@ def test_a_thread_deleted_while_the_agent_server_admits_runs_on_it_is_not_made_a
             for thread in threads:
                 app.create_thread(service.WORKFLOW, thread_id=thread)
         outcomes: list[str] = []
-        for round_, (thread, offset) in enumerate(zip(threads, offsets(backend), strict=True)):
-            at = time.time() + LEAD
-            answers: list[list[httpx.Response]] = [[] for _ in clients]
-            posting = [
-                threading.Thread(target=post_runs, args=(c, got, thread, at))
-                for c, got in zip(clients, answers, strict=True)
-            ]
-            for one in posting:
-                one.start()
-            deleter.send({"thread": thread, "at": at + offset})
-            verdict = deleter.answer(WITHIN)
-            for one in posting:
-                one.join(WITHIN)
+        for round_, (thread, when) in enumerate(zip(threads, timings(backend), strict=True)):
+            submissions = ByHttp(clients, thread)
+            verdict = race(when, deleter, thread, submissions)
+            answers = submissions.answers
             said = [(a.status_code, a.text[:200]) for got in answers for a in got]
             now = left(db_url, thread)
             where = (
-                f"round {round_} (seed {SEED}, deleter at {offset * 1000:+.1f} ms): deleter "
-                f"said {verdict}, left {now}, answers {said}"
+                f"round {round_} (seed {SEED}, {said_when(when)}): deleter said {verdict}, "
+                f"left {now}, answers {said}"
             )
             assert verdict is not None and "error" not in verdict, where
             assert {code for code, _ in said} <= {200, 404}, where

@@ -13,18 +13,26 @@ admitted the run. So `submit` checks it first, as LangGraph would read it:
   (an input is a partial update, and LangGraph accepts that).
 - a pydantic model (or a dataclass): the input must validate as one, as LangGraph validates it.
 
+A field of messages is judged as LangGraph treats it, not by its declared type alone: through
+JSON a message arrives as a dict (`{"role": "user", "content": "hi"}`), which LangGraph passes to
+the graph's nodes or its reducer as it came (see `Messages`).
+
 Each problem is named by its field (`input.to: Input should be a valid string`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 import typing
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import typing_extensions
-from langchain_core.messages import convert_to_messages
+from langchain_core.messages import BaseMessage, convert_to_messages
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from keel.core.errors import InvalidInput
 from keel.core.workflows import Workflow
@@ -39,18 +47,22 @@ class _Schema:
         self.whole: TypeAdapter[Any] | None = None
         self.fields: dict[str, TypeAdapter[Any] | Messages | None] = {}
         self.required: frozenset[str] = frozenset()
-        self.message_fields: frozenset[str] = frozenset()
-        """A whole schema's fields that LangGraph's message reducer takes: judged as it judges
-        them, not by the field's type (a plain string is a message to it, not a list)."""
-        if (isinstance(schema, type) and issubclass(schema, BaseModel)) or dataclasses.is_dataclass(
-            schema
-        ):
+        self.message_fields: dict[str, Messages] = {}
+        """A whole schema's fields judged as messages, apart from the whole (their placeholder
+        there is `[]`): a pydantic model's `add_messages` fields (LangGraph validates the others
+        by the model itself), a dataclass's lists of messages (LangGraph validates nothing of a
+        dataclass; its message fields are judged as a TypedDict's are)."""
+        self.model = schema if isinstance(schema, type) and issubclass(schema, BaseModel) else None
+        if self.model or dataclasses.is_dataclass(schema):
             self.whole = TypeAdapter(schema)
             try:
                 hints = typing.get_type_hints(schema, include_extras=True)
             except Exception:
                 hints = {}
-            self.message_fields = frozenset(k for k, h in hints.items() if _is_messages(h))
+            for key, hint in hints.items():
+                judge = _adapter(hint)
+                if isinstance(judge, Messages) and (judge.reduced or self.model is None):
+                    self.message_fields[key] = judge
         elif typing_extensions.is_typeddict(schema):  # typing's misses typing_extensions'
             try:
                 hints = typing.get_type_hints(schema, include_extras=True)
@@ -81,11 +93,32 @@ class _Schema:
                 found += _errors(adapter, item, ("input", key))
         if self.whole is not None:
             whole = dict(value)
-            for key in self.message_fields & value.keys():
-                found += MESSAGES.problems(value[key], ("input", key))
-                whole[key] = []  # the reducer's input, not the field's: judged just above
-            found += _errors(self.whole, whole, ("input",))
+            for key in self.message_fields.keys() & value.keys():
+                found += self.message_fields[key].problems(value[key], ("input", key))
+                whole[key] = []  # judged just above, as LangGraph takes it
+            # LangGraph validates a pydantic state with the model itself: what makes the model's
+            # validator raise (AnyMessage's discriminator, given a role dict) fails the run too.
+            raising = functools.partial(self._raising, whole) if self.model else None
+            found += _errors(self.whole, whole, ("input",), raising=raising)
         return found
+
+    def _raising(self, value: dict[str, Any], exc: Exception) -> list[str]:
+        """The fields of a pydantic state whose own validator raises on `value` (pydantic names
+        none when a validator raises rather than reports), each named with the reason."""
+        reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:200]
+        fields = self.model.model_fields if self.model else {}
+        named = [key for key, item in value.items() if key in fields and _raises(fields[key], item)]
+        return [f"input.{key}: {reason}" for key in named] or [f"input: {reason}"]
+
+
+def _raises(field: FieldInfo, value: Any) -> bool:
+    try:
+        TypeAdapter(field.annotation or Any).validate_python(value)
+    except ValidationError:
+        return False
+    except (TypeError, ValueError):
+        return True
+    return False
 
 
 # Per registered workflow (a frozen dataclass: the same registration, the same entry).
@@ -175,23 +208,42 @@ def _unqualified(hint: Any) -> Any:
 
 
 class Messages:
-    """A field LangGraph's message reducer (`add_messages`) reduces. It takes what
-    `convert_to_messages` makes messages of (a string, a (role, text) tuple, a {"role",
-    "content"} dict, a message; one or a list of them), as the reducer itself calls it; anything
-    else fails the run's first step (`Unsupported message type`), after it was admitted."""
+    """A field of messages, judged by what LangGraph and LangChain make messages of
+    (`convert_to_messages`: a string, a (role, text) pair, a {"role", "content"} dict, a
+    message or its dict) rather than by the message classes of its type, which no JSON value is.
+
+    - `reduced`: a field LangGraph's message reducer (`add_messages`) reduces. It takes one of
+      them or a list, as the reducer itself calls `convert_to_messages`; anything else fails the
+      run's first step (`Unsupported message type`), after it was admitted.
+    - otherwise a list of messages (`list[AnyMessage]`, `Sequence[BaseMessage]`): a list of
+      them. LangGraph hands such a field to the nodes as it came, and a node hands it to a chat
+      model, which makes messages of it then; without a reducer a string is taken too (a chat
+      model reads it as one human message), with one (`operator.add`) it is not (the reducer
+      fails on it).
+    """
+
+    def __init__(self, *, reduced: bool, text: bool = False) -> None:
+        self.reduced = reduced
+        self.text = text
 
     def problems(self, value: Any, where: tuple[str, ...]) -> list[str]:
+        name = ".".join(where)
+        if self.text and isinstance(value, str):
+            return []
+        if not self.reduced and not isinstance(value, list):
+            takes = "a list of messages or a string" if self.text else "a list of messages"
+            return [f"{name}: expected {takes}, got {type(value).__name__}"]
         try:
             convert_to_messages(value if isinstance(value, list) else [value])
         except Exception as exc:  # NotImplementedError, ValueError, KeyError, TypeError
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             if len(reason) > 200:
                 reason = reason[:197] + "..."
-            return [f"{'.'.join(where)}: not a message or a list of messages ({reason})"]
+            return [f"{name}: not a message or a list of messages ({reason})"]
         return []
 
 
-MESSAGES = Messages()
+MESSAGES = Messages(reduced=True)
 
 
 def _is_messages(hint: Any) -> bool:
@@ -202,6 +254,37 @@ def _is_messages(hint: Any) -> bool:
     )
 
 
+def _is_message_type(hint: Any) -> bool:
+    """A message class, or a union of them (`AnyMessage`), also under `Annotated`."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _is_message_type(hint.__origin__)
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_message_type(arg) for arg in typing.get_args(hint))
+    return isinstance(hint, type) and issubclass(hint, BaseMessage)
+
+
+def _mentions_messages(hint: Any) -> bool:
+    return _is_message_type(hint) or any(_mentions_messages(a) for a in typing.get_args(hint))
+
+
+def _message_list(hint: Any) -> Messages | None:
+    """The judge of a field whose type holds messages but no `add_messages`: a list of them
+    (see `Messages`); None for another shape (`dict[str, BaseMessage]`), left unchecked rather
+    than judged by classes no JSON value is."""
+    inner, reducer = hint, False
+    if typing.get_origin(hint) is typing.Annotated:
+        inner, reducer = hint.__origin__, any(callable(extra) for extra in hint.__metadata__)
+    args = typing.get_args(inner)
+    if (
+        typing.get_origin(inner) in (list, Sequence)
+        and len(args) == 1
+        and _is_message_type(args[0])
+    ):
+        return Messages(reduced=False, text=not reducer)
+    return None
+
+
 def _adapter(hint: Any) -> TypeAdapter[Any] | Messages | None:
     if hint is None:
         return None
@@ -210,13 +293,21 @@ def _adapter(hint: Any) -> TypeAdapter[Any] | Messages | None:
         # LangGraph's message reducer judges its input by what it can make messages of, not by
         # the field's type (other reducers take the field's own type).
         return MESSAGES
+    if _mentions_messages(hint):
+        return _message_list(hint)
     try:
         return TypeAdapter(hint)
     except Exception:  # a type pydantic cannot check (an arbitrary class): the key is enough
         return None
 
 
-def _errors(adapter: TypeAdapter[Any], value: Any, where: tuple[str, ...]) -> list[str]:
+def _errors(
+    adapter: TypeAdapter[Any],
+    value: Any,
+    where: tuple[str, ...],
+    *,
+    raising: Callable[[Exception], list[str]] | None = None,
+) -> list[str]:
     try:
         adapter.validate_python(value)
     except ValidationError as exc:
@@ -224,8 +315,9 @@ def _errors(adapter: TypeAdapter[Any], value: Any, where: tuple[str, ...]) -> li
             f"{'.'.join(str(p) for p in (*where, *err.get('loc', ())))}: {err.get('msg')}"
             for err in exc.errors()
         ]
-    except (TypeError, ValueError):
-        # The schema's own validator cannot judge the value (a discriminator that raises):
-        # LangGraph would take it, and so does the admission.
-        return []
+    except (TypeError, ValueError) as exc:
+        # The schema's own validator cannot judge the value (a discriminator that raises): where
+        # LangGraph does not run that validator (a TypedDict's field) it takes the value, and so
+        # does the admission; where it does (a pydantic state), the run would fail on it.
+        return raising(exc) if raising else []
     return []

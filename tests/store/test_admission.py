@@ -6,15 +6,11 @@ import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Annotated, Any, Required, TypedDict
+from typing import Any, Required, TypedDict
 
 import pydantic
 import pytest
-import typing_extensions
-from langchain_core.messages import AnyMessage
-from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
 
 import keel
 from keel.core.errors import (
@@ -26,7 +22,7 @@ from keel.core.errors import (
     UsageError,
 )
 from tests.support.checks import event_kinds
-from tests.support.graphs import echo_graph, one_node
+from tests.support.graphs import echo_graph
 from tests.support.workers import drain
 
 AppFactory = Callable[..., keel.App]
@@ -329,112 +325,6 @@ def test_a_declared_input_schema_requires_its_required_keys_and_only_those(
     assert refused.value.errors == ["input.to: missing (a required field of LetterInput)"]
     app.submit("letter", job_id="l-2", input={"to": "ana@example.com"})  # draft: not an input
     assert len(app.list_runs()) == 1
-
-
-class Chat(typing_extensions.TypedDict):
-    """A chat state as LangGraph's own examples write it (typing_extensions' TypedDict)."""
-
-    messages: Annotated[list[AnyMessage], add_messages]
-    turns: int
-
-
-def chat_graph() -> StateGraph:
-    return one_node(Chat, "n", lambda state: {"turns": len(state["messages"])})
-
-
-@pytest.mark.parametrize(
-    ("bad", "field"),
-    [
-        ({"messages": 5}, "input.messages"),
-        ({"messages": [{"foo": 1}]}, "input.messages"),
-        ({"messages": None}, "input.messages"),
-        ({"messages": "hi", "turns": "many"}, "input.turns"),
-        ({"mesages": "hi"}, "input.mesages"),
-    ],
-)
-def test_a_typing_extensions_schema_and_its_messages_are_checked_at_submit(
-    make_app: AppFactory, bad: dict[str, Any], field: str
-) -> None:
-    # Both went unchecked: typing.is_typeddict does not know typing_extensions' TypedDict (the
-    # one LangGraph's docs use), and a message field was left to the first step, which failed
-    # the admitted run with "Unsupported message type".
-    app = make_app()
-    app.workflow("chat")(chat_graph)
-    with pytest.raises(InvalidInput) as refused:
-        app.submit("chat", job_id="c-bad", input=bad)
-    assert [e.split(":")[0] for e in refused.value.errors] == [field]
-    assert app.list_runs() == []
-
-
-def test_every_shape_the_message_reducer_takes_is_admitted_and_runs(
-    make_app: AppFactory,
-) -> None:
-    app = make_app()
-    app.workflow("chat")(chat_graph)
-    shapes: list[Any] = [
-        "hi",
-        ("user", "hi"),
-        {"role": "user", "content": "hi"},
-        {"type": "human", "content": "hi"},
-        [{"role": "user", "content": "hi"}, ("assistant", "hello"), "and you?"],
-        [],
-    ]
-    runs = [
-        app.submit("chat", job_id=f"c-{i}", input={"messages": shape})
-        for i, shape in enumerate(shapes)
-    ]
-    drain(app)
-    assert [app.get_run(r.run_id).status for r in runs] == ["completed"] * len(shapes)
-
-
-class PydanticChat(pydantic.BaseModel):
-    messages: Annotated[list[AnyMessage], add_messages] = []
-
-
-@pytest.mark.parametrize(
-    "messages",
-    [
-        "hi",
-        [("user", "hi")],
-        [{"role": "user", "content": "hi"}],
-        [
-            {
-                "lc": 1,
-                "type": "constructor",
-                "id": ["langchain", "schema", "messages", "HumanMessage"],
-                "kwargs": {"content": "hi"},
-            }
-        ],
-        5,
-        None,
-        [{"type": "remove", "id": "1"}],
-    ],
-)
-def test_a_pydantic_states_message_field_takes_what_langgraph_takes(
-    make_app: AppFactory, messages: Any
-) -> None:
-    # The whole-model check judged the field by its type: a plain string or a serialized
-    # message, which the reducer takes, was refused (422) though LangGraph runs it.
-    def build() -> StateGraph:
-        return one_node(PydanticChat, "n", lambda state: {})
-
-    try:
-        build().compile(checkpointer=InMemorySaver()).invoke(
-            {"messages": messages}, {"configurable": {"thread_id": "oracle"}}
-        )
-        langgraph_takes = True
-    except Exception:
-        langgraph_takes = False
-    app = make_app()
-    app.workflow("chat")(build)
-    if not langgraph_takes:
-        with pytest.raises(InvalidInput):
-            app.submit("chat", job_id="c", input={"messages": messages})
-        assert app.list_runs() == []
-        return
-    run = app.submit("chat", job_id="c", input={"messages": messages})
-    drain(app)
-    assert app.get_run(run.run_id).status == "completed"
 
 
 def test_registration_builds_the_graph_once_and_submit_checks_input_without_rebuilding(

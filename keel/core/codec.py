@@ -77,6 +77,22 @@ def check_storable(value: Any, what: str) -> None:
         stack.extend((child, depth + 1, (path, key)) for key, child in children)
 
 
+def storable_entries(mapping: dict[str, Any], what: str) -> tuple[dict[str, Any], list[str]]:
+    """`mapping`'s entries that `check_storable` takes, and why it refused each other one: for a
+    copy of values kept before a rule refused them (a thread's metadata with a NUL, which SQLite
+    took), so that what was kept once blocks nothing written now, and is not written again."""
+    kept: dict[str, Any] = {}
+    refused: list[str] = []
+    for key, value in mapping.items():
+        try:
+            check_storable({key: value}, what)
+        except InvalidInput as exc:
+            refused.append(str(exc))
+        else:
+            kept[key] = value
+    return kept, refused
+
+
 _Path = tuple[Any, Any] | None
 """Where a value sits in what `check_storable` walks: (its parent's path, its key or index),
 linked (a pair a value), written out only for the value refused."""

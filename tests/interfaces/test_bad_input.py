@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
+import keel
 from keel.core.codec import MAX_DEPTH
 from keel.core.errors import InvalidInput
-from tests.support.apps.service import WORKFLOW
-from tests.support.service_client import Service
+from keel.service import create_app
+from tests.support.apps.service import WORKFLOW, LiveServer
+from tests.support.graphs import echo_graph
+from tests.support.service_client import ADMIN, TOKENS, Service, bearer
 from tests.support.workers import drain
 
 
@@ -201,3 +206,43 @@ def test_a_state_update_that_is_not_an_object_is_422_and_admits_nothing(svc: Ser
         assert answer.status_code == 422, answer.text
         assert "expected an object" in answer.json()["message"]
     assert counts(svc) == before
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # PostgreSQL never kept such metadata
+def test_a_thread_whose_stored_metadata_holds_a_nul_still_takes_runs(
+    make_app: Callable[..., keel.App], db_url: str
+) -> None:
+    """A thread's metadata kept on SQLite before NULs were refused: every Agent Server run on
+    it was a 422 on `config`, which the client never sent (the thread's metadata is copied into
+    each run's config). The run works; the entry no database may keep any more is left out of
+    the copy, and the thread shows what it holds until a PATCH replaces it."""
+    app = make_app()
+    app.workflow("echo")(echo_graph)
+    with LiveServer(create_app(app, tokens=TOKENS)) as server:
+        http = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=60)
+        metadata = {"note": "ok", "owner": "ana"}
+        assert http.post("/threads", json={"thread_id": "t", "metadata": metadata}).is_success
+        kept = json.dumps({"note": NUL, "owner": "ana"})
+        with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
+            db.execute("UPDATE keel_threads SET metadata = ? WHERE thread_id = 't'", (kept,))
+        db.close()
+        answer = http.post(
+            "/threads/t/runs", json={"assistant_id": "echo", "input": {"text": "hi"}}
+        )
+        assert answer.status_code == 200, answer.text
+        drain(app)
+        run = http.get(f"/threads/t/runs/{answer.json()['run_id']}").json()
+        assert run["status"] == "success"
+        assert http.get("/threads/t/state").json()["values"]["out"] == "HI"
+        [checkpoint] = http.post("/threads/t/history", json={"limit": 1}).json()
+        assert checkpoint["metadata"]["owner"] == "ana"  # the rest of it is copied as before
+        assert "note" not in checkpoint["metadata"]
+        assert http.get("/threads/t").json()["metadata"]["note"] == NUL
+        fixed = http.patch("/threads/t", json={"metadata": {"note": "a b"}})
+        assert fixed.status_code == 200, fixed.text
+        again = http.post("/threads/t/runs", json={"assistant_id": "echo", "input": {}})
+        assert again.status_code == 200, again.text
+        drain(app)
+        [checkpoint] = http.post("/threads/t/history", json={"limit": 1}).json()
+        assert checkpoint["metadata"]["note"] == "a b"
+        http.close()

@@ -66,11 +66,7 @@ from keel.service.agent_server.run_rows import (
     roll_back,
     run_of_thread,
 )
-from keel.service.agent_server.shapes import (
-    run_status,
-    selected,
-    thread_shape,
-)
+from keel.service.agent_server.shapes import run_metadata_of, run_status, selected, thread_shape
 from keel.service.agent_server.stream import Feed, Graphs, Position, on_app
 from keel.service.auth import Principal
 from keel.service.errors import Refused
@@ -143,7 +139,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
             given.pop(key, None)
         config["configurable"] = {**given, **stamp}
         # As the Agent Server: the thread's metadata (an owner...) in each checkpoint's too.
-        thread_meta = {} if thread is None else thread_shape(thread)["metadata"]
+        thread_meta = {} if thread is None else run_metadata_of(thread)
         config["metadata"] = {
             **thread_meta,
             **(config.get("metadata") or {}),

@@ -12,16 +12,19 @@ belongs to one workflow; the first run admitted on it gives it that run's (the s
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from langgraph.types import StateSnapshot
 
-from keel.core.codec import loads
+from keel.core.codec import loads, storable_entries
 from keel.core.lifecycle import Status, TerminationReason
 from keel.core.store.base import Row
 from keel.runtime.snapshot_json import state_json
+
+log = logging.getLogger("keel.service")
 
 NO_GRAPH = ""
 """The workflow (and version) of a thread no run has named a graph for yet."""
@@ -203,3 +206,19 @@ def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
             if key in part:
                 chosen[key] = part[key]
     return whole
+
+
+def run_metadata_of(thread: Row) -> dict[str, Any]:
+    """The thread's metadata as its runs' config carries it (as the Agent Server copies it):
+    without an entry no database may keep any more (a NUL, kept on SQLite before NULs were
+    refused), which would make every run on the thread a 422 on a `config` its client never
+    sent. The thread keeps it, shown as it is, until a PATCH replaces it."""
+    copied, refused = storable_entries(thread_shape(thread)["metadata"], "the thread's metadata")
+    for reason in refused:
+        log.warning(
+            "thread %s: %s; left out of its runs' config metadata (PATCH /threads/%s to fix it)",
+            thread["thread_id"],
+            reason,
+            thread["thread_id"],
+        )
+    return copied

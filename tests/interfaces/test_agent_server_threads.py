@@ -462,6 +462,16 @@ def test_state_history_and_checkpoints_of_a_conversation(served: Served) -> None
     assert one == {"values": {key: value}, "next": []}
     newest = c.threads.get_history(tid, limit=1, select=[f"values.{key}", "next"])
     assert newest == [{"values": {key: history[0]["values"][key]}, "next": history[0]["next"]}]
+    # A field a state does not have is refused, as langgraph-api refuses one in a search: an
+    # empty answer read as an empty state. A key `values` lacks is just not there.
+    for asked in (
+        lambda: c.threads.get_state(tid, select=["valuse"]),
+        lambda: c.threads.get_history(tid, select=["valuse.turns"]),
+    ):
+        with pytest.raises(UnprocessableEntityError) as refused:
+            asked()
+        assert "valuse" in refused.value.body["message"]  # type: ignore[index]
+    assert c.threads.get_state(tid, select=["values.nope"]) == {"values": {}}
 
 
 def test_update_state_answers_the_checkpoint_a_worker_wrote(served: Served) -> None:
@@ -557,6 +567,8 @@ def test_search_count_update_copy_and_delete(served: Served) -> None:
     assert c.threads.search(ids=["t-a"], select=["thread_id", "status"]) == [
         {"thread_id": "t-a", "status": "idle"}
     ]
+    with pytest.raises(UnprocessableEntityError):
+        c.threads.search(ids=["t-a"], select=["thread_id", "nope"])  # type: ignore[list-item]
     assert c.threads.count() == 5
     assert c.threads.count(metadata={"team": "x"}) == 3
     assert c.threads.count(status="interrupted") == 1

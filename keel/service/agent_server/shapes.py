@@ -23,6 +23,7 @@ from keel.core.codec import loads, storable_entries
 from keel.core.lifecycle import Status, TerminationReason
 from keel.core.store.base import Row
 from keel.runtime.snapshot_json import state_json
+from keel.service.errors import Refused
 
 log = logging.getLogger("keel.service")
 
@@ -194,9 +195,17 @@ def run_shape(row: Row) -> dict[str, Any]:
 
 def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
     """Only the `select`ed fields of a body (all of them without a selection). A field named
-    `values.<key>` (as the SDKs document for a state) selects that key of `values` alone."""
+    `values.<key>` (as the SDKs document for a state) selects that key of `values` alone.
+    A field the body does not have is refused (422), as langgraph-api refuses it in a search:
+    answering `{}` for a misspelled field reads as an empty state."""
     if not select:
         return body
+    unknown = [f for f in select if f.partition(".")[0] not in body]
+    if unknown:
+        fields = ", ".join(body)
+        raise Refused(
+            422, "invalid_request", f"select: no field {unknown[0][:80]!r}; one of {fields}"
+        )
     whole = {k: v for k, v in body.items() if k in select}
     for field in select:
         name, dot, key = field.partition(".")

@@ -11,11 +11,16 @@ annotation objects, as in keel/service/api.py.)
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Body, Depends, Path, Query
 
 from keel.runtime.app import App
 from keel.runtime.replay import ReplayReport
 from keel.service.auth import Authenticator, Principal
+from keel.service.models import Body as Strict
+
+
+class NoOptions(Strict):
+    """A replay's body: its options are the query's (`from`); none is taken here."""
 
 
 def replay_router(keel_app: App, auth: Authenticator) -> APIRouter:
@@ -33,9 +38,11 @@ def replay_router(keel_app: App, auth: Authenticator) -> APIRouter:
         from_step: Annotated[
             int | None, Query(ge=0, alias="from", description="Replay from this step.")
         ] = None,
+        body: Annotated[NoOptions | None, Body()] = None,
     ) -> ReplayReport:
         """Re-execute the run's graph in a throwaway copy (effects served from its ledger,
-        approvals answered as recorded) and report the first step that diverged."""
+        approvals answered as recorded) and report the first step that diverged. No body, or
+        `{}`: anything else (invalid JSON, a field) is 422, not silently ignored."""
         return keel_app.replay(run_id, from_step)
 
     return router

@@ -246,3 +246,18 @@ def test_a_thread_whose_stored_metadata_holds_a_nul_still_takes_runs(
         [checkpoint] = http.post("/threads/t/history", json={"limit": 1}).json()
         assert checkpoint["metadata"]["note"] == "a b"
         http.close()
+
+
+def test_a_thread_copy_with_a_body_that_is_not_an_object_is_422(svc: Service) -> None:
+    """The SDK sends no body; a body of another shape (or not JSON) was ignored and the
+    thread copied all the same, whatever the client meant by it."""
+    svc.http.post("/threads", json={"thread_id": "t-c", "graph_id": WORKFLOW})
+    before = counts(svc)
+    headers = {"Content-Type": "application/json"}
+    for body in [b"{nope", b"[1]", b'"t-c"']:
+        answer = svc.http.post("/threads/t-c/copy", content=body, headers=headers)
+        assert (answer.status_code, answer.json()["error"]) == (422, "invalid_request"), body
+    assert counts(svc) == before
+    for body in [b"", b"{}"]:
+        assert svc.http.post("/threads/t-c/copy", content=body, headers=headers).is_success
+    assert counts(svc)[0] == before[0] + 2

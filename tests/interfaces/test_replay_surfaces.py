@@ -108,4 +108,12 @@ def test_post_replay_returns_the_report_and_needs_the_write_scope(
         assert bad.status_code == 400 and "has no step 9" in bad.text
         missing = httpx.post(f"{server.url}/v1/runs/nope-0000/replay", headers=bearer(RUNS_WRITER))
         assert missing.status_code == 404
+        # A replay takes no options in its body: `{}` is none, anything else is a mistake
+        # (it was ignored, a replay from step 0 answered as if the option had been heard).
+        writer = {**bearer(RUNS_WRITER), "Content-Type": "application/json"}
+        empty = httpx.post(url, content=b"{}", headers=writer, timeout=30)
+        assert empty.status_code == 200, empty.text
+        for body in [b"{nope", b"[1]", b'{"from": 2}']:
+            wrong = httpx.post(url, content=body, headers=writer)
+            assert (wrong.status_code, wrong.json()["error"]) == (422, "invalid_request"), body
     assert len(sink.requests) == 1

@@ -361,9 +361,11 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
         return Response(status_code=204)
 
     @router.post("/threads/{thread_id}/copy")
-    def copy_thread(thread_id: ThreadId, principal: Writer) -> dict[str, Any]:
+    def copy_thread(
+        thread_id: ThreadId, principal: Writer, body: Body | None = None
+    ) -> dict[str, Any]:
         """A new thread with a copy of the thread's checkpoints (and its metadata, its owner's
-        included); its runs stay with it."""
+        included); its runs stay with it. No body, or an object: invalid JSON is 422."""
         visible(principal, thread_id, "read")
         return shape(keel_app.copy_thread(thread_id))
 

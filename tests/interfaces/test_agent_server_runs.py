@@ -40,7 +40,7 @@ from keel.service.errors import install
 from tests.support.apps.service import LiveServer
 from tests.support.checks import wait_until
 from tests.support.graphs import one_node
-from tests.support.service_client import ADMIN, READER, TOKENS
+from tests.support.service_client import ADMIN, READER, TOKENS, bearer
 from tests.support.thread_graphs import asking, chat, register
 
 Part = tuple[str, Any]
@@ -539,6 +539,18 @@ def test_join_stream_resumes_after_any_event_id(svc: Served) -> None:
         client.runs.join_stream(thread, run_id, stream_mode="updates", last_event_id=ids[0])
     )
     assert {p.event for p in only} == {"updates", "end"}
+    # An id naming no place a run has (its checkpoint part is no checkpoint id): 400, on the
+    # run's stream and on the thread's, not a stream resumed somewhere made up.
+    checkpoint = next(i for i in ids if not i.startswith("-")).split("/")[0]
+    for url, bad in [
+        (f"/threads/{thread}/runs/{run_id}/stream", "x/1"),
+        (f"/threads/{thread}/runs/{run_id}/stream", f"g{checkpoint[1:]}/1"),
+        (f"/threads/{thread}/runs/{run_id}/stream", "abc"),
+        (f"/threads/{thread}/stream", f"{run_id}/x/1"),
+    ]:
+        headers = {**bearer(ADMIN), "Last-Event-ID": bad}
+        answer = httpx.get(svc.url + url, headers=headers, timeout=30)
+        assert (answer.status_code, answer.json()["error"]) == (400, "invalid_id"), (url, bad)
 
 
 # -- strategies, cancel, refusals ----------------------------------------------------------------

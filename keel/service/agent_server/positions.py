@@ -10,9 +10,11 @@ from sse_starlette.sse import ServerSentEvent
 
 from keel.core.codec import dumps
 
+# The checkpoint part is a LangGraph checkpoint id (a UUID) or `-`: anything else (`x/1`) names
+# a place no run has, and a stream resumed there would silently skip or repeat events.
 _POSITION = re.compile(
-    r"(-|[0-9A-Za-z][0-9A-Za-z._-]{0,99})/(\d{1,9})(?:/(\d{1,18}))?(?:/(\d{1,18}))?"
-    r"(?:/[a-z]{1,20})?"
+    r"(-|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
+    r"/(\d{1,9})(?:/(\d{1,18}))?(?:/(\d{1,18}))?(?:/[a-z]{1,20})?"
 )
 RESUMED = 999_999_999
 """The `n` of the chunks an execution produced resuming a pause: after the pause's events."""

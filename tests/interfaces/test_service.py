@@ -374,21 +374,28 @@ def test_run_details_and_artifact_download(svc: Service, tmp_path: Path) -> None
     (artifact,) = run["artifacts"]
     expected = "# rust\n\nA draft about rust.\n"
     assert (artifact["name"], artifact["size"]) == ("draft.md", len(expected))
-    download = svc.http.get(artifact["download_url"])
-    assert download.status_code == 200
-    assert download.text == expected
-    assert 'filename="draft.md"' in download.headers["content-disposition"]
-    part = svc.http.get(artifact["download_url"], headers={"Range": "bytes=2-5"})
-    assert (part.status_code, part.text) == (206, expected[2:6])
-    # A malformed range is 400 and one past the end 416 (with the size, as RFC 9110 says), each
-    # with the JSON error body (they were Starlette's plain text, the 416 an empty body).
-    for bad in ("bytes=abc", "bytes=5-2", "items=0-1"):
-        refused = svc.http.get(artifact["download_url"], headers={"Range": bad})
-        assert refused.status_code == 400, (bad, refused.text)
-        assert refused.json()["error"] == "invalid_range", bad
-    past = svc.http.get(artifact["download_url"], headers={"Range": "bytes=999999-"})
-    assert (past.status_code, past.json()["error"]) == (416, "range_not_satisfiable")
-    assert past.headers["content-range"] == f"bytes */{len(expected)}"
+    # The API's download and the console's (a browser's session) answer alike.
+    browser = svc.as_(None)
+    browser.get("/ui/login")
+    nonce = browser.cookies["keel_login_csrf"]
+    browser.post("/ui/login", data={"token": ADMIN, "csrf": nonce})
+    console = f"/ui/runs/{run_id}/artifacts/draft.md"
+    for client, url in [(svc.http, artifact["download_url"]), (browser, console)]:
+        download = client.get(url)
+        assert download.status_code == 200, url
+        assert download.text == expected
+        assert 'filename="draft.md"' in download.headers["content-disposition"]
+        part = client.get(url, headers={"Range": "bytes=2-5"})
+        assert (part.status_code, part.text) == (206, expected[2:6])
+        # A malformed range is 400 and one past the end 416 (with the size, as RFC 9110
+        # says), each with the JSON error body (Starlette's plain text, the 416 empty).
+        for bad in ("bytes=abc", "bytes=5-2", "items=0-1"):
+            refused = client.get(url, headers={"Range": bad})
+            assert refused.status_code == 400, (url, bad, refused.text)
+            assert refused.json()["error"] == "invalid_range", (url, bad)
+        past = client.get(url, headers={"Range": "bytes=999999-"})
+        assert (past.status_code, past.json()["error"]) == (416, "range_not_satisfiable"), url
+        assert past.headers["content-range"] == f"bytes */{len(expected)}"
 
     # Files next to and above the run's folder must never be served.
     root = tmp_path / "artifacts"

@@ -23,7 +23,7 @@ from keel.service.console.render import page, pretty
 from keel.service.console.schedule_pages import schedule_pages_router
 from keel.service.console.session import Sessions
 from keel.service.console.thread_pages import thread_pages_router
-from keel.service.files import artifact_file
+from keel.service.files import artifact_file, download
 
 PAGE = 50
 INLINE_LIMIT = 65536
@@ -100,10 +100,10 @@ def pages_router(keel_app: App, sessions: Sessions) -> APIRouter:
             headers={"Cache-Control": "no-store"},
         )
 
-    @router.get("/ui/runs/{run_id}/artifacts/{name}")
-    def artifact(run_id: str, name: str, request: Request) -> FileResponse:
+    @router.get("/ui/runs/{run_id}/artifacts/{name}", response_model=None)
+    def artifact(run_id: str, name: str, request: Request) -> FileResponse | JSONResponse:
         sessions.require(request, "runs:read")
-        return FileResponse(artifact_file(keel_app, run_id, name), filename=name)
+        return download(artifact_file(keel_app, run_id, name), name, request)
 
     @router.get("/ui/approvals", response_class=HTMLResponse)
     def approvals_page(request: Request) -> HTMLResponse:

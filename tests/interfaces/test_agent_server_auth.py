@@ -19,7 +19,11 @@ import pytest
 from fastapi import FastAPI
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.client import SyncLangGraphClient
-from langgraph_sdk.errors import AuthenticationError, PermissionDeniedError
+from langgraph_sdk.errors import (
+    AuthenticationError,
+    PermissionDeniedError,
+    UnprocessableEntityError,
+)
 
 import keel
 from keel.runtime.project import ProjectError, load_project
@@ -66,6 +70,9 @@ async def assistants_for_all(ctx: Auth.types.AuthContext, value: dict) -> bool:
 @auth.on.store
 async def own_namespace(ctx: Auth.types.AuthContext, value: dict) -> None:
     value["namespace"] = (ctx.user.identity, *(value.get("namespace") or ()))
+    if ctx.user.identity == "carol" and ctx.action == "search":
+        # A handler's mistake: an operator the store cannot run.
+        value["filter"] = {**(value.get("filter") or {}), "team": {"$in": ["a", "b"]}}
 """
 
 
@@ -199,6 +206,10 @@ def test_store_items_are_scoped_to_their_user(served: Served) -> None:
     assert bob.store.list_namespaces()["namespaces"] == [["bob", "notes"]]
     bob.store.delete_item(["notes"], "k")
     assert bob.store.get_item(["notes"], "k") is None
+    # A filter the handler added is checked as a client's is: 422 naming it, not a 500.
+    with pytest.raises(UnprocessableEntityError) as refused:
+        served.as_(CAROL).store.search_items(["notes"])
+    assert "'$in' is not an operator" in refused.value.body["message"]  # type: ignore[index]
     after = alice.store.get_item(["notes"], "k")
     assert after is not None and after["value"] == {"text": "alice's"}
 

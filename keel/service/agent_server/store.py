@@ -86,7 +86,10 @@ def checked(namespace: list[str]) -> tuple[str, ...]:
 
 def checked_filter(given: dict[str, Any] | None) -> dict[str, Any] | None:
     """The search filter; 422 for one the store cannot run (an unknown operator, a field name
-    it refuses, an object that is not operators): before, the store's ValueError was a 500."""
+    it refuses, an object that is not operators): before, the store's ValueError was a 500.
+    A client's filter is checked before the auth handler sees it, the handler's result after."""
+    if given is not None and not isinstance(given, dict):
+        raise Refused(422, "invalid_filter", f"a filter is an object, not {type(given).__name__}")
     for field, wanted in (given or {}).items():
         if not FIELD.fullmatch(field):
             raise Refused(
@@ -195,6 +198,8 @@ def store_router(keel_app: App, auth: Gate) -> APIRouter:
             "query": body.query,
         }
         value = allowed(principal, "search", asked)
+        # The auth handler may have added conditions of its own: they reach the store too.
+        value["filter"] = checked_filter(value.get("filter"))
 
         async def search(store: BaseStore) -> list[dict[str, Any]]:
             found = await store.asearch(

@@ -18,10 +18,9 @@ answered in the protocol's shapes (`shapes`). Where the protocol and Keel differ
 (No `from __future__ import annotations`: FastAPI resolves the dependency aliases below.)
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
-from pydantic import BaseModel, Field
 
 from keel.core.codec import contains, dumps, loads
 from keel.core.errors import InvalidId, RunStillGoing, ThreadNotFound, UnknownWorkflow
@@ -45,76 +44,24 @@ from keel.service.agent_server.shapes import (
     state_shape,
     thread_shape,
 )
+from keel.service.agent_server.thread_bodies import (
+    MAX_PAGE,
+    Body,
+    HistoryIn,
+    StateAt,
+    StateUpdate,
+    ThreadCount,
+    ThreadCreate,
+    ThreadPatch,
+    ThreadSearch,
+)
 from keel.service.auth import Principal
 from keel.service.errors import Refused
 
-MAX_PAGE = 1000
 MAX_SCAN = 10_000
 """The most threads a search that Keel's store cannot page for (`values`, another sort) reads."""
 UPDATE_WAIT = 30.0
 """Seconds a state update's request waits for a worker to write it."""
-
-ThreadStatus = Literal["idle", "busy", "interrupted", "error"]
-
-
-# -- bodies ----------------------------------------------------------------------------------
-
-
-class Body(BaseModel):
-    model_config = {"extra": "ignore"}
-
-
-class ThreadCreate(Body):
-    thread_id: str | None = None
-    metadata: dict[str, Any] | None = None
-    if_exists: Literal["raise", "do_nothing"] | None = None
-    graph_id: str | None = None
-    supersteps: list[Any] | None = None
-    ttl: Any = None
-
-
-class ThreadPatch(Body):
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    ttl: Any = None
-
-
-class ThreadCount(Body):
-    metadata: dict[str, Any] | None = None
-    values: dict[str, Any] | None = None
-    status: ThreadStatus | None = None
-
-
-class ThreadSearch(ThreadCount):
-    ids: list[str] | None = None
-    limit: int = Field(10, ge=1, le=MAX_PAGE)
-    offset: int = Field(0, ge=0)
-    sort_by: (
-        Literal["thread_id", "status", "created_at", "updated_at", "state_updated_at"] | None
-    ) = None
-    sort_order: Literal["asc", "desc"] | None = None
-    select: list[str] | None = None
-    extract: dict[str, Any] | None = None
-
-
-class StateUpdate(Body):
-    values: Any = None
-    as_node: str | None = Field(None, min_length=1, max_length=200)
-    checkpoint: dict[str, Any] | None = None
-    checkpoint_id: str | None = None
-
-
-class StateAt(Body):
-    checkpoint: dict[str, Any]
-    subgraphs: bool = False
-    select: list[str] | None = None
-
-
-class HistoryIn(Body):
-    limit: int = Field(10, ge=1, le=MAX_PAGE)
-    before: str | dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
-    checkpoint: dict[str, Any] | None = None
-    select: list[str] | None = None
 
 
 def not_implemented(what: str) -> Refused:

@@ -205,6 +205,11 @@ def test_a_state_update_that_is_not_an_object_is_422_and_admits_nothing(svc: Ser
         answer = svc.http.post("/v1/threads/t-s/state", json={"values": values, "timeout": 0})
         assert answer.status_code == 422, answer.text
         assert "expected an object" in answer.json()["message"]
+    # The Agent Server answers a list as langgraph-api does (400), the others 422 as it does.
+    for values, status in [(True, 422), ("hello", 422), ([1, 2], 400)]:
+        answer = svc.http.post("/threads/t-s/state", json={"values": values})
+        assert (answer.status_code, answer.json()["error"]) == (status, "invalid_input"), values
+        assert "expected an object" in answer.json()["message"]
     assert counts(svc) == before
 
 

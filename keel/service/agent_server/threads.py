@@ -23,7 +23,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from keel.core.codec import contains, dumps, loads
-from keel.core.errors import InvalidId, RunStillGoing, ThreadNotFound, UnknownWorkflow
+from keel.core.errors import (
+    InvalidId,
+    InvalidInput,
+    RunStillGoing,
+    ThreadNotFound,
+    UnknownWorkflow,
+)
 from keel.core.lifecycle import Status
 from keel.core.store.base import Row
 from keel.core.threads import new_id, validate_thread_id
@@ -389,6 +395,11 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
         except RunStillGoing as going:
             response.status_code = 202
             return {"checkpoint": None, "checkpoint_id": None, "run_id": going.run_id}
+        except InvalidInput as refused:
+            if not isinstance(body.values, list):
+                raise
+            # langgraph-api's status for a list (its graph refuses it as a node's return).
+            raise Refused(400, "invalid_input", str(refused)) from None
         if row["status"] != Status.COMPLETED:
             raise Refused(
                 422 if row["status"] == Status.FAILED else 409,

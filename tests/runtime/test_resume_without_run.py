@@ -33,6 +33,27 @@ class Order(TypedDict, total=False):
     out: str
 
 
+def refund_app(make_app: AppFactory) -> tuple[keel.App, Provider]:
+    """A `refund` workflow whose one node asks alice's approval, then refunds (the provider
+    counts refunds made)."""
+    refunds = Provider()
+
+    @keel.effect("refund")
+    def refund(amount: int, *, idempotency_key: str = keel.KEY) -> Any:
+        return refunds.deliver(idempotency_key, {"amount": amount})
+
+    def ask(state: Order) -> dict[str, Any]:
+        decided = keel.approval("refund", payload=state, approvers=["alice"], timeout="1h")
+        if decided.decision != "approve":
+            return {"out": "rejected"}
+        refund(state["amount"])
+        return {"out": f"refunded by {decided.by}"}
+
+    app = make_app()
+    app.workflow("refund")(lambda: one_node(Order, "ask", ask))
+    return app, refunds
+
+
 def test_a_failed_runs_checkpoint_is_not_resumed_by_a_new_run(make_app: AppFactory) -> None:
     mails = Provider()
     failing = {"on": True}
@@ -66,21 +87,7 @@ def test_a_failed_runs_checkpoint_is_not_resumed_by_a_new_run(make_app: AppFacto
 
 
 def test_a_cancelled_approval_is_not_decided_by_a_resume(make_app: AppFactory) -> None:
-    refunds = Provider()
-
-    @keel.effect("refund")
-    def refund(amount: int, *, idempotency_key: str = keel.KEY) -> Any:
-        return refunds.deliver(idempotency_key, {"amount": amount})
-
-    def ask(state: Order) -> dict[str, Any]:
-        decided = keel.approval("refund", payload=state, approvers=["alice"], timeout="1h")
-        if decided.decision != "approve":
-            return {"out": "rejected"}
-        refund(state["amount"])
-        return {"out": f"refunded by {decided.by}"}
-
-    app = make_app()
-    app.workflow("refund")(lambda: one_node(Order, "ask", ask))
+    app, refunds = refund_app(make_app)
     run = app.submit("refund", {"amount": 500}, thread_id="t-refund").run_id
     drain(app)
     app.cancel(run, by="ops")
@@ -153,21 +160,7 @@ def test_a_copy_of_a_thread_paused_on_keel_interrupt_is_resumed_by_a_new_run(
 def test_a_copy_of_a_thread_paused_on_an_approval_is_not_decided_by_a_resume(
     make_app: AppFactory,
 ) -> None:
-    refunds = Provider()
-
-    @keel.effect("refund")
-    def refund(amount: int, *, idempotency_key: str = keel.KEY) -> Any:
-        return refunds.deliver(idempotency_key, {"amount": amount})
-
-    def ask(state: Order) -> dict[str, Any]:
-        decided = keel.approval("refund", payload=state, approvers=["alice"], timeout="1h")
-        if decided.decision != "approve":
-            return {"out": "rejected"}
-        refund(state["amount"])
-        return {"out": f"refunded by {decided.by}"}
-
-    app = make_app()
-    app.workflow("refund")(lambda: one_node(Order, "ask", ask))
+    app, refunds = refund_app(make_app)
     app.submit("refund", {"amount": 500}, thread_id="t-orig")
     drain(app)
     app.copy_thread("t-orig", to="t-copy")

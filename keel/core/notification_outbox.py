@@ -10,17 +10,17 @@ notification's id as idempotency key. Its rows are table `keel_outbox`.
 Delivery follows the ledger's rule: a notification found `sending` under an expired claim may
 or may not have been delivered by a sender that died. Keel asks the notifier's `reconcile` if
 it has one, and otherwise marks it `in_doubt` rather than sending it twice. So that a slow
-provider is not taken for a dead sender, the claim is renewed while the notifier sends, for at
-most `SEND_TIMEOUT` seconds (or the notifier's own `send_timeout`).
+provider is not taken for a dead sender, the claim is renewed while the notifier sends or
+reconciles, for at most `SEND_TIMEOUT` seconds (or the notifier's own `send_timeout`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any
 
@@ -55,10 +55,11 @@ class NotificationStatus(StrEnum):
 
 
 SEND_TIMEOUT = 60.0
-"""Seconds a notifier's `send` may take, unless it declares its own `send_timeout`. Its claim
-is renewed meanwhile. Past it an async send is cancelled and its claim left to lapse: the next
-dispatcher reconciles it as a dead sender's. A sync send cannot be stopped: it is waited for as
-long again, and if its thread still runs then the notification is `in_doubt`."""
+"""Seconds a notifier's `send` (or `reconcile`) may take, unless it declares its own
+`send_timeout`. Its claim is renewed meanwhile. Past it an async call is cancelled and its claim
+left to lapse: the next dispatcher reconciles it as a dead sender's (asks again, for a
+reconcile). A sync call cannot be stopped: it is waited for as long again, and if its thread
+still runs then the notification is `in_doubt`."""
 RECORD_OUTLAST = 30.0
 """Seconds a notification's outcome is recorded again through an outage (keel.core.infra)."""
 ASKS = frozenset({"request", "remind", "escalate"})
@@ -176,10 +177,12 @@ async def _deliver(
             await settle(NotificationStatus.IN_DOUBT)
             return
         try:
-            found = await _call(reconcile, note)
+            found = await _bounded(services, worker_id, row, notifier, reconcile, note)
         except Exception:
             # Can't tell yet: keep the claim until it expires, then ask again; never resend.
             log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
+            return
+        if await _unanswered(settle, row, found, "reconcile"):
             return
         if found is not None:
             await settle(NotificationStatus.DELIVERED, result=found)
@@ -189,7 +192,7 @@ async def _deliver(
         await settle(NotificationStatus.OBSOLETE, error=obsolete)
         return
     try:
-        result = await _send(services, worker_id, row, notifier, note)
+        result = await _bounded(services, worker_id, row, notifier, notifier.send, note)
     except TransientError as exc:
         delay = (
             exc.retry_after
@@ -202,26 +205,22 @@ async def _deliver(
         log.exception("notification %s failed", row["intent_id"])
         await settle(NotificationStatus.FAILED, error=repr(exc))
         return
-    if result is TIMED_OUT:
-        log.warning(
-            "notification %s: no answer within its send timeout; it is reconciled once its "
-            "claim lapsed",
-            row["intent_id"],
-        )
-        return
-    if result is STILL_RUNNING:
-        # Its thread can still deliver it: nobody may reconcile or resend it, a person decides.
-        log.warning("notification %s: its send is still under way: in doubt", row["intent_id"])
-        await settle(NotificationStatus.IN_DOUBT, error="its send outlived its timeout")
+    if await _unanswered(settle, row, result, "send"):
         return
     await settle(NotificationStatus.DELIVERED, result=result)
 
 
-async def _send(
-    services: Services, worker_id: str, row: Row, notifier: Notifier, note: Notification
+async def _bounded(
+    services: Services,
+    worker_id: str,
+    row: Row,
+    notifier: Notifier,
+    call: Callable[[Notification], Any],
+    note: Notification,
 ) -> Any:
-    """`notifier.send(note)` under the notification's claim, renewed while it runs, bounded by its
-    notifier's send timeout (TIMED_OUT or STILL_RUNNING past it: see SEND_TIMEOUT)."""
+    """`call(note)` (the notifier's send or reconcile) under the notification's claim, renewed
+    while it runs, bounded by its notifier's send timeout (TIMED_OUT or STILL_RUNNING past it:
+    see SEND_TIMEOUT), so that no provider holds the dispatcher for ever."""
     store, ttl, attempts = services.store, services.lease_ttl, int(row["attempts"])
     renew = functools.partial(
         store.renew_notification_claim,
@@ -234,7 +233,7 @@ async def _send(
     what = f"notification {row['intent_id']}"
     async with claim_kept(what, renew, ttl, store.is_infrastructure):
         return await call_by_deadline(
-            notifier.send,
+            call,
             attempts,
             (note,),
             {},
@@ -242,6 +241,31 @@ async def _send(
             asked_at=time.monotonic(),
             grace=timeout,
         )
+
+
+async def _unanswered(
+    settle: Callable[..., Awaitable[None]], row: Row, outcome: Any, call: str
+) -> bool:
+    """Whether the notifier's `call` ("send", "reconcile") did not answer within its bound; if
+    so, the notification is left as SEND_TIMEOUT says."""
+    if outcome is TIMED_OUT:
+        # Nothing of the call runs any more: once the claim lapses, the next dispatcher asks
+        # the notifier's reconcile (again), never sending it again on a guess.
+        log.warning(
+            "notification %s: its %s did not answer within its send timeout; it is reconciled "
+            "once its claim lapsed",
+            row["intent_id"],
+            call,
+        )
+        return True
+    if outcome is STILL_RUNNING:
+        # Its thread can still deliver it (a send) or hold the provider (a reconcile, asked
+        # again at every pass would pile such threads up): nobody may reconcile or resend it,
+        # a person decides.
+        log.warning("notification %s: its %s is still under way: in doubt", row["intent_id"], call)
+        await settle(NotificationStatus.IN_DOUBT, error=f"its {call} outlived its timeout")
+        return True
+    return False
 
 
 AFTER_REQUEST = 1.0
@@ -296,12 +320,6 @@ def _notification(row: Row, related: list[Row]) -> Notification:
         details=payload.get("details", {}),
         earlier=earlier,
     )
-
-
-async def _call(fn: Any, note: Notification) -> Any:
-    if inspect.iscoroutinefunction(fn):
-        return await fn(note)
-    return await asyncio.to_thread(fn, note)
 
 
 async def _settle(

@@ -6,7 +6,7 @@ dispatcher polling all along does not take it for a dead sender: the email is re
 recorded `delivered`, not `in_doubt` for a person to resolve. A claim is fenced by its holder
 and its number, so the same worker's later claim is not the earlier one's. A send that never
 ends is bounded by its notifier's send timeout; an email accepted before QUIT went wrong is
-delivered.
+delivered. A reconcile that never ends is bounded the same way, and never leads to a send.
 """
 
 from __future__ import annotations
@@ -200,3 +200,94 @@ def test_an_email_accepted_before_quit_went_wrong_is_recorded_delivered(
         assert statuses(app, node.run_id) == [("request", "delivered")]
         (row,) = app.get_run(node.run_id).notifications
         assert json.loads(row["result"])["message_id"] == sink.messages[0].message_id
+
+
+class SlowToReconcile:
+    """A notifier whose first `reconcile` hangs (ten TTLs: far past its bound), whose later ones
+    find the message; `send` is counted, and never expected."""
+
+    name = "slow-reconcile"
+    kinds = ("request",)
+    send_timeout = TTL
+
+    def __init__(self) -> None:
+        self.sends = 0
+        self.reconciles = 0
+        self.released = threading.Event()
+
+    def send(self, note: Any) -> Any:
+        self.sends += 1
+        return {"sent": True}
+
+    def found(self) -> Any:
+        self.reconciles += 1
+        return {"found": True} if self.reconciles > 1 else None
+
+
+class AsyncSlowToReconcile(SlowToReconcile):
+    async def reconcile(self, note: Any) -> Any:
+        if self.reconciles == 0:
+            self.reconciles += 1
+            await asyncio.sleep(10 * TTL)
+            return None
+        return self.found()
+
+
+class SyncSlowToReconcile(SlowToReconcile):
+    def reconcile(self, note: Any) -> Any:
+        if self.reconciles == 0:
+            self.reconciles += 1
+            self.released.wait(10 * TTL)
+            return None
+        return self.found()
+
+
+def _claimed_by_a_dead_sender(make_app: Callable[..., keel.App], notifier: Any) -> Any:
+    """An app whose one notification is `sending` under a lapsed claim, and its run."""
+    app = make_app(lease_ttl=TTL)
+    app.workflow(WORKFLOW)(one_node)
+    app.add_notifier(notifier)
+    node = waiting(app)
+    _on_loop(app, lambda: notification_outbox._claim(app.aio.runtime.store, "dead", 0.2))
+    time.sleep(0.4)  # its claim lapses (by the database's clock)
+    return app, node.run_id
+
+
+def test_an_async_reconcile_that_hangs_is_cancelled_and_asked_again_later(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """A reconcile is bounded as a send is: the dispatcher is back within about the bound, the
+    notification left `sending` for a later pass, which asks again (and finds it): never sent."""
+    notifier = AsyncSlowToReconcile()
+    app, run_id = _claimed_by_a_dead_sender(make_app, notifier)
+    started = time.monotonic()
+    assert _on_loop(app, lambda: app.aio.runtime.dispatch("reconciler")) == 1
+    assert time.monotonic() - started < 3 * TTL
+    assert statuses(app, run_id) == [("request", "sending")]  # its claim left to lapse
+    assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 0  # not yet lapsed
+    time.sleep(TTL * 1.2)
+    assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 1
+    assert statuses(app, run_id) == [("request", "delivered")]
+    (row,) = app.get_run(run_id).notifications
+    assert json.loads(row["result"]) == {"found": True}
+    assert (notifier.reconciles, notifier.sends) == (2, 0)
+
+
+def test_a_sync_reconcile_that_hangs_ends_in_doubt(make_app: Callable[..., keel.App]) -> None:
+    """A sync reconcile cannot be stopped: past its bound and as long again, with its thread
+    still running, the notification is `in_doubt` (asked again at every pass, such threads
+    would pile up), and nothing is sent."""
+    notifier = SyncSlowToReconcile()
+    app, run_id = _claimed_by_a_dead_sender(make_app, notifier)
+    try:
+        started = time.monotonic()
+        assert _on_loop(app, lambda: app.aio.runtime.dispatch("reconciler")) == 1
+        assert time.monotonic() - started < 4 * TTL
+        assert statuses(app, run_id) == [("request", "in_doubt")]
+        (row,) = app.get_run(run_id).notifications
+        assert row["error"] == "its reconcile outlived its timeout"
+    finally:
+        notifier.released.set()
+    time.sleep(TTL * 1.2)
+    assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 0
+    assert (notifier.reconciles, notifier.sends) == (1, 0)

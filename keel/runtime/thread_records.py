@@ -87,8 +87,10 @@ class ThreadRecords:
     async def delete_thread(self, thread_id: str) -> None:
         """Delete the thread and its checkpoints; ThreadBusy while a run on it is unfinished.
         The ledger rows its runs shared (`key=` effects on a thread) go too: the thread's
-        scope ends with it. Its runs, their timelines and the rest of their ledgers stay
-        (retention prunes them): what they performed stays on record."""
+        scope ends with it; so do the schedules on it (LangGraph's server deletes a thread's
+        crons with it), or their next tick would make it again. Its runs, their timelines and
+        the rest of their ledgers stay (retention prunes them): what they performed stays on
+        record."""
         await self.get_thread(thread_id)
         active = await self.runtime.store.delete_thread(thread_id)
         if active is not None:

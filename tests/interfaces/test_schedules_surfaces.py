@@ -172,6 +172,26 @@ def test_langgraph_sdk_crons(served: Service) -> None:
         client.crons.delete(cron["cron_id"])
 
 
+def test_deleting_a_thread_deletes_its_crons(served: Service) -> None:
+    """What `langgraph dev` does: after DELETE /threads/{id} its crons are gone from the crons
+    API, and no tick of theirs brings the thread back."""
+    client = get_sync_client(url=served.url, api_key=ADMIN)
+    thread = client.threads.create()
+    on_thread = client.crons.create_for_thread(
+        thread["thread_id"], "chat", schedule="*/1 * * * * *", input=CHAT
+    )
+    kept = client.crons.create("chat", schedule="0 9 * * *", input=CHAT)
+    client.threads.delete(thread["thread_id"])
+    assert client.crons.search(thread_id=thread["thread_id"]) == []
+    assert [c["cron_id"] for c in client.crons.search()] == [kept["cron_id"]]
+    with pytest.raises(NotFoundError):
+        client.crons.delete(on_thread["cron_id"])
+    served.app.aio.runtime.clock.advance(5)  # type: ignore[attr-defined]
+    assert _fire(served.app) == []
+    with pytest.raises(NotFoundError):
+        client.threads.get(thread["thread_id"])
+
+
 def test_the_console_lists_schedules_with_their_ticks(served: Service) -> None:
     app = served.app
     app.schedules.create("pulse", "chat", every=60, input=CHAT)

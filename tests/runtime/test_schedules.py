@@ -152,6 +152,22 @@ def test_a_thread_schedule_starts_turns_of_the_thread(make_app: AppFactory) -> N
     assert [r["status"] for r in runs] == ["completed", "completed"]
 
 
+def test_deleting_a_thread_deletes_its_schedules(make_app: AppFactory) -> None:
+    """As LangGraph's server deletes a thread's crons with it: no later tick makes it again."""
+    app, clock = _app(make_app)
+    app.schedules.create("t", "echo", every=60, input={"text": "x"}, thread_id="daily")
+    app.schedules.create("free", "echo", every=60, input={"text": "x"})
+    clock.advance(60)
+    assert {t.outcome for t in _fire(app)} == {"fired"}
+    drain(app)
+    app.delete_thread("daily")
+    clock.advance(600)
+    assert {t.schedule for t in _fire(app)} == {"free"}
+    with pytest.raises(keel.ThreadNotFound):
+        app.get_thread("daily")
+    assert [s["name"] for s in app.schedules.list()] == ["free"]
+
+
 def test_a_declared_schedule_is_upserted_at_worker_start(make_app: AppFactory) -> None:
     app, clock = _app(make_app)
     app.workflow(

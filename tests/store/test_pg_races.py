@@ -8,6 +8,7 @@ lock is only the stopwatch that makes the interleaving happen every time instead
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import threading
 import time
@@ -21,6 +22,9 @@ from langgraph.types import Send
 
 import keel
 from keel.core import leases
+from keel.core.schedules import Tick, fire_schedule
+from keel.runtime.cron import timing_of
+from keel.runtime.schedules import fire_due
 from tests.support.graphs import echo_graph
 from tests.support.providers import Provider
 from tests.support.workers import claim, drain, execute
@@ -320,6 +324,46 @@ def test_second_approval_and_reregistration_do_not_deadlock(
     assert errors == [], "the approver got an error"
     assert details.status == "completed", f"run {details.status}: {details.run['error']}"
     assert sorted(details.output["results"]) == ["a:approved", "b:approved"]
+
+
+# -- a schedule's tick racing its thread's deletion -------------------------------------------
+
+
+def test_a_tick_racing_its_threads_deletion_neither_deadlocks_nor_makes_it_again(
+    make_app: AppFactory, waiters: Callable[[], int]
+) -> None:
+    """Lock order: a scheduler claims a schedule's row, then takes its thread; a thread's
+    deletion deletes the schedules on it, so it locks them first too. Crossed, PostgreSQL
+    aborts one of them; in order, the tick claimed first fires and the deletion finds its run."""
+    clock = keel.ManualClock()
+    app = make_app(clock=clock)
+    app.workflow("echo")(echo_graph)
+    made = app.schedules.create("t", "echo", every=60, input={"text": "x"}, thread_id="daily")
+    rt = app.aio.runtime
+    clock.advance(60)
+    rt.portal.call(fire_due(rt, rt.workflows))
+    drain(app)
+    clock.advance(60)
+    store, version = rt.services.store, rt.workflows.get("echo").version
+    claimed = threading.Event()
+
+    async def fire_held() -> list[Tick]:
+        async with store.transaction() as tx:
+            row = await store.claim_schedule(tx, made["schedule_id"])
+            assert row is not None
+            claimed.set()
+            await asyncio.to_thread(until, lambda: waiters() >= 1, "the deletion to wait")
+            return await fire_schedule(store, tx, row, version, timing_of(row))
+
+    firing = Background(lambda: rt.portal.call(fire_held()))
+    assert claimed.wait(10)
+    deleting = Background(lambda: app.delete_thread("daily"))
+    (tick,) = firing.result()
+    with pytest.raises(keel.ThreadBusy):
+        deleting.result()
+    assert tick.outcome == "fired"
+    assert app.get_thread("daily")["thread_id"] == "daily"
+    assert [s["name"] for s in app.schedules.list()] == ["t"]
 
 
 # -- a database connection dropped under a running run ---------------------------------------

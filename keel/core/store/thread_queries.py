@@ -157,17 +157,20 @@ class ThreadQueries:
         return int(row["discarded"]) if row else 0
 
     async def delete_thread(self, thread_id: str) -> Row | None:
-        """The thread, its checkpoints and the effect rows its runs shared (`key=` on a
-        thread) deleted, unless a run of it is unfinished: that run (its first), and nothing
-        deleted. Decided under the thread's lock, which an admission on it takes: no run is
-        left unfinished on a thread gone (a new thread of its id would own it)."""
+        """The thread, its checkpoints, the effect rows its runs shared (`key=` on a thread)
+        and the schedules on it deleted, unless a run of it is unfinished: that run (its
+        first), and nothing deleted. Decided under the thread's lock, which an admission on it
+        takes: no run is left unfinished on a thread gone (a new thread of its id would own
+        it), and no tick of its schedules makes it again."""
         async with self.db.transaction() as tx:
             params = {"thread_id": thread_id}
+            await tx.all("lock_thread_schedules", params)
             if await tx.one("lock_thread", params) is None:
                 return None
             active = await tx.one("thread_active_run", params)
             if active is not None:
                 return active
+            await tx.one("delete_thread_schedules", params)  # two statements on SQLite: a chain
             await tx.one("delete_thread", params)
             return None
 

@@ -1273,6 +1273,18 @@ SELECT COUNT(*) AS discarded FROM dropped;
 -- `take_thread` serializes, waits, and the deletion sees its run).
 SELECT thread_id, first_seq FROM keel_threads WHERE thread_id = %(thread_id)s FOR UPDATE;
 
+-- name: lock_thread_schedules
+-- The schedules on a thread, locked before the thread is (a deletion's): a scheduler claims a
+-- schedule's row before it takes its thread, so the deletion takes them in that order too (the
+-- other would deadlock with a tick firing), and a tick claimed first fires before it.
+SELECT schedule_id FROM keel_schedules WHERE thread_id = %(thread_id)s FOR UPDATE;
+
+-- name: delete_thread_schedules
+-- A deleted thread's schedules and their tick records (as LangGraph's server deletes a thread's
+-- crons with it): a tick of theirs would make the thread again. Their runs stay.
+WITH gone AS (DELETE FROM keel_schedules WHERE thread_id = %(thread_id)s RETURNING schedule_id)
+DELETE FROM keel_schedule_ticks WHERE schedule_id IN (SELECT schedule_id FROM gone);
+
 -- name: delete_thread
 -- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,
 -- migration 0034: the thread's scope ends with it, whichever run made them); its runs,

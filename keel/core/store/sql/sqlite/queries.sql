@@ -1165,6 +1165,18 @@ SELECT changes() AS discarded;
 -- holds the write lock, so an admission on it waits, and the deletion sees its run).
 SELECT thread_id, first_seq FROM keel_threads WHERE thread_id = :thread_id;
 
+-- name: lock_thread_schedules
+-- The schedules on a thread (SQLite's BEGIN IMMEDIATE already holds the write lock: no
+-- scheduler claims one meanwhile).
+SELECT schedule_id FROM keel_schedules WHERE thread_id = :thread_id;
+
+-- name: delete_thread_schedules
+-- A deleted thread's schedules and their tick records (as LangGraph's server deletes a thread's
+-- crons with it): a tick of theirs would make the thread again. Their runs stay.
+DELETE FROM keel_schedule_ticks
+WHERE schedule_id IN (SELECT schedule_id FROM keel_schedules WHERE thread_id = :thread_id);
+DELETE FROM keel_schedules WHERE thread_id = :thread_id;
+
 -- name: delete_thread
 -- A thread, its checkpoints and the effect records its runs shared (`key=` on a thread,
 -- migration 0034: the thread's scope ends with it, whichever run made them); its runs,

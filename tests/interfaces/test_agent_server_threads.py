@@ -598,6 +598,32 @@ def test_search_count_update_copy_and_delete(served: Served) -> None:
 # -- auth and the async client ---------------------------------------------------------------
 
 
+def test_an_unknown_select_field_is_refused_on_an_empty_page_too(served: Served) -> None:
+    # Checked against the endpoint's fields, not its rows: a misspelled field is a 422 whether
+    # or not anything matched, and every field a row shows may be asked of an empty page.
+    c = served.client
+    tid = c.threads.create()["thread_id"]  # no graph: no runs, no history, no crons
+    empty: dict[str, Callable[[list[Any]], Any]] = {
+        "threads": lambda s: c.threads.search(ids=["missing"], select=s),
+        "assistants": lambda s: c.assistants.search(graph_id="missing", select=s),
+        "crons": lambda s: c.crons.search(thread_id=tid, select=s),
+        "runs": lambda s: c.runs.list(tid, select=s),
+        "history": lambda s: c.threads.get_history(tid, select=s),
+    }
+    every = {
+        "threads": ORACLE_THREAD,
+        "assistants": ORACLE_ASSISTANT,
+        "crons": {"cron_id", "schedule", "next_run_date", "enabled"},
+        "runs": {"run_id", "status", "kwargs", "multitask_strategy"},
+        "history": set(ORACLE_STATE) | {"values.turns"},
+    }
+    for name, listed in empty.items():
+        assert listed(sorted(every[name])) == [], name
+        with pytest.raises(UnprocessableEntityError) as refused:
+            listed(["nope"])
+        assert "nope" in refused.value.body["message"], name  # type: ignore[index]
+
+
 def test_tokens_as_the_sdk_sends_them(served: Served) -> None:
     reader = get_sync_client(url=served.url, api_key=READER)
     assert reader.assistants.count() == 4

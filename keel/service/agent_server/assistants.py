@@ -37,7 +37,13 @@ from keel.service.agent_server.assistant_book import (
 )
 from keel.service.agent_server.authz import Gate, matches
 from keel.service.agent_server.run_bodies import RunConfig
-from keel.service.agent_server.shapes import assistant_id_of, assistant_shape, iso
+from keel.service.agent_server.shapes import (
+    ASSISTANT_FIELDS,
+    assistant_id_of,
+    assistant_shape,
+    iso,
+    refuse_unknown,
+)
 from keel.service.agent_server.shapes import selected as select_fields
 from keel.service.auth import Principal
 from keel.service.errors import Refused
@@ -260,6 +266,7 @@ def assistants_router(keel_app: App, auth: Gate) -> APIRouter:
     ) -> list[dict[str, Any]]:
         """Assistants by graph, name (a part of it) and metadata; `X-Pagination-Next` is the
         next page's offset."""
+        refuse_unknown(body.select, ASSISTANT_FIELDS)
         asked = {"limit": body.limit, "offset": body.offset}
         found = matching(principal, body.metadata, body.graph_id, body.name, **asked)
         # Newest first by default, as LangGraph lists them; then by graph (stable sorts).

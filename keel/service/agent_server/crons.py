@@ -30,7 +30,7 @@ from keel.core.errors import ScheduleNotFound
 from keel.runtime.app import App
 from keel.service.agent_server.assistants import resolve_assistant
 from keel.service.agent_server.authz import Filters, Gate, matches, visible_thread
-from keel.service.agent_server.shapes import assistant_id_of, iso
+from keel.service.agent_server.shapes import assistant_id_of, fields_of, iso, refuse_unknown
 from keel.service.agent_server.shapes import selected as select_fields
 from keel.service.auth import Principal
 from keel.service.errors import Refused
@@ -114,6 +114,25 @@ def cron_shape(schedule: dict[str, Any]) -> dict[str, Any]:
         "metadata": schedule["metadata"],
         "enabled": not schedule["paused"],
     }
+
+
+CRON_FIELDS = fields_of(
+    cron_shape,
+    {
+        "schedule_id": "",
+        "workflow": "",
+        "thread_id": None,
+        "cron": "",
+        "every": 0,
+        "timezone": None,
+        "created_at": 0,
+        "updated_at": 0,
+        "input": None,
+        "next_tick": None,
+        "metadata": None,
+        "paused": False,
+    },
+)
 
 
 def _refuse_unsupported(extra: dict[str, Any]) -> None:
@@ -205,6 +224,7 @@ def crons_router(keel_app: App, auth: Gate) -> APIRouter:
     @router.post("/runs/crons/search")
     def search_crons(principal: Reader, body: CronSearch) -> list[dict[str, Any]]:
         """Crons matching every filter given, a page of them."""
+        refuse_unknown(body.select, CRON_FIELDS)
         crons = [c for c in searched(principal, body) if _matches(c, body.metadata, body.enabled)]
         key = body.sort_by or "created_at"
         crons.sort(key=lambda c: (c[key] is None, c[key] or ""), reverse=body.sort_order == "desc")

@@ -14,7 +14,7 @@ from keel.core.store.base import Row
 from keel.core.threads import validate_thread_id
 from keel.runtime.aio import AsyncApp
 from keel.service.agent_server.run_bodies import KWARGS
-from keel.service.agent_server.shapes import run_shape
+from keel.service.agent_server.shapes import fields_of, run_shape
 
 log = logging.getLogger("keel.service")
 
@@ -43,6 +43,12 @@ def protocol_run(row: Row) -> dict[str, Any]:
     configurable.update(run_id=row["run_id"], thread_id=body["thread_id"])
     body.setdefault("langsmith_session_name", None)
     return body
+
+
+RUN_FIELDS = fields_of(
+    protocol_run,
+    {"run_id": "", "workflow": "", "status": Status.QUEUED, "created_at": 0, "updated_at": 0},
+)
 
 
 async def delete_thread_after(app: AsyncApp, run_id: str, thread_id: str, *, wait: bool) -> None:

@@ -53,13 +53,14 @@ from keel.service.agent_server.authz import Gate, visible_thread
 from keel.service.agent_server.run_admission import admit as admit_run
 from keel.service.agent_server.run_bodies import RunIn, in_thread, paused_statically
 from keel.service.agent_server.run_rows import (
+    RUN_FIELDS,
     delete_finished_run,
     delete_thread_after,
     protocol_run,
     roll_back,
     run_of_thread,
 )
-from keel.service.agent_server.shapes import run_status, selected
+from keel.service.agent_server.shapes import refuse_unknown, run_status, selected
 from keel.service.agent_server.stream import Feed, Graphs, Position, on_app
 from keel.service.auth import Principal
 from keel.service.errors import Refused
@@ -267,6 +268,7 @@ def runs_router(keel_app: App, auth: Gate) -> APIRouter:
         select: Annotated[list[str] | None, Query()] = None,
     ) -> list[dict[str, Any]]:
         """The thread's runs, newest first (of its latest 1000)."""
+        refuse_unknown(select, RUN_FIELDS)
         visible_thread(auth, keel_app, principal, thread_id, "read")
         rows = keel_app.thread_runs(thread_id, MAX_LIST, newest=True)
         if status is not None:

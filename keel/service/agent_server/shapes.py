@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from langgraph.types import StateSnapshot
@@ -200,12 +200,7 @@ def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
     answering `{}` for a misspelled field reads as an empty state."""
     if not select:
         return body
-    unknown = [f for f in select if f.partition(".")[0] not in body]
-    if unknown:
-        fields = ", ".join(body)
-        raise Refused(
-            422, "invalid_request", f"select: no field {unknown[0][:80]!r}; one of {fields}"
-        )
+    refuse_unknown(select, body)
     whole = {k: v for k, v in body.items() if k in select}
     for field in select:
         name, dot, key = field.partition(".")
@@ -215,6 +210,41 @@ def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
             if key in part:
                 chosen[key] = part[key]
     return whole
+
+
+def refuse_unknown(select: list[str] | None, fields: Iterable[str]) -> None:
+    """422 for a `select`ed field (or the field of a `values.<key>`) not among `fields`. A list
+    endpoint checks its shape's fields before any row: else an empty page answers `[]` to what
+    a page with rows refuses."""
+    known = list(fields)
+    unknown = [f for f in select or () if f.partition(".")[0] not in known]
+    if unknown:
+        raise Refused(
+            422,
+            "invalid_request",
+            f"select: no field {unknown[0][:80]!r}; one of {', '.join(known)}",
+        )
+
+
+def fields_of(shape: Callable[[Row], dict[str, Any]], blank: Row) -> tuple[str, ...]:
+    """The fields a shape answers, read off the shape itself (its keys are fixed) applied to a
+    blank row, so a list endpoint's known fields cannot drift from what its rows show."""
+    return tuple(shape(blank))
+
+
+STATE_FIELDS = tuple(state_shape(None))
+THREAD_FIELDS = fields_of(
+    thread_shape,
+    {
+        "thread_id": "",
+        "workflow": NO_GRAPH,
+        "metadata": None,
+        "status": "idle",
+        "created_at": 0,
+        "updated_at": 0,
+    },
+)
+ASSISTANT_FIELDS = tuple(assistant_shape(NO_GRAPH, "", ""))
 
 
 def run_metadata_of(thread: Row) -> dict[str, Any]:

@@ -45,7 +45,10 @@ from keel.service.agent_server.authz import (
 )
 from keel.service.agent_server.shapes import (
     NO_GRAPH,
+    STATE_FIELDS,
+    THREAD_FIELDS,
     graph_of,
+    refuse_unknown,
     selected,
     state_shape,
     thread_shape,
@@ -236,6 +239,7 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
         recently updated first unless `sort_by` says otherwise."""
         if body.extract:
             raise not_implemented("extracting values in a thread search")
+        refuse_unknown(body.select, THREAD_FIELDS)
         asked = {"limit": body.limit, "offset": body.offset, "ids": body.ids}
         metadata, post, possible = searched(principal, "search", body, **asked)
         if not possible:
@@ -419,6 +423,7 @@ def threads_router(keel_app: App, auth: Gate) -> APIRouter:
 
     def history(principal: Principal, thread_id: str, body: HistoryIn) -> list[dict[str, Any]]:
         thread = visible(principal, thread_id, "read")
+        refuse_unknown(body.select, STATE_FIELDS)
         if graph_of(thread) is None:
             return []
         at = checkpoint_id_of(body.checkpoint)

@@ -1,6 +1,6 @@
 """`keel.AsyncApp` (`app.aio`): every operation on runs, as coroutines (threads' in
 keel.runtime.conversations, the fleet's, waits' and the outbox's in keel.runtime.oversight,
-mixed in).
+approvals' and in-doubt effects' answers in keel.runtime.answers, mixed in).
 
 It composes a `Runtime` (keel.runtime.runtime: the parts, open/close, wake-ups, the hand-off to a
 worker of this process) and calls the core's commands and the store over its services. The sync
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from keel.core import decisions, failed_runs, retention, runs, threads, timers
+from keel.core import failed_runs, retention, runs, threads, timers
 from keel.core.artifacts import RunArtifacts
 from keel.core.errors import (
     DecisionConflict,
@@ -32,6 +32,7 @@ from keel.langgraph import traces
 from keel.langgraph.inputs import check_input
 from keel.runtime import inbound, webhooks
 from keel.runtime import replay as replays
+from keel.runtime.answers import Answers
 from keel.runtime.conversations import ThreadOperations
 from keel.runtime.dispatcher import deliver_effects
 from keel.runtime.facade import stop_on_signals
@@ -64,7 +65,7 @@ NOTHING: Any = object()
 """`resume` without a value (a failed run's resume), apart from resuming with None."""
 
 
-class AsyncApp(ThreadOperations, Oversight):
+class AsyncApp(ThreadOperations, Oversight, Answers):
     runtime: Runtime
     """The parts this app runs on (its store, services, workflows, portal): for the CLI, the
     service, the chaos tools and tests, not an operation on runs."""
@@ -411,49 +412,6 @@ class AsyncApp(ThreadOperations, Oversight):
             found["since"] = retention.parse_moment(filters.get("since"), now)
             found["until"] = retention.parse_moment(filters.get("until"), now)
         return found
-
-    async def _decide(self, run_id: str, **kwargs: Any) -> decisions.DecisionResult:
-        await self.open()
-        # A worker of this process with a free slot claims in the decision's commit: the run
-        # it queued resumes without waiting for the worker to wake and claim it.
-        taker, claim = self.runtime.taker()
-        if taker is None:
-            return await decisions.decide(self.runtime.services, run_id, **kwargs)
-        slot = Reserved(taker)
-        try:
-            return await decisions.decide(
-                self.runtime.services, run_id, then=claim, taken=slot.adopt, **kwargs
-            )
-        finally:
-            slot.give_back()
-
-    async def approve(
-        self, run_id: str, **answer: Unpack[decisions.Answer]
-    ) -> decisions.DecisionResult:
-        """Approve the run's pending approval; the first decision wins."""
-        return await self._decide(run_id, decision="approved", **answer)
-
-    async def reject(
-        self, run_id: str, **answer: Unpack[decisions.Answer]
-    ) -> decisions.DecisionResult:
-        """Reject the run's pending approval; the first decision wins."""
-        return await self._decide(run_id, decision="rejected", **answer)
-
-    async def resolve_effect(
-        self,
-        run_id: str,
-        *,
-        performed: bool,
-        result: Any = None,
-        **answer: Unpack[decisions.Answer],
-    ) -> decisions.DecisionResult:
-        """Tell an in-doubt effect's run whether the effect reached the provider."""
-        return await self._decide(
-            run_id,
-            decision="performed" if performed else "not_performed",
-            value={"performed": performed, "result": result},
-            **answer,
-        )
 
     async def summary(self, run_id: str) -> RunSummary:
         """The run's outcome and why, per-node timing, attempts (keel.runtime.summary)."""

@@ -1,4 +1,5 @@
-"""The `keel` command: migrate, submit, run workers, inspect runs, decide waits.
+"""The `keel` command: migrate, submit, run workers, inspect runs, decide waits (the deciding
+commands in keel.cli.decide).
 
 Every command reaches its database through `--app MODULE:ATTR` (a keel.App; $KEEL_APP) or
 `--db URL` ($KEEL_DATABASE_URL), defaulting to the App default `sqlite:///.keel/keel.db`.
@@ -9,18 +10,17 @@ Keel's own errors become one red line on stderr and a non-zero exit: 2 for bad u
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from keel.chaos.command import chaos as chaos_command
 from keel.cli import observe, render
 from keel.cli.audit import audit_command
+from keel.cli.decide import approve, reject, resolve_effect
 from keel.cli.dev import (
     PROJECT_HINT,
     ConfigOption,
@@ -36,33 +36,23 @@ from keel.cli.guard import (
     IfExists,
     bad_spec_is_usage,
     check_database,
-    effect_wait,
     fail,
     guarded,
-    login,
     read_input,
     say,
 )
 from keel.cli.options import (
-    ActionOption,
     AfterOption,
     AppOption,
-    ByOption,
-    CommentOption,
     DbOption,
     JsonOption,
-    RunArgument,
-    WaitOption,
     listing,
     open_app,
-    performed_result,
 )
-from keel.cli.render import decided_line
 from keel.cli.runs import approvals_cli, cancel, runs_cli
 from keel.cli.schedules import schedules_cli
 from keel.cli.threads import threads_cli
 from keel.cli.versions import versions_cli
-from keel.core.decisions import DecisionResult
 from keel.runtime.upkeep import collect_less_often
 from keel.runtime.worker import DEFAULT_CONCURRENCY
 
@@ -347,104 +337,9 @@ def submit(
         say(line)
 
 
-def _decide(
-    run_id: str,
-    decision: str,
-    by: str | None,
-    comment: str | None,
-    wait_id: str | None,
-    action_id: str | None,
-    app: str | None,
-    db: str | None,
-    *,
-    result: Any = None,
-) -> None:
-    want = "effect" if decision in ("performed", "not_performed") else "approval"
-    by = by or login()
-    with open_app(app, db) as loaded:
-        record: Callable[..., DecisionResult]
-        if want == "effect":
-            wait_id = effect_wait(loaded.get_run(run_id), wait_id)
-            record = functools.partial(
-                loaded.resolve_effect, performed=decision == "performed", result=result
-            )
-        else:
-            record = loaded.approve if decision == "approved" else loaded.reject
-        outcome = record(
-            run_id,
-            by=by,
-            comment=comment,
-            wait_id=wait_id,
-            action_id=action_id,
-            channel="cli",
-            # `--by` is what the caller typed; the login is who ran the command.
-            principal=f"login:{login()}",
-        )
-    wait = outcome.wait
-    if outcome.recorded:
-        label = decision.replace("_", " ")
-        say(
-            f"recorded: {label} by {by} on wait {wait['wait_id']} ({wait['name']}) of run "
-            f"{run_id}; a worker resumes the run"
-        )
-    elif wait["decision"] == decision:
-        say(decided_line(wait) + "; this call changed nothing")
-    else:
-        fail(f"not {decision.replace('_', ' ')}: {decided_line(wait)} (the first decision wins)")
-
-
-def _verdict_command(decision: str, verb: str) -> Callable[..., None]:
-    # approve and reject take the same options and differ only in the verdict they record.
-    def command(
-        run_id: RunArgument,
-        by: ByOption = None,
-        comment: CommentOption = None,
-        wait_id: WaitOption = None,
-        action_id: ActionOption = None,
-        app: AppOption = None,
-        db: DbOption = None,
-    ) -> None:
-        _decide(run_id, decision, by, comment, wait_id, action_id, app, db)
-
-    command.__name__ = command.__qualname__ = verb.lower()
-    command.__doc__ = (
-        f"{verb} the run's pending approval. The first decision wins; repeats change nothing."
-    )
-    return command
-
-
-approve = cli.command("approve")(guarded(_verdict_command("approved", "Approve")))
-reject = cli.command("reject")(guarded(_verdict_command("rejected", "Reject")))
-
-
-@cli.command("resolve-effect")
-@guarded
-def resolve_effect(
-    run_id: RunArgument,
-    performed: Annotated[
-        bool,
-        typer.Option(
-            "--performed/--not-performed",
-            help="Whether the in-doubt effect reached the provider (check there first).",
-            show_default=False,
-        ),
-    ],
-    result: Annotated[
-        str | None,
-        typer.Option(help="With --performed: the effect's result as JSON.", show_default=False),
-    ] = None,
-    by: ByOption = None,
-    comment: CommentOption = None,
-    wait_id: WaitOption = None,
-    app: AppOption = None,
-    db: DbOption = None,
-) -> None:
-    """Settle an in-doubt effect: --performed (never redo it) or --not-performed (do it once)."""
-    value = performed_result(result, performed)
-    decision = "performed" if performed else "not_performed"
-    _decide(run_id, decision, by, comment, wait_id, None, app, db, result=value)
-
-
+cli.command("approve")(approve)
+cli.command("reject")(reject)
+cli.command("resolve-effect")(resolve_effect)
 cli.command()(cancel)
 
 

@@ -239,12 +239,14 @@ async def claim_kept(
             try:
                 held = await renew_claim()
             except Exception as exc:
-                # Never the call's failure: at worst the claim lapses and the work is
-                # reconciled as a dead caller's would be.
-                if not is_infrastructure(exc):
+                # Never the call's failure, nor the end of renewing: only the database saying
+                # the claim is gone is. Given up on an error (a timeout not counted as the
+                # database's), the claim lapsed under a live call, which another caller then
+                # took for a dead one's, and made again.
+                if is_infrastructure(exc):
+                    log.warning("%s: claim not renewed: %s", what, exc)
+                else:
                     log.exception("%s: claim renewal failed", what)
-                    return
-                log.warning("%s: claim not renewed: %s", what, exc)
                 continue
             if not held:
                 # Someone else took it over: this call's outcome will not be recorded.

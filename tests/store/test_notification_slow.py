@@ -78,6 +78,57 @@ def test_an_email_slower_than_its_claim_is_received_once_and_recorded_delivered(
         assert "notification.in_doubt" not in kinds
 
 
+def test_a_renewal_after_the_database_was_away_keeps_a_claim_nobody_took(
+    make_app: Callable[..., keel.App], backend: str
+) -> None:
+    """The sender's renewals fail twice (its database away for two thirds of the TTL), so its
+    next one lands after the claim's expiry. Nobody took the claim meanwhile: it is still this
+    claim's, and renewing it goes on; it used to be refused as lapsed, renewal stopped for the
+    rest of the send, and the rival sent the email a second time."""
+    with SmtpSink() as sink:
+        sender, rival = make_app(lease_ttl=TTL), make_app(lease_ttl=TTL)
+        sender.workflow(WORKFLOW)(one_node)
+        for app in (sender, rival):
+            app.add_notifier(EmailNotifier(sink.url, "keel@example.com"))
+        node = waiting(sender, approvers=["ed@example.com"])
+        store = sender.aio.runtime.store
+        renew, failed = store.renew_notification_claim, [0]
+
+        async def away_twice(*args: Any, **kwargs: Any) -> bool:
+            if failed[0] < 2:
+                failed[0] += 1
+                raise _unreachable(backend)
+            return await renew(*args, **kwargs)
+
+        store.renew_notification_claim = away_twice  # type: ignore[method-assign]
+        sink.hold = 4 * TTL
+        sending = threading.Thread(
+            target=lambda: _on_loop(sender, lambda: sender.aio.runtime.dispatch("sender"))
+        )
+        sending.start()
+        try:
+            wait_until(lambda: sink.messages, 10, "the request at the server")
+            while sending.is_alive():
+                _on_loop(rival, lambda: rival.aio.runtime.dispatch("rival"))
+                time.sleep(TTL / 5)
+        finally:
+            sending.join()
+        assert failed[0] == 2
+        assert sink.count(x_keel_notification="request") == 1
+        assert statuses(sender, node.run_id) == [("request", "delivered")]
+
+
+def _unreachable(backend: str) -> Exception:
+    """What the backend's driver raises while its database is away."""
+    if backend == "postgres":
+        import psycopg
+
+        return psycopg.OperationalError("server closed the connection unexpectedly")
+    import sqlite3
+
+    return sqlite3.OperationalError("database is locked")
+
+
 def test_a_claim_taken_again_by_the_same_worker_fences_out_the_earlier_one(
     make_app: Callable[..., keel.App],
 ) -> None:

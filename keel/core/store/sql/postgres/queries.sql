@@ -760,10 +760,12 @@ WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(
 RETURNING intent_id;
 
 -- name: renew_notification_claim
--- Extend a claim while its notifier sends, only under that claim and before it lapsed.
+-- Extend a claim while its notifier sends, only under that claim: a claim that lapsed with
+-- nobody taking it is still its sender's (a renewal late after the database was away), and
+-- a claim taken over has another number (`attempts`) or holder.
 UPDATE keel_outbox SET claim_expires_at = keel_now() + %(ttl)s
 WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(attempts)s
-  AND status = 'sending' AND claim_expires_at > keel_now()
+  AND status = 'sending'
 RETURNING intent_id;
 
 -- name: list_notifications
@@ -1082,10 +1084,11 @@ WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = '
 RETURNING intent_id;
 
 -- name: renew_intent_claim
--- Extend a claim while its provider call is under way, only under that claim and before it lapsed.
+-- Extend a claim while its provider call is under way, only under that claim (as a
+-- notification's: lapsed with nobody taking it, it is still its caller's; a takeover changes the
+-- token).
 UPDATE keel_intents SET claim_expires_at = keel_now() + %(ttl)s
 WHERE intent_id = %(intent_id)s AND claim_token = %(claim_token)s AND status = 'sending'
-  AND claim_expires_at > keel_now()
 RETURNING intent_id;
 
 -- name: settle_intent

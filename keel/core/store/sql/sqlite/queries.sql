@@ -668,10 +668,12 @@ WHERE intent_id = :intent_id AND claimed_by = :worker_id AND attempts = :attempt
 RETURNING intent_id;
 
 -- name: renew_notification_claim
--- Extend a claim while its notifier sends, only under that claim and before it lapsed.
+-- Extend a claim while its notifier sends, only under that claim: a claim that lapsed with
+-- nobody taking it is still its sender's (a renewal late after the database was away), and
+-- a claim taken over has another number (`attempts`) or holder.
 UPDATE keel_outbox SET claim_expires_at = keel_now() + :ttl
 WHERE intent_id = :intent_id AND claimed_by = :worker_id AND attempts = :attempts
-  AND status = 'sending' AND claim_expires_at > keel_now()
+  AND status = 'sending'
 RETURNING intent_id;
 
 -- name: list_notifications
@@ -986,10 +988,11 @@ WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sendin
 RETURNING intent_id;
 
 -- name: renew_intent_claim
--- Extend a claim while its provider call is under way, only under that claim and before it lapsed.
+-- Extend a claim while its provider call is under way, only under that claim (as a
+-- notification's: lapsed with nobody taking it, it is still its caller's; a takeover changes the
+-- token).
 UPDATE keel_intents SET claim_expires_at = keel_now() + :ttl
 WHERE intent_id = :intent_id AND claim_token = :claim_token AND status = 'sending'
-  AND claim_expires_at > keel_now()
 RETURNING intent_id;
 
 -- name: settle_intent

@@ -15,12 +15,12 @@ import operator
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import pytest
 from fastapi import FastAPI
 from langgraph.graph import END, START, StateGraph
-from langgraph_sdk import get_client, get_sync_client
+from langgraph_sdk import get_client, get_sync_client, schema
 from langgraph_sdk.client import SyncLangGraphClient
 from langgraph_sdk.errors import (
     AuthenticationError,
@@ -617,11 +617,22 @@ def test_an_unknown_select_field_is_refused_on_an_empty_page_too(served: Served)
         "runs": {"run_id", "status", "kwargs", "multitask_strategy"},
         "history": set(ORACLE_STATE) | {"values.turns"},
     }
+    # And every field the SDK's own `select` literals offer, whether or not Keel shows it.
+    offered = {
+        "threads": schema.ThreadSelectField,
+        "assistants": schema.AssistantSelectField,
+        "crons": schema.CronSelectField,
+        "runs": schema.RunSelectField,
+    }
+    for name, literal in offered.items():
+        every[name] |= set(get_args(literal))
     for name, listed in empty.items():
         assert listed(sorted(every[name])) == [], name
         with pytest.raises(UnprocessableEntityError) as refused:
             listed(["nope"])
         assert "nope" in refused.value.body["message"], name  # type: ignore[index]
+    # On a page with rows too: a field the SDK offers that Keel does not show is left out.
+    assert c.threads.search(ids=[tid], select=["thread_id", "context"]) == [{"thread_id": tid}]
 
 
 def test_tokens_as_the_sdk_sends_them(served: Served) -> None:

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from langgraph.types import StateSnapshot
 
@@ -212,12 +212,29 @@ def selected(body: dict[str, Any], select: list[str] | None) -> dict[str, Any]:
     return whole
 
 
+def _sdk_selectable() -> frozenset[str]:
+    from langgraph_sdk import schema  # langgraph's own dependency
+
+    literals = ("ThreadSelectField", "RunSelectField", "CronSelectField", "AssistantSelectField")
+    return frozenset(name for x in literals for name in get_args(getattr(schema, x, None)))
+
+
+SDK_SELECTABLE = _sdk_selectable()
+"""Every field langgraph-sdk's `select` literals offer: a client may send any of them, so none
+is refused, and one Keel does not show (a thread's `context`, a run's `cancel_reason`) is left
+out of the answer."""
+
+
 def refuse_unknown(select: list[str] | None, fields: Iterable[str]) -> None:
-    """422 for a `select`ed field (or the field of a `values.<key>`) not among `fields`. A list
-    endpoint checks its shape's fields before any row: else an empty page answers `[]` to what
-    a page with rows refuses."""
+    """422 for a `select`ed field (or the field of a `values.<key>`) neither among `fields` nor
+    offered by the SDK (`SDK_SELECTABLE`). A list endpoint checks its shape's fields before any
+    row: else an empty page answers `[]` to what a page with rows refuses."""
     known = list(fields)
-    unknown = [f for f in select or () if f.partition(".")[0] not in known]
+    unknown = [
+        f
+        for f in select or ()
+        if f.partition(".")[0] not in known and f.partition(".")[0] not in SDK_SELECTABLE
+    ]
     if unknown:
         raise Refused(
             422,

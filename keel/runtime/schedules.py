@@ -18,7 +18,7 @@ from typing import Any
 
 from keel.core import schedules as rules
 from keel.core.codec import canonical_json, check_storable, dumps, loads
-from keel.core.errors import ScheduleExists, ScheduleNotFound, UsageError
+from keel.core.errors import ScheduleExists, ScheduleNotFound, ThreadNotFound, UsageError
 from keel.core.schedule_firing import fire_due as fire_batch
 from keel.core.store.base import Row
 from keel.core.store.store import Store
@@ -102,16 +102,24 @@ class AsyncSchedules:
         overlap: str = "skip",
         metadata: dict[str, Any] | None = None,
         paused: bool = False,
+        require_thread: bool = False,
     ) -> dict[str, Any]:
         """A schedule that starts a run of `workflow` (on `thread_id` if given) at each tick of
         `cron` (5 fields, or 6 with seconds first) in `timezone`, or every `every` seconds;
         ScheduleExists if the name is taken. See keel.core.schedules for `catch_up` and
-        `overlap`."""
+        `overlap`. Its thread is made by its first tick if need be; with `require_thread` it
+        must exist now (ThreadNotFound), judged with the thread locked: a deletion of it either
+        went first, or waits and deletes this schedule with it (its next tick would make the
+        thread again)."""
         await self.runtime.open()
         values = self._values(
             name, workflow, cron, every, timezone, input, thread_id, catch_up, overlap, metadata
         )
+        if require_thread and thread_id is None:
+            raise UsageError("require_thread asks for an existing thread: give thread_id")
         async with self._store.transaction() as tx:
+            if require_thread and await self._store.lock_thread(tx, str(thread_id)) is None:
+                raise ThreadNotFound(f"thread {thread_id!r} not found")
             now = await self._store.db_now(tx)
             values.update(
                 schedule_id=rules.new_schedule_id(),

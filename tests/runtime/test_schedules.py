@@ -168,6 +168,30 @@ def test_deleting_a_thread_deletes_its_schedules(make_app: AppFactory) -> None:
     assert [s["name"] for s in app.schedules.list()] == ["free"]
 
 
+def test_a_schedule_that_requires_its_thread_is_refused_once_the_thread_is_deleted(
+    make_app: AppFactory,
+) -> None:
+    """The Agent Server's cron on a thread it found: a deletion committed between its check
+    and the schedule's insert left a cron whose tick made the deleted thread again. Judged in
+    the insert's transaction, with the thread locked, it is refused and nothing fires."""
+    app, clock = _app(make_app)
+    app.create_thread(thread_id="daily", workflow="echo")
+    made = app.schedules.create(
+        "kept", "echo", every=60, input={"text": "x"}, thread_id="daily", require_thread=True
+    )
+    assert made["thread_id"] == "daily"
+    app.delete_thread("daily")  # the deletion takes its schedule with it
+    with pytest.raises(keel.ThreadNotFound):
+        app.schedules.create(
+            "late", "echo", every=60, input={"text": "x"}, thread_id="daily", require_thread=True
+        )
+    assert app.schedules.list() == []
+    clock.advance(600)
+    assert _fire(app) == []
+    with pytest.raises(keel.ThreadNotFound):
+        app.get_thread("daily")
+
+
 def test_a_declared_schedule_is_upserted_at_worker_start(make_app: AppFactory) -> None:
     app, clock = _app(make_app)
     app.workflow(

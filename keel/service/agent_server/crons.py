@@ -183,6 +183,9 @@ def crons_router(keel_app: App, auth: Gate) -> APIRouter:
             thread_id=thread_id,
             metadata=value["metadata"],
             overlap=overlap,
+            # The thread found above must still be there: deleted meanwhile, a cron on it would
+            # make it again at its first tick (404, as LangGraph deletes a thread's crons).
+            require_thread=thread_id is not None,
             paused=body.enabled is False,
         )
         return cron_shape(made)

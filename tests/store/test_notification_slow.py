@@ -43,33 +43,45 @@ def statuses(app: keel.App, run_id: str) -> list[tuple[str, str]]:
     return [(n["kind"], n["status"]) for n in app.get_run(run_id).notifications]
 
 
+def _sender_and_rival(
+    make_app: Callable[..., keel.App], sink: SmtpSink
+) -> tuple[keel.App, keel.App, Any]:
+    """Two apps emailing through `sink`, and a run of the sender's waiting with its request
+    notification due."""
+    sender, rival = make_app(lease_ttl=TTL), make_app(lease_ttl=TTL)
+    sender.workflow(WORKFLOW)(one_node)
+    for app in (sender, rival):
+        app.add_notifier(EmailNotifier(sink.url, "keel@example.com"))
+    return sender, rival, waiting(sender, approvers=["ed@example.com"])
+
+
+def _send_while_a_rival_polls(sender: keel.App, rival: keel.App, sink: SmtpSink) -> tuple[int, int]:
+    """The sender dispatches (in a thread) while the rival dispatches again and again until the
+    sender is done: (notifications the sender settled, those the rival settled)."""
+    sent: list[int] = []
+    sending = threading.Thread(
+        target=lambda: sent.append(_on_loop(sender, lambda: sender.aio.runtime.dispatch("sender")))
+    )
+    sending.start()
+    polled = 0
+    try:
+        wait_until(lambda: sink.messages, 10, "the request at the server")
+        while sending.is_alive():
+            polled += _on_loop(rival, lambda: rival.aio.runtime.dispatch("rival"))
+            time.sleep(TTL / 5)
+    finally:
+        sending.join()
+    return sum(sent), polled
+
+
 def test_an_email_slower_than_its_claim_is_received_once_and_recorded_delivered(
     make_app: Callable[..., keel.App],
 ) -> None:
     with SmtpSink() as sink:
-        sender, rival = make_app(lease_ttl=TTL), make_app(lease_ttl=TTL)
-        sender.workflow(WORKFLOW)(one_node)
-        for app in (sender, rival):
-            app.add_notifier(EmailNotifier(sink.url, "keel@example.com"))
-        node = waiting(sender, approvers=["ed@example.com"])
+        sender, rival, node = _sender_and_rival(make_app, sink)
         sink.hold = 3 * TTL
-        sent: list[int] = []
-        sending = threading.Thread(
-            target=lambda: sent.append(
-                _on_loop(sender, lambda: sender.aio.runtime.dispatch("sender"))
-            )
-        )
-        sending.start()
-        try:
-            wait_until(lambda: sink.messages, 10, "the request at the server")
-            # Another dispatcher polls while the server holds its reply, well past the TTL.
-            polled = 0
-            while sending.is_alive():
-                polled += _on_loop(rival, lambda: rival.aio.runtime.dispatch("rival"))
-                time.sleep(TTL / 5)
-        finally:
-            sending.join()
-        assert sent == [1]
+        sent, polled = _send_while_a_rival_polls(sender, rival, sink)
+        assert sent == 1
         assert polled == 0, "the rival took the live sender's notification for a dead one's"
         assert sink.count(x_keel_notification="request") == 1
         assert statuses(sender, node.run_id) == [("request", "delivered")]
@@ -86,11 +98,7 @@ def test_a_renewal_after_the_database_was_away_keeps_a_claim_nobody_took(
     claim's, and renewing it goes on; it used to be refused as lapsed, renewal stopped for the
     rest of the send, and the rival sent the email a second time."""
     with SmtpSink() as sink:
-        sender, rival = make_app(lease_ttl=TTL), make_app(lease_ttl=TTL)
-        sender.workflow(WORKFLOW)(one_node)
-        for app in (sender, rival):
-            app.add_notifier(EmailNotifier(sink.url, "keel@example.com"))
-        node = waiting(sender, approvers=["ed@example.com"])
+        sender, rival, node = _sender_and_rival(make_app, sink)
         store = sender.aio.runtime.store
         renew, failed = store.renew_notification_claim, [0]
 
@@ -102,17 +110,7 @@ def test_a_renewal_after_the_database_was_away_keeps_a_claim_nobody_took(
 
         store.renew_notification_claim = away_twice  # type: ignore[method-assign]
         sink.hold = 4 * TTL
-        sending = threading.Thread(
-            target=lambda: _on_loop(sender, lambda: sender.aio.runtime.dispatch("sender"))
-        )
-        sending.start()
-        try:
-            wait_until(lambda: sink.messages, 10, "the request at the server")
-            while sending.is_alive():
-                _on_loop(rival, lambda: rival.aio.runtime.dispatch("rival"))
-                time.sleep(TTL / 5)
-        finally:
-            sending.join()
+        _send_while_a_rival_polls(sender, rival, sink)
         assert failed[0] == 2
         assert sink.count(x_keel_notification="request") == 1
         assert statuses(sender, node.run_id) == [("request", "delivered")]

@@ -23,7 +23,7 @@ from keel.core.effects import outbox as effect_outbox
 from keel.core.errors import InvalidTransition, UsageError
 from keel.core.ids import digest
 from keel.core.lifecycle import Decision, Status
-from keel.core.store.base import Later, Row, Tx
+from keel.core.store.base import EndWith, Later, Row, Tx
 from keel.core.store.store import Store
 from keel.core.wait_model import (
     RESUMED,
@@ -200,19 +200,23 @@ def _spec(value: Any) -> dict[str, Any]:
     }
 
 
-async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
+async def register(
+    ctx: RunContext, interrupts: Sequence[Any], *, within: EndWith | None = None
+) -> Status:
     """Record the waits the graph paused on and release the run until a decision arrives: one
     fenced transaction in one call (`Store.step_transaction`): one call on SQLite's database
     thread, one pipeline and round trip on PostgreSQL (an outbox wait, whose intent may have
-    been delivered already, reads it: one more)."""
+    been delivered already, reads it: one more). `within`: that transaction is the saver's,
+    with the writes of the pause (`Fencing.ending`), fenced there."""
     store = ctx.services.store
     started = time.monotonic()
     specs = [(wait_id_for(ctx.run_id, intr.id), intr, _spec(intr.value)) for intr in interrupts]
     notifiers = [n.name for n in ctx.services.notifiers.values() if "request" in n.kinds]
 
-    async def body(tx: Tx) -> tuple[list[tuple[dict[str, Any], Later]], Later]:
-        await store.fence_step(tx, ctx.run_id, ctx.token)  # a stale token commits nothing
-        registered = []
+    registered: list[tuple[dict[str, Any], Later]] = []
+
+    async def record(tx: Tx) -> Later:
+        registered.clear()  # a transaction retried (keel.langgraph.savers) records again
         for wid, intr, spec in specs:
             timeout = spec.get("timeout")
             schedule = spec.get("schedule", [])
@@ -246,14 +250,20 @@ async def register(ctx: RunContext, interrupts: Sequence[Any]) -> Status:
                         break
         # Cancelled while this step ran: this pause is its step boundary, nobody is asked. A
         # decision already in (it raced the registration) resumes the run at once.
-        moved = await store.end_registration(
+        return await store.end_registration(
             tx, ctx.run_id, ctx.token, ctx.worker_id, [wid for wid, _, _ in specs]
         )
-        return registered, moved
 
-    registered, moved = await store.step_transaction(body)
+    async def body(tx: Tx) -> Later:
+        await store.fence_step(tx, ctx.run_id, ctx.token)  # a stale token commits nothing
+        return await record(tx)
+
+    if within is None:
+        moved = await store.step_transaction(body)
+        ended = await moved()
+    else:
+        ended = await within(record)
     took = time.monotonic() - started
-    ended = await moved()
     if ended is None:
         raise InvalidTransition(f"run {ctx.run_id} is not running: it registers no wait")
     for event, row in registered:

@@ -40,7 +40,14 @@ class Buffer:
     writes: list[Buffered] = field(default_factory=list)
     settled: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, checkpoint id) after an interrupt or error: no checkpoint will follow, so a
-    sibling task that finishes later commits its writes at once."""
+    sibling task that finishes later commits its writes at once (after an error), or with the
+    execution's last transaction (after an interrupt: see `paused`)."""
+    paused: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, checkpoint id) where a task paused (`interrupt()`): its writes and its
+    siblings' commit with the wait's registration (`Fencing.ending`), the one transaction that
+    follows when the graph returns. Nothing of the graph reads them before (a read commits
+    them first), and a crash before that commit runs the step's tasks again from its
+    checkpoint, as a crash between the pause and a commit of its own would."""
     counts: dict[str, int] = field(default_factory=dict)
     deferred: list[Statement] = field(default_factory=list)
     """The input checkpoint of a run's first execution (and, after a plain START, the START

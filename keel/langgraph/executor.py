@@ -242,10 +242,10 @@ class Executor:
                     workflow.durability,
                 )
             if interrupts:
-                # A pause after the last step (`interrupt_after`): its checkpoint first.
-                await self.saver.settle(lease.run_id, lease.token)
+                # The pause's writes and the checkpoints held back commit with its waits.
+                within = self.saver.ending(lease.run_id, lease.token, pause=True)
                 fault_point("wait.after_interrupt", workflow.name)
-                return await waits.register(ctx, interrupts)
+                return await waits.register(ctx, interrupts, within=within)
             return await self._complete(ctx, workflow, values, never_ran=never_ran)
         except LeaseLost as exc:
             log.warning(

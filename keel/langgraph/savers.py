@@ -95,6 +95,8 @@ class Fencing(Executions):
         waiting = self.buffers.get((run_id, token))
         if waiting is not None and waiting.final is not None:
             return  # it, its writes and what waits with it commit with the run's end
+        if waiting is not None and waiting.paused:
+            return  # a pause's writes commit with the wait's registration (`ending`)
         if waiting is not None and waiting.writes and waiting.deferred:
             await self._flush(run_id, waiting)
         buffer = self.buffers.pop((run_id, token), None)
@@ -150,7 +152,15 @@ class Fencing(Executions):
             channels = {c for c, _ in writes}
             if INTERRUPT in channels or (ERROR in channels and ERROR_SOURCE_NODE not in channels):
                 buffer.settled.add(where)  # no checkpoint follows (an error handler's would)
-            await self._flush(run_id, buffer)
+            if INTERRUPT in channels:
+                buffer.paused.add(where)
+            # A pause's writes wait for the registration; any other of these the loop reads
+            # before a checkpoint comes (a resume, a scheduled write, an error's source).
+            urgent = task_id == NULL_TASK_ID or any(
+                c in SPECIAL and c != INTERRUPT for c, _ in writes
+            )
+            if urgent or where not in buffer.paused:
+                await self._flush(run_id, buffer)
 
     async def aput(
         self,
@@ -229,13 +239,20 @@ class Fencing(Executions):
             return False  # a step's checkpoint of the run's own graph only
         return is_last_step(checkpoint, self.triggers.get((run_id, token)))
 
-    def ending(self, run_id: str, token: int) -> EndWith | None:
-        """The run's end, committed with the last step's checkpoint that waits for it (None if
-        none does): one transaction, the fence first, then the step's events and writes, the
-        checkpoint, the end. A cancel asked meanwhile ends nothing there: the checkpoint
-        commits, and RunCancelled stops the run as at any other step's boundary."""
+    def ending(self, run_id: str, token: int, *, pause: bool = False) -> EndWith | None:
+        """The execution's last transaction, committed with what waits for it (None if nothing
+        does): the run's end, with its last step's checkpoint; or (`pause`) the registration
+        of the waits it paused on, with the pause's writes and the checkpoints still held
+        back (the input's and START's of a first step that paused, a last step's before
+        `interrupt_after`). One transaction, the fence first, then the step's events and
+        writes, the checkpoints, the end. A cancel asked meanwhile ends nothing there: the
+        checkpoint commits, and RunCancelled stops the run as at any other step's boundary.
+        (An end takes no input checkpoint: a run cancelled or failed before its first step
+        leaves its thread's state as it was.)"""
         buffer = self.buffers.get((run_id, token))
-        if buffer is None or buffer.final is None:
+        if buffer is None or (
+            buffer.final is None and not buffer.writes and not (pause and buffer.deferred)
+        ):
             return None
         held = buffer
         return lambda end: self._flush(run_id, held, end)

@@ -548,14 +548,35 @@ def test_stale_token_commits_none_of_its_buffered_writes_nor_its_checkpoint(
     ), "the stale checkpoint committed"
     assert tuple_.pending_writes == []
 
-    # A special write (an interrupt) commits at once: under the stale token, it raises there.
+    # A special write (an error) commits at once: under the stale token, it raises there.
     with pytest.raises(LeaseLost):
         takeover.call(
             _as(
                 takeover.ctx(takeover.a),
-                saver.aput_writes(saved, [("__interrupt__", "q")], "task-a", "__pregel_pull/echo"),
+                saver.aput_writes(saved, [("__error__", "boom")], "task-a", "__pregel_pull/echo"),
             )
         )
+    assert takeover.snapshot() == before
+
+    # A pause's write waits for the wait's registration, which its fence aborts.
+    async def stale_pause() -> None:
+        await saver.aput_writes(saved, [("__interrupt__", "q")], "task-b", "__pregel_pull/echo")
+        within = saver.ending(run, 1, pause=True)
+        assert within is not None, "the pause's write did not wait for its registration"
+
+        async def register(tx: Any) -> Any:
+            # (PostgreSQL pipelines it behind the fence, which aborts all of it.)
+            await tx.execute("set_run_decision", {"run_id": run, "decision": "stale"})
+
+            async def nothing() -> None:
+                return None
+
+            return nothing
+
+        await within(register)
+
+    with pytest.raises(LeaseLost):
+        takeover.call(_as(takeover.ctx(takeover.a), stale_pause()))
     assert takeover.snapshot() == before
     saver.drop(run, 1)
 

@@ -518,6 +518,64 @@ def test_a_wait_registration_is_one_round_trip_with_all_that_follows_it(
     )  # + one decided
 
 
+def _pausing(before: int) -> Callable[[], Any]:
+    """`before` plain steps, then a node that asks for an approval, then one more step."""
+
+    def build() -> Any:
+        from langgraph.graph import END, START, StateGraph
+
+        from tests.support.graphs import EchoState
+
+        def ask(state: Any) -> dict[str, Any]:
+            return {"out": f"{state.get('out', '')}{keel.approval('manager').decision}"}
+
+        g = StateGraph(EchoState)
+        names = [f"n{i}" for i in range(before)]
+        for name in names:
+            g.add_node(name, lambda s, name=name: {"out": f"{s.get('out', '')}{name}"})
+        g.add_node("ask", ask)
+        g.add_node("after", lambda s: {"out": f"{s['out']}!"})
+        for a, b in zip(
+            [START, *names, "ask", "after"], [*names, "ask", "after", END], strict=True
+        ):
+            g.add_edge(a, b)
+        return g
+
+    return build
+
+
+@pytest.mark.parametrize("before", [0, 2])
+def test_a_pause_commits_its_writes_with_its_waits_in_one_transaction(
+    make_app: AppFactory, before: int
+) -> None:
+    """The interrupt's writes (and, in a first step, the input's and START's checkpoints)
+    commit in the wait's registration: admission, claim, one transaction per step before the
+    pause, and one for the pause itself. The run then resumes from them as from any pause."""
+    app = make_app()
+    app.workflow("pausing")(_pausing(before))
+    app.add_notifier(Recorder("slackish"))
+    rt = app.aio.runtime
+
+    async def run() -> Any:
+        await app.aio.submit("pausing", job_id=f"rt-pause-{before}", input={"text": "a"})
+        got = await leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
+        assert got is not None
+        return await rt.executor("w-a").execute(*got)
+
+    outcome, count = _counted(app, run)
+    assert outcome == "waiting"
+    assert count.statements == 1 + 1 + before + 1, count.kinds
+    [run_row] = app.list_runs(job_id=f"rt-pause-{before}")
+    details = app.get_run(run_row["run_id"])
+    assert [w["name"] for w in details.waits] == ["manager"]
+    assert len(app.aio.runtime.portal.call(rt.store.notifications(details.run_id))) == 1
+    app.approve(details.run_id, by="alice")
+    assert app.run_worker(concurrency=1, stop_when_idle=True, handle_signals=False).finished == 1
+    done = app.get_run(details.run_id)
+    assert done.status == "completed"
+    assert done.output["out"] == "".join(f"n{i}" for i in range(before)) + "approved!"
+
+
 # -- SQLite: one call to the database thread per statement, per transaction ------------------
 
 

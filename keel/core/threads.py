@@ -219,9 +219,10 @@ async def admit(
     )
 
     # One call to the database (SQLite: on its thread, no hop per statement; committed in a
-    # group with the steps committing meanwhile, one fsync for all).
-    async def body(tx: Tx) -> Admission:
-        thread = await store.take_thread(
+    # group with the steps committing meanwhile, one fsync for all). On PostgreSQL two round
+    # trips: the thread's lock with what is read under it, then the rest with the commit.
+    async def body(tx: Tx) -> Callable[[], Awaitable[Admission]]:
+        taken = await store.send_take_thread(
             tx,
             thread_id,
             create=create,
@@ -229,6 +230,11 @@ async def admit(
             version=version,
             metadata=dumps(thread_metadata or {}),
         )
+        # Statements of their own after the lock (each sees what earlier holders committed),
+        # sent with it: the lock's round trip brings them back.
+        placed = await store.thread_place(tx, thread_id)
+        same_job = await store.send_read_run(tx, rid) if job_id is not None else None
+        thread = await taken()
         if thread is None:
             raise ThreadNotFound(f"no thread {thread_id!r}")
         if thread["workflow"] != workflow:
@@ -237,8 +243,8 @@ async def admit(
             )
         if merge_metadata and _changes(thread["metadata"], merge_metadata):
             await store.merge_thread_metadata(tx, thread_id, merge_metadata)
-        if job_id is not None:
-            found = await store.read_run(tx, rid)
+        if same_job is not None and job_id is not None:
+            found = await same_job()
             if found is not None and int(found["thread_seq"] or 0) < int(thread["first_seq"]):
                 # The same job, input and thread id, but the thread it ran on was deleted: this
                 # thread of the id is another, and the old run is none of its own.
@@ -249,8 +255,13 @@ async def admit(
                     runs=[rid],
                 )
             if found is not None:
-                return Admission(found, False, [])
-        unfinished = await store.thread_unfinished(tx, thread_id)
+                existing = found
+
+                async def already() -> Admission:
+                    return Admission(existing, False, [])
+
+                return already
+        seq, unfinished = await placed()
         if unfinished and end_paused:
             unfinished = await _end_paused(store, tx, unfinished, rid)
         if unfinished and strategy == "reject":
@@ -274,7 +285,7 @@ async def admit(
                 await store.discard_rolled_back(tx, thread_id)
         place = ThreadPlace(
             thread_id=thread_id,
-            thread_seq=await store.next_thread_seq(tx, thread_id),
+            thread_seq=seq,
             command=command_json,
             checkpoint_id=checkpoint_id,
             config=config_json,
@@ -296,12 +307,17 @@ async def admit(
             },
         )
         await store.notify_wake(tx, rid)
-        row = await store.read_run(tx, rid)
-        claimed = await (await then(tx))() if then is not None else None
-        assert row is not None
-        return Admission(row, True, [], claimed)
+        admitted = await store.send_read_run(tx, rid)
+        claim = await then(tx) if then is not None else None
 
-    return await store.step_transaction(body)
+        async def committed() -> Admission:
+            row = await admitted()
+            assert row is not None
+            return Admission(row, True, [], await claim() if claim is not None else None)
+
+        return committed
+
+    return await (await store.step_transaction(body))()
 
 
 PAUSED_KINDS = frozenset({WaitKind.INTERRUPT})

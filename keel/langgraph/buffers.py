@@ -54,6 +54,9 @@ class Buffer:
     step's), committed with the next transaction: until then the admission record holds the
     same input durably, and a crash before it restarts the run from there, as the checkpoints
     would."""
+    input_step: int | None = None
+    """The step of the deferred input checkpoint (-1 on a new thread; on a thread of many runs
+    one past its latest): the START step's is the next."""
     final: list[Statement] | None = None
     """The checkpoint of the run's last step (one after which no task runs), held back with
     its step's writes to commit with the run's end (`Fencing.ending`): no code of the graph

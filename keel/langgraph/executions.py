@@ -30,6 +30,10 @@ class Executions(StepTimeline):
         self.unwritten: set[tuple[str, int]] = set()
         """(run, token) of executions whose run never ran before (its claim said so): no
         checkpoint exists, so the loop's first read is answered without the database."""
+        self.first_executions: set[tuple[str, int]] = set()
+        """(run, token) of a run's first execution (its claim said so), on a thread of many
+        runs too: its input's checkpoint waits for its first step's transaction, the admission
+        record holding the same input durably meanwhile (see keel.langgraph.savers)."""
         self.plain_starts: set[tuple[str, int]] = set()
         """(run, token) of those whose graph's START step runs none of the user's code: its
         checkpoint waits for the first step's too (see keel.langgraph.savers)."""
@@ -63,13 +67,16 @@ class Executions(StepTimeline):
         worker_id: str,
         *,
         never_ran: bool = False,
+        first_claim: bool = False,
         plain_start: bool = False,
         triggers: Mapping[str, Sequence[str]] | None = None,
         thread_id: str | None = None,
     ) -> None:
         """Fence the run's writes under `token`. `never_ran`: the claim found the run never
         started, so nothing of it was ever checkpointed (only a holder of a lease writes one,
-        and this is the first lease). `plain_start`: the graph's START step only maps the
+        and this is the first lease). `first_claim`: the run's first execution, which may be
+        on a thread that has checkpoints of earlier runs (`never_ran` implies it).
+        `plain_start`: the graph's START step only maps the
         input onto channels (`graphs.plain_start`). `triggers`: the graph's
         `trigger_to_nodes`, to hold its last checkpoint back for the run's end. `thread_id`:
         the thread the run writes its checkpoints to, when it is not the run's own."""
@@ -80,6 +87,8 @@ class Executions(StepTimeline):
             self.triggers[(run_id, token)] = triggers
         if never_ran:
             self.unwritten.add((run_id, token))
+        if never_ran or first_claim:
+            self.first_executions.add((run_id, token))
             if plain_start:
                 self.plain_starts.add((run_id, token))
 
@@ -93,6 +102,7 @@ class Executions(StepTimeline):
         checkpointed; the run resumes from the last checkpoint, effects from the ledger)."""
         self.buffers.pop((run_id, token), None)
         self.unwritten.discard((run_id, token))
+        self.first_executions.discard((run_id, token))
         self.plain_starts.discard((run_id, token))
         self.triggers.pop((run_id, token), None)
         for kept in (self.roots, self.anchors, self.before_commit):

@@ -178,6 +178,7 @@ class Executor:
             lease.token,
             self.worker_id,
             never_ran=never_ran,
+            first_claim=bool(run.get("first_claim")),
             plain_start=plain_start(graph),
             triggers=getattr(graph, "trigger_to_nodes", None),
             thread_id=thread,

@@ -185,19 +185,23 @@ class Fencing(Executions):
             )
         if (
             ctx is not None
-            and (run_id, token) in self.unwritten
+            and (run_id, token) in self.first_executions
             and metadata.get("source") == "input"
         ):
             # Nothing to make durable yet: the run's admitted input is (see Buffer.deferred).
             self.unwritten.discard((run_id, token))
-            self._buffer(run_id, token, worker_id).deferred = recorder
+            self.first_executions.discard((run_id, token))
+            held = self._buffer(run_id, token, worker_id)
+            held.deferred = recorder
+            held.input_step = int(metadata.get("step", -1))
             return next_config
         buffer = self.buffers.get((run_id, token)) if ctx is not None else None
         if (
             buffer is not None
             and buffer.deferred  # the input's checkpoint: nothing of the run committed yet
             and (run_id, token) in self.plain_starts
-            and metadata.get("step") == 0
+            and buffer.input_step is not None
+            and metadata.get("step") == buffer.input_step + 1  # 0 on a new thread
             and not config["configurable"].get("checkpoint_ns")
         ):
             # The START step's checkpoint: the admitted input on channels. It and its writes
@@ -303,6 +307,7 @@ class Fencing(Executions):
         `token` still holds the run. The fence's row, and `then`'s."""
         # From here on (even if this commit's outcome is unknown) reads go to the database.
         self.unwritten.discard((run_id, token))
+        self.first_executions.discard((run_id, token))
         earlier = self.before_commit.get((run_id, token))
         if earlier is not None:
             await earlier()

@@ -94,10 +94,13 @@ OTHERS = (
     "run.before_first_checkpoint:chat",
     "effect.before_reserve:post_turn",
     "effect.before_call:post_turn",
-    # A turn reaches this point nine times: each task's writes, and each fenced step commit
-    # (the ninth carries the last step and the run's end).
-    *(f"checkpoint.before_write@{n}" for n in range(1, 10)),
+    # A turn reaches this point seven times: each task's writes (START's, think's, post's,
+    # reply's), and each fenced step commit: think's (with the turn's input and START
+    # checkpoints), post's, reply's (with the run's end).
+    *(f"checkpoint.before_write@{n}" for n in range(1, 8)),
 )
+FIRST_COMMIT = "checkpoint.before_write@3"
+"""Just before a turn's first transaction: of the turn, only its admission is durable."""
 
 
 def test_a_conversation_killed_in_every_turn_sends_each_turn_once_in_order(
@@ -157,6 +160,44 @@ def test_a_conversation_killed_in_every_turn_sends_each_turn_once_in_order(
     assert state.values == expected.values, why
     assert state.next == expected.next == (), why
     assert app.get_thread(thread)["status"] == "idle", why
+
+
+def test_a_turn_killed_before_its_first_commit_starts_again_from_its_admitted_input(
+    app: keel.App, fleet: Fleet, sink: HttpSink
+) -> None:
+    """A later turn's input and START checkpoints wait for its first step's transaction: killed
+    just before it, the thread shows nothing of the turn, and the next worker starts the turn
+    again on the thread's state, from its admission. The turn is posted once, and the thread
+    holds each turn once, as LangGraph alone makes it."""
+    thread = "conversation-first-commit"
+    turns = ("hi", "what is a thread?")
+    first = {"messages": [threads.user_message(1, turns[0])]}
+    app.submit("chat", first, thread_id=thread, job_id=f"{thread}-1")
+    fleet.drain()
+    before = app.get_state(thread)
+    second = {"messages": [threads.user_message(2, turns[1])]}
+    run_id = app.submit("chat", second, thread_id=thread, job_id=f"{thread}-2").run_id
+    doomed = fleet.crash(FIRST_COMMIT)
+    assert app.get_run(run_id).status == "running"
+    during = app.get_state(thread)
+    assert (during.values, during.config) == (before.values, before.config)
+    fleet.drain()
+    details = app.get_run(run_id)
+    assert details.status == "completed", details.timeline
+    assert_fenced(details, [doomed], takeover=True)
+    posts = received(sink, "/turns")
+    assert [(p["turn"], p["text"]) for p in posts] == list(enumerate(turns, 1))
+
+    def stub(thread: str, turn: int, text: str) -> dict[str, Any]:
+        return {"delivery": turn}
+
+    oracle = threads.chat_graph(stub).compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": thread}}
+    for turn, text in enumerate(turns, 1):
+        oracle.invoke({"messages": [threads.user_message(turn, text)]}, config)
+    assert app.get_state(thread).values == oracle.get_state(config).values
+    sources = [h.metadata.get("source") for h in app.get_history(thread, limit=50)]
+    assert sources.count("input") == 2, sources
 
 
 # -- twenty clients at once ----------------------------------------------------------------------
@@ -288,9 +329,10 @@ def test_twenty_enqueued_runs_run_one_at_a_time_in_order_across_a_kill(
 
 # -- interrupt and rollback, killed in the middle ----------------------------------------------
 
-FIRST_STOPPING = "checkpoint.before_write@7"
-"""The commit of the first run's step 2, where it learns it must stop: the seventh time, after
-three for the input and START, two for step 1 (its writes, its commit) and step 2's writes."""
+FIRST_STOPPING = "checkpoint.before_write@5"
+"""The commit of the first run's step 2, where it learns it must stop: the fifth time, after
+START's writes, two for step 1 (its writes, its commit, which takes the input's and START's
+checkpoints with it) and step 2's writes."""
 SECOND_STARTING = "effect.after_perform:post_step@1"
 """The second run's first effect, performed and not yet recorded. (The first run, taken over
 by the same worker, performs nothing: a cancelled run's effects are refused at reservation.)"""

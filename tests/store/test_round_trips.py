@@ -576,6 +576,53 @@ def test_a_pause_commits_its_writes_with_its_waits_in_one_transaction(
     assert done.output["out"] == "".join(f"n{i}" for i in range(before)) + "approved!"
 
 
+def test_an_admission_on_a_thread_is_two_round_trips(make_app: AppFactory, backend: str) -> None:
+    """The thread's lock, with what is read under it (the next place, the unfinished runs),
+    then the run, its event and the wake-up with the commit: two round trips on PostgreSQL
+    (it was eight), one call on SQLite's database thread."""
+    app = make_app()
+    app.workflow("chain")(_chain(1))
+    app.submit("chain", {"text": "a"}, thread_id="rt-thread")
+    submitted, count = _counted(
+        app, lambda: app.aio.submit("chain", {"text": "b"}, thread_id="rt-thread")
+    )
+    assert count.statements == (2 if backend == "postgres" else 1), count.kinds
+    place = app.get_run(submitted.run_id).run["thread_seq"]
+    assert place == 2  # behind the first turn, which is still queued
+
+
+def test_a_turn_on_a_thread_commits_its_input_with_its_first_step(
+    make_app: AppFactory, backend: str
+) -> None:
+    """A later turn of a thread: admission, claim, the thread's latest checkpoint read once,
+    and one transaction for its one step, which takes the turn's input and START checkpoints
+    with it (each committed alone before); then the thread holds both turns once."""
+    app = make_app()
+    app.workflow("chat")(_chain(1))
+    rt = app.aio.runtime
+
+    async def turn(text: str) -> Any:
+        await app.aio.submit("chat", {"text": text}, thread_id="rt-chat")
+        got = await leases.claim(rt.store, "w-a", rt.workflows.keys(), rt.lease_ttl)
+        assert got is not None
+        with counting() as count:
+            outcome = await rt.executor("w-a").execute(*got)
+        return outcome, count
+
+    first, _ = rt.portal.call(turn("a"))
+    (second, count), _ = _counted(app, lambda: turn("b"))
+    assert (first, second) == ("completed", "completed")
+    # PostgreSQL: the read and the step's transaction (the claim was counted apart). SQLite:
+    # the read's statements (the checkpoint, its writes) and the transaction on the loop.
+    assert count.statements == (2 if backend == "postgres" else 3), count.kinds
+    state = app.get_state("rt-chat")
+    assert state is not None and state.values["out"] == "n0n0"  # each turn's node once
+    assert state.values["text"] == "b"
+    history = app.get_history("rt-chat", limit=20)
+    sources = [h.metadata.get("source") for h in history]
+    assert sources.count("input") == 2, sources
+
+
 # -- SQLite: one call to the database thread per statement, per transaction ------------------
 
 

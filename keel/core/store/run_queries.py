@@ -158,6 +158,11 @@ class RunQueries:
         return await tx.one("get_run", {"run_id": run_id})
 
     @staticmethod
+    async def send_read_run(tx: Tx, run_id: str) -> Later:
+        """`read_run`, sent: its row comes back with the statements around it."""
+        return await tx.send("get_run", {"run_id": run_id})
+
+    @staticmethod
     async def lock_run(tx: Tx, run_id: str) -> Row | None:
         """The run, locked until `tx` ends: read it before changing it or its waits."""
         return await tx.one("lock_run", {"run_id": run_id})
@@ -333,7 +338,7 @@ class RunQueries:
     @staticmethod
     async def notify_wake(tx: Tx, run_id: str) -> None:
         """Wake idle workers when `tx` commits (PostgreSQL; a no-op on SQLite)."""
-        await tx.one("notify_wake", {"run_id": run_id})
+        await tx.execute("notify_wake", {"run_id": run_id})
 
     # -- timeline -------------------------------------------------------------------------------
 

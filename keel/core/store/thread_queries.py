@@ -8,10 +8,11 @@ cannot disagree with them.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from keel.core.store.base import Connector, Row, Tx
+from keel.core.store.base import Connector, Later, Row, Tx
 from keel.core.store.run_queries import NewRun
 
 
@@ -40,6 +41,23 @@ class ThreadQueries:
         """The thread, created if `create` and missing, held until `tx` ends (admissions on
         one thread are serialized); None: no such thread."""
         return await tx.one(
+            "take_thread",
+            {
+                "thread_id": thread_id,
+                "create": int(create),
+                "workflow": workflow,
+                "workflow_version": version,
+                "metadata": metadata,
+            },
+        )
+
+    @staticmethod
+    async def send_take_thread(
+        tx: Tx, thread_id: str, *, create: bool, workflow: str, version: str, metadata: str
+    ) -> Later:
+        """`take_thread`, sent: statements sent after it run under its lock, and the row
+        comes back with theirs (one round trip on PostgreSQL)."""
+        return await tx.send(
             "take_thread",
             {
                 "thread_id": thread_id,
@@ -129,10 +147,28 @@ class ThreadQueries:
         return await tx.all("thread_unfinished", {"thread_id": thread_id})
 
     @staticmethod
-    async def insert_thread_run(tx: Tx, run: NewRun, place: ThreadPlace) -> bool:
+    async def insert_thread_run(tx: Tx, run: NewRun, place: ThreadPlace) -> None:
         """Admit a run (queued) on a thread at its place, which the caller read under
-        `take_thread` (`next_thread_seq`); False if the run was already admitted."""
-        return await tx.one("insert_thread_run", {**asdict(run), **asdict(place)}) is not None
+        `take_thread` (`next_thread_seq`, `thread_place`); nothing if it was already admitted
+        (the caller read it first)."""
+        await tx.execute("insert_thread_run", {**asdict(run), **asdict(place)})
+
+    @staticmethod
+    async def thread_place(
+        tx: Tx, thread_id: str
+    ) -> Callable[[], Awaitable[tuple[int, list[Row]]]]:
+        """Sent, to read under `take_thread`'s lock: the place the next run on the thread takes
+        and its unfinished runs (queued, running, waiting: run_id, status, thread_seq) in
+        their order."""
+        sent = await tx.send("thread_place", {"thread_id": thread_id})
+
+        async def read() -> tuple[int, list[Row]]:
+            row = await sent()
+            assert row is not None
+            runs = sorted(json.loads(row["unfinished"]), key=lambda r: int(r["thread_seq"]))
+            return int(row["seq"]), runs
+
+        return read
 
     @staticmethod
     async def lock_thread(tx: Tx, thread_id: str) -> Row | None:

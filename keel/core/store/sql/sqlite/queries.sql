@@ -1130,6 +1130,15 @@ SELECT run_id, status, thread_seq FROM keel_runs
 WHERE thread_id = :thread_id AND status IN ('queued', 'running', 'waiting')
 ORDER BY thread_seq;
 
+-- name: thread_place
+-- The place the next run on a thread takes, and the thread's unfinished runs (queued, running,
+-- waiting) as a JSON list: read under `take_thread`'s lock, in a statement after it (its
+-- snapshot then sees every admission that held the lock before).
+SELECT (SELECT COALESCE(MAX(thread_seq), 0) + 1 FROM keel_runs WHERE thread_id = :thread_id) AS seq,
+       (SELECT json_group_array(json_object('run_id', run_id, 'status', status,
+                                          'thread_seq', thread_seq))
+        FROM keel_runs WHERE thread_id = :thread_id AND status IN ('queued', 'running', 'waiting')) AS unfinished;
+
 -- name: next_thread_seq
 -- The place the next run on a thread takes (read under `take_thread`'s hold).
 SELECT COALESCE(MAX(thread_seq), 0) + 1 AS seq FROM keel_runs WHERE thread_id = :thread_id;

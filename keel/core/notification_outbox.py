@@ -58,8 +58,12 @@ SEND_TIMEOUT = 60.0
 """Seconds a notifier's `send` (or `reconcile`) may take, unless it declares its own
 `send_timeout`. Its claim is renewed meanwhile. Past it an async call is cancelled and its claim
 left to lapse: the next dispatcher reconciles it as a dead sender's (asks again, for a
-reconcile). A sync call cannot be stopped: it is waited for as long again, and if its thread
-still runs then the notification is `in_doubt`."""
+reconcile, up to RECONCILE_TIMEOUTS times). A sync call cannot be stopped: it is waited for as
+long again, and if its thread still runs then the notification is `in_doubt`."""
+RECONCILE_TIMEOUTS = 3
+"""Async reconciles of one notification that may go unanswered within its send timeout (each
+cancelled, then asked again once its claim lapsed) before it is `in_doubt`, never sent: a
+provider that never answers the look is not asked at every pass for ever."""
 RECORD_OUTLAST = 30.0
 """Seconds a notification's outcome is recorded again through an outage (keel.core.infra)."""
 ASKS = frozenset({"request", "remind", "escalate"})
@@ -182,6 +186,9 @@ async def _deliver(
             # Can't tell yet: keep the claim until it expires, then ask again; never resend.
             log.warning("reconciling notification %s failed", row["intent_id"], exc_info=True)
             return
+        if found is TIMED_OUT:
+            await _reconcile_timed_out(services, worker_id, row, settle)
+            return
         if await _unanswered(settle, row, found, "reconcile"):
             return
         if found is not None:
@@ -243,6 +250,34 @@ async def _bounded(
         )
 
 
+async def _reconcile_timed_out(
+    services: Services, worker_id: str, row: Row, settle: Callable[..., Awaitable[None]]
+) -> None:
+    """The notifier's async reconcile was cancelled at its timeout: counted, the claim left to
+    lapse and the look asked again by the next dispatcher, until RECONCILE_TIMEOUTS of them
+    went unanswered; then `in_doubt`, as a sync one still under way is."""
+    count = await services.store.count_reconcile_timeout(
+        row["intent_id"], worker_id=worker_id, attempts=row["attempts"]
+    )
+    if count is None:
+        return  # its claim lapsed and was taken meanwhile: the taker's reconcile counts
+    if count < RECONCILE_TIMEOUTS:
+        log.warning(
+            "notification %s: its reconcile did not answer within its send timeout (%d of %d); "
+            "asked again once its claim lapsed",
+            row["intent_id"],
+            count,
+            RECONCILE_TIMEOUTS,
+        )
+        return
+    # Never sent on a guess: a provider that cannot say whether it has the message leaves it
+    # to a person, as a dead sender's notification without a reconcile is.
+    log.warning(
+        "notification %s: its reconcile went unanswered %d times: in doubt", row["intent_id"], count
+    )
+    await settle(NotificationStatus.IN_DOUBT, error=f"its reconcile went unanswered {count} times")
+
+
 async def _unanswered(
     settle: Callable[..., Awaitable[None]], row: Row, outcome: Any, call: str
 ) -> bool:
@@ -250,7 +285,7 @@ async def _unanswered(
     so, the notification is left as SEND_TIMEOUT says."""
     if outcome is TIMED_OUT:
         # Nothing of the call runs any more: once the claim lapses, the next dispatcher asks
-        # the notifier's reconcile (again), never sending it again on a guess.
+        # the notifier's reconcile, never sending it again on a guess.
         log.warning(
             "notification %s: its %s did not answer within its send timeout; it is reconciled "
             "once its claim lapsed",

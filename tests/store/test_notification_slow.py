@@ -6,7 +6,8 @@ dispatcher polling all along does not take it for a dead sender: the email is re
 recorded `delivered`, not `in_doubt` for a person to resolve. A claim is fenced by its holder
 and its number, so the same worker's later claim is not the earlier one's. A send that never
 ends is bounded by its notifier's send timeout; an email accepted before QUIT went wrong is
-delivered. A reconcile that never ends is bounded the same way, and never leads to a send.
+delivered. A reconcile that never ends is bounded the same way, and never leads to a send; an
+async one asked again and again ends `in_doubt` after a bounded number of looks.
 """
 
 from __future__ import annotations
@@ -291,13 +292,19 @@ class SyncSlowToReconcile(SlowToReconcile):
         return self.found()
 
 
-def _claimed_by_a_dead_sender(make_app: Callable[..., keel.App], notifier: Any) -> Any:
-    """An app whose one notification is `sending` under a lapsed claim, and its run."""
+def _claimed_by_a_dead_sender(
+    make_app: Callable[..., keel.App], notifier: Any, *, sent: bool = False
+) -> Any:
+    """An app whose one notification is `sending` under a lapsed claim (its sender died after
+    sending it, if `sent`), and its run."""
     app = make_app(lease_ttl=TTL)
     app.workflow(WORKFLOW)(one_node)
     app.add_notifier(notifier)
-    node = waiting(app)
-    _on_loop(app, lambda: notification_outbox._claim(app.aio.runtime.store, "dead", 0.2))
+    node = waiting(app, approvers=["ed@example.com"])
+    store = app.aio.runtime.store
+    row, _ = _on_loop(app, lambda: notification_outbox._claim(store, "dead", 0.2))
+    if sent:
+        notifier.send(notification_outbox._notification(row, []))
     time.sleep(0.4)  # its claim lapses (by the database's clock)
     return app, node.run_id
 
@@ -340,3 +347,56 @@ def test_a_sync_reconcile_that_hangs_ends_in_doubt(make_app: Callable[..., keel.
     time.sleep(TTL * 1.2)
     assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 0
     assert (notifier.reconciles, notifier.sends) == (1, 0)
+
+
+class LookupNeverAnswers:
+    """Emails through a real SMTP server; its look for a message (an async reconcile) never
+    answers. Sends and looks are counted."""
+
+    name = "email"
+    kinds = ("request",)
+    send_timeout = TTL / 2
+
+    def __init__(self, smtp_url: str) -> None:
+        self.email = EmailNotifier(smtp_url, "keel@example.com")
+        self.sends = 0
+        self.reconciles = 0
+
+    def send(self, note: Any) -> Any:
+        self.sends += 1
+        return self.email.send(note)
+
+    async def reconcile(self, note: Any) -> Any:
+        self.reconciles += 1
+        await asyncio.sleep(3600)
+
+
+def test_an_async_reconcile_that_never_answers_ends_in_doubt_after_its_bound(
+    make_app: Callable[..., keel.App],
+) -> None:
+    """A sender died after the server took its email. The look for it never answers: each is
+    cancelled at the send timeout and asked again once its claim lapsed, until
+    RECONCILE_TIMEOUTS went unanswered; then the notification is `in_doubt` for a person, as
+    with a sync look still under way. It used to be asked at every pass, for ever. The person
+    has the email once: it is never sent again."""
+    with SmtpSink() as sink:
+        notifier = LookupNeverAnswers(sink.url)
+        app, run_id = _claimed_by_a_dead_sender(make_app, notifier, sent=True)
+        assert sink.count(x_keel_notification="request") == 1
+        bound = notification_outbox.RECONCILE_TIMEOUTS
+
+        def in_doubt() -> bool:
+            _on_loop(app, lambda: app.aio.runtime.dispatch("reconciler"))
+            return statuses(app, run_id) == [("request", "in_doubt")]
+
+        # Each look takes its send timeout, then its claim lapses within a TTL: ample room.
+        wait_until(in_doubt, 8 * bound * TTL, lambda: f"in doubt ({notifier.reconciles} looks)")
+        (row,) = app.get_run(run_id).notifications
+        assert row["error"] == f"its reconcile went unanswered {bound} times"
+        assert notifier.reconciles == bound
+        time.sleep(TTL * 1.2)
+        assert _on_loop(app, lambda: app.aio.runtime.dispatch("other")) == 0
+        assert (notifier.reconciles, notifier.sends) == (bound, 1)
+        assert sink.count(x_keel_notification="request") == 1
+        kinds = [e["kind"] for e in app.get_run(run_id).timeline]
+        assert kinds.count("notification.in_doubt") == 1

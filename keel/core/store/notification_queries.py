@@ -62,10 +62,21 @@ class NotificationQueries:
     async def renew_notification_claim(
         self, notification_id: str, *, worker_id: str, attempts: int, ttl: float
     ) -> bool:
-        """Push a held claim's expiry `ttl` seconds past the database's now; False if it had
-        lapsed or another claim holds the notification (its send is no longer this one's)."""
+        """Push a held claim's expiry `ttl` seconds past the database's now; False if another
+        claim holds the notification, or it was settled (its send is no longer this one's). A
+        claim that lapsed with nobody taking it is still this one's: renewed."""
         claim = {"intent_id": notification_id, "worker_id": worker_id, "attempts": attempts}
         return await self.db.single("renew_notification_claim", {**claim, "ttl": ttl}) is not None
+
+    async def count_reconcile_timeout(
+        self, notification_id: str, *, worker_id: str, attempts: int
+    ) -> int | None:
+        """Count one more reconcile of a notification that went unanswered within its timeout,
+        under the claim that asked it; the count so far, None if that claim no longer holds it
+        (another dispatcher's reconcile is counted by that one)."""
+        claim = {"intent_id": notification_id, "worker_id": worker_id, "attempts": attempts}
+        found = await self.db.single("count_reconcile_timeout", claim)
+        return None if found is None else int(found["reconcile_timeouts"])
 
     async def notifications(self, run_id: str) -> list[Row]:
         async with self.db.read() as tx:

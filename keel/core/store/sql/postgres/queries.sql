@@ -768,6 +768,14 @@ WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(
   AND status = 'sending'
 RETURNING intent_id;
 
+-- name: count_reconcile_timeout
+-- One more of a notification's reconciles went unanswered within its timeout, counted only
+-- under the claim that asked it (its holder and number): the count so far.
+UPDATE keel_outbox SET reconcile_timeouts = reconcile_timeouts + 1, updated_at = keel_now()
+WHERE intent_id = %(intent_id)s AND claimed_by = %(worker_id)s AND attempts = %(attempts)s
+  AND status = 'sending'
+RETURNING reconcile_timeouts;
+
 -- name: list_notifications
 -- A run's notifications.
 SELECT * FROM keel_outbox WHERE run_id = %(run_id)s ORDER BY created_at, intent_id;

@@ -676,6 +676,14 @@ WHERE intent_id = :intent_id AND claimed_by = :worker_id AND attempts = :attempt
   AND status = 'sending'
 RETURNING intent_id;
 
+-- name: count_reconcile_timeout
+-- One more of a notification's reconciles went unanswered within its timeout, counted only
+-- under the claim that asked it (its holder and number): the count so far.
+UPDATE keel_outbox SET reconcile_timeouts = reconcile_timeouts + 1, updated_at = keel_now()
+WHERE intent_id = :intent_id AND claimed_by = :worker_id AND attempts = :attempts
+  AND status = 'sending'
+RETURNING reconcile_timeouts;
+
 -- name: list_notifications
 -- A run's notifications.
 SELECT * FROM keel_outbox WHERE run_id = :run_id ORDER BY created_at, intent_id;

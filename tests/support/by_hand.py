@@ -99,8 +99,14 @@ class Node:
             token=self.lease.token,
             worker_id=self.lease.worker_id,
             services=self.app.aio.runtime.services,
+            # A task id, as LangGraph's, so the node can stage outbox intents (`ctx.staged`).
             locate=lambda: StepRef(
-                run_id, self.name, self.step, f"__pregel_pull/{self.name}", scope=self._attempt
+                run_id,
+                self.name,
+                self.step,
+                f"__pregel_pull/{self.name}",
+                scope=self._attempt,
+                task_id=f"{self.name}-task",
             ),
             pause=self._pause,
         )

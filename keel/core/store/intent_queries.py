@@ -88,8 +88,9 @@ class IntentQueries:
         return found is not None
 
     async def renew_intent_claim(self, intent_id: str, claim_token: int, ttl: float) -> bool:
-        """Push a held claim's expiry `ttl` seconds past the database's now; False if it had
-        lapsed or another claim holds the intent (the delivery is no longer this one's)."""
+        """Push a held claim's expiry `ttl` seconds past the database's now; False if another
+        claim holds the intent, or it was settled (the delivery is no longer this one's). A
+        claim that lapsed with nobody taking it is still this one's: renewed."""
         found = await self.db.single(
             "renew_intent_claim", {"intent_id": intent_id, "claim_token": claim_token, "ttl": ttl}
         )

@@ -1,0 +1,173 @@
+"""A pause's writes commit with its waits' registration, in the saver's step transaction.
+
+A crash before that transaction commits nothing of the paused step: the step runs again, its
+sibling's effect comes from the ledger and its outbox intent is recorded once. The transaction
+is retried once after an infrastructure failure (`Fencing._commit`): when the failure hid a
+commit that went through, the run is still paused once, as an end retried the same way ends
+once (tests/runtime/test_last_step.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypedDict
+
+import psycopg
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+
+import keel
+from keel.core.store.base import Tx
+from keel.testing.http import HttpSink
+from tests.support.graphs import notify_effect
+from tests.support.outbox_flows import mail, serving
+from tests.support.providers import Provider
+from tests.support.workers import claim, drain, execute
+
+AppFactory = Callable[..., keel.App]
+
+
+class Asked(TypedDict, total=False):
+    n: int
+    answer: Any
+
+
+def asking() -> StateGraph:
+    async def first(state: Asked) -> dict[str, Any]:
+        return {"n": state["n"] + 1}
+
+    async def ask(state: Asked) -> dict[str, Any]:
+        return {"answer": interrupt({"question": state["n"]})}
+
+    g = StateGraph(Asked)
+    g.add_node("first", first)
+    g.add_node("ask", ask)
+    g.add_edge(START, "first")
+    g.add_edge("first", "ask")
+    g.add_edge("ask", END)
+    return g
+
+
+def kinds(app: keel.App, run: str) -> list[str]:
+    return [e["kind"] for e in app.get_run(run).timeline]
+
+
+def test_a_pause_whose_commit_answer_was_lost_pauses_the_run_once(make_app: AppFactory) -> None:
+    """The registration commits, then the connection drops before its answer: the retried
+    transaction finds the run waiting under its own token and reports the pause, not an
+    error (the run waits on one wait, moved there once)."""
+    app = make_app()
+    store = app.aio.runtime.store
+    real = store.step_transaction
+    lost: list[int] = []
+
+    async def commits_then_loses_the_answer(body: Callable[[Tx], Any]) -> Any:
+        result = await real(body)
+        if not lost and (await app.aio.get_run(run)).status == "waiting":
+            lost.append(1)
+            if store.dialect == "sqlite":
+                raise sqlite3.OperationalError("disk I/O error")
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    app.workflow("asking")(asking)
+    run = app.submit("asking", job_id="pause-lost", input={"n": 1})["run_id"]
+    lease, row = claim(app, "w-a")
+    store.step_transaction = commits_then_loses_the_answer  # type: ignore[method-assign]
+    try:
+        assert execute(app, lease, row) == "waiting"
+    finally:
+        del store.step_transaction
+    assert lost == [1]
+    assert app.get_run(run).status == "waiting"
+    assert kinds(app, run).count("status.waiting") == 1
+    assert len(app.get_run(run).waits) == 1
+    app.resume(run, {"ok": True})
+    assert execute(app, *claim(app, "w-b")) == "completed"
+    assert app.get_run(run).output == {"n": 2, "answer": {"ok": True}}
+
+
+@pytest.fixture
+def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[HttpSink]:
+    with serving(monkeypatch) as serve:
+        yield serve
+
+
+class Beside(TypedDict, total=False):
+    to: str
+    decision: str
+    handle: str
+    sent: Any
+
+
+def test_a_crash_before_the_pause_commits_runs_its_step_again_with_effects_once(
+    make_app: AppFactory, sink: HttpSink
+) -> None:
+    """`ask` pauses while `work` finishes beside it, after an effect and an outbox intent. The
+    pause's transaction fails before it commits: nothing of the step is durable (no wait, no
+    intent), the next execution runs the step again, and the world sees one call and one
+    delivery."""
+    app = make_app(retry_backoff=0.01)
+    provider = Provider()
+    notify = notify_effect(provider, "pc_notify")
+    worked: list[str] = []
+
+    async def ask(state: Beside) -> dict[str, Any]:
+        return {"decision": keel.approval("manager").decision}
+
+    def work(state: Beside) -> dict[str, Any]:
+        time.sleep(0.05)  # after ask paused
+        worked.append("work")
+        return {"sent": notify(state["to"]), "handle": mail(state["to"])}
+
+    def build() -> StateGraph:
+        g = StateGraph(Beside)
+        g.add_node("ask", ask)
+        g.add_node("work", work)
+        g.add_edge(START, "ask")
+        g.add_edge(START, "work")
+        g.add_edge("ask", END)
+        g.add_edge("work", END)
+        return g
+
+    app.workflow("beside")(build)
+    run = app.submit("beside", job_id="beside-1", input={"to": "ed@example.com"})["run_id"]
+    store = app.aio.runtime.store
+    real = store.step_transaction
+    crashed: list[int] = []
+
+    async def crashes_before_commit(body: Callable[[Tx], Any]) -> Any:
+        async def then_crash(tx: Tx) -> Any:
+            await body(tx)
+            crashed.append(1)
+            raise RuntimeError("the worker died before its commit")
+
+        return await real(then_crash if not crashed else body)
+
+    lease, row = claim(app, "w-a")
+    store.step_transaction = crashes_before_commit  # type: ignore[method-assign]
+    try:
+        execute(app, lease, row)
+    finally:
+        del store.step_transaction
+    assert crashed == [1]
+    assert worked == ["work"]
+    details = app.get_run(run)
+    assert details.waits == [] and app.effect_intents(run_id=run) == []
+    assert [e["kind"] for e in details.timeline if e["kind"] == "step"] == []
+
+    drain(app)
+    assert app.get_run(run).status == "waiting"
+    assert worked == ["work", "work"]
+    assert len(app.get_run(run).waits) == 1
+    app.approve(run, by="alice")
+    app.run_worker(stop_when_idle=True, handle_signals=False, concurrency=2)
+    done = app.get_run(run)
+    assert done.status == "completed", done
+    assert worked == ["work", "work"], "a sibling finished before the pause ran again"
+    assert len(provider.deliveries) == 1
+    assert len(sink.deliveries) == 1
+    assert [i["status"] for i in app.effect_intents(run_id=run)] == ["delivered"]

@@ -4,7 +4,8 @@ A crash before that transaction commits nothing of the paused step: the step run
 sibling's effect comes from the ledger and its outbox intent is recorded once. The transaction
 is retried once after an infrastructure failure (`Fencing._commit`): when the failure hid a
 commit that went through, the run is still paused once, as an end retried the same way ends
-once (tests/runtime/test_last_step.py).
+once (tests/runtime/test_last_step.py). A cancel asked during the paused step ends the run
+there, with the reason the cancel gave.
 """
 
 from __future__ import annotations
@@ -171,3 +172,46 @@ def test_a_crash_before_the_pause_commits_runs_its_step_again_with_effects_once(
     assert len(provider.deliveries) == 1
     assert len(sink.deliveries) == 1
     assert [i["status"] for i in app.effect_intents(run_id=run)] == ["delivered"]
+
+
+class Turn(TypedDict, total=False):
+    question: str
+    answer: Any
+
+
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_a_run_stopped_by_a_newer_turn_at_its_pause_says_why(
+    make_app: AppFactory, strategy: str
+) -> None:
+    """A newer run on the thread stops the running one (`multitask_strategy`) while its step
+    pauses: the pause is that step's boundary, and the run ends cancelled with the reason the
+    newer run gave, as it does at any other boundary (or waiting: test_threads.py)."""
+    app = make_app()
+
+    def ask(state: Turn) -> dict[str, Any]:
+        if state["question"] == "first":
+            # A client's next turn arrives while this step runs.
+            app.submit("turns", {"question": "next"}, thread_id="t-pc", multitask_strategy=strategy)
+        return {"answer": interrupt(state["question"])}
+
+    def build() -> StateGraph:
+        g = StateGraph(Turn)
+        g.add_node("ask", ask)
+        g.add_edge(START, "ask")
+        g.add_edge("ask", END)
+        return g
+
+    app.workflow("turns")(build)
+    first = app.submit("turns", {"question": "first"}, thread_id="t-pc").run_id
+    assert execute(app, *claim(app, "w-a")) == "cancelled"
+    stopped = app.get_run(first)
+    assert (stopped.status, stopped.termination_reason) == ("cancelled", strategy_reason(strategy))
+    ended = [e for e in stopped.timeline if e["kind"] == "status.cancelled"]
+    assert [e["data"].get("termination_reason") for e in ended] == [strategy_reason(strategy)]
+    assert [w for w in stopped.waits if w["status"] == "pending"] == []  # nobody is asked
+    drain(app)
+    assert app.get_state("t-pc").tasks[0].interrupts[0].value == "next"
+
+
+def strategy_reason(strategy: str) -> str:
+    return {"interrupt": "interrupted", "rollback": "rolled_back"}[strategy]

@@ -456,10 +456,10 @@ SELECT * FROM inserted;
 -- moves: running>waiting, running>queued, running>cancelled
 -- The end of a wait registration, in one statement after its waits: the run, running under
 -- `lease_token`, is cancelled if a cancel was asked while its step ran (its pending waits
--- expire: nobody is asked), queued if one of `wait_ids` is already answered (a decision raced
--- the registration), else waiting; its lease is released, the move is on its timeline. The
--- status it reached and the events it wrote (`events`, as `decide`'s); none if the token does
--- not hold a running run.
+-- expire: nobody is asked; its termination reason is the cancel's, as `finish_run`'s), queued
+-- if one of `wait_ids` is already answered (a decision raced the registration), else waiting;
+-- its lease is released, the move is on its timeline. The status it reached and the events it
+-- wrote (`events`, as `decide`'s); none if the token does not hold a running run.
 WITH run AS (
     SELECT run_id, cancel_requested FROM keel_runs
     WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND status = 'running'),
@@ -482,20 +482,22 @@ expired AS (
 moved AS (
     UPDATE keel_runs AS r
     SET status = t.status,
-        termination_reason = CASE WHEN t.status = 'cancelled' THEN 'cancelled' ELSE r.termination_reason END,
+        termination_reason = CASE WHEN t.status = 'cancelled'
+                                  THEN COALESCE(r.cancel_reason, 'cancelled')
+                                  ELSE r.termination_reason END,
         lease_owner = NULL, lease_expires_at = NULL,
         finished_at = CASE WHEN t.status = 'cancelled' THEN keel_now() ELSE NULL END,
         updated_at = keel_now()
     FROM target AS t
     WHERE r.run_id = %(run_id)s
-    RETURNING r.run_id, t.status),
+    RETURNING r.run_id, t.status, r.termination_reason),
 turn AS (SELECT pg_advisory_xact_lock(74213003, hashtext(run_id)) FROM moved),
 event AS (
     INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
     SELECT m.run_id, keel_now(), 'status.' || m.status, %(worker_id)s, %(lease_token)s,
            (jsonb_build_object('from', 'running', 'to', m.status)
             || CASE WHEN m.status = 'cancelled'
-                    THEN jsonb_build_object('termination_reason', 'cancelled')
+                    THEN jsonb_build_object('termination_reason', m.termination_reason)
                     ELSE '{}'::jsonb END)::text
     FROM moved AS m, turn
     RETURNING event_id, run_id, kind, data, worker_id, lease_token)

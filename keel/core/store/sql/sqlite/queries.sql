@@ -389,11 +389,11 @@ SELECT w.* FROM keel_waits AS w WHERE w.wait_id = :wait_id AND :inserted = 1;
 -- moves: running>waiting, running>queued, running>cancelled
 -- The end of a wait registration, in one call (a chain) after its waits: the run, running
 -- under `lease_token`, is cancelled if a cancel was asked while its step ran (its pending
--- waits expire: nobody is asked), queued if one of `wait_ids` is already answered (a decision
--- raced the registration), else waiting; its lease is released, the move is on its timeline.
--- The status it reached and the events it wrote (`events`, as `decide`'s); none if the token
--- does not hold a running run.
-SELECT cancel_requested AS cancel,
+-- waits expire: nobody is asked; its termination reason is the cancel's, as `finish_run`'s),
+-- queued if one of `wait_ids` is already answered (a decision raced the registration), else
+-- waiting; its lease is released, the move is on its timeline. The status it reached and the
+-- events it wrote (`events`, as `decide`'s); none if the token does not hold a running run.
+SELECT cancel_requested AS cancel, COALESCE(cancel_reason, 'cancelled') AS stop_reason,
        (SELECT COALESCE(MAX(event_id), 0) FROM keel_events WHERE run_id = :run_id) AS events_before
 FROM keel_runs
 WHERE run_id = :run_id AND lease_token = :lease_token AND status = 'running';
@@ -411,7 +411,7 @@ WHERE run_id = :run_id AND status = 'pending' AND :target = 'cancelled';
 SELECT changes() AS expired;
 UPDATE keel_runs
 SET status = :target,
-    termination_reason = CASE WHEN :target = 'cancelled' THEN 'cancelled' ELSE termination_reason END,
+    termination_reason = CASE WHEN :target = 'cancelled' THEN :stop_reason ELSE termination_reason END,
     lease_owner = NULL, lease_expires_at = NULL,
     finished_at = CASE WHEN :target = 'cancelled' THEN keel_now() ELSE NULL END,
     updated_at = keel_now()
@@ -419,7 +419,7 @@ WHERE run_id = :run_id;
 INSERT INTO keel_events (run_id, at, kind, worker_id, lease_token, data)
 VALUES (:run_id, keel_now(), 'status.' || :target, :worker_id, :lease_token,
         CASE WHEN :target = 'cancelled'
-             THEN json_object('from', 'running', 'to', :target, 'termination_reason', 'cancelled')
+             THEN json_object('from', 'running', 'to', :target, 'termination_reason', :stop_reason)
              ELSE json_object('from', 'running', 'to', :target) END);
 SELECT :target AS target,
        (SELECT json_group_array(json_object('run_id', run_id, 'kind', kind, 'data', json(data),

@@ -10,15 +10,16 @@ there, with the reason the cancel gave.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import interrupt
+from langgraph.types import Send, interrupt
 
 import keel
 from keel.core.store.base import Tx
@@ -215,3 +216,44 @@ def test_a_run_stopped_by_a_newer_turn_at_its_pause_says_why(
 
 def strategy_reason(strategy: str) -> str:
     return {"interrupt": "interrupted", "rollback": "rolled_back"}[strategy]
+
+
+class Fan(TypedDict, total=False):
+    names: list[str]
+    said: Annotated[list[str], operator.add]
+
+
+def test_sends_that_all_pause_register_each_wait_once_across_resumes(
+    make_app: AppFactory,
+) -> None:
+    """A first step of `Send`s, each pausing on its own approval: the pause commits their
+    interrupts with the run's first checkpoints and three waits; answered one at a time, the
+    run resumes each, pauses again on those left (the same waits) and ends with every answer."""
+    app = make_app()
+
+    async def ask(state: Fan) -> dict[str, Any]:
+        name = state["names"][0]
+        return {"said": [f"{name}:{keel.approval(name).decision}"]}
+
+    def build() -> StateGraph:
+        g = StateGraph(Fan)
+        g.add_node("ask", ask)
+        g.add_conditional_edges(
+            START, lambda s: [Send("ask", {"names": [n]}) for n in s["names"]], ["ask"]
+        )
+        g.add_edge("ask", END)
+        return g
+
+    app.workflow("fan-ask")(build)
+    run = app.submit("fan-ask", job_id="fan-ask", input={"names": ["a", "b", "c"]})["run_id"]
+    assert execute(app, *claim(app, "w-a")) == "waiting"
+    waits = app.get_run(run).waits
+    assert sorted(w["name"] for w in waits) == ["a", "b", "c"]
+    for n, wait in enumerate(sorted(waits, key=lambda w: w["name"])):
+        verdict = "approve" if n != 1 else "reject"
+        getattr(app, verdict)(run, by="alice", wait_id=wait["wait_id"])
+        outcome = execute(app, *claim(app, f"w-{n}"))
+        assert outcome == ("waiting" if n < 2 else "completed"), (n, outcome)
+    done = app.get_run(run)
+    assert sorted(done.output["said"]) == ["a:approved", "b:rejected", "c:approved"]
+    assert sorted(w["wait_id"] for w in done.waits) == sorted(w["wait_id"] for w in waits)

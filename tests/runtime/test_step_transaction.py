@@ -400,13 +400,14 @@ class Ask(TypedDict, total=False):
     decision: str
 
 
-@pytest.mark.parametrize("durability", ["sync", "exit"])
+@pytest.mark.parametrize("durability", ["sync", "exit", "async"])
 def test_an_interrupt_inside_a_parallel_step_keeps_the_siblings_writes(
     make_app: AppFactory, durability: str
 ) -> None:
     """`ask` pauses while `work` finishes beside it: no checkpoint follows, so work's writes
     commit with the interrupt (and work is not run again on resume). With durability="exit"
-    LangGraph saves the pending writes after its last checkpoint, at exit: they commit too."""
+    LangGraph saves the pending writes after its last checkpoint, at exit: they commit too;
+    with "async" the pause's writes commit with the waits as with "sync"."""
     app = make_app()
     runs: list[str] = []
 

@@ -40,16 +40,10 @@ class ThreadQueries:
     ) -> Row | None:
         """The thread, created if `create` and missing, held until `tx` ends (admissions on
         one thread are serialized); None: no such thread."""
-        return await tx.one(
-            "take_thread",
-            {
-                "thread_id": thread_id,
-                "create": int(create),
-                "workflow": workflow,
-                "workflow_version": version,
-                "metadata": metadata,
-            },
+        taken = await ThreadQueries.send_take_thread(
+            tx, thread_id, create=create, workflow=workflow, version=version, metadata=metadata
         )
+        return await taken()
 
     @staticmethod
     async def send_take_thread(

@@ -11,11 +11,9 @@ the run's state before the end reads the held checkpoint from the database.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 
@@ -24,7 +22,7 @@ from keel.core import leases
 from keel.core.context import current
 from keel.core.store.base import Tx
 from tests.support.providers import Provider
-from tests.support.workers import claim, execute
+from tests.support.workers import answer_lost_once, claim, execute
 
 AppFactory = Callable[..., keel.App]
 
@@ -156,18 +154,6 @@ def test_a_takeover_during_the_last_step_commits_neither_its_checkpoint_nor_the_
 
 def test_an_end_whose_commit_answer_was_lost_ends_the_run_once(make_app: AppFactory) -> None:
     app = make_app()
-    store = app.aio.runtime.store
-    real = store.step_transaction
-    lost: list[int] = []
-
-    async def commits_then_loses_the_answer(body: Callable[[Tx], Any]) -> Any:
-        result = await real(body)
-        if not lost and (await app.aio.get_run(run)).status == "completed":
-            lost.append(1)
-            if store.dialect == "sqlite":
-                raise sqlite3.OperationalError("disk I/O error")
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return result
 
     async def last(state: Chain) -> dict[str, Any]:
         return {"n": state["n"] * 10}
@@ -175,11 +161,8 @@ def test_an_end_whose_commit_answer_was_lost_ends_the_run_once(make_app: AppFact
     app.workflow("chain")(chain(last))
     run = app.submit("chain", job_id="last-lost", input={"n": 1})["run_id"]
     lease, row = claim(app, "w-a")
-    store.step_transaction = commits_then_loses_the_answer  # type: ignore[method-assign]
-    try:
+    with answer_lost_once(app, run, "completed") as lost:
         assert execute(app, lease, row) == "completed"
-    finally:
-        del store.step_transaction
     assert lost == [1]
     assert kinds(app, run).count("status.completed") == 1
     assert app.get_run(run).output == {"n": 20}

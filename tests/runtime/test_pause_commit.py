@@ -11,12 +11,10 @@ there, with the reason the cancel gave.
 from __future__ import annotations
 
 import operator
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypedDict
 
-import psycopg
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send, interrupt
@@ -27,7 +25,7 @@ from keel.testing.http import HttpSink
 from tests.support.graphs import notify_effect
 from tests.support.outbox_flows import mail, serving
 from tests.support.providers import Provider
-from tests.support.workers import claim, drain, execute
+from tests.support.workers import answer_lost_once, claim, drain, execute
 
 AppFactory = Callable[..., keel.App]
 
@@ -62,27 +60,11 @@ def test_a_pause_whose_commit_answer_was_lost_pauses_the_run_once(make_app: AppF
     transaction finds the run waiting under its own token and reports the pause, not an
     error (the run waits on one wait, moved there once)."""
     app = make_app()
-    store = app.aio.runtime.store
-    real = store.step_transaction
-    lost: list[int] = []
-
-    async def commits_then_loses_the_answer(body: Callable[[Tx], Any]) -> Any:
-        result = await real(body)
-        if not lost and (await app.aio.get_run(run)).status == "waiting":
-            lost.append(1)
-            if store.dialect == "sqlite":
-                raise sqlite3.OperationalError("disk I/O error")
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return result
-
     app.workflow("asking")(asking)
     run = app.submit("asking", job_id="pause-lost", input={"n": 1})["run_id"]
     lease, row = claim(app, "w-a")
-    store.step_transaction = commits_then_loses_the_answer  # type: ignore[method-assign]
-    try:
+    with answer_lost_once(app, run, "waiting") as lost:
         assert execute(app, lease, row) == "waiting"
-    finally:
-        del store.step_transaction
     assert lost == [1]
     assert app.get_run(run).status == "waiting"
     assert kinds(app, run).count("status.waiting") == 1

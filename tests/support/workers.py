@@ -2,17 +2,24 @@
 
 `drain` runs a real Worker until nothing is left to do; `claim` and `execute` split a worker's
 work in two so a test can act between them; `steal_lease` is a second worker taking over a
-stalled run; `sweep` applies due deadlines as every worker's sweeper does.
+stalled run; `sweep` applies due deadlines as every worker's sweeper does; `answer_lost_once`
+drops the connection right after a transaction committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import psycopg
 
 import keel
 from keel.core import leases
+from keel.core.store.base import Tx
 from keel.core.store.store import Lease
 from keel.runtime.worker import Worker, WorkerStats
 
@@ -85,3 +92,28 @@ def sweep(app: keel.App) -> int:
         return await app.aio.runtime.sweep()
 
     return app.aio.runtime.portal.call(go())
+
+
+@contextmanager
+def answer_lost_once(app: keel.App, run_id: str, status: str) -> Iterator[list[int]]:
+    """The first step transaction after which `run_id` is `status` commits, then its answer
+    is lost: the driver's error for a dropped connection is raised instead (once; the list
+    says whether it was)."""
+    store = app.aio.runtime.store
+    real = store.step_transaction
+    lost: list[int] = []
+
+    async def commits_then_loses_the_answer(body: Callable[[Tx], Any]) -> Any:
+        result = await real(body)
+        if not lost and (await app.aio.get_run(run_id)).status == status:
+            lost.append(1)
+            if store.dialect == "sqlite":
+                raise sqlite3.OperationalError("disk I/O error")
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    store.step_transaction = commits_then_loses_the_answer  # type: ignore[method-assign]
+    try:
+        yield lost
+    finally:
+        del store.step_transaction
